@@ -1,0 +1,3 @@
+//! C-ABI drop-in for rdma-core's librdmacm.so.1
+//!
+//! Not implemented yet: this crate is a placeholder in the workspace layout.

@@ -1,0 +1,231 @@
+//! Base Transport Header (12 bytes), the first header of every RoCEv2 packet
+//! after UDP.
+//!
+//! ```text
+//!  0      opcode
+//!  1      SE | M | PadCnt(2) | TVer(4)
+//!  2..4   P_Key
+//!  4      FECN | BECN | reserved(6)
+//!  5..8   DestQP (24)
+//!  8      AckReq | reserved(7)
+//!  9..12  PSN (24)
+//! ```
+
+use crate::error::{check_len, Result};
+use crate::field::{set_u16, set_u24, u16_at, u24_at};
+use crate::{Error, Opcode, Psn, Qpn};
+
+/// Length of the BTH.
+pub const BTH_LEN: usize = 12;
+
+/// Default partition key (full member of the default partition).
+pub const DEFAULT_PKEY: u16 = 0xffff;
+
+/// A read/write view of a BTH at the start of a buffer.
+#[derive(Debug, Clone)]
+pub struct Bth<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Bth<T> {
+    /// Wraps a buffer without checking its length; accessors may panic on a
+    /// short buffer. Prefer [`Bth::new_checked`].
+    pub const fn new_unchecked(buffer: T) -> Bth<T> {
+        Bth { buffer }
+    }
+
+    /// Wraps a buffer after checking that it holds a whole BTH.
+    pub fn new_checked(buffer: T) -> Result<Bth<T>> {
+        check_len("BTH", buffer.as_ref(), BTH_LEN)?;
+        Ok(Bth { buffer })
+    }
+
+    /// The wrapped buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    fn b(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+
+    /// Opcode.
+    pub fn opcode(&self) -> Opcode {
+        Opcode(self.b()[0])
+    }
+    /// Solicited event.
+    pub fn solicited(&self) -> bool {
+        self.b()[1] & 0x80 != 0
+    }
+    /// Migration request.
+    pub fn mig_req(&self) -> bool {
+        self.b()[1] & 0x40 != 0
+    }
+    /// Number of pad bytes (0..=3) after the payload.
+    pub fn pad_count(&self) -> u8 {
+        (self.b()[1] >> 4) & 0x3
+    }
+    /// Transport header version (0).
+    pub fn tver(&self) -> u8 {
+        self.b()[1] & 0x0f
+    }
+    /// Partition key.
+    pub fn pkey(&self) -> u16 {
+        u16_at(self.b(), 2)
+    }
+    /// Forward explicit congestion notification.
+    pub fn fecn(&self) -> bool {
+        self.b()[4] & 0x80 != 0
+    }
+    /// Backward explicit congestion notification.
+    pub fn becn(&self) -> bool {
+        self.b()[4] & 0x40 != 0
+    }
+    /// Destination queue pair.
+    pub fn dest_qp(&self) -> Qpn {
+        Qpn::from_wire(u24_at(self.b(), 5))
+    }
+    /// Acknowledge request.
+    pub fn ack_req(&self) -> bool {
+        self.b()[8] & 0x80 != 0
+    }
+    /// Packet sequence number.
+    pub fn psn(&self) -> Psn {
+        Psn::new(u24_at(self.b(), 9))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
+    fn bm(&mut self) -> &mut [u8] {
+        self.buffer.as_mut()
+    }
+    fn set_bit(&mut self, byte: usize, mask: u8, on: bool) {
+        let b = &mut self.bm()[byte];
+        *b = if on { *b | mask } else { *b & !mask };
+    }
+    /// Sets the opcode.
+    pub fn set_opcode(&mut self, v: Opcode) {
+        self.bm()[0] = v.0;
+    }
+    /// Sets the solicited event bit.
+    pub fn set_solicited(&mut self, v: bool) {
+        self.set_bit(1, 0x80, v)
+    }
+    /// Sets the migration request bit.
+    pub fn set_mig_req(&mut self, v: bool) {
+        self.set_bit(1, 0x40, v)
+    }
+    /// Sets the pad count (low two bits of `v`).
+    pub fn set_pad_count(&mut self, v: u8) {
+        let b = &mut self.bm()[1];
+        *b = (*b & !0x30) | ((v & 0x3) << 4);
+    }
+    /// Sets the transport header version (low four bits of `v`).
+    pub fn set_tver(&mut self, v: u8) {
+        let b = &mut self.bm()[1];
+        *b = (*b & 0xf0) | (v & 0x0f);
+    }
+    /// Sets the partition key.
+    pub fn set_pkey(&mut self, v: u16) {
+        set_u16(self.bm(), 2, v)
+    }
+    /// Sets FECN.
+    pub fn set_fecn(&mut self, v: bool) {
+        self.set_bit(4, 0x80, v)
+    }
+    /// Sets BECN.
+    pub fn set_becn(&mut self, v: bool) {
+        self.set_bit(4, 0x40, v)
+    }
+    /// Sets the destination QP.
+    pub fn set_dest_qp(&mut self, v: Qpn) {
+        set_u24(self.bm(), 5, v.value())
+    }
+    /// Sets the acknowledge request bit.
+    pub fn set_ack_req(&mut self, v: bool) {
+        self.set_bit(8, 0x80, v)
+    }
+    /// Sets the PSN.
+    pub fn set_psn(&mut self, v: Psn) {
+        set_u24(self.bm(), 9, v.value())
+    }
+}
+
+/// High-level BTH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BthRepr {
+    /// Opcode.
+    pub opcode: Opcode,
+    /// Solicited event.
+    pub solicited: bool,
+    /// Migration request (RXE and RNICs set it: APM "migrated" state).
+    pub mig_req: bool,
+    /// Pad count. [`crate::IbRepr::emit`] derives it from the payload length.
+    pub pad_count: u8,
+    /// Partition key.
+    pub pkey: u16,
+    /// FECN.
+    pub fecn: bool,
+    /// BECN.
+    pub becn: bool,
+    /// Destination QP.
+    pub dest_qp: Qpn,
+    /// Acknowledge request.
+    pub ack_req: bool,
+    /// Packet sequence number.
+    pub psn: Psn,
+}
+
+impl BthRepr {
+    /// A BTH with the defaults RoCEv2 peers use (P_Key 0xffff, M set as RXE
+    /// does, no congestion bits).
+    pub fn new(opcode: Opcode, dest_qp: Qpn, psn: Psn) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: true,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
+    /// Parses a BTH view. Refuses a transport version other than 0.
+    pub fn parse<T: AsRef<[u8]>>(bth: &Bth<T>) -> Result<BthRepr> {
+        if bth.tver() != 0 {
+            return Err(Error::UnsupportedTver(bth.tver()));
+        }
+        Ok(BthRepr {
+            opcode: bth.opcode(),
+            solicited: bth.solicited(),
+            mig_req: bth.mig_req(),
+            pad_count: bth.pad_count(),
+            pkey: bth.pkey(),
+            fecn: bth.fecn(),
+            becn: bth.becn(),
+            dest_qp: bth.dest_qp(),
+            ack_req: bth.ack_req(),
+            psn: bth.psn(),
+        })
+    }
+
+    /// Writes the BTH; reserved bits are written as zero.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, bth: &mut Bth<T>) {
+        bth.bm()[..BTH_LEN].fill(0);
+        bth.set_opcode(self.opcode);
+        bth.set_solicited(self.solicited);
+        bth.set_mig_req(self.mig_req);
+        bth.set_pad_count(self.pad_count);
+        bth.set_tver(0);
+        bth.set_pkey(self.pkey);
+        bth.set_fecn(self.fecn);
+        bth.set_becn(self.becn);
+        bth.set_dest_qp(self.dest_qp);
+        bth.set_ack_req(self.ack_req);
+        bth.set_psn(self.psn);
+    }
+}
