@@ -1,1 +1,180 @@
-fn main() {}
+//! Project automation. `cargo xtask test` is the one test entry point: the
+//! README and `.ci/run` both call it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
+
+test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
+        (-D warnings), pcap-check over the shared RXE captures when present,
+        and a time-boxed cargo-fuzz run of burst-wire's parser";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+        .to_path_buf()
+}
+
+/// Runs one step; prints its outcome and returns whether it passed.
+fn step(name: &str, cmd: &mut Command) -> bool {
+    println!("xtask: ==> {name}: {cmd:?}");
+    let t = Instant::now();
+    let ok = match cmd.status() {
+        Ok(s) => s.success(),
+        Err(e) => {
+            eprintln!("xtask: cannot run {name}: {e}");
+            false
+        }
+    };
+    println!(
+        "xtask: <== {name}: {} in {:.1}s",
+        if ok { "ok" } else { "FAILED" },
+        t.elapsed().as_secs_f64()
+    );
+    ok
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root).args(args);
+    c
+}
+
+fn have_cargo_fuzz() -> bool {
+    Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn test(args: &[String]) -> ExitCode {
+    let root = root();
+    let mut fuzz = true;
+    let mut fuzz_secs: u32 = 60;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--no-fuzz" => fuzz = false,
+            "--fuzz-secs" => match it.next().and_then(|v| v.parse().ok()) {
+                Some(v) => fuzz_secs = v,
+                None => {
+                    eprintln!("{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let mut results: Vec<(&str, bool)> = Vec::new();
+    results.push((
+        "fmt",
+        step("fmt", &mut cargo(&root, &["fmt", "--all", "--check"])),
+    ));
+    results.push((
+        "clippy",
+        step(
+            "clippy",
+            &mut cargo(
+                &root,
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            ),
+        ),
+    ));
+    results.push((
+        "test",
+        step("test", &mut cargo(&root, &["test", "--workspace"])),
+    ));
+    let mut doc = cargo(&root, &["doc", "--workspace", "--no-deps"]);
+    doc.env("RUSTDOCFLAGS", "-D warnings");
+    results.push(("doc", step("doc", &mut doc)));
+
+    // The second golden set, recorded by the lab and shared beside the repo.
+    let shared = root.join("../shared/captures/rxe");
+    let mut captures: Vec<PathBuf> = std::fs::read_dir(&shared)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    captures.retain(|p| p.extension().is_some_and(|e| e == "pcapng" || e == "pcap"));
+    captures.sort();
+    if captures.is_empty() {
+        println!(
+            "xtask: no shared captures at {}: pcap-check skipped",
+            shared.display()
+        );
+    } else {
+        let mut c = cargo(
+            &root,
+            &[
+                "run",
+                "--release",
+                "-q",
+                "-p",
+                "burst-wire",
+                "--example",
+                "pcap-check",
+                "--",
+            ],
+        );
+        c.args(&captures);
+        c.stdout(std::process::Stdio::null());
+        results.push((
+            "pcap-check (shared RXE captures)",
+            step("pcap-check", &mut c),
+        ));
+    }
+
+    if fuzz {
+        if have_cargo_fuzz() {
+            // Stable rustc with RUSTC_BOOTSTRAP: the sanitizer flags cargo-fuzz
+            // passes are nightly-only, and only the stable toolchain is
+            // guaranteed on a fresh machine.
+            let max = format!("-max_total_time={fuzz_secs}");
+            let mut c = Command::new("cargo");
+            c.current_dir(root.join("crates/burst-wire"))
+                .env("RUSTC_BOOTSTRAP", "1")
+                .args(["fuzz", "run", "parse", "--", &max, "-rss_limit_mb=2048"]);
+            results.push(("fuzz (burst-wire parse)", step("fuzz", &mut c)));
+        } else {
+            println!("xtask: cargo-fuzz is not installed: fuzz run skipped (.ci/run installs it)");
+        }
+    }
+
+    let failed: Vec<&str> = results.iter().filter(|r| !r.1).map(|r| r.0).collect();
+    if !failed.is_empty() {
+        println!("xtask: failed steps: {}", failed.join(", "));
+    }
+    println!(
+        "steps: {} passed, {} failed",
+        results.len() - failed.len(),
+        failed.len()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("test") => test(&args[1..]),
+        _ => {
+            eprintln!("{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}

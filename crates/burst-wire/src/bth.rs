@@ -158,7 +158,7 @@ pub struct BthRepr {
     pub opcode: Opcode,
     /// Solicited event.
     pub solicited: bool,
-    /// Migration request (RXE and RNICs set it: APM "migrated" state).
+    /// Migration request (APM; kernel RXE sends 0).
     pub mig_req: bool,
     /// Pad count. [`crate::IbRepr::emit`] derives it from the payload length.
     pub pad_count: u8,
@@ -177,13 +177,13 @@ pub struct BthRepr {
 }
 
 impl BthRepr {
-    /// A BTH with the defaults RoCEv2 peers use (P_Key 0xffff, M set as RXE
-    /// does, no congestion bits).
+    /// A BTH with the values kernel RXE sends (P_Key 0xffff, M clear, no
+    /// congestion bits, TVer 0).
     pub fn new(opcode: Opcode, dest_qp: Qpn, psn: Psn) -> BthRepr {
         BthRepr {
             opcode,
             solicited: false,
-            mig_req: true,
+            mig_req: false,
             pad_count: 0,
             pkey: DEFAULT_PKEY,
             fecn: false,

@@ -22,6 +22,9 @@ pub enum Error {
     /// The IP header is malformed (bad version, IHL or length field).
     #[error("malformed IP header: {0}")]
     BadIpHeader(&'static str),
+    /// The IPv4 header checksum is wrong.
+    #[error("bad IPv4 header checksum")]
+    BadIpChecksum,
     /// The IP packet is a fragment; RoCEv2 packets are never fragmented.
     #[error("IP fragment")]
     IpFragment,

@@ -39,6 +39,18 @@ fn len_err(what: &'static str, e: &etherparse::err::LenError) -> Error {
     }
 }
 
+/// One's-complement sum over an IPv4 header: 0 when its checksum is right.
+fn ipv4_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 /// An 802.1Q VLAN tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct VlanTag {
@@ -288,6 +300,11 @@ impl<'a> RoceFrame<'a> {
                 if h.protocol() != IpNumber::UDP {
                     return Err(Error::NotUdp(h.protocol().0));
                 }
+                // Frames from AF_XDP/DPDK arrive unchecked by the kernel; the
+                // ICRC masks the header checksum, so check it here.
+                if ipv4_checksum(h.slice()) != 0 {
+                    return Err(Error::BadIpChecksum);
+                }
                 let repr = IpRepr::V4(Ipv4Repr {
                     src: h.source_addr(),
                     dst: h.destination_addr(),
@@ -467,6 +484,28 @@ impl FrameRepr {
     /// has already placed at [`FrameRepr::payload_offset`] (zero-copy send
     /// path). Returns the frame length.
     pub fn emit_in_place(&self, buf: &mut [u8]) -> Result<usize> {
+        let len = self.emit_headers(buf)?;
+        self.fill_icrc(&mut buf[..len])?;
+        Ok(len)
+    }
+
+    /// Computes and stores the ICRC of a frame whose headers and payload are
+    /// final (`buf` is exactly the frame).
+    pub fn fill_icrc(&self, buf: &mut [u8]) -> Result<()> {
+        let ip_at = self.ip_offset();
+        let udp_at = ip_at + self.ip.header_len();
+        let ib_at = udp_at + UDP_LEN;
+        check_len("frame", buf, ib_at + crate::BTH_LEN + ICRC_LEN)?;
+        let (head, ib) = buf.split_at_mut(ib_at);
+        let n = ib.len();
+        let crc = icrc::compute(&head[ip_at..udp_at], &head[udp_at..], &ib[..n - ICRC_LEN])?;
+        ib[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// Emits every header and the pad, but not the ICRC (left zero), around
+    /// a payload already in place. Returns the frame length.
+    pub fn emit_headers(&self, buf: &mut [u8]) -> Result<usize> {
         let len = self.frame_len();
         if buf.len() < len {
             return Err(Error::BufferTooSmall {
@@ -510,10 +549,6 @@ impl FrameRepr {
                 .to_be_bytes(),
         );
         u[6..8].copy_from_slice(&self.udp.checksum.to_be_bytes());
-        let (head, ib) = buf.split_at_mut(ib_at);
-        let crc = icrc::compute(&head[ip_at..udp_at], &head[udp_at..], &ib[..ib.len() - ICRC_LEN])?;
-        let n = ib.len();
-        ib[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
         Ok(len)
     }
 }

@@ -30,7 +30,7 @@ const UDP_LEN: usize = 8;
 /// // A packet built by the codec verifies; see `RoceFrame` for whole frames.
 /// let ip = [0x45u8, 0, 0, 48, 0, 0, 0x40, 0, 64, 17, 0, 0, 198, 18, 0, 1, 198, 18, 0, 2];
 /// let udp = [0xc0, 0, 0x12, 0xb7, 0, 28, 0, 0];
-/// let bth = [0x11u8, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1];
+/// let bth = [0x11u8, 0x00, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1];
 /// let aeth = [0x1f, 0, 0, 1];
 /// let ib: Vec<u8> = bth.iter().chain(aeth.iter()).copied().collect();
 /// let c = burst_wire::icrc::compute(&ip, &udp, &ib).unwrap();

@@ -358,9 +358,7 @@ impl Mtu {
     /// assert!(Mtu::Mtu1024.check_payload(Opcode::RC_SEND_LAST, 0).is_err());
     /// ```
     pub fn check_payload(self, opcode: Opcode, len: usize) -> crate::Result<()> {
-        let info = opcode
-            .info()
-            .ok_or(crate::Error::UnknownOpcode(opcode.0))?;
+        let info = opcode.info().ok_or(crate::Error::UnknownOpcode(opcode.0))?;
         let mtu = self.bytes();
         let ok = if !info.has_payload {
             len == 0

@@ -243,7 +243,6 @@ impl IbRepr {
     pub fn cnp(dest_qp: crate::Qpn) -> IbRepr {
         let mut bth = BthRepr::new(Opcode::CNP, dest_qp, crate::Psn::new(0));
         bth.becn = true;
-        bth.mig_req = false;
         IbRepr::new(bth)
     }
 
@@ -318,7 +317,9 @@ impl IbRepr {
                 len: self.payload_len,
             });
         }
-        if self.bth.dest_qp.value() > crate::psn::MASK_24 || self.aeth.is_some_and(|a| a.msn > crate::psn::MASK_24) {
+        if self.bth.dest_qp.value() > crate::psn::MASK_24
+            || self.aeth.is_some_and(|a| a.msn > crate::psn::MASK_24)
+        {
             return Err(Error::OutOfRange("24-bit field"));
         }
         let total = self.buffer_len();
@@ -338,10 +339,14 @@ impl IbRepr {
             o..o + len
         };
         if let Some(d) = &self.deth {
-            d.emit(&mut Deth::new_unchecked(&mut buf[at(HeaderSet::DETH, DETH_LEN)]));
+            d.emit(&mut Deth::new_unchecked(
+                &mut buf[at(HeaderSet::DETH, DETH_LEN)],
+            ));
         }
         if let Some(r) = &self.reth {
-            r.emit(&mut Reth::new_unchecked(&mut buf[at(HeaderSet::RETH, RETH_LEN)]));
+            r.emit(&mut Reth::new_unchecked(
+                &mut buf[at(HeaderSet::RETH, RETH_LEN)],
+            ));
         }
         if let Some(a) = &self.atomic_eth {
             a.emit(&mut AtomicEth::new_unchecked(
@@ -349,11 +354,15 @@ impl IbRepr {
             ));
         }
         if let Some(a) = &self.aeth {
-            a.emit(&mut Aeth::new_unchecked(&mut buf[at(HeaderSet::AETH, AETH_LEN)]));
+            a.emit(&mut Aeth::new_unchecked(
+                &mut buf[at(HeaderSet::AETH, AETH_LEN)],
+            ));
         }
         if let Some(v) = self.atomic_ack {
-            AtomicAckEth::new_unchecked(&mut buf[at(HeaderSet::ATOMIC_ACK_ETH, ATOMIC_ACK_ETH_LEN)])
-                .set_original(v);
+            AtomicAckEth::new_unchecked(
+                &mut buf[at(HeaderSet::ATOMIC_ACK_ETH, ATOMIC_ACK_ETH_LEN)],
+            )
+            .set_original(v);
         }
         if let Some(v) = self.imm {
             ImmDt::new_unchecked(&mut buf[at(HeaderSet::IMM_DT, IMM_DT_LEN)]).set_imm(v);
