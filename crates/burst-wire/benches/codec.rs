@@ -61,6 +61,12 @@ fn bench(c: &mut Criterion) {
         g.bench_function("raw_crc32fast", |b| {
             b.iter(|| black_box(crc32fast::hash(black_box(covered))))
         });
+        let ip = &buf[f.ip_offset()..f.ip_offset() + f.ip.header_len()];
+        let udp = &buf[f.ip_offset() + f.ip.header_len()..f.ib_offset()];
+        let ib = &buf[f.ib_offset()..buf.len() - ICRC_LEN];
+        g.bench_function("icrc_only", |b| {
+            b.iter(|| black_box(icrc::compute(black_box(ip), black_box(udp), black_box(ib)).unwrap()))
+        });
         let mut out = buf.clone();
         g.bench_function("build_headers", |b| {
             b.iter(|| black_box(f.emit_headers(black_box(&mut out)).unwrap()))
