@@ -65,7 +65,9 @@ fn bench(c: &mut Criterion) {
         let udp = &buf[f.ip_offset() + f.ip.header_len()..f.ib_offset()];
         let ib = &buf[f.ib_offset()..buf.len() - ICRC_LEN];
         g.bench_function("icrc_only", |b| {
-            b.iter(|| black_box(icrc::compute(black_box(ip), black_box(udp), black_box(ib)).unwrap()))
+            b.iter(|| {
+                black_box(icrc::compute(black_box(ip), black_box(udp), black_box(ib)).unwrap())
+            })
         });
         let mut out = buf.clone();
         g.bench_function("build_headers", |b| {
