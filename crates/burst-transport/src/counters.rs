@@ -1,0 +1,36 @@
+//! Per-QP counters, named after the kernel RXE driver's hw counters where one exists.
+
+/// Counters of one QP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets handed to the caller for transmission.
+    pub sent_pkts: u64,
+    /// Packets received for this QP.
+    pub rcvd_pkts: u64,
+    /// Duplicate requests seen by the responder.
+    pub duplicate_request: u64,
+    /// Requests ahead of the expected PSN.
+    pub out_of_seq_request: u64,
+    /// RNR NAKs received.
+    pub rcvd_rnr_err: u64,
+    /// RNR NAKs sent.
+    pub send_rnr_err: u64,
+    /// PSN sequence error NAKs received (and read response gaps seen).
+    pub rcvd_seq_err: u64,
+    /// Transport retries exhausted.
+    pub retry_exceeded_err: u64,
+    /// RNR retries exhausted.
+    pub retry_rnr_exceeded_err: u64,
+    /// Local ACK timeouts.
+    pub completer_retry_err: u64,
+    /// Error NAKs sent.
+    pub send_err: u64,
+    /// Messages received by SEND.
+    pub rdma_recvs: u64,
+    /// Go-back-N retransmissions started.
+    pub retransmits_started: u64,
+    /// Retransmitted packets.
+    pub retransmitted_pkts: u64,
+    /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).
+    pub dropped_pkts: u64,
+}

@@ -1,0 +1,37 @@
+//! Errors of the Verbs-facing calls, with the errno rdma-core returns.
+
+/// Why a post or modify call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum VerbsError {
+    /// The QP's state does not allow the call (or the transition).
+    #[error("invalid QP state transition or call in state {0:?}")]
+    InvalidState(crate::QpState),
+    /// A required attribute is missing from the mask.
+    #[error("missing attribute {0} for this transition")]
+    MissingAttr(&'static str),
+    /// An attribute is not allowed for this transition or QP type.
+    #[error("attribute {0} not allowed for this transition")]
+    UnexpectedAttr(&'static str),
+    /// An attribute value is out of range.
+    #[error("invalid value for {0}")]
+    InvalidValue(&'static str),
+    /// The work queue is full.
+    #[error("work queue full")]
+    QueueFull,
+    /// More SGEs than the QP was created with.
+    #[error("too many SGEs")]
+    TooManySge,
+    /// The work request is malformed for this QP (opcode, length, inline size).
+    #[error("invalid work request: {0}")]
+    BadWr(&'static str),
+}
+
+impl VerbsError {
+    /// The errno rdma-core's providers return for this error.
+    pub fn errno(self) -> i32 {
+        match self {
+            VerbsError::QueueFull => 12, // ENOMEM, as rdma-core providers report a full queue
+            _ => 22,                     // EINVAL
+        }
+    }
+}

@@ -1,0 +1,830 @@
+//! A deterministic, seeded network simulator for the transport, and a
+//! workload generator with a checker.
+//!
+//! [`World`] holds nodes (each with its own [`SimMemory`]) and QPs, moves the
+//! packets they emit as real RoCEv2 bytes (built with burst-wire, ICRC
+//! included) through a network that loses, reorders, duplicates, delays and
+//! corrupts them (corruption is caught by the ICRC and acts as loss), and
+//! drives every QP's timers. [`run_workload`] posts a mixed workload over QP
+//! pairs and proves every message arrived once, intact, in order, with the
+//! completions the spec demands, by a bounded simulated time.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+
+use burst_wire::{FrameRepr, IpRepr, Mtu, Psn, Qpn, RoceFrame, UdpRepr};
+
+use crate::memory::{AtomicOp, MemError, Memory, RemoteAccess};
+use crate::*;
+
+/// splitmix64: small, fast, and good enough for fault injection.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// Access rights of a simulated memory region.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    /// LOCAL_WRITE.
+    pub local_write: bool,
+    /// REMOTE_WRITE.
+    pub remote_write: bool,
+    /// REMOTE_READ.
+    pub remote_read: bool,
+    /// REMOTE_ATOMIC.
+    pub remote_atomic: bool,
+}
+
+impl Access {
+    /// Every right.
+    pub const ALL: Access = Access {
+        local_write: true,
+        remote_write: true,
+        remote_read: true,
+        remote_atomic: true,
+    };
+}
+
+#[derive(Debug)]
+struct Region {
+    pd: u32,
+    addr: u64,
+    data: Vec<u8>,
+    access: Access,
+    valid: bool,
+}
+
+/// A node's memory: regions with one key serving as both lkey and rkey.
+#[derive(Debug, Default)]
+pub struct SimMemory {
+    regions: HashMap<u32, Region>,
+    next_key: u32,
+}
+
+impl SimMemory {
+    /// Registers `len` bytes (zeroed) for `pd`; returns (key, address).
+    pub fn register(&mut self, pd: u32, len: usize, access: Access) -> (u32, u64) {
+        self.next_key += 1;
+        let key = (self.next_key << 8) | 0x5a;
+        let addr = 0x1000_0000_0000 + u64::from(self.next_key) * 0x1_0000_0000;
+        self.regions.insert(key, Region { pd, addr, data: vec![0; len], access, valid: true });
+        (key, addr)
+    }
+    /// A region's bytes.
+    pub fn bytes(&self, key: u32) -> &[u8] {
+        &self.regions[&key].data
+    }
+    /// A region's bytes, mutable.
+    pub fn bytes_mut(&mut self, key: u32) -> &mut [u8] {
+        &mut self.regions.get_mut(&key).expect("registered").data
+    }
+    fn range(&self, key: u32, va: u64, len: u64) -> Result<(&Region, usize), MemError> {
+        let r = self.regions.get(&key).filter(|r| r.valid).ok_or(MemError::BadKey(key))?;
+        let off = va.checked_sub(r.addr).ok_or(MemError::OutOfBounds)?;
+        if off.checked_add(len).is_none_or(|e| e > r.data.len() as u64) {
+            return Err(MemError::OutOfBounds);
+        }
+        Ok((r, off as usize))
+    }
+    /// Walks `len` bytes at `offset` of an SGE list as (key, va, len) pieces.
+    fn pieces(sges: &[Sge], mut offset: u64, mut len: u64, mut f: impl FnMut(u32, u64, usize, usize) -> Result<(), MemError>) -> Result<(), MemError> {
+        let mut done = 0usize;
+        for s in sges {
+            let l = u64::from(s.length);
+            if offset >= l {
+                offset -= l;
+                continue;
+            }
+            let take = (l - offset).min(len);
+            f(s.lkey, s.addr + offset, done, take as usize)?;
+            done += take as usize;
+            len -= take;
+            offset = 0;
+            if len == 0 {
+                return Ok(());
+            }
+        }
+        if len == 0 { Ok(()) } else { Err(MemError::OutOfBounds) }
+    }
+}
+
+impl Memory for SimMemory {
+    fn check_local(&self, pd: u32, sges: &[Sge], write: bool) -> Result<(), MemError> {
+        for s in sges {
+            let (r, _) = self.range(s.lkey, s.addr, u64::from(s.length))?;
+            if r.pd != pd {
+                return Err(MemError::PdMismatch);
+            }
+            if write && !r.access.local_write {
+                return Err(MemError::NoAccess);
+            }
+        }
+        Ok(())
+    }
+    fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+        let n = out.len() as u64;
+        SimMemory::pieces(sges, offset, n, |k, va, at, len| {
+            let (r, off) = self.range(k, va, len as u64)?;
+            out[at..at + len].copy_from_slice(&r.data[off..off + len]);
+            Ok(())
+        })
+    }
+    fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
+        let n = data.len() as u64;
+        let mut plan = Vec::new();
+        SimMemory::pieces(sges, offset, n, |k, va, at, len| {
+            let (_, off) = self.range(k, va, len as u64)?;
+            plan.push((k, off, at, len));
+            Ok(())
+        })?;
+        for (k, off, at, len) in plan {
+            self.bytes_mut(k)[off..off + len].copy_from_slice(&data[at..at + len]);
+        }
+        Ok(())
+    }
+    fn check_remote(&self, pd: u32, rkey: u32, va: u64, len: u64, access: RemoteAccess) -> Result<(), MemError> {
+        let (r, _) = self.range(rkey, va, len)?;
+        if r.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
+        let ok = match access {
+            RemoteAccess::Write => r.access.remote_write,
+            RemoteAccess::Read => r.access.remote_read,
+            RemoteAccess::Atomic => r.access.remote_atomic,
+        };
+        if ok { Ok(()) } else { Err(MemError::NoAccess) }
+    }
+    fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
+        let (r, off) = self.range(rkey, va, out.len() as u64)?;
+        out.copy_from_slice(&r.data[off..off + out.len()]);
+        Ok(())
+    }
+    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
+        let (_, off) = self.range(rkey, va, data.len() as u64)?;
+        self.bytes_mut(rkey)[off..off + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        self.check_remote(pd, rkey, va, 8, RemoteAccess::Atomic)?;
+        if va % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        let (_, off) = self.range(rkey, va, 8)?;
+        let cell = &mut self.bytes_mut(rkey)[off..off + 8];
+        let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| MemError::OutOfBounds)?);
+        let new = match op {
+            AtomicOp::CompareSwap { compare, swap } => if orig == compare { swap } else { orig },
+            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
+        };
+        cell.copy_from_slice(&new.to_ne_bytes());
+        Ok(orig)
+    }
+    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
+        let r = self.regions.get_mut(&rkey).filter(|r| r.valid).ok_or(MemError::BadKey(rkey))?;
+        if r.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
+        r.valid = false;
+        Ok(())
+    }
+}
+
+/// Fault probabilities per packet.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    /// Drop.
+    pub loss: f64,
+    /// Delay by up to 20 extra link delays (overtaken by later packets).
+    pub reorder: f64,
+    /// Deliver twice.
+    pub dup: f64,
+    /// Flip one bit (the ICRC catches it).
+    pub corrupt: f64,
+}
+
+/// Network statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Frames sent.
+    pub sent: u64,
+    /// Frames dropped by loss.
+    pub lost: u64,
+    /// Frames duplicated.
+    pub duplicated: u64,
+    /// Frames delayed out of order.
+    pub reordered: u64,
+    /// Frames corrupted (then refused by the ICRC check).
+    pub corrupted: u64,
+    /// Frames refused by the receiver's parser or ICRC check.
+    pub bad_icrc: u64,
+    /// Frames delivered to a QP.
+    pub delivered: u64,
+}
+
+/// One link delay in simulated nanoseconds.
+pub const LINK_DELAY_NS: Nanos = 2_000;
+
+/// Nodes, QPs and the network between them.
+#[derive(Debug)]
+pub struct World {
+    /// Simulated time.
+    pub now: Nanos,
+    /// Memory of each node.
+    pub mems: Vec<SimMemory>,
+    /// QPs and the node each lives on.
+    pub qps: Vec<(usize, Qp)>,
+    /// Completions polled from each QP (index as in `qps`).
+    pub completions: Vec<VecDeque<WorkCompletion>>,
+    /// Network statistics.
+    pub stats: NetStats,
+    faults: Faults,
+    rng: Rng,
+    seq: u64,
+    wire: BinaryHeap<Reverse<(Nanos, u64, usize, Vec<u8>)>>,
+    /// Last in-order delivery time per destination: links are FIFO unless a
+    /// packet is deliberately reordered.
+    fifo: Vec<Nanos>,
+    buf: Vec<u8>,
+}
+
+fn node_ip(n: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, 10 + n as u8)
+}
+
+impl World {
+    /// A world of `nodes` nodes.
+    pub fn new(seed: u64, nodes: usize, faults: Faults) -> World {
+        World {
+            now: 0,
+            mems: (0..nodes).map(|_| SimMemory::default()).collect(),
+            qps: Vec::new(),
+            completions: Vec::new(),
+            stats: NetStats::default(),
+            faults,
+            rng: Rng::new(seed),
+            seq: 0,
+            wire: BinaryHeap::new(),
+            fifo: vec![0; nodes],
+            buf: vec![0; 8192],
+        }
+    }
+
+    /// Adds a QP on `node`; returns its index.
+    pub fn add_qp(&mut self, node: usize, qp_type: QpType, port_mtu: Mtu) -> usize {
+        let qpn = Qpn::new(0x100 + self.qps.len() as u32).unwrap_or_default();
+        let mut cfg = QpConfig::new(qpn, qp_type, 1);
+        cfg.port_mtu = port_mtu;
+        self.qps.push((node, Qp::new(cfg)));
+        self.completions.push(VecDeque::new());
+        self.qps.len() - 1
+    }
+
+    /// Connects two RC or UC QPs (RESET → INIT → RTR → RTS on both), or moves
+    /// a UD QP to RTS when `b` is `None`.
+    pub fn connect(&mut self, a: usize, b: Option<usize>, mtu: Mtu, psn_a: Psn, psn_b: Psn) -> Result<(), VerbsError> {
+        let ends: Vec<(usize, Option<(usize, Psn, Psn)>)> = match b {
+            Some(b) => vec![(a, Some((b, psn_a, psn_b))), (b, Some((a, psn_b, psn_a)))],
+            None => vec![(a, None)],
+        };
+        for (me, peer) in ends {
+            let t = self.qps[me].1.config().qp_type;
+            let access = QpAccess { remote_write: true, remote_read: true, remote_atomic: true };
+            let mut init = QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..Default::default() };
+            if t == QpType::Ud {
+                init.qkey = Some(0x1111_1111);
+            } else {
+                init.access = Some(access);
+            }
+            self.qps[me].1.modify(&init)?;
+            let mut rtr = QpAttr { state: Some(QpState::Rtr), ..Default::default() };
+            let mut rts = QpAttr { state: Some(QpState::Rts), sq_psn: Some(peer.map_or(Psn::new(0), |p| p.1)), ..Default::default() };
+            if let Some((p, _my_psn, peer_psn)) = peer {
+                let (pnode, ref pqp) = self.qps[p];
+                rtr.ah = Some(pnode as u32);
+                rtr.path_mtu = Some(mtu);
+                rtr.dest_qpn = Some(pqp.qpn());
+                rtr.rq_psn = Some(peer_psn);
+                if t == QpType::Rc {
+                    rtr.max_dest_rd_atomic = Some(8);
+                    rtr.min_rnr_timer = Some(1);
+                    rts.timeout = Some(9);
+                    rts.retry_cnt = Some(7);
+                    rts.rnr_retry = Some(7);
+                    rts.max_rd_atomic = Some(8);
+                }
+            }
+            self.qps[me].1.modify(&rtr)?;
+            self.qps[me].1.modify(&rts)?;
+        }
+        Ok(())
+    }
+
+    fn transmit_all(&mut self) -> bool {
+        let mut any = false;
+        for i in 0..self.qps.len() {
+            let node = self.qps[i].0;
+            loop {
+                let (_, qp) = &mut self.qps[i];
+                let src_qpn = qp.qpn();
+                let Some(tx) = qp.poll_transmit(self.now) else { break };
+                any = true;
+                let dst = tx.ah as usize;
+                let f = FrameRepr {
+                    eth: None,
+                    ip: IpRepr::v4(node_ip(node), node_ip(dst)),
+                    udp: UdpRepr::new(0xc000 | (src_qpn.value() as u16 & 0x3fff)),
+                    ib: tx.ib,
+                };
+                let len = f.frame_len();
+                if self.buf.len() < len {
+                    self.buf.resize(len, 0);
+                }
+                let at = f.payload_offset();
+                let ok = tx.gather(&self.mems[node], &mut self.buf[at..at + tx.ib.payload_len]).is_ok()
+                    && f.emit_in_place(&mut self.buf[..len]).is_ok();
+                if !ok {
+                    continue;
+                }
+                let bytes = self.buf[..len].to_vec();
+                self.send(dst, bytes);
+            }
+            self.qps[i].1.flush_unreliable();
+        }
+        any
+    }
+
+    fn send(&mut self, dst: usize, mut bytes: Vec<u8>) {
+        self.stats.sent += 1;
+        let f = self.faults;
+        if self.rng.chance(f.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        if self.rng.chance(f.corrupt) {
+            self.stats.corrupted += 1;
+            let i = self.rng.below(bytes.len() as u64) as usize;
+            bytes[i] ^= 1 << self.rng.below(8);
+        }
+        let copies = if self.rng.chance(f.dup) {
+            self.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for c in 0..copies {
+            let mut at = self.now + LINK_DELAY_NS + self.rng.below(200);
+            if c > 0 || self.rng.chance(f.reorder) {
+                self.stats.reordered += u64::from(c == 0);
+                at += LINK_DELAY_NS * (1 + self.rng.below(20));
+            } else {
+                at = at.max(self.fifo[dst] + 1);
+                self.fifo[dst] = at;
+            }
+            self.seq += 1;
+            self.wire.push(Reverse((at, self.seq, dst, bytes.clone())));
+        }
+    }
+
+    fn deliver_due(&mut self) -> bool {
+        let mut any = false;
+        while self.wire.peek().is_some_and(|Reverse((t, ..))| *t <= self.now) {
+            let Some(Reverse((_, _, dst, bytes))) = self.wire.pop() else { break };
+            any = true;
+            let frame = match RoceFrame::parse_ip(&bytes) {
+                Ok(f) if f.verify_icrc().is_ok() => f,
+                _ => {
+                    self.stats.bad_icrc += 1;
+                    continue;
+                }
+            };
+            let qpn = frame.ib.bth().dest_qp();
+            let grh = frame.ud_grh();
+            let Some(i) = self.qps.iter().position(|(n, q)| *n == dst && q.qpn() == qpn) else { continue };
+            self.stats.delivered += 1;
+            let now = self.now;
+            let (node, qp) = &mut self.qps[i];
+            qp.handle_packet(now, &frame.ib, Some(&grh), &mut self.mems[*node]);
+        }
+        any
+    }
+
+    fn drain_completions(&mut self) {
+        for (i, (_, qp)) in self.qps.iter_mut().enumerate() {
+            while let Some(wc) = qp.poll_completion() {
+                self.completions[i].push_back(wc);
+            }
+        }
+    }
+
+    /// Runs the world until `done` holds or simulated time passes `deadline`;
+    /// `done` is called after every step (it may post more work). Returns
+    /// whether `done` held.
+    pub fn run(&mut self, deadline: Nanos, mut done: impl FnMut(&mut World) -> bool) -> bool {
+        loop {
+            let sent = self.transmit_all();
+            let delivered = self.deliver_due();
+            let mut fired = false;
+            for (_, qp) in self.qps.iter_mut() {
+                if qp.poll_timeout().is_some_and(|t| t <= self.now) {
+                    qp.handle_timeout(self.now);
+                    fired = true;
+                }
+            }
+            self.drain_completions();
+            if done(self) {
+                return true;
+            }
+            if sent || delivered || fired {
+                continue;
+            }
+            // Idle: jump to the next event.
+            let next_pkt = self.wire.peek().map(|Reverse((t, ..))| *t);
+            let next_timer = self.qps.iter().filter_map(|(_, q)| q.poll_timeout()).min();
+            let next = match (next_pkt, next_timer) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => match a.or(b) {
+                    Some(t) => t,
+                    None => return done(self),
+                },
+            };
+            self.now = next.max(self.now + 1);
+            if self.now > deadline {
+                return false;
+            }
+        }
+    }
+}
+
+/// Options of a workload run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkloadOptions {
+    /// Network faults.
+    pub faults: Faults,
+    /// RC QP pairs.
+    pub rc_pairs: usize,
+    /// Operations posted per RC pair.
+    pub ops_per_pair: usize,
+    /// Largest message (a few operations per run use sizes near it).
+    pub max_size: usize,
+    /// Run UC and UD pairs too.
+    pub unreliable: bool,
+    /// Simulated time limit.
+    pub deadline: Nanos,
+}
+
+impl Default for WorkloadOptions {
+    fn default() -> Self {
+        WorkloadOptions {
+            faults: Faults::default(),
+            rc_pairs: 2,
+            ops_per_pair: 40,
+            max_size: 3 << 20,
+            unreliable: true,
+            deadline: 60_000_000_000,
+        }
+    }
+}
+
+/// Outcome of a workload run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Operations completed and checked.
+    pub ops: u64,
+    /// Bytes moved by checked operations.
+    pub bytes: u64,
+    /// Simulated nanoseconds the run took.
+    pub sim_ns: Nanos,
+    /// Network statistics.
+    pub net: NetStats,
+    /// Retransmitted packets over all QPs.
+    pub retransmitted: u64,
+}
+
+fn fill(rng: &mut Rng, buf: &mut [u8]) {
+    for c in buf.chunks_mut(8) {
+        let v = rng.next_u64().to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+}
+
+fn hash(b: &[u8]) -> u64 {
+    // FNV-1a: a content fingerprint, not a security hash.
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[derive(Debug)]
+enum Expect {
+    /// A SEND: the receiver must get these bytes (and immediate) next.
+    Send { hash: u64, len: usize, imm: Option<u32> },
+    /// A WRITE: the remote region must hold these bytes; WRITE WITH IMM also
+    /// consumes a receive.
+    Write { region: u32, hash: u64, imm: Option<u32>, len: usize },
+    /// A READ: the local region must hold the remote bytes.
+    Read { local: u32, hash: u64, len: usize },
+    /// An atomic: the original value returned.
+    Atomic { local: u32, orig: u64 },
+}
+
+struct Posted {
+    wr_id: u64,
+    signaled: bool,
+    expect: Expect,
+    opcode: WcOpcode,
+}
+
+/// Runs one seeded workload and checks it; `Err` says what went wrong.
+pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
+    let mut rng = Rng::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut w = World::new(seed, 2, o.faults);
+    let mtu = Mtu::ALL[rng.below(5) as usize];
+    let mut pairs = Vec::new();
+    for _ in 0..o.rc_pairs {
+        let a = w.add_qp(0, QpType::Rc, mtu);
+        let b = w.add_qp(1, QpType::Rc, mtu);
+        // PSNs near the wrap point half of the time.
+        let pa = Psn::new(if rng.chance(0.5) { 0xff_ffff - rng.below(64) as u32 } else { rng.below(1 << 24) as u32 });
+        let pb = Psn::new(rng.below(1 << 24) as u32);
+        w.connect(a, Some(b), mtu, pa, pb).map_err(|e| e.to_string())?;
+        pairs.push((a, b, QpType::Rc));
+    }
+    if o.unreliable {
+        let a = w.add_qp(0, QpType::Uc, mtu);
+        let b = w.add_qp(1, QpType::Uc, mtu);
+        w.connect(a, Some(b), mtu, Psn::new(5), Psn::new(9)).map_err(|e| e.to_string())?;
+        pairs.push((a, b, QpType::Uc));
+        let a = w.add_qp(0, QpType::Ud, mtu);
+        let b = w.add_qp(1, QpType::Ud, mtu);
+        w.connect(a, None, mtu, Psn::new(0), Psn::new(0)).map_err(|e| e.to_string())?;
+        w.connect(b, None, mtu, Psn::new(0), Psn::new(0)).map_err(|e| e.to_string())?;
+        pairs.push((a, b, QpType::Ud));
+    }
+
+    let pd = 1;
+    let mut summary = Summary::default();
+    let mut plans: Vec<(usize, usize, QpType, Vec<Posted>, Vec<(u64, u32)>)> = Vec::new();
+    // Receives held back until the requesters are under way, to exercise RNR.
+    let mut held: VecDeque<(usize, RecvWr)> = VecDeque::new();
+    let mut wr_id = 0u64;
+    for &(a, b, t) in &pairs {
+        let b_node = w.qps[b].0;
+        let b_qpn = w.qps[b].1.qpn();
+        let mut posted = Vec::new();
+        let mut recvs = Vec::new();
+        // One atomic counter per pair on the responder.
+        let (ctr, ctr_va) = w.mems[1].register(pd, 8, Access::ALL);
+        let mut model = 0u64;
+        let n = if t == QpType::Rc { o.ops_per_pair } else { o.ops_per_pair / 2 };
+        let hold_tail = rng.chance(0.3);
+        for i in 0..n {
+            let size = match rng.below(20) {
+                0 if i % 7 == 3 => o.max_size / 2 + rng.below(o.max_size as u64 / 2 + 1) as usize,
+                1..=3 => rng.below(64 * 1024) as usize,
+                4 => 0,
+                _ => rng.below(mtu.bytes() as u64 * 2 + 1) as usize,
+            };
+            let size = if t == QpType::Ud { size.min(mtu.bytes()) } else { size };
+            let kind = match t {
+                QpType::Rc => rng.below(9),
+                QpType::Uc => rng.below(4),
+                QpType::Ud => rng.below(2),
+            };
+            wr_id += 1;
+            let signaled = rng.below(4) != 0 || t != QpType::Rc;
+            let inline = size <= 64 && kind < 4 && rng.chance(0.5);
+            // Source/destination buffer on the requester, split into up to 3 SGEs.
+            let (lkey, laddr) = w.mems[0].register(pd, size.max(8), Access::ALL);
+            fill(&mut rng, &mut w.mems[0].bytes_mut(lkey)[..size]);
+            let mut sges = Vec::new();
+            let mut off = 0usize;
+            let parts = 1 + rng.below(3) as usize;
+            for p in 0..parts {
+                let len = if p + 1 == parts { size - off } else { (size - off) / 2 };
+                sges.push(Sge { addr: laddr + off as u64, length: len as u32, lkey });
+                off += len;
+            }
+            let data_hash = hash(&w.mems[0].bytes(lkey)[..size]);
+            let imm = rng.next_u64() as u32;
+            let (op, expect) = match kind {
+                0 | 1 => {
+                    let imm = (kind == 1).then_some(imm);
+                    (imm.map_or(SendOp::Send, SendOp::SendWithImm), Expect::Send { hash: data_hash, len: size, imm })
+                }
+                2 | 3 => {
+                    let (rk, rva) = w.mems[b_node].register(pd, size.max(1), Access::ALL);
+                    let imm = (kind == 3).then_some(imm);
+                    let op = match imm {
+                        Some(imm) => SendOp::WriteWithImm { remote_addr: rva, rkey: rk, imm },
+                        None => SendOp::Write { remote_addr: rva, rkey: rk },
+                    };
+                    (op, Expect::Write { region: rk, hash: data_hash, imm, len: size })
+                }
+                4 | 5 => {
+                    let (rk, rva) = w.mems[1].register(pd, size.max(1), Access::ALL);
+                    fill(&mut rng, &mut w.mems[1].bytes_mut(rk)[..size]);
+                    let h = hash(&w.mems[1].bytes(rk)[..size]);
+                    (SendOp::Read { remote_addr: rva, rkey: rk }, Expect::Read { local: lkey, hash: h, len: size })
+                }
+                6 | 7 => {
+                    sges = vec![Sge { addr: laddr, length: 8, lkey }];
+                    let add = rng.below(1000);
+                    let orig = model;
+                    model = model.wrapping_add(add);
+                    (SendOp::FetchAdd { remote_addr: ctr_va, rkey: ctr, add }, Expect::Atomic { local: lkey, orig })
+                }
+                _ => {
+                    sges = vec![Sge { addr: laddr, length: 8, lkey }];
+                    let hit = rng.chance(0.5);
+                    let compare = if hit { model } else { model ^ 1 };
+                    let swap = rng.next_u64();
+                    let orig = model;
+                    if hit {
+                        model = swap;
+                    }
+                    (SendOp::CompareSwap { remote_addr: ctr_va, rkey: ctr, compare, swap }, Expect::Atomic { local: lkey, orig })
+                }
+            };
+            let mut wr = SendWr::new(wr_id, op, sges);
+            wr.signaled = signaled;
+            wr.inline = inline;
+            wr.fence = rng.chance(0.05);
+            if t == QpType::Ud {
+                wr.ud = Some(UdDest { remote_qpn: b_qpn, remote_qkey: 0x1111_1111, ah: b_node as u32 });
+            }
+            let consumes_recv = matches!(expect, Expect::Send { .. } | Expect::Write { imm: Some(_), .. });
+            if consumes_recv {
+                let cap = size + 40 + rng.below(16) as usize;
+                let (rk, ra) = w.mems[1].register(pd, cap, Access::ALL);
+                recvs.push((wr_id, rk));
+                let rwr = RecvWr { wr_id, sg_list: vec![Sge { addr: ra, length: cap as u32, lkey: rk }] };
+                // Post the receives up front, except (on some pairs) a tail
+                // posted later, in order, to exercise RNR NAKs.
+                if !hold_tail || i < n / 2 {
+                    let (node, qp) = &mut w.qps[b];
+                    qp.post_recv(rwr, &w.mems[*node]).map_err(|e| format!("post_recv: {e}"))?;
+                } else {
+                    held.push_back((b, rwr));
+                }
+            }
+            let opcode = wr.op.wc_opcode();
+            {
+                let (node, qp) = &mut w.qps[a];
+                qp.post_send(wr, &w.mems[*node]).map_err(|e| format!("post_send: {e}"))?;
+            }
+            posted.push(Posted { wr_id, signaled, expect, opcode });
+        }
+        plans.push((a, b, t, posted, recvs));
+    }
+
+    let finished = w.run(o.deadline, |w| {
+        if w.now > 50_000 {
+            while let Some((b, r)) = held.pop_front() {
+                let (node, qp) = &mut w.qps[b];
+                let _ = qp.post_recv(r, &w.mems[*node]);
+            }
+        }
+        plans.iter().all(|(a, b, t, posted, recvs)| {
+            let sends = posted.iter().filter(|p| p.signaled).count();
+            let got_send = w.completions[*a].len() >= sends && w.qps[*a].1.send_queue_len() == 0;
+            let got_recv = match t {
+                QpType::Rc => w.completions[*b].len() >= recvs.len(),
+                _ => true,
+            };
+            got_send && got_recv
+        })
+    });
+    summary.sim_ns = w.now;
+    summary.net = w.stats;
+    summary.retransmitted = w.qps.iter().map(|(_, q)| q.counters().retransmitted_pkts).sum();
+    if !finished {
+        let stuck: Vec<String> = w
+            .qps
+            .iter()
+            .filter(|(_, q)| q.send_queue_len() > 0 || q.state() != QpState::Rts)
+            .map(|(_, q)| format!("qp {} state {:?} rq {} {} {:?}", q.qpn(), q.state(), q.recv_queue_len(), q.requester_summary(), q.counters()))
+            .collect();
+        return Err(format!("seed {seed}: not finished by {} ns (stuck QPs: {})", o.deadline, stuck.join("; ")));
+    }
+
+    // Check every pair.
+    for (a, b, t, posted, recvs) in &plans {
+        let reliable = *t == QpType::Rc;
+        // Requester completions: signaled ones, in posting order, all successful.
+        let want: Vec<&Posted> = posted.iter().filter(|p| p.signaled).collect();
+        let got: Vec<WorkCompletion> = w.completions[*a].drain(..).collect();
+        if got.len() != want.len() {
+            return Err(format!("seed {seed}: {t:?} requester got {} completions, want {}", got.len(), want.len()));
+        }
+        for (p, wc) in want.iter().zip(&got) {
+            if wc.wr_id != p.wr_id || wc.status != WcStatus::Success || wc.opcode != p.opcode {
+                return Err(format!("seed {seed}: {t:?} requester completion {wc:?}, want wr_id {} {:?} success", p.wr_id, p.opcode));
+            }
+        }
+        // Responder completions: the receives in order (a subsequence on UC/UD).
+        let rwcs: Vec<WorkCompletion> = w.completions[*b].drain(..).collect();
+        let mut ri = 0usize;
+        let expected_recv: Vec<(&Posted, u32)> = posted
+            .iter()
+            .filter(|p| matches!(p.expect, Expect::Send { .. } | Expect::Write { imm: Some(_), .. }))
+            .zip(recvs.iter().map(|r| r.1))
+            .collect();
+        let mut recv_iter = expected_recv.iter();
+        for wc in &rwcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!("seed {seed}: {t:?} receive completion {wc:?}"));
+            }
+            // find the matching expected receive (in order; UC/UD may skip)
+            let (p, rkey) = loop {
+                let Some(&(p, rk)) = recv_iter.next() else {
+                    return Err(format!("seed {seed}: {t:?} unexpected receive completion {wc:?}"));
+                };
+                if p.wr_id == wc.wr_id {
+                    break (p, rk);
+                }
+                if reliable {
+                    return Err(format!("seed {seed}: RC receive out of order: got wr {} want {}", wc.wr_id, p.wr_id));
+                }
+            };
+            ri += 1;
+            match p.expect {
+                Expect::Send { hash: h, len, imm } => {
+                    let off = if *t == QpType::Ud { 40 } else { 0 };
+                    let total = len + off;
+                    if wc.byte_len as usize != total || wc.imm_data != imm || wc.opcode != WcOpcode::Recv {
+                        return Err(format!("seed {seed}: {t:?} receive {wc:?}, want len {total} imm {imm:?}"));
+                    }
+                    let got = &w.mems[1].bytes(rkey)[off..off + len];
+                    if hash(got) != h {
+                        return Err(format!("seed {seed}: {t:?} SEND wr {} payload differs", p.wr_id));
+                    }
+                    if *t == QpType::Ud && (!wc.grh || wc.src_qp != w.qps[*a].1.qpn()) {
+                        return Err(format!("seed {seed}: UD receive without GRH/src_qp: {wc:?}"));
+                    }
+                }
+                Expect::Write { imm, len, .. } => {
+                    if wc.opcode != WcOpcode::RecvRdmaWithImm || wc.imm_data != imm || wc.byte_len as usize != len {
+                        return Err(format!("seed {seed}: {t:?} WRITE WITH IMM completion {wc:?}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if reliable && ri != expected_recv.len() {
+            return Err(format!("seed {seed}: RC responder got {ri} receives, want {}", expected_recv.len()));
+        }
+        // Data of WRITE, READ and atomics.
+        for p in posted {
+            match p.expect {
+                Expect::Write { region, hash: h, len, .. } if reliable => {
+                    if hash(&w.mems[1].bytes(region)[..len]) != h {
+                        return Err(format!("seed {seed}: WRITE wr {} data differs", p.wr_id));
+                    }
+                    summary.bytes += len as u64;
+                }
+                Expect::Read { local, hash: h, len } => {
+                    if hash(&w.mems[0].bytes(local)[..len]) != h {
+                        return Err(format!("seed {seed}: READ wr {} data differs", p.wr_id));
+                    }
+                    summary.bytes += len as u64;
+                }
+                Expect::Atomic { local, orig } => {
+                    let v = u64::from_ne_bytes(w.mems[0].bytes(local)[..8].try_into().unwrap_or_default());
+                    if v != orig {
+                        return Err(format!("seed {seed}: atomic wr {} returned {v:#x}, want {orig:#x}", p.wr_id));
+                    }
+                }
+                Expect::Send { len, .. } if reliable => summary.bytes += len as u64,
+                _ => {}
+            }
+            summary.ops += 1;
+        }
+        for (_, q) in [&w.qps[*a], &w.qps[*b]] {
+            if q.state() != QpState::Rts {
+                return Err(format!("seed {seed}: QP {} ended in {:?}", q.qpn(), q.state()));
+            }
+        }
+    }
+    Ok(summary)
+}

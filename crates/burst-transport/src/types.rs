@@ -1,0 +1,363 @@
+//! Work requests, completions and QP attributes, with the meanings rdma-core
+//! gives them (`struct ibv_send_wr`, `struct ibv_wc`, `struct ibv_qp_attr`).
+
+use burst_wire::{Mtu, Psn, Qpn};
+
+/// Simulated or real monotonic time in nanoseconds, supplied by the caller.
+pub type Nanos = u64;
+
+/// A scatter/gather element: a range of a local memory region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Start address (in the region's address space).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: u32,
+}
+
+/// Total bytes of an SGE list.
+pub fn sg_len(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// The operation of a send work request (`ibv_wr_opcode` plus its fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data (network byte order value as on the wire).
+    SendWithImm(u32),
+    /// SEND with invalidate of a remote rkey.
+    SendWithInv(u32),
+    /// RDMA WRITE.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data.
+    WriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ into the local SGEs.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// 8-byte atomic compare and swap; the original value lands in the SGE.
+    CompareSwap {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compare value.
+        compare: u64,
+        /// Swap value.
+        swap: u64,
+    },
+    /// 8-byte atomic fetch and add; the original value lands in the SGE.
+    FetchAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Addend.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// RDMA READ or atomic: limited by `max_rd_atomic`, waited on by fences.
+    pub fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+    /// An atomic operation.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+    /// The completion opcode of this operation.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// Where a UD send goes (the address handle's resolution plus the Q_Key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// Destination QPN.
+    pub remote_qpn: Qpn,
+    /// Q_Key (if its high bit is set, the QP's own Q_Key is used, as in the spec).
+    pub remote_qkey: u32,
+    /// Caller's handle of the address (an AH index): echoed in [`crate::Transmit::ah`].
+    pub ah: u32,
+}
+
+/// A send work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: SendOp,
+    /// Local buffers (gathered for sends and writes, scattered for reads and atomics).
+    pub sg_list: Vec<Sge>,
+    /// IBV_SEND_INLINE: the data is captured when posted.
+    pub inline: bool,
+    /// IBV_SEND_SIGNALED: generate a completion on success.
+    pub signaled: bool,
+    /// IBV_SEND_FENCE: wait for earlier READs and atomics to complete.
+    pub fence: bool,
+    /// IBV_SEND_SOLICITED.
+    pub solicited: bool,
+    /// UD destination (UD QPs only).
+    pub ud: Option<UdDest>,
+}
+
+impl SendWr {
+    /// A signaled work request with no flags.
+    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
+        SendWr {
+            wr_id,
+            op,
+            sg_list,
+            inline: false,
+            signaled: true,
+            fence: false,
+            solicited: false,
+            ud: None,
+        }
+    }
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Caller's identifier.
+    pub wr_id: u64,
+    /// Buffers the incoming message is scattered into.
+    pub sg_list: Vec<Sge>,
+}
+
+/// `enum ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcStatus {
+    /// IBV_WC_SUCCESS.
+    Success = 0,
+    /// IBV_WC_LOC_LEN_ERR: the receive buffer is too small.
+    LocLenErr = 1,
+    /// IBV_WC_LOC_QP_OP_ERR.
+    LocQpOpErr = 2,
+    /// IBV_WC_LOC_PROT_ERR: a local SGE failed its key or bounds check.
+    LocProtErr = 4,
+    /// IBV_WC_WR_FLUSH_ERR: flushed because the QP is in error.
+    WrFlushErr = 5,
+    /// IBV_WC_BAD_RESP_ERR.
+    BadRespErr = 7,
+    /// IBV_WC_LOC_ACCESS_ERR.
+    LocAccessErr = 8,
+    /// IBV_WC_REM_INV_REQ_ERR: the responder NAKed with invalid request.
+    RemInvReqErr = 9,
+    /// IBV_WC_REM_ACCESS_ERR: the responder NAKed with remote access error.
+    RemAccessErr = 10,
+    /// IBV_WC_REM_OP_ERR: the responder NAKed with remote operational error.
+    RemOpErr = 11,
+    /// IBV_WC_RETRY_EXC_ERR: transport retries exhausted.
+    RetryExcErr = 12,
+    /// IBV_WC_RNR_RETRY_EXC_ERR: RNR retries exhausted.
+    RnrRetryExcErr = 13,
+}
+
+/// `enum ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// IBV_WC_SEND.
+    Send = 0,
+    /// IBV_WC_RDMA_WRITE.
+    RdmaWrite = 1,
+    /// IBV_WC_RDMA_READ.
+    RdmaRead = 2,
+    /// IBV_WC_COMP_SWAP.
+    CompSwap = 3,
+    /// IBV_WC_FETCH_ADD.
+    FetchAdd = 4,
+    /// IBV_WC_RECV.
+    Recv = 128,
+    /// IBV_WC_RECV_RDMA_WITH_IMM.
+    RecvRdmaWithImm = 129,
+}
+
+/// A work completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (meaningful for successful completions, as in rdma-core).
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or transferred (RDMA READ).
+    pub byte_len: u32,
+    /// Immediate data (IBV_WC_WITH_IMM).
+    pub imm_data: Option<u32>,
+    /// Invalidated rkey (IBV_WC_WITH_INV).
+    pub invalidated_rkey: Option<u32>,
+    /// Local QPN.
+    pub qp_num: Qpn,
+    /// Source QPN (UD receives).
+    pub src_qp: Qpn,
+    /// A GRH is present in the buffer (IBV_WC_GRH, UD receives).
+    pub grh: bool,
+}
+
+impl WorkCompletion {
+    /// True for completions of the receive queue.
+    pub fn is_recv(&self) -> bool {
+        matches!(self.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+    }
+    /// `wc_flags` bits as rdma-core defines them (GRH 1, WITH_IMM 2, WITH_INV 8).
+    pub fn wc_flags(&self) -> u32 {
+        u32::from(self.grh) | (u32::from(self.imm_data.is_some()) << 1) | (u32::from(self.invalidated_rkey.is_some()) << 3)
+    }
+}
+
+/// Transport service of a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+/// `enum ibv_qp_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Reset.
+    Reset,
+    /// Initialized.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drained.
+    Sqd,
+    /// Send queue error.
+    Sqe,
+    /// Error.
+    Err,
+}
+
+/// Remote access rights of a QP (`IBV_ACCESS_REMOTE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpAccess {
+    /// Accept RDMA WRITE.
+    pub remote_write: bool,
+    /// Accept RDMA READ.
+    pub remote_read: bool,
+    /// Accept atomics.
+    pub remote_atomic: bool,
+}
+
+/// `ibv_qp_attr` fields the transport uses; `None` means "not in the mask".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpAttr {
+    /// IBV_QP_STATE: the target state (required).
+    pub state: Option<QpState>,
+    /// IBV_QP_PKEY_INDEX.
+    pub pkey_index: Option<u16>,
+    /// IBV_QP_PORT.
+    pub port: Option<u8>,
+    /// IBV_QP_ACCESS_FLAGS (RC/UC).
+    pub access: Option<QpAccess>,
+    /// IBV_QP_QKEY (UD).
+    pub qkey: Option<u32>,
+    /// IBV_QP_AV: the caller's address handle of the peer (RC/UC).
+    pub ah: Option<u32>,
+    /// IBV_QP_PATH_MTU (RC/UC).
+    pub path_mtu: Option<Mtu>,
+    /// IBV_QP_DEST_QPN (RC/UC).
+    pub dest_qpn: Option<Qpn>,
+    /// IBV_QP_RQ_PSN.
+    pub rq_psn: Option<Psn>,
+    /// IBV_QP_MAX_DEST_RD_ATOMIC (RC).
+    pub max_dest_rd_atomic: Option<u8>,
+    /// IBV_QP_MIN_RNR_TIMER (RC).
+    pub min_rnr_timer: Option<u8>,
+    /// IBV_QP_SQ_PSN.
+    pub sq_psn: Option<Psn>,
+    /// IBV_QP_TIMEOUT (RC): local ACK timeout 4.096 us * 2^timeout, 0 = infinite.
+    pub timeout: Option<u8>,
+    /// IBV_QP_RETRY_CNT (RC, 0..=7).
+    pub retry_cnt: Option<u8>,
+    /// IBV_QP_RNR_RETRY (RC, 0..=7, 7 = infinite).
+    pub rnr_retry: Option<u8>,
+    /// IBV_QP_MAX_QP_RD_ATOMIC (RC).
+    pub max_rd_atomic: Option<u8>,
+}
+
+/// Fixed properties of a QP, given at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// QP number.
+    pub qpn: Qpn,
+    /// Transport.
+    pub qp_type: QpType,
+    /// Protection domain handle, passed to every memory check.
+    pub pd: u32,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per work request.
+    pub max_sge: u32,
+    /// Largest inline send.
+    pub max_inline: u32,
+    /// The responder ACKs at least every this many packets.
+    pub ack_every: u32,
+    /// Most request packets in flight before the requester waits for ACKs.
+    pub max_inflight_packets: u32,
+    /// The port's active MTU: the largest UD message.
+    pub port_mtu: Mtu,
+}
+
+impl QpConfig {
+    /// Defaults close to what RXE offers.
+    pub fn new(qpn: Qpn, qp_type: QpType, pd: u32) -> QpConfig {
+        QpConfig {
+            qpn,
+            qp_type,
+            pd,
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+            max_sge: 32,
+            max_inline: 256,
+            ack_every: 16,
+            max_inflight_packets: 256,
+            port_mtu: Mtu::Mtu4096,
+        }
+    }
+}
