@@ -54,7 +54,12 @@ fn main() -> ExitCode {
         }
         i += 2;
     }
-    let Faults { loss, reorder, dup, corrupt } = o.faults;
+    let Faults {
+        loss,
+        reorder,
+        dup,
+        corrupt,
+    } = o.faults;
     let (mut passed, mut failed) = (0u64, 0u64);
     for seed in first..first + seeds {
         match run_workload(seed, &o) {

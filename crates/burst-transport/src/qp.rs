@@ -109,9 +109,10 @@ impl SendWqe {
             d >= 0 && (d as u32) < self.npsn
         })
     }
-    /// Request packets (READ and atomics send one).
+    /// Bound of `next_pkt`: PSN index past the last one to (re)send. A READ
+    /// request covers all its response PSNs; an atomic uses one.
     fn request_pkts(&self) -> u32 {
-        if self.wr.op.is_read_or_atomic() {
+        if self.wr.op.is_atomic() {
             1
         } else {
             self.npsn
@@ -249,15 +250,40 @@ impl Qp {
     /// A one-line summary of the requester's state, for diagnostics.
     pub fn requester_summary(&self) -> String {
         let r = &self.req;
-        let head: Vec<String> = r
-            .sq
-            .iter()
-            .take(3)
-            .map(|w| format!("[{:?} first={:?} npsn={} next={} got={} done={}]", w.wr.op.wc_opcode(), w.first_psn, w.npsn, w.next_pkt, w.read_got, w.done))
-            .collect();
+        let head: Vec<String> =
+            r.sq.iter()
+                .take(3)
+                .map(|w| {
+                    format!(
+                        "[{:?} first={:?} npsn={} next={} got={} done={}]",
+                        w.wr.op.wc_opcode(),
+                        w.first_psn,
+                        w.npsn,
+                        w.next_pkt,
+                        w.read_got,
+                        w.done
+                    )
+                })
+                .collect();
         format!(
             "send_idx={} next_psn={:?} una={:?} timer={:?} rnr_until={:?} rd_inflight={} sq={} {}",
-            r.send_idx, r.next_psn, r.una_psn, r.timer, r.rnr_until, r.rd_atomic_inflight, r.sq.len(), head.join(" ")
+            r.send_idx,
+            r.next_psn,
+            r.una_psn,
+            r.timer,
+            r.rnr_until,
+            r.rd_atomic_inflight,
+            r.sq.len(),
+            head.join(" ")
+        )
+    }
+
+    /// A one-line summary of the responder's state, for diagnostics.
+    pub fn responder_summary(&self) -> String {
+        let r = &self.resp;
+        format!(
+            "epsn={:?} msn={} nak_outstanding={} out={} rq={} recv_in_progress={} write_in_progress={}",
+            r.epsn, r.msn, r.nak_outstanding, r.out.len(), r.rq.len(), r.cur_recv.is_some(), r.cur_write.is_some()
         )
     }
 
@@ -288,18 +314,44 @@ impl Qp {
             (Init, Init, QpType::Ud) => (&[], &["pkey_index", "port", "qkey"]),
             (Init, Init, _) => (&[], &["pkey_index", "port", "access"]),
             (Init, Rtr, QpType::Rc) => (
-                &["ah", "path_mtu", "dest_qpn", "rq_psn", "max_dest_rd_atomic", "min_rnr_timer"],
+                &[
+                    "ah",
+                    "path_mtu",
+                    "dest_qpn",
+                    "rq_psn",
+                    "max_dest_rd_atomic",
+                    "min_rnr_timer",
+                ],
                 &["access", "pkey_index"],
             ),
-            (Init, Rtr, QpType::Uc) => (&["ah", "path_mtu", "dest_qpn", "rq_psn"], &["access", "pkey_index"]),
+            (Init, Rtr, QpType::Uc) => (
+                &["ah", "path_mtu", "dest_qpn", "rq_psn"],
+                &["access", "pkey_index"],
+            ),
             (Init, Rtr, QpType::Ud) => (&[], &["pkey_index", "qkey"]),
             (Rtr, Rts, QpType::Rc) => (
-                &["sq_psn", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic"],
+                &[
+                    "sq_psn",
+                    "timeout",
+                    "retry_cnt",
+                    "rnr_retry",
+                    "max_rd_atomic",
+                ],
                 &["access", "min_rnr_timer"],
             ),
             (Rtr, Rts, QpType::Uc) => (&["sq_psn"], &["access"]),
             (Rtr, Rts, QpType::Ud) => (&["sq_psn"], &["qkey"]),
-            (Rts | Sqd, Rts, QpType::Rc) => (&[], &["access", "min_rnr_timer", "timeout", "retry_cnt", "rnr_retry", "max_rd_atomic"]),
+            (Rts | Sqd, Rts, QpType::Rc) => (
+                &[],
+                &[
+                    "access",
+                    "min_rnr_timer",
+                    "timeout",
+                    "retry_cnt",
+                    "rnr_retry",
+                    "max_rd_atomic",
+                ],
+            ),
             (Rts | Sqd, Rts, QpType::Uc) => (&[], &["access"]),
             (Rts | Sqd, Rts, QpType::Ud) => (&[], &["qkey"]),
             (Sqe, Rts, QpType::Uc) => (&[], &["access"]),
@@ -413,7 +465,11 @@ impl Qp {
         let qpn = self.cfg.qpn;
         for w in self.req.sq.drain(..) {
             if !w.done || w.status != WcStatus::Success || w.wr.signaled {
-                let status = if w.done { w.status } else { WcStatus::WrFlushErr };
+                let status = if w.done {
+                    w.status
+                } else {
+                    WcStatus::WrFlushErr
+                };
                 self.completions.push_back(WorkCompletion {
                     wr_id: w.wr.wr_id,
                     status,
@@ -432,7 +488,13 @@ impl Qp {
         self.req.rnr_until = None;
         let cur = self.resp.cur_recv.take().map(|r| r.wr);
         for wr in cur.into_iter().chain(self.resp.rq.drain(..)) {
-            self.completions.push_back(recv_wc(qpn, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+            self.completions.push_back(recv_wc(
+                qpn,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            ));
         }
         self.resp.cur_write = None;
         // Responses already owed (NAKs) still go out; READ data does not.
@@ -479,11 +541,15 @@ impl Qp {
                 return Err(VerbsError::BadWr("atomic needs one 8-byte SGE"));
             }
             let va = match wr.op {
-                SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => remote_addr,
+                SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => {
+                    remote_addr
+                }
                 _ => 0,
             };
             if va % 8 != 0 {
-                return Err(VerbsError::BadWr("atomic remote address not 8-byte aligned"));
+                return Err(VerbsError::BadWr(
+                    "atomic remote address not 8-byte aligned",
+                ));
             }
         }
         if len > u64::from(u32::MAX) {
@@ -506,7 +572,11 @@ impl Qp {
             status = WcStatus::LocProtErr;
         }
         let mtu = self.attrs.mtu.bytes() as u64;
-        let npsn = if wr.op.is_atomic() { 1 } else { ceil_div(len, mtu).max(1) as u32 };
+        let npsn = if wr.op.is_atomic() {
+            1
+        } else {
+            ceil_div(len, mtu).max(1) as u32
+        };
         let wqe = SendWqe {
             wr,
             inline,
@@ -543,11 +613,23 @@ impl Qp {
             return Err(VerbsError::TooManySge);
         }
         if self.state == QpState::Err {
-            self.completions.push_back(recv_wc(self.cfg.qpn, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+            self.completions.push_back(recv_wc(
+                self.cfg.qpn,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            ));
             return Ok(());
         }
         if mem.check_local(self.cfg.pd, &wr.sg_list, true).is_err() {
-            self.completions.push_back(recv_wc(self.cfg.qpn, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0));
+            self.completions.push_back(recv_wc(
+                self.cfg.qpn,
+                wr.wr_id,
+                WcStatus::LocProtErr,
+                WcOpcode::Recv,
+                0,
+            ));
             return Ok(());
         }
         self.resp.rq.push_back(wr);
@@ -612,11 +694,31 @@ impl Qp {
     }
 
     fn complete_in_order(&mut self) {
+        // Every PSN of a finished WQE is acknowledged, even when the
+        // finishing response (an atomic ACK, the last READ response) came
+        // while an older READ was still missing data.
+        let floor = self
+            .req
+            .sq
+            .iter()
+            .find(|w| !w.done)
+            .map_or(self.req.next_psn, |w| {
+                w.first_psn.unwrap_or(self.req.next_psn)
+            });
+        if self.req.una_psn.distance_to(floor) > 0 {
+            self.req.una_psn = floor;
+            if floor == self.req.next_psn {
+                self.req.timer = None;
+            }
+        }
         let qpn = self.cfg.qpn;
         while self.req.sq.front().is_some_and(|w| w.done) {
-            let Some(w) = self.req.sq.pop_front() else { break };
+            let Some(w) = self.req.sq.pop_front() else {
+                break;
+            };
             self.req.send_idx = self.req.send_idx.saturating_sub(1);
-            if w.first_psn.is_some() && w.wr.op.is_read_or_atomic() && w.status == WcStatus::Success {
+            if w.first_psn.is_some() && w.wr.op.is_read_or_atomic() && w.status == WcStatus::Success
+            {
                 self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }
             if w.status != WcStatus::Success || w.wr.signaled {
@@ -624,7 +726,11 @@ impl Qp {
                     wr_id: w.wr.wr_id,
                     status: w.status,
                     opcode: w.wr.op.wc_opcode(),
-                    byte_len: if matches!(w.wr.op, SendOp::Read { .. }) || w.wr.op.is_atomic() { w.len as u32 } else { 0 },
+                    byte_len: if matches!(w.wr.op, SendOp::Read { .. }) || w.wr.op.is_atomic() {
+                        w.len as u32
+                    } else {
+                        0
+                    },
                     imm_data: None,
                     invalidated_rkey: None,
                     qp_num: qpn,
@@ -692,7 +798,11 @@ impl Qp {
         let aeth = |syndrome| Some(AethRepr { syndrome, msn });
         let (ib, payload, pop) = match front {
             Out::Ack => {
-                let mut ib = IbRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest, self.resp.ack_psn));
+                let mut ib = IbRepr::new(BthRepr::new(
+                    Opcode::RC_ACKNOWLEDGE,
+                    dest,
+                    self.resp.ack_psn,
+                ));
                 ib.aeth = aeth(Syndrome::Ack(credits));
                 (ib, Payload::None, true)
             }
@@ -724,7 +834,14 @@ impl Qp {
                 ib.payload_len = len as usize;
                 job.next_pkt += 1;
                 let done = job.next_pkt >= job.npkts;
-                (ib, Payload::Remote { rkey: job.rkey, va: job.va + off }, done)
+                (
+                    ib,
+                    Payload::Remote {
+                        rkey: job.rkey,
+                        va: job.va + off,
+                    },
+                    done,
+                )
             }
         };
         if pop {
@@ -789,7 +906,11 @@ impl Qp {
         if psn.distance_to(self.req.sent_high) > 0 {
             self.counters.retransmitted_pkts += 1;
         } else {
-            let span = if w.wr.op.is_read_or_atomic() { w.npsn } else { 1 };
+            let span = if w.wr.op.is_read_or_atomic() {
+                w.npsn
+            } else {
+                1
+            };
             self.req.sent_high = psn + span;
         }
         let dest = match w.wr.ud {
@@ -815,17 +936,36 @@ impl Qp {
                 payload = Payload::None;
                 w.next_pkt = w.npsn;
             }
-            SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
                 bth.opcode = Opcode::RC_COMPARE_SWAP;
                 ib = IbRepr::new(bth);
-                ib.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: swap, compare });
+                ib.atomic_eth = Some(AtomicEthRepr {
+                    virtual_address: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
                 payload = Payload::None;
                 w.next_pkt = 1;
             }
-            SendOp::FetchAdd { remote_addr, rkey, add } => {
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
                 bth.opcode = Opcode::RC_FETCH_ADD;
                 ib = IbRepr::new(bth);
-                ib.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: add, compare: 0 });
+                ib.atomic_eth = Some(AtomicEthRepr {
+                    virtual_address: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
                 payload = Payload::None;
                 w.next_pkt = 1;
             }
@@ -844,30 +984,47 @@ impl Qp {
                 bth.ack_req &= end;
                 ib = IbRepr::new(bth);
                 match op {
-                    SendOp::Write { remote_addr, rkey } | SendOp::WriteWithImm { remote_addr, rkey, .. }
-                        if matches!(pos, Position::First | Position::Only) =>
-                    {
-                        ib.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: w.len as u32 });
+                    SendOp::Write { remote_addr, rkey }
+                    | SendOp::WriteWithImm {
+                        remote_addr, rkey, ..
+                    } if matches!(pos, Position::First | Position::Only) => {
+                        ib.reth = Some(RethRepr {
+                            virtual_address: remote_addr,
+                            rkey,
+                            dma_length: w.len as u32,
+                        });
                     }
                     _ => {}
                 }
                 if end {
                     match op {
-                        SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => ib.imm = Some(imm),
+                        SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => {
+                            ib.imm = Some(imm)
+                        }
                         SendOp::SendWithInv(rkey) => ib.ieth = Some(rkey),
                         _ => {}
                     }
                 }
                 if let (QpType::Ud, Some(d)) = (t, w.wr.ud) {
                     // A Q_Key with its high bit set means "use the QP's own".
-                    let qkey = if d.remote_qkey & 0x8000_0000 != 0 { qkey_own } else { d.remote_qkey };
-                    ib.deth = Some(DethRepr { qkey, src_qp: own_qpn });
+                    let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
+                        qkey_own
+                    } else {
+                        d.remote_qkey
+                    };
+                    ib.deth = Some(DethRepr {
+                        qkey,
+                        src_qp: own_qpn,
+                    });
                 }
                 ib.payload_len = plen as usize;
                 payload = if w.wr.inline {
                     Payload::Inline(&w.inline[off as usize..(off + plen) as usize])
                 } else {
-                    Payload::Local { sges: &w.wr.sg_list, offset: off }
+                    Payload::Local {
+                        sges: &w.wr.sg_list,
+                        offset: off,
+                    }
                 };
                 w.next_pkt += 1;
             }
@@ -904,7 +1061,10 @@ impl Qp {
         mem: &mut impl Memory,
     ) {
         self.counters.rcvd_pkts += 1;
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
             self.counters.dropped_pkts += 1;
             return;
         }
@@ -938,7 +1098,9 @@ impl Qp {
         let mut lost_response = None;
         let mut progress = false;
         for w in self.req.sq.iter_mut() {
-            let (Some(_first), Some(last)) = (w.first_psn, w.last_psn()) else { break };
+            let (Some(_first), Some(last)) = (w.first_psn, w.last_psn()) else {
+                break;
+            };
             if w.done {
                 continue;
             }
@@ -958,8 +1120,14 @@ impl Qp {
                 progress = true;
             }
         }
-        let new_una = psn + 1;
-        if self.req.una_psn.distance_to(new_una) > 0 && new_una.distance_to(self.req.next_psn) >= 0 {
+        // The oldest unacknowledged PSN never passes a READ or atomic whose
+        // response is missing, so the retransmit timer keeps guarding it.
+        let new_una = match lost_response {
+            Some(l) if l.distance_to(psn + 1) > 0 => l,
+            _ => psn + 1,
+        };
+        if self.req.una_psn.distance_to(new_una) > 0 && new_una.distance_to(self.req.next_psn) >= 0
+        {
             self.req.una_psn = new_una;
             progress = true;
         }
@@ -979,7 +1147,8 @@ impl Qp {
         }
         let psn = pkt.bth().psn();
         // Responses for PSNs never sent are ghosts.
-        if psn.distance_to(self.req.next_psn) <= 0 || self.req.una_psn.distance_to(psn) < -(1 << 22) {
+        if psn.distance_to(self.req.next_psn) <= 0 || self.req.una_psn.distance_to(psn) < -(1 << 22)
+        {
             self.counters.dropped_pkts += 1;
             return;
         }
@@ -1024,7 +1193,9 @@ impl Qp {
                 _ => self.counters.dropped_pkts += 1,
             },
             Operation::AtomicAcknowledge => {
-                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else { return };
+                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+                    return;
+                };
                 if !self.req.sq[i].wr.op.is_atomic() || self.req.sq[i].done {
                     return;
                 }
@@ -1033,11 +1204,17 @@ impl Qp {
                 let w = &mut self.req.sq[i];
                 let res = mem.write_local(&w.wr.sg_list, 0, &orig.to_ne_bytes());
                 w.done = true;
-                w.status = if res.is_ok() { WcStatus::Success } else { WcStatus::LocProtErr };
+                w.status = if res.is_ok() {
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                };
                 let _ = self.ack_upto(now, psn);
             }
             Operation::RdmaReadResponse => {
-                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else { return };
+                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+                    return;
+                };
                 let mtu = self.attrs.mtu.bytes() as u64;
                 let w = &self.req.sq[i];
                 if !matches!(w.wr.op, SendOp::Read { .. }) || w.done {
@@ -1047,7 +1224,6 @@ impl Qp {
                 let expected = first + w.read_got;
                 let d = expected.distance_to(psn);
                 if d < 0 {
-                    self.counters.duplicate_request += 0;
                     return; // duplicate response
                 }
                 if d > 0 {
@@ -1062,7 +1238,9 @@ impl Qp {
                     Some(Position::Only) => last && pkt.payload_len() as u64 == w.len,
                     Some(Position::First) => k == 0 && !last && pkt.payload_len() as u64 == mtu,
                     Some(Position::Middle) => k > 0 && !last && pkt.payload_len() as u64 == mtu,
-                    Some(Position::Last) => k > 0 && last && pkt.payload_len() as u64 == w.len - u64::from(k) * mtu,
+                    Some(Position::Last) => {
+                        k > 0 && last && pkt.payload_len() as u64 == w.len - u64::from(k) * mtu
+                    }
                     None => false,
                 };
                 if !len_ok {
@@ -1080,7 +1258,10 @@ impl Qp {
                     let _ = self.ack_upto(now, first - 1);
                 }
                 let w = &mut self.req.sq[i];
-                if mem.write_local(&w.wr.sg_list, u64::from(k) * mtu, pkt.payload()).is_err() {
+                if mem
+                    .write_local(&w.wr.sg_list, u64::from(k) * mtu, pkt.payload())
+                    .is_err()
+                {
                     w.done = true;
                     w.status = WcStatus::LocProtErr;
                 } else {
@@ -1090,13 +1271,13 @@ impl Qp {
                     }
                 }
                 let _ = self.ack_upto(now, psn);
-                if self.req.sq[i].done {
-                    // the READ's PSNs are acknowledged by its responses
-                }
             }
             _ => {}
         }
-        self.req.last_rewind = self.req.last_rewind.filter(|r| self.req.una_psn.distance_to(*r) >= 0);
+        self.req.last_rewind = self
+            .req
+            .last_rewind
+            .filter(|r| self.req.una_psn.distance_to(*r) >= 0);
         self.complete_in_order();
     }
 
@@ -1111,7 +1292,6 @@ impl Qp {
     }
 
     fn nak(&mut self, code: NakCode) {
-        if std::env::var("SIMDBG").is_ok() { eprintln!("NAK {code:?} qp {} epsn {:?} cur_recv {} cur_write {:?}", self.cfg.qpn, self.resp.epsn, self.resp.cur_recv.is_some(), self.resp.cur_write); }
         self.counters.send_err += 1;
         let psn = self.resp.epsn;
         self.resp.out.push_back(Out::Nak(Syndrome::Nak(code), psn));
@@ -1131,7 +1311,9 @@ impl Qp {
             if !self.resp.nak_outstanding {
                 self.resp.nak_outstanding = true;
                 let e = self.resp.epsn;
-                self.resp.out.push_back(Out::Nak(Syndrome::Nak(NakCode::PsnSequenceError), e));
+                self.resp
+                    .out
+                    .push_back(Out::Nak(Syndrome::Nak(NakCode::PsnSequenceError), e));
             }
             return;
         }
@@ -1144,14 +1326,20 @@ impl Qp {
         let ends = matches!(pos, Position::Last | Position::Only);
         let mtu = self.attrs.mtu.bytes();
         // Packet length rules of the path MTU.
-        if self.attrs.mtu.check_payload(pkt.opcode(), pkt.payload_len()).is_err()
-            && !matches!(info.operation, Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd)
+        if self
+            .attrs
+            .mtu
+            .check_payload(pkt.opcode(), pkt.payload_len())
+            .is_err()
+            && !matches!(
+                info.operation,
+                Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+            )
         {
             self.nak(NakCode::InvalidRequest);
             return;
         }
         let pd = self.cfg.pd;
-        if std::env::var("SIMDBG").is_ok() { eprintln!("RX {:?} psn {:?} len {} cur_recv {} rq {}", pkt.opcode(), psn, pkt.payload_len(), self.resp.cur_recv.is_some(), self.resp.rq.len()); }
         let mut epsn_step = 1u32;
         match info.operation {
             Operation::Send => {
@@ -1166,30 +1354,55 @@ impl Qp {
                     };
                     self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
                 }
-                let Some(cur) = self.resp.cur_recv.as_mut() else { return };
+                let Some(cur) = self.resp.cur_recv.as_mut() else {
+                    return;
+                };
                 let data = pkt.payload();
                 if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list) {
                     let wr = cur.wr.wr_id;
                     self.resp.cur_recv = None;
-                    self.completions.push_back(recv_wc(self.cfg.qpn, wr, WcStatus::LocLenErr, WcOpcode::Recv, 0));
+                    self.completions.push_back(recv_wc(
+                        self.cfg.qpn,
+                        wr,
+                        WcStatus::LocLenErr,
+                        WcOpcode::Recv,
+                        0,
+                    ));
                     self.nak(NakCode::InvalidRequest);
                     return;
                 }
                 if mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err() {
                     let wr = cur.wr.wr_id;
                     self.resp.cur_recv = None;
-                    self.completions.push_back(recv_wc(self.cfg.qpn, wr, WcStatus::LocProtErr, WcOpcode::Recv, 0));
+                    self.completions.push_back(recv_wc(
+                        self.cfg.qpn,
+                        wr,
+                        WcStatus::LocProtErr,
+                        WcOpcode::Recv,
+                        0,
+                    ));
                     self.nak(NakCode::RemoteOperationalError);
                     return;
                 }
                 cur.offset += data.len() as u64;
                 if ends {
-                    let Some(cur) = self.resp.cur_recv.take() else { return };
-                    let mut wc = recv_wc(self.cfg.qpn, cur.wr.wr_id, WcStatus::Success, WcOpcode::Recv, cur.offset as u32);
+                    let Some(cur) = self.resp.cur_recv.take() else {
+                        return;
+                    };
+                    let mut wc = recv_wc(
+                        self.cfg.qpn,
+                        cur.wr.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        cur.offset as u32,
+                    );
                     wc.imm_data = pkt.imm_dt().map(|i| i.imm());
                     if let Some(i) = pkt.ieth() {
                         if mem.invalidate(pd, i.rkey()).is_err() {
-                            self.completions.push_back(WorkCompletion { status: WcStatus::RemInvReqErr, ..wc });
+                            self.completions.push_back(WorkCompletion {
+                                status: WcStatus::RemInvReqErr,
+                                ..wc
+                            });
                             self.nak(NakCode::InvalidRequest);
                             return;
                         }
@@ -1217,17 +1430,36 @@ impl Qp {
                         self.nak(NakCode::RemoteAccessError);
                         return;
                     }
-                    if len > 0 && mem.check_remote(pd, r.rkey(), r.virtual_address(), len, RemoteAccess::Write).is_err() {
+                    if len > 0
+                        && mem
+                            .check_remote(
+                                pd,
+                                r.rkey(),
+                                r.virtual_address(),
+                                len,
+                                RemoteAccess::Write,
+                            )
+                            .is_err()
+                    {
                         self.nak(NakCode::RemoteAccessError);
                         return;
                     }
-                    if (pos == Position::Only && pkt.payload_len() as u64 != len) || (pos == Position::First && len <= mtu as u64) {
+                    if (pos == Position::Only && pkt.payload_len() as u64 != len)
+                        || (pos == Position::First && len <= mtu as u64)
+                    {
                         self.nak(NakCode::InvalidRequest);
                         return;
                     }
-                    self.resp.cur_write = Some(WriteInProgress { rkey: r.rkey(), va: r.virtual_address(), remaining: len, total: len });
+                    self.resp.cur_write = Some(WriteInProgress {
+                        rkey: r.rkey(),
+                        va: r.virtual_address(),
+                        remaining: len,
+                        total: len,
+                    });
                 }
-                let Some(mut w) = self.resp.cur_write else { return };
+                let Some(mut w) = self.resp.cur_write else {
+                    return;
+                };
                 let data = pkt.payload();
                 if data.len() as u64 > w.remaining || (ends && data.len() as u64 != w.remaining) {
                     self.resp.cur_write = None;
@@ -1246,7 +1478,13 @@ impl Qp {
                     self.resp.cur_write = None;
                     if let Some(imm) = pkt.imm_dt() {
                         if let Some(wr) = self.resp.rq.pop_front() {
-                            let mut wc = recv_wc(self.cfg.qpn, wr.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, w.total as u32);
+                            let mut wc = recv_wc(
+                                self.cfg.qpn,
+                                wr.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RecvRdmaWithImm,
+                                w.total as u32,
+                            );
                             wc.imm_data = Some(imm.imm());
                             self.completions.push_back(wc);
                         }
@@ -1262,14 +1500,30 @@ impl Qp {
                 let Some(r) = pkt.reth() else { return };
                 let len = u64::from(r.dma_length());
                 if !self.attrs.access.remote_read
-                    || (len > 0 && mem.check_remote(pd, r.rkey(), r.virtual_address(), len, RemoteAccess::Read).is_err())
+                    || (len > 0
+                        && mem
+                            .check_remote(
+                                pd,
+                                r.rkey(),
+                                r.virtual_address(),
+                                len,
+                                RemoteAccess::Read,
+                            )
+                            .is_err())
                 {
                     self.nak(NakCode::RemoteAccessError);
                     return;
                 }
                 let npkts = ceil_div(len, mtu as u64).max(1) as u32;
                 epsn_step = npkts;
-                self.resp.out.push_back(Out::Read(ReadJob { rkey: r.rkey(), va: r.virtual_address(), len, first_psn: psn, npkts, next_pkt: 0 }));
+                self.resp.out.push_back(Out::Read(ReadJob {
+                    rkey: r.rkey(),
+                    va: r.virtual_address(),
+                    len,
+                    first_psn: psn,
+                    npkts,
+                    next_pkt: 0,
+                }));
                 self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -1287,7 +1541,10 @@ impl Qp {
                     return;
                 }
                 let op = if info.operation == Operation::CompareSwap {
-                    AtomicOp::CompareSwap { compare: a.compare(), swap: a.swap_add() }
+                    AtomicOp::CompareSwap {
+                        compare: a.compare(),
+                        swap: a.swap_add(),
+                    }
                 } else {
                     AtomicOp::FetchAdd { add: a.swap_add() }
                 };
@@ -1318,7 +1575,10 @@ impl Qp {
         self.resp.epsn += epsn_step;
         self.resp.nak_outstanding = false;
         self.resp.unacked_pkts += 1;
-        let acked_by_response = matches!(info.operation, Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd);
+        let acked_by_response = matches!(
+            info.operation,
+            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        );
         if acked_by_response {
             // READ responses and atomic ACKs acknowledge this PSN themselves.
             self.resp.ack_psn = self.resp.epsn - 1;
@@ -1332,7 +1592,10 @@ impl Qp {
         self.counters.send_rnr_err += 1;
         self.resp.nak_outstanding = true;
         let psn = self.resp.epsn;
-        self.resp.out.push_back(Out::Nak(Syndrome::RnrNak(RnrTimer(self.attrs.min_rnr_timer)), psn));
+        self.resp.out.push_back(Out::Nak(
+            Syndrome::RnrNak(RnrTimer(self.attrs.min_rnr_timer)),
+            psn,
+        ));
     }
 
     fn rc_duplicate(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) {
@@ -1345,15 +1608,33 @@ impl Qp {
                 let Some(r) = pkt.reth() else { return };
                 let len = u64::from(r.dma_length());
                 if !self.attrs.access.remote_read
-                    || (len > 0 && mem.check_remote(self.cfg.pd, r.rkey(), r.virtual_address(), len, RemoteAccess::Read).is_err())
+                    || (len > 0
+                        && mem
+                            .check_remote(
+                                self.cfg.pd,
+                                r.rkey(),
+                                r.virtual_address(),
+                                len,
+                                RemoteAccess::Read,
+                            )
+                            .is_err())
                 {
                     return;
                 }
                 let mtu = self.attrs.mtu.bytes() as u64;
                 let npkts = ceil_div(len, mtu).max(1) as u32;
                 // A new request supersedes older replays of the same range.
-                self.resp.out.retain(|o| !matches!(o, Out::Read(j) if psn.distance_to(j.first_psn) >= 0));
-                self.resp.out.push_back(Out::Read(ReadJob { rkey: r.rkey(), va: r.virtual_address(), len, first_psn: psn, npkts, next_pkt: 0 }));
+                self.resp
+                    .out
+                    .retain(|o| !matches!(o, Out::Read(j) if psn.distance_to(j.first_psn) >= 0));
+                self.resp.out.push_back(Out::Read(ReadJob {
+                    rkey: r.rkey(),
+                    va: r.virtual_address(),
+                    len,
+                    first_psn: psn,
+                    npkts,
+                    next_pkt: 0,
+                }));
             }
             Operation::CompareSwap | Operation::FetchAdd => {
                 // Never execute twice: answer from the cache of results.
@@ -1376,7 +1657,14 @@ impl Qp {
         let pos = info.position.unwrap_or(Position::Only);
         let starts = matches!(pos, Position::First | Position::Only);
         let ends = matches!(pos, Position::Last | Position::Only);
-        if psn != self.resp.epsn || (starts && (self.resp.cur_recv.is_some() || self.resp.cur_write.is_some())) {
+        if self.resp.epsn.distance_to(psn) < 0 {
+            // A duplicate: UC never retransmits, so it is the network's copy.
+            self.counters.duplicate_request += 1;
+            return;
+        }
+        if psn != self.resp.epsn
+            || (starts && (self.resp.cur_recv.is_some() || self.resp.cur_write.is_some()))
+        {
             // A lost packet drops the message in progress; its receive WQE
             // is reused by the next message.
             self.counters.out_of_seq_request += u64::from(psn != self.resp.epsn);
@@ -1391,7 +1679,12 @@ impl Qp {
             self.counters.dropped_pkts += 1;
             return;
         }
-        if self.attrs.mtu.check_payload(pkt.opcode(), pkt.payload_len()).is_err() {
+        if self
+            .attrs
+            .mtu
+            .check_payload(pkt.opcode(), pkt.payload_len())
+            .is_err()
+        {
             self.uc_drop();
             return;
         }
@@ -1405,17 +1698,35 @@ impl Qp {
                     };
                     self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
                 }
-                let Some(cur) = self.resp.cur_recv.as_mut() else { return };
-                if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list) || mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err() {
+                let Some(cur) = self.resp.cur_recv.as_mut() else {
+                    return;
+                };
+                if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list)
+                    || mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err()
+                {
                     let wr = cur.wr.wr_id;
                     self.resp.cur_recv = None;
-                    self.completions.push_back(recv_wc(self.cfg.qpn, wr, WcStatus::LocLenErr, WcOpcode::Recv, 0));
+                    self.completions.push_back(recv_wc(
+                        self.cfg.qpn,
+                        wr,
+                        WcStatus::LocLenErr,
+                        WcOpcode::Recv,
+                        0,
+                    ));
                     return;
                 }
                 cur.offset += data.len() as u64;
                 if ends {
-                    let Some(cur) = self.resp.cur_recv.take() else { return };
-                    let mut wc = recv_wc(self.cfg.qpn, cur.wr.wr_id, WcStatus::Success, WcOpcode::Recv, cur.offset as u32);
+                    let Some(cur) = self.resp.cur_recv.take() else {
+                        return;
+                    };
+                    let mut wc = recv_wc(
+                        self.cfg.qpn,
+                        cur.wr.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        cur.offset as u32,
+                    );
                     wc.imm_data = pkt.imm_dt().map(|i| i.imm());
                     self.completions.push_back(wc);
                 }
@@ -1425,14 +1736,30 @@ impl Qp {
                     let Some(r) = pkt.reth() else { return };
                     let len = u64::from(r.dma_length());
                     if !self.attrs.access.remote_write
-                        || (len > 0 && mem.check_remote(self.cfg.pd, r.rkey(), r.virtual_address(), len, RemoteAccess::Write).is_err())
+                        || (len > 0
+                            && mem
+                                .check_remote(
+                                    self.cfg.pd,
+                                    r.rkey(),
+                                    r.virtual_address(),
+                                    len,
+                                    RemoteAccess::Write,
+                                )
+                                .is_err())
                     {
                         self.uc_drop();
                         return;
                     }
-                    self.resp.cur_write = Some(WriteInProgress { rkey: r.rkey(), va: r.virtual_address(), remaining: len, total: len });
+                    self.resp.cur_write = Some(WriteInProgress {
+                        rkey: r.rkey(),
+                        va: r.virtual_address(),
+                        remaining: len,
+                        total: len,
+                    });
                 }
-                let Some(mut w) = self.resp.cur_write else { return };
+                let Some(mut w) = self.resp.cur_write else {
+                    return;
+                };
                 if data.len() as u64 > w.remaining || (ends && data.len() as u64 != w.remaining) {
                     self.uc_drop();
                     return;
@@ -1447,7 +1774,13 @@ impl Qp {
                 if ends {
                     if let Some(imm) = pkt.imm_dt() {
                         if let Some(wr) = self.resp.rq.pop_front() {
-                            let mut wc = recv_wc(self.cfg.qpn, wr.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, w.total as u32);
+                            let mut wc = recv_wc(
+                                self.cfg.qpn,
+                                wr.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RecvRdmaWithImm,
+                                w.total as u32,
+                            );
                             wc.imm_data = Some(imm.imm());
                             self.completions.push_back(wc);
                         }
@@ -1482,7 +1815,13 @@ impl Qp {
         };
         let data = pkt.payload();
         let total = 40 + data.len() as u64;
-        let mut wc = recv_wc(self.cfg.qpn, wr.wr_id, WcStatus::Success, WcOpcode::Recv, total as u32);
+        let mut wc = recv_wc(
+            self.cfg.qpn,
+            wr.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            total as u32,
+        );
         wc.src_qp = deth.src_qp();
         wc.grh = true;
         wc.imm_data = pkt.imm_dt().map(|i| i.imm());
@@ -1490,7 +1829,9 @@ impl Qp {
             wc.status = WcStatus::LocLenErr;
         } else {
             let zero = [0u8; 40];
-            if mem.write_local(&wr.sg_list, 0, grh.unwrap_or(&zero)).is_err()
+            if mem
+                .write_local(&wr.sg_list, 0, grh.unwrap_or(&zero))
+                .is_err()
                 || mem.write_local(&wr.sg_list, 40, data).is_err()
             {
                 wc.status = WcStatus::LocProtErr;
@@ -1526,7 +1867,13 @@ fn request_opcode(t: QpType, op: &SendOp, pos: Position) -> Opcode {
     Opcode(prefix | code)
 }
 
-fn recv_wc(qpn: Qpn, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
+fn recv_wc(
+    qpn: Qpn,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+) -> WorkCompletion {
     WorkCompletion {
         wr_id,
         status,

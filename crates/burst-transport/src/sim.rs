@@ -90,7 +90,16 @@ impl SimMemory {
         self.next_key += 1;
         let key = (self.next_key << 8) | 0x5a;
         let addr = 0x1000_0000_0000 + u64::from(self.next_key) * 0x1_0000_0000;
-        self.regions.insert(key, Region { pd, addr, data: vec![0; len], access, valid: true });
+        self.regions.insert(
+            key,
+            Region {
+                pd,
+                addr,
+                data: vec![0; len],
+                access,
+                valid: true,
+            },
+        );
         (key, addr)
     }
     /// A region's bytes.
@@ -102,7 +111,11 @@ impl SimMemory {
         &mut self.regions.get_mut(&key).expect("registered").data
     }
     fn range(&self, key: u32, va: u64, len: u64) -> Result<(&Region, usize), MemError> {
-        let r = self.regions.get(&key).filter(|r| r.valid).ok_or(MemError::BadKey(key))?;
+        let r = self
+            .regions
+            .get(&key)
+            .filter(|r| r.valid)
+            .ok_or(MemError::BadKey(key))?;
         let off = va.checked_sub(r.addr).ok_or(MemError::OutOfBounds)?;
         if off.checked_add(len).is_none_or(|e| e > r.data.len() as u64) {
             return Err(MemError::OutOfBounds);
@@ -110,7 +123,12 @@ impl SimMemory {
         Ok((r, off as usize))
     }
     /// Walks `len` bytes at `offset` of an SGE list as (key, va, len) pieces.
-    fn pieces(sges: &[Sge], mut offset: u64, mut len: u64, mut f: impl FnMut(u32, u64, usize, usize) -> Result<(), MemError>) -> Result<(), MemError> {
+    fn pieces(
+        sges: &[Sge],
+        mut offset: u64,
+        mut len: u64,
+        mut f: impl FnMut(u32, u64, usize, usize) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
         let mut done = 0usize;
         for s in sges {
             let l = u64::from(s.length);
@@ -127,7 +145,11 @@ impl SimMemory {
                 return Ok(());
             }
         }
-        if len == 0 { Ok(()) } else { Err(MemError::OutOfBounds) }
+        if len == 0 {
+            Ok(())
+        } else {
+            Err(MemError::OutOfBounds)
+        }
     }
 }
 
@@ -165,7 +187,14 @@ impl Memory for SimMemory {
         }
         Ok(())
     }
-    fn check_remote(&self, pd: u32, rkey: u32, va: u64, len: u64, access: RemoteAccess) -> Result<(), MemError> {
+    fn check_remote(
+        &self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        access: RemoteAccess,
+    ) -> Result<(), MemError> {
         let (r, _) = self.range(rkey, va, len)?;
         if r.pd != pd {
             return Err(MemError::PdMismatch);
@@ -175,7 +204,11 @@ impl Memory for SimMemory {
             RemoteAccess::Read => r.access.remote_read,
             RemoteAccess::Atomic => r.access.remote_atomic,
         };
-        if ok { Ok(()) } else { Err(MemError::NoAccess) }
+        if ok {
+            Ok(())
+        } else {
+            Err(MemError::NoAccess)
+        }
     }
     fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
         let (r, off) = self.range(rkey, va, out.len() as u64)?;
@@ -196,14 +229,24 @@ impl Memory for SimMemory {
         let cell = &mut self.bytes_mut(rkey)[off..off + 8];
         let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| MemError::OutOfBounds)?);
         let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => if orig == compare { swap } else { orig },
+            AtomicOp::CompareSwap { compare, swap } => {
+                if orig == compare {
+                    swap
+                } else {
+                    orig
+                }
+            }
             AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
         };
         cell.copy_from_slice(&new.to_ne_bytes());
         Ok(orig)
     }
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        let r = self.regions.get_mut(&rkey).filter(|r| r.valid).ok_or(MemError::BadKey(rkey))?;
+        let r = self
+            .regions
+            .get_mut(&rkey)
+            .filter(|r| r.valid)
+            .ok_or(MemError::BadKey(rkey))?;
         if r.pd != pd {
             return Err(MemError::PdMismatch);
         }
@@ -244,6 +287,16 @@ pub struct NetStats {
     pub delivered: u64,
 }
 
+/// A frame on the wire: (arrival time, sequence, destination node, bytes).
+type InFlight = (Nanos, u64, usize, Vec<u8>);
+
+/// One end of a connection: (QP index, peer (QP index, my PSN, peer PSN)).
+type End = (usize, Option<(usize, Psn, Psn)>);
+
+/// Work planned on one QP pair: (requester, responder, transport, posted
+/// sends, receives as (wr_id, buffer key)).
+type Plan = (usize, usize, QpType, Vec<Posted>, Vec<(u64, u32)>);
+
 /// One link delay in simulated nanoseconds.
 pub const LINK_DELAY_NS: Nanos = 2_000;
 
@@ -263,7 +316,7 @@ pub struct World {
     faults: Faults,
     rng: Rng,
     seq: u64,
-    wire: BinaryHeap<Reverse<(Nanos, u64, usize, Vec<u8>)>>,
+    wire: BinaryHeap<Reverse<InFlight>>,
     /// Last in-order delivery time per destination: links are FIFO unless a
     /// packet is deliberately reordered.
     fifo: Vec<Nanos>,
@@ -304,23 +357,46 @@ impl World {
 
     /// Connects two RC or UC QPs (RESET → INIT → RTR → RTS on both), or moves
     /// a UD QP to RTS when `b` is `None`.
-    pub fn connect(&mut self, a: usize, b: Option<usize>, mtu: Mtu, psn_a: Psn, psn_b: Psn) -> Result<(), VerbsError> {
-        let ends: Vec<(usize, Option<(usize, Psn, Psn)>)> = match b {
+    pub fn connect(
+        &mut self,
+        a: usize,
+        b: Option<usize>,
+        mtu: Mtu,
+        psn_a: Psn,
+        psn_b: Psn,
+    ) -> Result<(), VerbsError> {
+        let ends: Vec<End> = match b {
             Some(b) => vec![(a, Some((b, psn_a, psn_b))), (b, Some((a, psn_b, psn_a)))],
             None => vec![(a, None)],
         };
         for (me, peer) in ends {
             let t = self.qps[me].1.config().qp_type;
-            let access = QpAccess { remote_write: true, remote_read: true, remote_atomic: true };
-            let mut init = QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), ..Default::default() };
+            let access = QpAccess {
+                remote_write: true,
+                remote_read: true,
+                remote_atomic: true,
+            };
+            let mut init = QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                ..Default::default()
+            };
             if t == QpType::Ud {
                 init.qkey = Some(0x1111_1111);
             } else {
                 init.access = Some(access);
             }
             self.qps[me].1.modify(&init)?;
-            let mut rtr = QpAttr { state: Some(QpState::Rtr), ..Default::default() };
-            let mut rts = QpAttr { state: Some(QpState::Rts), sq_psn: Some(peer.map_or(Psn::new(0), |p| p.1)), ..Default::default() };
+            let mut rtr = QpAttr {
+                state: Some(QpState::Rtr),
+                ..Default::default()
+            };
+            let mut rts = QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(peer.map_or(Psn::new(0), |p| p.1)),
+                ..Default::default()
+            };
             if let Some((p, _my_psn, peer_psn)) = peer {
                 let (pnode, ref pqp) = self.qps[p];
                 rtr.ah = Some(pnode as u32);
@@ -349,7 +425,9 @@ impl World {
             loop {
                 let (_, qp) = &mut self.qps[i];
                 let src_qpn = qp.qpn();
-                let Some(tx) = qp.poll_transmit(self.now) else { break };
+                let Some(tx) = qp.poll_transmit(self.now) else {
+                    break;
+                };
                 any = true;
                 let dst = tx.ah as usize;
                 let f = FrameRepr {
@@ -363,7 +441,9 @@ impl World {
                     self.buf.resize(len, 0);
                 }
                 let at = f.payload_offset();
-                let ok = tx.gather(&self.mems[node], &mut self.buf[at..at + tx.ib.payload_len]).is_ok()
+                let ok = tx
+                    .gather(&self.mems[node], &mut self.buf[at..at + tx.ib.payload_len])
+                    .is_ok()
                     && f.emit_in_place(&mut self.buf[..len]).is_ok();
                 if !ok {
                     continue;
@@ -410,8 +490,14 @@ impl World {
 
     fn deliver_due(&mut self) -> bool {
         let mut any = false;
-        while self.wire.peek().is_some_and(|Reverse((t, ..))| *t <= self.now) {
-            let Some(Reverse((_, _, dst, bytes))) = self.wire.pop() else { break };
+        while self
+            .wire
+            .peek()
+            .is_some_and(|Reverse((t, ..))| *t <= self.now)
+        {
+            let Some(Reverse((_, _, dst, bytes))) = self.wire.pop() else {
+                break;
+            };
             any = true;
             let frame = match RoceFrame::parse_ip(&bytes) {
                 Ok(f) if f.verify_icrc().is_ok() => f,
@@ -422,7 +508,13 @@ impl World {
             };
             let qpn = frame.ib.bth().dest_qp();
             let grh = frame.ud_grh();
-            let Some(i) = self.qps.iter().position(|(n, q)| *n == dst && q.qpn() == qpn) else { continue };
+            let Some(i) = self
+                .qps
+                .iter()
+                .position(|(n, q)| *n == dst && q.qpn() == qpn)
+            else {
+                continue;
+            };
             self.stats.delivered += 1;
             let now = self.now;
             let (node, qp) = &mut self.qps[i];
@@ -478,6 +570,9 @@ impl World {
     }
 }
 
+/// Largest message of the UC and UD pairs.
+const UNRELIABLE_MAX: usize = 64 * 1024;
+
 /// Options of a workload run.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WorkloadOptions {
@@ -532,16 +627,27 @@ fn fill(rng: &mut Rng, buf: &mut [u8]) {
 
 fn hash(b: &[u8]) -> u64 {
     // FNV-1a: a content fingerprint, not a security hash.
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3))
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 #[derive(Debug)]
 enum Expect {
     /// A SEND: the receiver must get these bytes (and immediate) next.
-    Send { hash: u64, len: usize, imm: Option<u32> },
+    Send {
+        hash: u64,
+        len: usize,
+        imm: Option<u32>,
+    },
     /// A WRITE: the remote region must hold these bytes; WRITE WITH IMM also
     /// consumes a receive.
-    Write { region: u32, hash: u64, imm: Option<u32>, len: usize },
+    Write {
+        region: u32,
+        hash: u64,
+        imm: Option<u32>,
+        len: usize,
+    },
     /// A READ: the local region must hold the remote bytes.
     Read { local: u32, hash: u64, len: usize },
     /// An atomic: the original value returned.
@@ -565,26 +671,34 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         let a = w.add_qp(0, QpType::Rc, mtu);
         let b = w.add_qp(1, QpType::Rc, mtu);
         // PSNs near the wrap point half of the time.
-        let pa = Psn::new(if rng.chance(0.5) { 0xff_ffff - rng.below(64) as u32 } else { rng.below(1 << 24) as u32 });
+        let pa = Psn::new(if rng.chance(0.5) {
+            0xff_ffff - rng.below(64) as u32
+        } else {
+            rng.below(1 << 24) as u32
+        });
         let pb = Psn::new(rng.below(1 << 24) as u32);
-        w.connect(a, Some(b), mtu, pa, pb).map_err(|e| e.to_string())?;
+        w.connect(a, Some(b), mtu, pa, pb)
+            .map_err(|e| e.to_string())?;
         pairs.push((a, b, QpType::Rc));
     }
     if o.unreliable {
         let a = w.add_qp(0, QpType::Uc, mtu);
         let b = w.add_qp(1, QpType::Uc, mtu);
-        w.connect(a, Some(b), mtu, Psn::new(5), Psn::new(9)).map_err(|e| e.to_string())?;
+        w.connect(a, Some(b), mtu, Psn::new(5), Psn::new(9))
+            .map_err(|e| e.to_string())?;
         pairs.push((a, b, QpType::Uc));
         let a = w.add_qp(0, QpType::Ud, mtu);
         let b = w.add_qp(1, QpType::Ud, mtu);
-        w.connect(a, None, mtu, Psn::new(0), Psn::new(0)).map_err(|e| e.to_string())?;
-        w.connect(b, None, mtu, Psn::new(0), Psn::new(0)).map_err(|e| e.to_string())?;
+        w.connect(a, None, mtu, Psn::new(0), Psn::new(0))
+            .map_err(|e| e.to_string())?;
+        w.connect(b, None, mtu, Psn::new(0), Psn::new(0))
+            .map_err(|e| e.to_string())?;
         pairs.push((a, b, QpType::Ud));
     }
 
     let pd = 1;
     let mut summary = Summary::default();
-    let mut plans: Vec<(usize, usize, QpType, Vec<Posted>, Vec<(u64, u32)>)> = Vec::new();
+    let mut plans: Vec<Plan> = Vec::new();
     // Receives held back until the requesters are under way, to exercise RNR.
     let mut held: VecDeque<(usize, RecvWr)> = VecDeque::new();
     let mut wr_id = 0u64;
@@ -596,7 +710,11 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         // One atomic counter per pair on the responder.
         let (ctr, ctr_va) = w.mems[1].register(pd, 8, Access::ALL);
         let mut model = 0u64;
-        let n = if t == QpType::Rc { o.ops_per_pair } else { o.ops_per_pair / 2 };
+        let n = if t == QpType::Rc {
+            o.ops_per_pair
+        } else {
+            o.ops_per_pair / 2
+        };
         let hold_tail = rng.chance(0.3);
         for i in 0..n {
             let size = match rng.below(20) {
@@ -605,7 +723,11 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                 4 => 0,
                 _ => rng.below(mtu.bytes() as u64 * 2 + 1) as usize,
             };
-            let size = if t == QpType::Ud { size.min(mtu.bytes()) } else { size };
+            let size = match t {
+                QpType::Rc => size,
+                QpType::Uc => size.min(UNRELIABLE_MAX),
+                QpType::Ud => size.min(mtu.bytes()),
+            };
             let kind = match t {
                 QpType::Rc => rng.below(9),
                 QpType::Uc => rng.below(4),
@@ -621,8 +743,16 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
             let mut off = 0usize;
             let parts = 1 + rng.below(3) as usize;
             for p in 0..parts {
-                let len = if p + 1 == parts { size - off } else { (size - off) / 2 };
-                sges.push(Sge { addr: laddr + off as u64, length: len as u32, lkey });
+                let len = if p + 1 == parts {
+                    size - off
+                } else {
+                    (size - off) / 2
+                };
+                sges.push(Sge {
+                    addr: laddr + off as u64,
+                    length: len as u32,
+                    lkey,
+                });
                 off += len;
             }
             let data_hash = hash(&w.mems[0].bytes(lkey)[..size]);
@@ -630,32 +760,79 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
             let (op, expect) = match kind {
                 0 | 1 => {
                     let imm = (kind == 1).then_some(imm);
-                    (imm.map_or(SendOp::Send, SendOp::SendWithImm), Expect::Send { hash: data_hash, len: size, imm })
+                    (
+                        imm.map_or(SendOp::Send, SendOp::SendWithImm),
+                        Expect::Send {
+                            hash: data_hash,
+                            len: size,
+                            imm,
+                        },
+                    )
                 }
                 2 | 3 => {
                     let (rk, rva) = w.mems[b_node].register(pd, size.max(1), Access::ALL);
                     let imm = (kind == 3).then_some(imm);
                     let op = match imm {
-                        Some(imm) => SendOp::WriteWithImm { remote_addr: rva, rkey: rk, imm },
-                        None => SendOp::Write { remote_addr: rva, rkey: rk },
+                        Some(imm) => SendOp::WriteWithImm {
+                            remote_addr: rva,
+                            rkey: rk,
+                            imm,
+                        },
+                        None => SendOp::Write {
+                            remote_addr: rva,
+                            rkey: rk,
+                        },
                     };
-                    (op, Expect::Write { region: rk, hash: data_hash, imm, len: size })
+                    (
+                        op,
+                        Expect::Write {
+                            region: rk,
+                            hash: data_hash,
+                            imm,
+                            len: size,
+                        },
+                    )
                 }
                 4 | 5 => {
                     let (rk, rva) = w.mems[1].register(pd, size.max(1), Access::ALL);
                     fill(&mut rng, &mut w.mems[1].bytes_mut(rk)[..size]);
                     let h = hash(&w.mems[1].bytes(rk)[..size]);
-                    (SendOp::Read { remote_addr: rva, rkey: rk }, Expect::Read { local: lkey, hash: h, len: size })
+                    (
+                        SendOp::Read {
+                            remote_addr: rva,
+                            rkey: rk,
+                        },
+                        Expect::Read {
+                            local: lkey,
+                            hash: h,
+                            len: size,
+                        },
+                    )
                 }
                 6 | 7 => {
-                    sges = vec![Sge { addr: laddr, length: 8, lkey }];
+                    sges = vec![Sge {
+                        addr: laddr,
+                        length: 8,
+                        lkey,
+                    }];
                     let add = rng.below(1000);
                     let orig = model;
                     model = model.wrapping_add(add);
-                    (SendOp::FetchAdd { remote_addr: ctr_va, rkey: ctr, add }, Expect::Atomic { local: lkey, orig })
+                    (
+                        SendOp::FetchAdd {
+                            remote_addr: ctr_va,
+                            rkey: ctr,
+                            add,
+                        },
+                        Expect::Atomic { local: lkey, orig },
+                    )
                 }
                 _ => {
-                    sges = vec![Sge { addr: laddr, length: 8, lkey }];
+                    sges = vec![Sge {
+                        addr: laddr,
+                        length: 8,
+                        lkey,
+                    }];
                     let hit = rng.chance(0.5);
                     let compare = if hit { model } else { model ^ 1 };
                     let swap = rng.next_u64();
@@ -663,7 +840,15 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     if hit {
                         model = swap;
                     }
-                    (SendOp::CompareSwap { remote_addr: ctr_va, rkey: ctr, compare, swap }, Expect::Atomic { local: lkey, orig })
+                    (
+                        SendOp::CompareSwap {
+                            remote_addr: ctr_va,
+                            rkey: ctr,
+                            compare,
+                            swap,
+                        },
+                        Expect::Atomic { local: lkey, orig },
+                    )
                 }
             };
             let mut wr = SendWr::new(wr_id, op, sges);
@@ -671,19 +856,39 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
             wr.inline = inline;
             wr.fence = rng.chance(0.05);
             if t == QpType::Ud {
-                wr.ud = Some(UdDest { remote_qpn: b_qpn, remote_qkey: 0x1111_1111, ah: b_node as u32 });
+                wr.ud = Some(UdDest {
+                    remote_qpn: b_qpn,
+                    remote_qkey: 0x1111_1111,
+                    ah: b_node as u32,
+                });
             }
-            let consumes_recv = matches!(expect, Expect::Send { .. } | Expect::Write { imm: Some(_), .. });
+            let consumes_recv = matches!(
+                expect,
+                Expect::Send { .. } | Expect::Write { imm: Some(_), .. }
+            );
             if consumes_recv {
-                let cap = size + 40 + rng.below(16) as usize;
+                // UC/UD reuse a receive when a message is lost: size them all for the largest.
+                let cap = if t == QpType::Rc {
+                    size + rng.below(16) as usize
+                } else {
+                    UNRELIABLE_MAX + 40
+                };
                 let (rk, ra) = w.mems[1].register(pd, cap, Access::ALL);
                 recvs.push((wr_id, rk));
-                let rwr = RecvWr { wr_id, sg_list: vec![Sge { addr: ra, length: cap as u32, lkey: rk }] };
+                let rwr = RecvWr {
+                    wr_id,
+                    sg_list: vec![Sge {
+                        addr: ra,
+                        length: cap as u32,
+                        lkey: rk,
+                    }],
+                };
                 // Post the receives up front, except (on some pairs) a tail
                 // posted later, in order, to exercise RNR NAKs.
                 if !hold_tail || i < n / 2 {
                     let (node, qp) = &mut w.qps[b];
-                    qp.post_recv(rwr, &w.mems[*node]).map_err(|e| format!("post_recv: {e}"))?;
+                    qp.post_recv(rwr, &w.mems[*node])
+                        .map_err(|e| format!("post_recv: {e}"))?;
                 } else {
                     held.push_back((b, rwr));
                 }
@@ -691,9 +896,15 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
             let opcode = wr.op.wc_opcode();
             {
                 let (node, qp) = &mut w.qps[a];
-                qp.post_send(wr, &w.mems[*node]).map_err(|e| format!("post_send: {e}"))?;
+                qp.post_send(wr, &w.mems[*node])
+                    .map_err(|e| format!("post_send: {e}"))?;
             }
-            posted.push(Posted { wr_id, signaled, expect, opcode });
+            posted.push(Posted {
+                wr_id,
+                signaled,
+                expect,
+                opcode,
+            });
         }
         plans.push((a, b, t, posted, recvs));
     }
@@ -717,15 +928,31 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
     });
     summary.sim_ns = w.now;
     summary.net = w.stats;
-    summary.retransmitted = w.qps.iter().map(|(_, q)| q.counters().retransmitted_pkts).sum();
+    summary.retransmitted = w
+        .qps
+        .iter()
+        .map(|(_, q)| q.counters().retransmitted_pkts)
+        .sum();
     if !finished {
         let stuck: Vec<String> = w
             .qps
             .iter()
-            .filter(|(_, q)| q.send_queue_len() > 0 || q.state() != QpState::Rts)
-            .map(|(_, q)| format!("qp {} state {:?} rq {} {} {:?}", q.qpn(), q.state(), q.recv_queue_len(), q.requester_summary(), q.counters()))
+            .map(|(_, q)| {
+                format!(
+                    "qp {} state {:?}: requester {}; responder {}; {:?}",
+                    q.qpn(),
+                    q.state(),
+                    q.requester_summary(),
+                    q.responder_summary(),
+                    q.counters()
+                )
+            })
             .collect();
-        return Err(format!("seed {seed}: not finished by {} ns (stuck QPs: {})", o.deadline, stuck.join("; ")));
+        return Err(format!(
+            "seed {seed}: not finished by {} ns (stuck QPs: {})",
+            o.deadline,
+            stuck.join("; ")
+        ));
     }
 
     // Check every pair.
@@ -735,84 +962,147 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         let want: Vec<&Posted> = posted.iter().filter(|p| p.signaled).collect();
         let got: Vec<WorkCompletion> = w.completions[*a].drain(..).collect();
         if got.len() != want.len() {
-            return Err(format!("seed {seed}: {t:?} requester got {} completions, want {}", got.len(), want.len()));
+            return Err(format!(
+                "seed {seed}: {t:?} requester got {} completions, want {}",
+                got.len(),
+                want.len()
+            ));
         }
         for (p, wc) in want.iter().zip(&got) {
             if wc.wr_id != p.wr_id || wc.status != WcStatus::Success || wc.opcode != p.opcode {
-                return Err(format!("seed {seed}: {t:?} requester completion {wc:?}, want wr_id {} {:?} success", p.wr_id, p.opcode));
+                return Err(format!(
+                    "seed {seed}: {t:?} requester completion {wc:?}, want wr_id {} {:?} success",
+                    p.wr_id, p.opcode
+                ));
             }
         }
-        // Responder completions: the receives in order (a subsequence on UC/UD).
+        // Responder completions: the receives in order; on UC/UD the
+        // messages delivered are a subsequence of those sent (lost messages
+        // leave their receive WQE to the next one).
         let rwcs: Vec<WorkCompletion> = w.completions[*b].drain(..).collect();
-        let mut ri = 0usize;
-        let expected_recv: Vec<(&Posted, u32)> = posted
+        let expected_recv: Vec<&Posted> = posted
             .iter()
-            .filter(|p| matches!(p.expect, Expect::Send { .. } | Expect::Write { imm: Some(_), .. }))
-            .zip(recvs.iter().map(|r| r.1))
+            .filter(|p| {
+                matches!(
+                    p.expect,
+                    Expect::Send { .. } | Expect::Write { imm: Some(_), .. }
+                )
+            })
             .collect();
-        let mut recv_iter = expected_recv.iter();
+        let mut next = 0usize;
+        let mut ud_seen: Vec<usize> = Vec::new();
         for wc in &rwcs {
             if wc.status != WcStatus::Success {
                 return Err(format!("seed {seed}: {t:?} receive completion {wc:?}"));
             }
-            // find the matching expected receive (in order; UC/UD may skip)
-            let (p, rkey) = loop {
-                let Some(&(p, rk)) = recv_iter.next() else {
-                    return Err(format!("seed {seed}: {t:?} unexpected receive completion {wc:?}"));
-                };
-                if p.wr_id == wc.wr_id {
-                    break (p, rk);
-                }
-                if reliable {
-                    return Err(format!("seed {seed}: RC receive out of order: got wr {} want {}", wc.wr_id, p.wr_id));
-                }
+            let Some(&(_, rkey)) = recvs.iter().find(|r| r.0 == wc.wr_id) else {
+                return Err(format!(
+                    "seed {seed}: {t:?} completion of unknown receive {wc:?}"
+                ));
             };
-            ri += 1;
-            match p.expect {
+            if reliable && recvs.get(next).map(|r| r.0) != Some(wc.wr_id) {
+                // RC consumes receive WQEs strictly in order.
+                return Err(format!(
+                    "seed {seed}: RC receive WQEs consumed out of order at {wc:?}"
+                ));
+            }
+            let off = if *t == QpType::Ud { 40 } else { 0 };
+            let matches = |p: &Posted| match p.expect {
                 Expect::Send { hash: h, len, imm } => {
-                    let off = if *t == QpType::Ud { 40 } else { 0 };
-                    let total = len + off;
-                    if wc.byte_len as usize != total || wc.imm_data != imm || wc.opcode != WcOpcode::Recv {
-                        return Err(format!("seed {seed}: {t:?} receive {wc:?}, want len {total} imm {imm:?}"));
-                    }
-                    let got = &w.mems[1].bytes(rkey)[off..off + len];
-                    if hash(got) != h {
-                        return Err(format!("seed {seed}: {t:?} SEND wr {} payload differs", p.wr_id));
-                    }
-                    if *t == QpType::Ud && (!wc.grh || wc.src_qp != w.qps[*a].1.qpn()) {
-                        return Err(format!("seed {seed}: UD receive without GRH/src_qp: {wc:?}"));
-                    }
+                    wc.opcode == WcOpcode::Recv
+                        && wc.byte_len as usize == len + off
+                        && wc.imm_data == imm
+                        && hash(&w.mems[1].bytes(rkey)[off..off + len]) == h
                 }
                 Expect::Write { imm, len, .. } => {
-                    if wc.opcode != WcOpcode::RecvRdmaWithImm || wc.imm_data != imm || wc.byte_len as usize != len {
-                        return Err(format!("seed {seed}: {t:?} WRITE WITH IMM completion {wc:?}"));
-                    }
+                    wc.opcode == WcOpcode::RecvRdmaWithImm
+                        && wc.imm_data == imm
+                        && wc.byte_len as usize == len
                 }
-                _ => {}
+                _ => false,
+            };
+            if *t == QpType::Ud {
+                // Datagrams may be reordered, and a duplicated one is
+                // delivered twice (UD has no sequence check): any sent one.
+                let unseen = (0..expected_recv.len())
+                    .find(|&i| !ud_seen.contains(&i) && matches(expected_recv[i]));
+                let Some(i) = unseen
+                    .or_else(|| (0..expected_recv.len()).find(|&i| matches(expected_recv[i])))
+                else {
+                    return Err(format!(
+                        "seed {seed}: UD receive {wc:?} matches no datagram sent"
+                    ));
+                };
+                ud_seen.push(i);
+                if !wc.grh || wc.src_qp != w.qps[*a].1.qpn() {
+                    return Err(format!(
+                        "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
+                    ));
+                }
+                continue;
+            }
+            loop {
+                let Some(p) = expected_recv.get(next) else {
+                    return Err(format!(
+                        "seed {seed}: {t:?} receive {wc:?} matches no message sent (in order)"
+                    ));
+                };
+                next += 1;
+                if matches(p) {
+                    break;
+                }
+                if reliable {
+                    return Err(format!(
+                        "seed {seed}: RC receive {wc:?} does not match wr {} ({:?})",
+                        p.wr_id, p.expect
+                    ));
+                }
+            }
+            if *t == QpType::Ud && (!wc.grh || wc.src_qp != w.qps[*a].1.qpn()) {
+                return Err(format!(
+                    "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
+                ));
             }
         }
-        if reliable && ri != expected_recv.len() {
-            return Err(format!("seed {seed}: RC responder got {ri} receives, want {}", expected_recv.len()));
+        if reliable && next != expected_recv.len() {
+            return Err(format!(
+                "seed {seed}: RC responder got {next} receives, want {}",
+                expected_recv.len()
+            ));
         }
         // Data of WRITE, READ and atomics.
         for p in posted {
             match p.expect {
-                Expect::Write { region, hash: h, len, .. } if reliable => {
+                Expect::Write {
+                    region,
+                    hash: h,
+                    len,
+                    ..
+                } if reliable => {
                     if hash(&w.mems[1].bytes(region)[..len]) != h {
                         return Err(format!("seed {seed}: WRITE wr {} data differs", p.wr_id));
                     }
                     summary.bytes += len as u64;
                 }
-                Expect::Read { local, hash: h, len } => {
+                Expect::Read {
+                    local,
+                    hash: h,
+                    len,
+                } => {
                     if hash(&w.mems[0].bytes(local)[..len]) != h {
                         return Err(format!("seed {seed}: READ wr {} data differs", p.wr_id));
                     }
                     summary.bytes += len as u64;
                 }
                 Expect::Atomic { local, orig } => {
-                    let v = u64::from_ne_bytes(w.mems[0].bytes(local)[..8].try_into().unwrap_or_default());
+                    let v = u64::from_ne_bytes(
+                        w.mems[0].bytes(local)[..8].try_into().unwrap_or_default(),
+                    );
                     if v != orig {
-                        return Err(format!("seed {seed}: atomic wr {} returned {v:#x}, want {orig:#x}", p.wr_id));
+                        return Err(format!(
+                            "seed {seed}: atomic wr {} returned {v:#x}, want {orig:#x}",
+                            p.wr_id
+                        ));
                     }
                 }
                 Expect::Send { len, .. } if reliable => summary.bytes += len as u64,
@@ -822,7 +1112,11 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         }
         for (_, q) in [&w.qps[*a], &w.qps[*b]] {
             if q.state() != QpState::Rts {
-                return Err(format!("seed {seed}: QP {} ended in {:?}", q.qpn(), q.state()));
+                return Err(format!(
+                    "seed {seed}: QP {} ended in {:?}",
+                    q.qpn(),
+                    q.state()
+                ));
             }
         }
     }

@@ -237,7 +237,9 @@ impl WorkCompletion {
     }
     /// `wc_flags` bits as rdma-core defines them (GRH 1, WITH_IMM 2, WITH_INV 8).
     pub fn wc_flags(&self) -> u32 {
-        u32::from(self.grh) | (u32::from(self.imm_data.is_some()) << 1) | (u32::from(self.invalidated_rkey.is_some()) << 3)
+        u32::from(self.grh)
+            | (u32::from(self.imm_data.is_some()) << 1)
+            | (u32::from(self.invalidated_rkey.is_some()) << 3)
     }
 }
 

@@ -14,7 +14,8 @@ fn pair(faults: Faults, mtu: Mtu, psn_a: u32) -> Pair {
     let mut w = World::new(7, 2, faults);
     let a = w.add_qp(0, QpType::Rc, mtu);
     let b = w.add_qp(1, QpType::Rc, mtu);
-    w.connect(a, Some(b), mtu, Psn::new(psn_a), Psn::new(100)).unwrap();
+    w.connect(a, Some(b), mtu, Psn::new(psn_a), Psn::new(100))
+        .unwrap();
     Pair { w, a, b }
 }
 
@@ -35,26 +36,55 @@ impl Pair {
         let (n, qp) = &mut self.w.qps[self.b];
         qp.post_recv(wr, &self.w.mems[*n]).unwrap();
     }
-    fn run(&mut self, send_wcs: usize, recv_wcs: usize) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
+    fn run(
+        &mut self,
+        send_wcs: usize,
+        recv_wcs: usize,
+    ) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
         let (a, b) = (self.a, self.b);
         let ok = self.w.run(10_000_000_000, |w| {
             w.completions[a].len() >= send_wcs && w.completions[b].len() >= recv_wcs
         });
         let sa: Vec<_> = self.w.completions[a].drain(..).collect();
         let sb: Vec<_> = self.w.completions[b].drain(..).collect();
-        assert!(ok, "not done: a={sa:?} b={sb:?} a={:?} b={:?}", self.w.qps[a].1.counters(), self.w.qps[b].1.counters());
+        assert!(
+            ok,
+            "not done: a={sa:?} b={sb:?} a={:?} b={:?}",
+            self.w.qps[a].1.counters(),
+            self.w.qps[b].1.counters()
+        );
         (sa, sb)
     }
 }
 
 #[test]
 fn send_single_and_multi_packet() {
-    for (len, mtu) in [(0usize, Mtu::Mtu256), (100, Mtu::Mtu1024), (3001, Mtu::Mtu1024), (10000, Mtu::Mtu4096)] {
+    for (len, mtu) in [
+        (0usize, Mtu::Mtu256),
+        (100, Mtu::Mtu1024),
+        (3001, Mtu::Mtu1024),
+        (10000, Mtu::Mtu4096),
+    ] {
         let mut p = pair(Faults::default(), mtu, 0xfffffe);
         let (sk, sa) = p.buf(0, len.max(1), 1);
         let (rk, ra) = p.buf(1, len + 10, 0);
-        p.post_recv(RecvWr { wr_id: 9, sg_list: vec![Sge { addr: ra, length: (len + 10) as u32, lkey: rk }] });
-        p.post_send(SendWr::new(1, SendOp::SendWithImm(0xabcd), vec![Sge { addr: sa, length: len as u32, lkey: sk }]));
+        p.post_recv(RecvWr {
+            wr_id: 9,
+            sg_list: vec![Sge {
+                addr: ra,
+                length: (len + 10) as u32,
+                lkey: rk,
+            }],
+        });
+        p.post_send(SendWr::new(
+            1,
+            SendOp::SendWithImm(0xabcd),
+            vec![Sge {
+                addr: sa,
+                length: len as u32,
+                lkey: sk,
+            }],
+        ));
         let (s, r) = p.run(1, 1);
         assert_eq!(s[0].status, WcStatus::Success, "{s:?}");
         assert_eq!(r[0].status, WcStatus::Success, "{r:?}");
@@ -69,19 +99,61 @@ fn write_read_atomics() {
     let mut p = pair(Faults::default(), Mtu::Mtu1024, 5);
     let (sk, sa) = p.buf(0, 5000, 1);
     let (rk, ra) = p.buf(1, 5000, 2);
-    p.post_send(SendWr::new(1, SendOp::Write { remote_addr: ra, rkey: rk }, vec![Sge { addr: sa, length: 3000, lkey: sk }]));
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        vec![Sge {
+            addr: sa,
+            length: 3000,
+            lkey: sk,
+        }],
+    ));
     let (lk, la) = p.buf(0, 5000, 3);
-    p.post_send(SendWr::new(2, SendOp::Read { remote_addr: ra, rkey: rk }, vec![Sge { addr: la, length: 4000, lkey: lk }]));
+    p.post_send(SendWr::new(
+        2,
+        SendOp::Read {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        vec![Sge {
+            addr: la,
+            length: 4000,
+            lkey: lk,
+        }],
+    ));
     let (ck, ca) = p.buf(1, 8, 0);
-    p.w.mems[1].bytes_mut(ck).copy_from_slice(&5u64.to_ne_bytes());
+    p.w.mems[1]
+        .bytes_mut(ck)
+        .copy_from_slice(&5u64.to_ne_bytes());
     let (ok_, oa) = p.buf(0, 8, 0);
-    p.post_send(SendWr::new(3, SendOp::FetchAdd { remote_addr: ca, rkey: ck, add: 10 }, vec![Sge { addr: oa, length: 8, lkey: ok_ }]));
+    p.post_send(SendWr::new(
+        3,
+        SendOp::FetchAdd {
+            remote_addr: ca,
+            rkey: ck,
+            add: 10,
+        },
+        vec![Sge {
+            addr: oa,
+            length: 8,
+            lkey: ok_,
+        }],
+    ));
     let (s, _) = p.run(3, 0);
     for wc in &s {
         assert_eq!(wc.status, WcStatus::Success, "{s:?}");
     }
-    assert_eq!(&p.w.mems[1].bytes(rk)[..3000], &p.w.mems[0].bytes(sk)[..3000]);
-    assert_eq!(&p.w.mems[0].bytes(lk)[..4000], &p.w.mems[1].bytes(rk)[..4000]);
+    assert_eq!(
+        &p.w.mems[1].bytes(rk)[..3000],
+        &p.w.mems[0].bytes(sk)[..3000]
+    );
+    assert_eq!(
+        &p.w.mems[0].bytes(lk)[..4000],
+        &p.w.mems[1].bytes(rk)[..4000]
+    );
     assert_eq!(p.w.mems[0].bytes(ok_), &5u64.to_ne_bytes());
     assert_eq!(p.w.mems[1].bytes(ck), &15u64.to_ne_bytes());
 }
