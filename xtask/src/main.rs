@@ -9,7 +9,8 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
-        and a time-boxed cargo-fuzz run of burst-wire's parser";
+        1000 seeds of the transport simulation, and a time-boxed cargo-fuzz
+        run of burst-wire's parser";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -134,6 +135,45 @@ fn test(args: &[String]) -> ExitCode {
             "pcap-check (shared RXE captures)",
             step("pcap-check", &mut c),
         ));
+    }
+
+    // The deterministic transport simulation: a thousand seeds across loss
+    // 0-10%, reordering 0-10%, duplication 0-2% (and some corruption).
+    let grid: [(&str, &str, &str, &str); 4] = [
+        ("0", "0", "0", "0"),
+        ("0.02", "0.02", "0.005", "0.005"),
+        ("0.05", "0.05", "0.01", "0.01"),
+        ("0.1", "0.1", "0.02", "0"),
+    ];
+    for (i, (loss, reorder, dup, corrupt)) in grid.iter().enumerate() {
+        let first = (i * 250 + 1).to_string();
+        let mut c = cargo(
+            &root,
+            &[
+                "run",
+                "--release",
+                "-q",
+                "-p",
+                "burst-transport",
+                "--example",
+                "sim",
+                "--",
+                "--first-seed",
+                &first,
+                "--seeds",
+                "250",
+                "--loss",
+                loss,
+                "--reorder",
+                reorder,
+                "--dup",
+                dup,
+                "--corrupt",
+                corrupt,
+            ],
+        );
+        let ok = step("sim", &mut c);
+        results.push(("sim (250 seeds)", ok));
     }
 
     if fuzz {

@@ -1623,10 +1623,22 @@ impl Qp {
                 }
                 let mtu = self.attrs.mtu.bytes() as u64;
                 let npkts = ceil_div(len, mtu).max(1) as u32;
-                // A new request supersedes older replays of the same range.
+                // The new request supersedes what older streams would still
+                // send from `psn` on: drop those, cut those that reach it.
                 self.resp
                     .out
                     .retain(|o| !matches!(o, Out::Read(j) if psn.distance_to(j.first_psn) >= 0));
+                for o in self.resp.out.iter_mut() {
+                    if let Out::Read(j) = o {
+                        let d = j.first_psn.distance_to(psn);
+                        if d > 0 && (d as u32) < j.npkts {
+                            j.npkts = d as u32;
+                        }
+                    }
+                }
+                self.resp
+                    .out
+                    .retain(|o| !matches!(o, Out::Read(j) if j.next_pkt >= j.npkts));
                 self.resp.out.push_back(Out::Read(ReadJob {
                     rkey: r.rkey(),
                     va: r.virtual_address(),

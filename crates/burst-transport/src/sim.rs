@@ -297,6 +297,9 @@ type End = (usize, Option<(usize, Psn, Psn)>);
 /// sends, receives as (wr_id, buffer key)).
 type Plan = (usize, usize, QpType, Vec<Posted>, Vec<(u64, u32)>);
 
+/// Link rate of every node, in Gb/s (bits per nanosecond).
+pub const LINK_GBPS: u64 = 100;
+
 /// One link delay in simulated nanoseconds.
 pub const LINK_DELAY_NS: Nanos = 2_000;
 
@@ -317,6 +320,12 @@ pub struct World {
     rng: Rng,
     seq: u64,
     wire: BinaryHeap<Reverse<InFlight>>,
+    /// Targeted drops: (opcode, how many more to drop).
+    drops: Vec<(burst_wire::Opcode, u32)>,
+    /// Packets dropped by [`World::drop_next`].
+    pub dropped_by_rule: u64,
+    /// When each node's link is free to start the next frame (100 Gb/s).
+    link_free: Vec<Nanos>,
     /// Last in-order delivery time per destination: links are FIFO unless a
     /// packet is deliberately reordered.
     fifo: Vec<Nanos>,
@@ -340,9 +349,17 @@ impl World {
             rng: Rng::new(seed),
             seq: 0,
             wire: BinaryHeap::new(),
+            drops: Vec::new(),
+            dropped_by_rule: 0,
             fifo: vec![0; nodes],
+            link_free: vec![0; nodes],
             buf: vec![0; 8192],
         }
+    }
+
+    /// Drops the next `count` packets with `opcode` (targeted fault injection).
+    pub fn drop_next(&mut self, opcode: burst_wire::Opcode, count: u32) {
+        self.drops.push((opcode, count));
     }
 
     /// Adds a QP on `node`; returns its index.
@@ -423,6 +440,11 @@ impl World {
         for i in 0..self.qps.len() {
             let node = self.qps[i].0;
             loop {
+                // Each node's link serialises its frames at LINK_RATE: the
+                // network holds a bandwidth-delay product, not a whole READ.
+                if self.link_free[node] > self.now {
+                    break;
+                }
                 let (_, qp) = &mut self.qps[i];
                 let src_qpn = qp.qpn();
                 let Some(tx) = qp.poll_transmit(self.now) else {
@@ -448,7 +470,17 @@ impl World {
                 if !ok {
                     continue;
                 }
+                if let Some(d) = self
+                    .drops
+                    .iter_mut()
+                    .find(|d| d.0 == tx.ib.bth.opcode && d.1 > 0)
+                {
+                    d.1 -= 1;
+                    self.dropped_by_rule += 1;
+                    continue;
+                }
                 let bytes = self.buf[..len].to_vec();
+                self.link_free[node] = self.now + (len as u64 * 8).div_ceil(LINK_GBPS);
                 self.send(dst, bytes);
             }
             self.qps[i].1.flush_unreliable();
@@ -555,6 +587,16 @@ impl World {
             // Idle: jump to the next event.
             let next_pkt = self.wire.peek().map(|Reverse((t, ..))| *t);
             let next_timer = self.qps.iter().filter_map(|(_, q)| q.poll_timeout()).min();
+            let next_link = self
+                .link_free
+                .iter()
+                .copied()
+                .filter(|&t| t > self.now)
+                .min();
+            let next_timer = match (next_timer, next_link) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let next = match (next_pkt, next_timer) {
                 (Some(a), Some(b)) => a.min(b),
                 (a, b) => match a.or(b) {

@@ -157,3 +157,341 @@ fn write_read_atomics() {
     assert_eq!(p.w.mems[0].bytes(ok_), &5u64.to_ne_bytes());
     assert_eq!(p.w.mems[1].bytes(ck), &15u64.to_ne_bytes());
 }
+
+fn sge(k: u32, a: u64, len: usize) -> Vec<Sge> {
+    vec![Sge {
+        addr: a,
+        length: len as u32,
+        lkey: k,
+    }]
+}
+
+#[test]
+fn retry_exhaustion_fails_the_first_wr_and_flushes_the_rest() {
+    let mut p = pair(
+        Faults {
+            loss: 1.0,
+            ..Faults::default()
+        },
+        Mtu::Mtu1024,
+        1,
+    );
+    let (k, a) = p.buf(0, 64, 1);
+    let (rk, ra) = p.buf(1, 64, 0);
+    for id in 1..=3 {
+        p.post_send(SendWr::new(
+            id,
+            SendOp::Write {
+                remote_addr: ra,
+                rkey: rk,
+            },
+            sge(k, a, 64),
+        ));
+    }
+    let (s, _) = p.run(3, 0);
+    assert_eq!(s[0].status, WcStatus::RetryExcErr);
+    assert_eq!(s[0].wr_id, 1);
+    assert!(
+        s[1..].iter().all(|w| w.status == WcStatus::WrFlushErr),
+        "{s:?}"
+    );
+    let qp = &p.w.qps[p.a].1;
+    assert_eq!(qp.state(), QpState::Err);
+    // retry_cnt 7: the first transmission and 7 retries
+    assert_eq!(qp.counters().completer_retry_err, 8);
+    assert_eq!(qp.counters().retry_exceeded_err, 1);
+    // posting to a QP in error completes with a flush at once
+    p.post_send(SendWr::new(
+        9,
+        SendOp::Write {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 8),
+    ));
+    let wc = p.w.qps[p.a].1.poll_completion().unwrap();
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn rnr_exhaustion_and_rnr_recovery() {
+    // rnr_retry 2 and no receive ever posted: RNR_RETRY_EXC_ERR.
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let attr = QpAttr {
+        state: Some(QpState::Rts),
+        rnr_retry: Some(2),
+        ..Default::default()
+    };
+    p.w.qps[p.a].1.modify(&attr).unwrap();
+    let (k, a) = p.buf(0, 64, 1);
+    p.post_send(SendWr::new(1, SendOp::Send, sge(k, a, 64)));
+    let (s, _) = p.run(1, 0);
+    assert_eq!(s[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(p.w.qps[p.a].1.counters().rcvd_rnr_err, 3);
+    assert_eq!(p.w.qps[p.b].1.counters().send_rnr_err, 3);
+
+    // rnr_retry 7 (infinite): the send waits until a receive is posted.
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let (k, a) = p.buf(0, 3000, 1);
+    p.post_send(SendWr::new(1, SendOp::Send, sge(k, a, 3000)));
+    let (b, w) = (p.b, &mut p.w);
+    assert!(!w.run(2_000_000, |w| !w.completions[0].is_empty()));
+    assert!(w.qps[b].1.counters().send_rnr_err > 3);
+    let (rk, ra) = p.buf(1, 4000, 0);
+    p.post_recv(RecvWr {
+        wr_id: 5,
+        sg_list: sge(rk, ra, 4000),
+    });
+    let (s, r) = p.run(1, 1);
+    assert_eq!(s[0].status, WcStatus::Success);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (5, 3000));
+    assert_eq!(
+        &p.w.mems[1].bytes(rk)[..3000],
+        &p.w.mems[0].bytes(k)[..3000]
+    );
+}
+
+#[test]
+fn rkey_violations_are_nakked_and_break_both_qps() {
+    for case in 0..4 {
+        let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+        let (k, a) = p.buf(0, 64, 1);
+        let (rk, ra) = p.buf(1, 64, 0);
+        let (ro, roa) = p.w.mems[1].register(
+            1,
+            64,
+            Access {
+                local_write: true,
+                remote_read: true,
+                ..Access::default()
+            },
+        );
+        let op = match case {
+            0 => SendOp::Write {
+                remote_addr: ra,
+                rkey: rk ^ 0x100,
+            }, // unknown rkey
+            1 => SendOp::Write {
+                remote_addr: ra + 32,
+                rkey: rk,
+            }, // past the end
+            2 => SendOp::Write {
+                remote_addr: roa,
+                rkey: ro,
+            }, // no REMOTE_WRITE
+            _ => SendOp::Read {
+                remote_addr: ra - 8,
+                rkey: rk,
+            }, // before the start
+        };
+        let before = p.w.mems[1].bytes(rk).to_vec();
+        p.post_send(SendWr::new(1, op, sge(k, a, 64)));
+        p.post_send(SendWr::new(
+            2,
+            SendOp::Write {
+                remote_addr: ra,
+                rkey: rk,
+            },
+            sge(k, a, 8),
+        ));
+        let (s, _) = p.run(2, 0);
+        assert_eq!(s[0].status, WcStatus::RemAccessErr, "case {case}: {s:?}");
+        assert_eq!(s[1].status, WcStatus::WrFlushErr, "case {case}");
+        assert_eq!(p.w.qps[p.a].1.state(), QpState::Err);
+        assert_eq!(p.w.qps[p.b].1.state(), QpState::Err);
+        assert_eq!(
+            p.w.mems[1].bytes(rk),
+            &before[..],
+            "case {case}: memory changed"
+        );
+    }
+}
+
+#[test]
+fn psn_wraps_around_2_pow_24() {
+    let mut p = pair(
+        Faults {
+            loss: 0.05,
+            ..Faults::default()
+        },
+        Mtu::Mtu256,
+        0x00ff_fff0,
+    );
+    let (k, a) = p.buf(0, 64 * 1024, 1);
+    let (rk, ra) = p.buf(1, 64 * 1024, 0);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 64 * 1024),
+    ));
+    p.post_send(SendWr::new(
+        2,
+        SendOp::Read {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 8192),
+    ));
+    let (s, _) = p.run(2, 0);
+    assert!(s.iter().all(|w| w.status == WcStatus::Success), "{s:?}");
+    assert_eq!(p.w.mems[1].bytes(rk), p.w.mems[0].bytes(k));
+    // 256 + 32 PSNs from 0xfffff0: the sequence wrapped
+    let summary = p.w.qps[p.a].1.requester_summary();
+    assert!(summary.contains("next_psn=Psn(0x000110)"), "{summary}");
+}
+
+#[test]
+fn duplicate_atomic_replays_the_cached_result() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let (ck, ca) = p.buf(1, 8, 0);
+    p.w.mems[1]
+        .bytes_mut(ck)
+        .copy_from_slice(&5u64.to_ne_bytes());
+    let (ok_, oa) = p.buf(0, 8, 0);
+    p.w.drop_next(burst_wire::Opcode::RC_ATOMIC_ACKNOWLEDGE, 1);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::FetchAdd {
+            remote_addr: ca,
+            rkey: ck,
+            add: 10,
+        },
+        sge(ok_, oa, 8),
+    ));
+    let (s, _) = p.run(1, 0);
+    assert_eq!(s[0].status, WcStatus::Success);
+    assert_eq!(p.w.dropped_by_rule, 1);
+    assert_eq!(p.w.qps[p.b].1.counters().duplicate_request, 1);
+    assert_eq!(
+        p.w.mems[0].bytes(ok_),
+        &5u64.to_ne_bytes(),
+        "original value replayed"
+    );
+    assert_eq!(p.w.mems[1].bytes(ck), &15u64.to_ne_bytes(), "executed once");
+}
+
+#[test]
+fn duplicate_read_after_memory_changed_returns_current_data() {
+    // The spec lets a responder re-execute a duplicate READ: the requester
+    // sees the memory as it is when the retransmitted request arrives.
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let (rk, ra) = p.buf(1, 64, 7);
+    let (lk, la) = p.buf(0, 64, 0);
+    p.w.drop_next(burst_wire::Opcode::RC_RDMA_READ_RESPONSE_ONLY, 1);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Read {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(lk, la, 64),
+    ));
+    let mut changed = false;
+    let a = p.a;
+    assert!(p.w.run(10_000_000_000, |w| {
+        if w.dropped_by_rule == 1 && !changed {
+            w.mems[1].bytes_mut(rk).fill(0xee);
+            changed = true;
+        }
+        !w.completions[a].is_empty()
+    }));
+    assert_eq!(p.w.completions[a][0].status, WcStatus::Success);
+    assert!(p.w.mems[0].bytes(lk).iter().all(|&b| b == 0xee));
+}
+
+#[test]
+fn one_nak_per_gap() {
+    let mut p = pair(Faults::default(), Mtu::Mtu256, 1);
+    let (k, a) = p.buf(0, 64 * 256, 1);
+    let (rk, ra) = p.buf(1, 64 * 256, 0);
+    p.w.drop_next(burst_wire::Opcode::RC_RDMA_WRITE_MIDDLE, 1);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 64 * 256),
+    ));
+    let (s, _) = p.run(1, 0);
+    assert_eq!(s[0].status, WcStatus::Success);
+    let c = p.w.qps[p.a].1.counters();
+    assert_eq!(c.rcvd_seq_err, 1, "{c:?}");
+    assert!(p.w.qps[p.b].1.counters().out_of_seq_request >= 1);
+    assert_eq!(p.w.mems[1].bytes(rk), p.w.mems[0].bytes(k));
+}
+
+#[test]
+fn fence_and_max_rd_atomic_hold_back_requests() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let attr = QpAttr {
+        state: Some(QpState::Rts),
+        max_rd_atomic: Some(1),
+        ..Default::default()
+    };
+    p.w.qps[p.a].1.modify(&attr).unwrap();
+    let (k, a) = p.buf(0, 64, 1);
+    let (rk, ra) = p.buf(1, 64, 0);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Read {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 8),
+    ));
+    p.post_send(SendWr::new(
+        2,
+        SendOp::Read {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 8),
+    ));
+    let mut fenced = SendWr::new(3, SendOp::Send, sge(k, a, 8));
+    fenced.fence = true;
+    p.post_send(fenced);
+    let qp = &mut p.w.qps[p.a].1;
+    let t = qp.poll_transmit(0).unwrap();
+    assert_eq!(t.ib.bth.opcode, burst_wire::Opcode::RC_RDMA_READ_REQUEST);
+    // the second READ waits for max_rd_atomic, and the fenced SEND behind it
+    assert!(qp.poll_transmit(0).is_none());
+}
+
+#[test]
+fn completions_in_posting_order_with_unsignaled_wrs() {
+    let mut p = pair(
+        Faults {
+            loss: 0.05,
+            reorder: 0.05,
+            ..Faults::default()
+        },
+        Mtu::Mtu1024,
+        1,
+    );
+    let (k, a) = p.buf(0, 8192, 1);
+    let (rk, ra) = p.buf(1, 8192, 0);
+    for id in 0..20u64 {
+        let op = if id % 3 == 0 {
+            SendOp::Read {
+                remote_addr: ra,
+                rkey: rk,
+            }
+        } else {
+            SendOp::Write {
+                remote_addr: ra,
+                rkey: rk,
+            }
+        };
+        let mut wr = SendWr::new(id, op, sge(k, a, 100 * id as usize));
+        wr.signaled = id % 2 == 0;
+        p.post_send(wr);
+    }
+    let (s, _) = p.run(10, 0);
+    let ids: Vec<u64> = s.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0..20).step_by(2).collect::<Vec<_>>());
+    assert!(s.iter().all(|w| w.status == WcStatus::Success));
+}
