@@ -253,7 +253,7 @@ fn rnr_exhaustion_and_rnr_recovery() {
 
 #[test]
 fn rkey_violations_are_nakked_and_break_both_qps() {
-    for case in 0..4 {
+    for case in 0..5 {
         let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
         let (k, a) = p.buf(0, 64, 1);
         let (rk, ra) = p.buf(1, 64, 0);
@@ -494,4 +494,32 @@ fn completions_in_posting_order_with_unsignaled_wrs() {
     let ids: Vec<u64> = s.iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, (0..20).step_by(2).collect::<Vec<_>>());
     assert!(s.iter().all(|w| w.status == WcStatus::Success));
+}
+
+#[test]
+fn send_with_invalidate_revokes_the_rkey() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let (k, a) = p.buf(0, 64, 1);
+    let (vk, va) = p.buf(1, 64, 0); // the region the peer will invalidate
+    let (rk, ra) = p.buf(1, 64, 0);
+    p.post_recv(RecvWr {
+        wr_id: 3,
+        sg_list: sge(rk, ra, 64),
+    });
+    p.post_send(SendWr::new(1, SendOp::SendWithInv(vk), sge(k, a, 64)));
+    let (s, r) = p.run(1, 1);
+    assert_eq!(s[0].status, WcStatus::Success);
+    assert_eq!(r[0].invalidated_rkey, Some(vk));
+    assert_eq!(r[0].wc_flags() & 8, 8, "IBV_WC_WITH_INV");
+    // the invalidated rkey no longer grants access
+    p.post_send(SendWr::new(
+        2,
+        SendOp::Write {
+            remote_addr: va,
+            rkey: vk,
+        },
+        sge(k, a, 8),
+    ));
+    let (s, _) = p.run(1, 0);
+    assert_eq!(s[0].status, WcStatus::RemAccessErr);
 }
