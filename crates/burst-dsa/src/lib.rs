@@ -1,3 +1,73 @@
-//! Copy engine: the one place that moves payload bytes in bulk (CPU, Intel DSA, DMA)
+//! # burst-dsa: the copy engine
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout.
+//! Every bulk payload copy of burst goes through here, so that a backend that
+//! offloads copies (Intel DSA work queues, DPDK dmadev) can replace the CPU
+//! without touching the rest of the stack. Today only the CPU backend exists.
+//!
+//! Copies take raw pointers because one side is application memory that the
+//! application may touch concurrently (RDMA semantics: racing accesses give
+//! unspecified bytes, never undefined behaviour in the stack); no Rust
+//! reference to such memory is ever formed.
+
+/// Moves bytes between memory areas.
+pub trait CopyEngine {
+    /// Copies `len` bytes from `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads and `dst` for writes of `len` bytes for
+    /// the duration of the call, and the two ranges must not overlap.
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize);
+}
+
+/// The CPU backend: `memcpy` (glibc's AVX-512 path is about 20x faster than
+/// non-temporal stores for packet-sized copies on this machine class; see the
+/// dataplane notes).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuCopy;
+
+impl CopyEngine for CpuCopy {
+    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        // SAFETY: the caller guarantees both ranges are valid for `len` bytes
+        // and do not overlap (the trait's contract).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+}
+
+/// Copies a slice into raw memory.
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` bytes and not overlap `src`.
+pub unsafe fn copy_to_raw(engine: &impl CopyEngine, dst: *mut u8, src: &[u8]) {
+    // SAFETY: `src` is a live slice; the caller vouches for `dst`.
+    unsafe { engine.copy(dst, src.as_ptr(), src.len()) }
+}
+
+/// Copies raw memory into a slice.
+///
+/// # Safety
+/// `src` must be valid for reads of `dst.len()` bytes and not overlap `dst`.
+pub unsafe fn copy_from_raw(engine: &impl CopyEngine, dst: &mut [u8], src: *const u8) {
+    // SAFETY: `dst` is a live exclusive slice; the caller vouches for `src`.
+    unsafe { engine.copy(dst.as_mut_ptr(), src, dst.len()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_copy_moves_bytes() {
+        let src: Vec<u8> = (0..=255).collect();
+        let mut dst = vec![0u8; 256];
+        // SAFETY: both buffers are live, 256 bytes, distinct allocations.
+        unsafe { copy_from_raw(&CpuCopy, &mut dst, src.as_ptr()) };
+        assert_eq!(src, dst);
+        let mut out = vec![0u8; 4];
+        // SAFETY: `out` is live for 4 bytes and distinct from the source.
+        unsafe { copy_to_raw(&CpuCopy, out.as_mut_ptr(), &[1, 2, 3, 4]) };
+        assert_eq!(out, [1, 2, 3, 4]);
+    }
+}

@@ -1,3 +1,396 @@
-//! Protection domains, memory regions, keys and remote-access checks
+//! # burst-mem: protection domains, memory regions and remote-access checks
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout.
+//! Applications register their own memory; burst accesses it in place (no
+//! bounce buffer) through the copy engine. This crate is the one place where
+//! a key, an address and a length coming off the wire become a memory access:
+//! [`MrTable`] checks the key, the protection domain, the bounds and the
+//! access rights, and implements the transport's [`burst_transport::Memory`].
+//!
+//! Keys are `index << 8 | random byte`, as on RNICs: O(1) lookup, and a fresh
+//! random byte on every registration so that stale or guessed keys miss.
+//!
+//! ```
+//! use burst_mem::{Access, MrTable};
+//! use burst_transport::{Memory, RemoteAccess};
+//!
+//! let table = MrTable::new();
+//! let pd = table.alloc_pd();
+//! let mut buf = vec![0u8; 4096];
+//! // SAFETY: `buf` outlives the registration (deregistered below).
+//! let mr = unsafe {
+//!     table.register(pd, buf.as_mut_ptr(), buf.len(), buf.as_ptr() as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+//! }.unwrap();
+//! let mut mem = table.memory();
+//! mem.check_remote(pd.0, mr.rkey, mr.addr + 16, 4, RemoteAccess::Write).unwrap();
+//! mem.write_remote(mr.rkey, mr.addr + 16, b"RDMA").unwrap();
+//! assert!(mem.check_remote(pd.0, mr.rkey, mr.addr + 4094, 4, RemoteAccess::Write).is_err());
+//! table.deregister(mr.lkey).unwrap();
+//! assert_eq!(&buf[16..20], b"RDMA");
+//! ```
+
+mod raw;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use burst_dsa::CpuCopy;
+use burst_transport::{AtomicOp, MemError, Memory, RemoteAccess, Sge};
+
+pub use raw::Region;
+
+/// Access rights of a memory region, with the bit values of `enum ibv_access_flags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(pub u32);
+
+impl Access {
+    /// IBV_ACCESS_LOCAL_WRITE.
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// IBV_ACCESS_REMOTE_WRITE.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// IBV_ACCESS_REMOTE_READ.
+    pub const REMOTE_READ: Access = Access(4);
+    /// IBV_ACCESS_REMOTE_ATOMIC.
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// IBV_ACCESS_RELAXED_ORDERING: accepted and ignored (no PCIe here).
+    pub const RELAXED_ORDERING: Access = Access(1 << 20);
+
+    /// True when every right of `other` is granted.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// Any remote right.
+    pub const fn any_remote(self) -> bool {
+        self.0 & (2 | 4 | 8) != 0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+}
+
+/// A protection domain handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pd(pub u32);
+
+/// What a registration returns (the fields of `struct ibv_mr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrKeys {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key (0 without remote rights, as RXE reports).
+    pub rkey: u32,
+    /// Start of the region in the address space the keys use (the IOVA).
+    pub addr: u64,
+    /// Length.
+    pub len: u64,
+}
+
+/// Why a registration call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegError {
+    /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (the Verbs rule).
+    #[error("remote write or atomic access requires local write")]
+    InvalidAccess,
+    /// Zero length, or the range wraps.
+    #[error("invalid length")]
+    InvalidLength,
+    /// No region has this key.
+    #[error("no such memory region")]
+    NoSuchRegion,
+    /// The key space is exhausted.
+    #[error("out of memory region slots")]
+    Exhausted,
+}
+
+impl RegError {
+    /// errno as rdma-core reports it.
+    pub fn errno(self) -> i32 {
+        match self {
+            RegError::Exhausted => 12, // ENOMEM
+            _ => 22,                   // EINVAL
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    key_byte: u8,
+    region: Option<Arc<Region>>,
+}
+
+const MAX_REGIONS: usize = 1 << 24;
+
+/// The table of memory regions of one device.
+#[derive(Debug, Default)]
+pub struct MrTable {
+    // A read lock on the hot path: registrations are rare next to lookups.
+    // An RCU-style table can replace it without changing the interface.
+    slots: RwLock<Vec<Slot>>,
+    free: Mutex<Vec<u32>>,
+    next_pd: AtomicU32,
+}
+
+fn random_byte() -> u8 {
+    let mut b = [0u8; 1];
+    if getrandom::fill(&mut b).is_err() {
+        // No entropy source: fall back to the clock, still unpredictable enough
+        // to catch stale keys.
+        b[0] = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0x5a, |d| d.subsec_nanos() as u8);
+    }
+    b[0]
+}
+
+impl MrTable {
+    /// An empty table.
+    pub fn new() -> MrTable {
+        MrTable::default()
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Pd {
+        Pd(self.next_pd.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Registers `len` bytes at `ptr`, addressed remotely as `iova..iova+len`
+    /// (`ibv_reg_mr` uses the virtual address itself; `ibv_reg_mr_iova2` any).
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes until
+    /// [`MrTable::deregister`] of the returned key has returned.
+    pub unsafe fn register(
+        &self,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        let needs_local = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
+        if access.0 & needs_local.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(RegError::InvalidAccess);
+        }
+        if len == 0 || iova.checked_add(len as u64).is_none() {
+            return Err(RegError::InvalidLength);
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let index = match self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            Some(i) => i as usize,
+            None => {
+                if slots.len() >= MAX_REGIONS {
+                    return Err(RegError::Exhausted);
+                }
+                slots.push(Slot::default());
+                slots.len() - 1
+            }
+        };
+        let slot = &mut slots[index];
+        // A new key byte on every registration: a stale key never matches.
+        let mut byte = random_byte();
+        if byte == slot.key_byte {
+            byte = byte.wrapping_add(1);
+        }
+        slot.key_byte = byte;
+        let key = ((index as u32) << 8) | u32::from(byte);
+        // SAFETY: the caller's contract covers `ptr..ptr+len` until deregistration.
+        let region = unsafe { Region::new(pd.0, ptr, len as u64, iova, access, key) };
+        slot.region = Some(Arc::new(region));
+        Ok(MrKeys {
+            lkey: key,
+            rkey: if access.any_remote() { key } else { 0 },
+            addr: iova,
+            len: len as u64,
+        })
+    }
+
+    /// Deregisters a region. Returns once no in-flight operation holds it, so
+    /// the application may free the memory afterwards.
+    pub fn deregister(&self, lkey: u32) -> Result<(), RegError> {
+        let region = {
+            let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+            let slot = slots
+                .get_mut((lkey >> 8) as usize)
+                .ok_or(RegError::NoSuchRegion)?;
+            if slot.key_byte != lkey as u8 || slot.region.is_none() {
+                return Err(RegError::NoSuchRegion);
+            }
+            slot.region.take().ok_or(RegError::NoSuchRegion)?
+        };
+        // No new lookup can find it now; wait for those already holding it.
+        while Arc::strong_count(&region) > 1 {
+            std::thread::yield_now();
+        }
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lkey >> 8);
+        Ok(())
+    }
+
+    /// The region of `key`, held for the duration of an operation.
+    pub fn lookup(&self, key: u32) -> Option<Arc<Region>> {
+        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.get((key >> 8) as usize)?;
+        if slot.key_byte != key as u8 {
+            return None;
+        }
+        slot.region.clone()
+    }
+
+    /// The transport's view of this table.
+    pub fn memory(&self) -> TableMemory<'_> {
+        TableMemory {
+            table: self,
+            copy: CpuCopy,
+        }
+    }
+
+    fn find(&self, key: u32, va: u64, len: u64) -> Result<(Arc<Region>, u64), MemError> {
+        let r = self.lookup(key).ok_or(MemError::BadKey(key))?;
+        let off = r.offset_of(va, len).ok_or(MemError::OutOfBounds)?;
+        Ok((r, off))
+    }
+}
+
+/// [`Memory`] over an [`MrTable`], copying through the copy engine.
+#[derive(Debug)]
+pub struct TableMemory<'a> {
+    table: &'a MrTable,
+    copy: CpuCopy,
+}
+
+impl TableMemory<'_> {
+    /// Walks `len` bytes at `offset` of an SGE list.
+    fn pieces(
+        sges: &[Sge],
+        mut offset: u64,
+        len: u64,
+        mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
+        let mut done = 0u64;
+        for s in sges {
+            let l = u64::from(s.length);
+            if offset >= l {
+                offset -= l;
+                continue;
+            }
+            let take = (l - offset).min(len - done);
+            f(s, s.addr + offset, done as usize, take as usize)?;
+            done += take;
+            offset = 0;
+            if done == len {
+                return Ok(());
+            }
+        }
+        if done == len {
+            Ok(())
+        } else {
+            Err(MemError::OutOfBounds)
+        }
+    }
+}
+
+impl Memory for TableMemory<'_> {
+    fn check_local(&self, pd: u32, sges: &[Sge], write: bool) -> Result<(), MemError> {
+        for s in sges {
+            let (r, _) = self.table.find(s.lkey, s.addr, u64::from(s.length))?;
+            if r.pd() != pd {
+                return Err(MemError::PdMismatch);
+            }
+            if write && !r.access().contains(Access::LOCAL_WRITE) {
+                return Err(MemError::NoAccess);
+            }
+        }
+        Ok(())
+    }
+
+    fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+        Self::pieces(sges, offset, out.len() as u64, |s, va, at, len| {
+            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
+            r.read(&self.copy, off, &mut out[at..at + len]);
+            Ok(())
+        })
+    }
+
+    fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
+        // All or nothing: check every piece before placing any byte.
+        Self::pieces(sges, offset, data.len() as u64, |s, va, _, len| {
+            let (r, _) = self.table.find(s.lkey, va, len as u64)?;
+            if r.access().contains(Access::LOCAL_WRITE) {
+                Ok(())
+            } else {
+                Err(MemError::NoAccess)
+            }
+        })?;
+        Self::pieces(sges, offset, data.len() as u64, |s, va, at, len| {
+            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
+            if !r.access().contains(Access::LOCAL_WRITE) {
+                return Err(MemError::NoAccess);
+            }
+            r.write(&self.copy, off, &data[at..at + len]);
+            Ok(())
+        })
+    }
+
+    fn check_remote(
+        &self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        access: RemoteAccess,
+    ) -> Result<(), MemError> {
+        let (r, _) = self.table.find(rkey, va, len)?;
+        if r.pd() != pd {
+            return Err(MemError::PdMismatch);
+        }
+        let need = match access {
+            RemoteAccess::Write => Access::REMOTE_WRITE,
+            RemoteAccess::Read => Access::REMOTE_READ,
+            RemoteAccess::Atomic => Access::REMOTE_ATOMIC,
+        };
+        if r.access().contains(need) {
+            Ok(())
+        } else {
+            Err(MemError::NoAccess)
+        }
+    }
+
+    fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
+        let (r, off) = self.table.find(rkey, va, out.len() as u64)?;
+        if !r.access().contains(Access::REMOTE_READ) {
+            return Err(MemError::NoAccess);
+        }
+        r.read(&self.copy, off, out);
+        Ok(())
+    }
+
+    fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
+        let (r, off) = self.table.find(rkey, va, data.len() as u64)?;
+        if !r.access().contains(Access::REMOTE_WRITE) {
+            return Err(MemError::NoAccess);
+        }
+        r.write(&self.copy, off, data);
+        Ok(())
+    }
+
+    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        self.check_remote(pd, rkey, va, 8, RemoteAccess::Atomic)?;
+        let (r, off) = self.table.find(rkey, va, 8)?;
+        r.atomic(off, op).ok_or(MemError::Misaligned)
+    }
+
+    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
+        // Memory windows and fast-registered MRs are what SEND WITH
+        // INVALIDATE targets; plain MRs cannot be invalidated remotely.
+        let r = self.table.lookup(rkey).ok_or(MemError::BadKey(rkey))?;
+        if r.pd() != pd {
+            return Err(MemError::PdMismatch);
+        }
+        Err(MemError::NoAccess)
+    }
+}
