@@ -1,3 +1,223 @@
-//! Packet ports: UDP socket, AF_XDP, DPDK and an in-memory simulator port
+//! # burst-io: packet ports
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout.
+//! A [`Port`] moves RoCEv2 transport packets (UDP payloads: BTH through ICRC)
+//! in bursts, with the addresses the ICRC needs. [`UdpPort`] is the portable
+//! default: a UDP socket bound to port 4791, batched with `recvmmsg` and
+//! `sendmmsg`, needing no privilege beyond the bind.
+//!
+//! The ICRC covers the IPv4 identification field, which a UDP socket lets the
+//! kernel choose. Linux sends ID 0 for DF-marked datagrams of an unconnected
+//! socket, so [`UdpPort`] sets `IP_PMTUDISC_DO` and computes the ICRC of what
+//! it sends with ID 0 ([`UdpPort::seal`]). On receive the ID is not visible
+//! through the socket: [`UdpPort::check_icrc`] verifies packets sent with
+//! ID 0 (burst peers) and reports the others as unverifiable.
+
+mod sys;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+
+use burst_wire::{icrc, FrameRepr, IbRepr, IpRepr, UdpRepr, BTH_LEN, ICRC_LEN, ROCEV2_PORT};
+
+/// Largest datagram a port buffer holds (jumbo frames with a 4096-byte MTU).
+pub const MAX_PACKET: usize = 9216;
+
+/// Most packets one burst call moves.
+pub const BURST: usize = 32;
+
+/// A packet buffer of a port's pool.
+pub struct PacketBuf {
+    /// Storage.
+    pub data: Box<[u8; MAX_PACKET]>,
+    /// Bytes used.
+    pub len: usize,
+    /// Peer address (source on receive, destination on send).
+    pub peer: SocketAddr,
+}
+
+impl PacketBuf {
+    /// An empty buffer.
+    pub fn new() -> PacketBuf {
+        PacketBuf {
+            data: Box::new([0; MAX_PACKET]),
+            len: 0,
+            peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+        }
+    }
+    /// The bytes used.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[..self.len]
+    }
+}
+
+impl Default for PacketBuf {
+    fn default() -> Self {
+        PacketBuf::new()
+    }
+}
+
+impl std::fmt::Debug for PacketBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PacketBuf({} bytes, {})", self.len, self.peer)
+    }
+}
+
+/// Burst receive and transmit of RoCEv2 transport packets.
+pub trait Port {
+    /// The local address packets are sent from and received on.
+    fn local_addr(&self) -> SocketAddr;
+    /// Receives up to `bufs.len()` packets without blocking; returns how many.
+    fn recv_burst(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize>;
+    /// Sends `bufs` (each to its `peer`); returns how many were sent.
+    fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize>;
+}
+
+/// Outcome of an ICRC check on a port that cannot see the IP header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IcrcCheck {
+    /// Verified.
+    Ok,
+    /// Wrong for every IP ID the check can try.
+    Unverifiable,
+}
+
+/// A UDP socket port bound to `addr:4791`.
+#[derive(Debug)]
+pub struct UdpPort {
+    sock: UdpSocket,
+    local: SocketAddr,
+}
+
+impl UdpPort {
+    /// Binds UDP port 4791 on `ip` (which must be an address of this host),
+    /// non-blocking, with DF set so that Linux sends IP ID 0.
+    pub fn bind(ip: IpAddr) -> io::Result<UdpPort> {
+        UdpPort::bind_port(ip, ROCEV2_PORT)
+    }
+
+    /// As [`UdpPort::bind`] on another UDP port (tests that cannot own 4791).
+    pub fn bind_port(ip: IpAddr, port: u16) -> io::Result<UdpPort> {
+        let sock = UdpSocket::bind(SocketAddr::new(ip, port)).map_err(|e| {
+            let hint = match e.kind() {
+                io::ErrorKind::AddrInUse => {
+                    "UDP port in use (another RoCEv2 stack, or kernel RXE on this address?)"
+                }
+                io::ErrorKind::AddrNotAvailable => "address is not on this host",
+                io::ErrorKind::PermissionDenied => "permission denied",
+                _ => "bind failed",
+            };
+            io::Error::new(
+                e.kind(),
+                format!("burst-io: cannot bind {ip}:{port}: {hint}: {e}"),
+            )
+        })?;
+        sock.set_nonblocking(true)?;
+        sys::set_df(&sock, ip.is_ipv4())?;
+        let local = sock.local_addr()?;
+        Ok(UdpPort { sock, local })
+    }
+
+    fn pseudo(&self, src: SocketAddr, dst: SocketAddr, ib: &[u8]) -> Option<u32> {
+        let ip = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::v4(s, d),
+            (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::v6(s, d),
+            _ => return None,
+        };
+        // Only the IP and UDP headers are built: the ICRC of the real bytes.
+        let f = FrameRepr {
+            eth: None,
+            ip,
+            udp: UdpRepr {
+                src_port: src.port(),
+                dst_port: dst.port(),
+                checksum: 0,
+            },
+            ib: IbRepr::new(burst_wire::BthRepr::new(
+                burst_wire::Opcode::RC_ACKNOWLEDGE,
+                burst_wire::Qpn::default(),
+                burst_wire::Psn::new(0),
+            )),
+        };
+        let mut hdr = [0u8; 48];
+        let ip_len = f.ip.header_len();
+        let udp_len = 8 + ib.len();
+        write_ip_udp(&f, &mut hdr, udp_len)?;
+        icrc::compute(
+            &hdr[..ip_len],
+            &hdr[ip_len..ip_len + 8],
+            &ib[..ib.len() - ICRC_LEN],
+        )
+        .ok()
+    }
+
+    /// Computes and stores the ICRC of a transport packet about to be sent to
+    /// `dst` from this port (IP ID 0, as the kernel will send it).
+    pub fn seal(&self, dst: SocketAddr, ib: &mut [u8]) -> io::Result<()> {
+        if ib.len() < BTH_LEN + ICRC_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "packet shorter than BTH + ICRC",
+            ));
+        }
+        let crc = self.pseudo(self.local, dst, ib).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "address family mismatch")
+        })?;
+        let n = ib.len();
+        ib[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// Checks the ICRC of a packet received from `src`.
+    pub fn check_icrc(&self, src: SocketAddr, ib: &[u8]) -> IcrcCheck {
+        if ib.len() < BTH_LEN + ICRC_LEN {
+            return IcrcCheck::Unverifiable;
+        }
+        let n = ib.len();
+        let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
+        match self.pseudo(src, self.local, ib) {
+            Some(c) if c == stored => IcrcCheck::Ok,
+            _ => IcrcCheck::Unverifiable,
+        }
+    }
+}
+
+/// Writes the IP and UDP headers `f` would emit for a UDP length of `udp_len`.
+fn write_ip_udp(f: &FrameRepr, out: &mut [u8; 48], udp_len: usize) -> Option<()> {
+    // Emit a whole header-only frame into a scratch buffer and keep its
+    // first bytes: one code path for header layout (burst-wire's).
+    let mut scratch = [0u8; 48 + BTH_LEN + 4 + ICRC_LEN];
+    let mut g = *f;
+    g.ib.aeth = Some(burst_wire::AethRepr {
+        syndrome: burst_wire::Syndrome::Ack(burst_wire::Credits(0)),
+        msn: 0,
+    });
+    let len = g.frame_len();
+    g.emit_headers(&mut scratch[..len]).ok()?;
+    let ip_len = f.ip.header_len();
+    out[..ip_len + 8].copy_from_slice(&scratch[..ip_len + 8]);
+    // Patch the lengths for the real payload.
+    let udp_len16 = u16::try_from(udp_len).ok()?;
+    match f.ip {
+        IpRepr::V4(_) => {
+            let total = udp_len16.checked_add(20)?;
+            out[2..4].copy_from_slice(&total.to_be_bytes());
+        }
+        IpRepr::V6(_) => out[4..6].copy_from_slice(&udp_len16.to_be_bytes()),
+    }
+    out[ip_len + 4..ip_len + 6].copy_from_slice(&udp_len16.to_be_bytes());
+    Some(())
+}
+
+impl Port for UdpPort {
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn recv_burst(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
+        sys::recv_burst(&self.sock, bufs)
+    }
+
+    fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
+        sys::send_burst(&self.sock, bufs)
+    }
+}
