@@ -1,3 +1,312 @@
-//! The Verbs API composing burst's crates, with its data-plane engine
+//! # burst-verbs: the Verbs API
 //!
-//! Not implemented yet: this crate is a placeholder in the workspace layout.
+//! [`Device`] composes burst's crates into a working RDMA device: memory
+//! regions from burst-mem, queue pairs from burst-transport, and a packet
+//! port from burst-io. It speaks RoCEv2 on the wire, so its peers can be
+//! kernel RXE or RDMA NICs.
+//!
+//! This first version is a *synchronous driver*: the caller's thread makes
+//! progress (receive, timers, transmit) inside [`Device::progress`], which
+//! [`Device::poll_cq`] calls. The engine thread with per-QP rings and an MPSC
+//! doorbell queue (the architecture's front-end/engine split) is still to
+//! come; this type's interface is what it will sit behind.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::time::Instant;
+
+use burst_io::{IcrcCheck, PacketBuf, Port, UdpPort, BURST};
+use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
+use burst_transport::{Qp, QpAttr, QpConfig, QpType, RecvWr, SendWr, VerbsError, WorkCompletion};
+use burst_wire::{IbPacket, Mtu, Qpn, ROCEV2_PORT};
+
+/// Device-wide counters (names after RXE's where one exists).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Packets sent.
+    pub sent_pkts: u64,
+    /// Packets received.
+    pub rcvd_pkts: u64,
+    /// Received packets whose ICRC verified.
+    pub icrc_verified: u64,
+    /// Received packets whose ICRC could not be checked (IP ID unknown).
+    pub icrc_unverified: u64,
+    /// Malformed packets dropped.
+    pub malformed: u64,
+    /// Packets for no QP of this device.
+    pub no_qp: u64,
+    /// Outgoing packets dropped by the test drop option.
+    pub test_dropped: u64,
+}
+
+/// A burst RDMA device on one IP address.
+#[derive(Debug)]
+pub struct Device {
+    port: UdpPort,
+    mrs: MrTable,
+    qps: Vec<Qp>,
+    ahs: Vec<SocketAddr>,
+    completions: Vec<VecDeque<WorkCompletion>>,
+    rx: Vec<PacketBuf>,
+    tx: Vec<PacketBuf>,
+    start: Instant,
+    port_mtu: Mtu,
+    counters: DeviceCounters,
+    /// Drop every Nth outgoing request packet (0 = never): loss tests.
+    drop_every: u64,
+    next_qpn: u32,
+}
+
+/// A GID as RoCE v2 uses it: the IPv6 address, or the IPv4-mapped one.
+pub fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+        IpAddr::V6(v) => v.octets(),
+    }
+}
+
+/// The IP address a RoCE v2 GID stands for.
+pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+impl Device {
+    /// Opens a device on `ip` (an address of this host), binding UDP 4791.
+    pub fn open(ip: IpAddr, port_mtu: Mtu) -> io::Result<Device> {
+        Ok(Device {
+            port: UdpPort::bind(ip)?,
+            mrs: MrTable::new(),
+            qps: Vec::new(),
+            ahs: Vec::new(),
+            completions: Vec::new(),
+            rx: (0..BURST).map(|_| PacketBuf::new()).collect(),
+            tx: (0..BURST).map(|_| PacketBuf::new()).collect(),
+            start: Instant::now(),
+            port_mtu,
+            counters: DeviceCounters::default(),
+            drop_every: 0,
+            next_qpn: 0x11,
+        })
+    }
+
+    /// The device's RoCE v2 GID (index 0 here).
+    pub fn gid(&self) -> [u8; 16] {
+        gid_of(self.port.local_addr().ip())
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> DeviceCounters {
+        self.counters
+    }
+
+    /// Drops every `n`th outgoing packet (0 disables): for loss tests.
+    pub fn set_drop_every(&mut self, n: u64) {
+        self.drop_every = n;
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Pd {
+        self.mrs.alloc_pd()
+    }
+
+    /// Registers application memory (accessed in place).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until [`Device::dereg_mr`] returns.
+    pub unsafe fn reg_mr(
+        &self,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.mrs.register(pd, ptr, len, ptr as u64, access) }
+    }
+
+    /// Deregisters a memory region.
+    pub fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
+        self.mrs.deregister(lkey)
+    }
+
+    /// Creates a QP in RESET; returns its number.
+    pub fn create_qp(&mut self, qp_type: QpType, pd: Pd) -> Qpn {
+        let qpn = Qpn::from_wire(self.next_qpn);
+        self.next_qpn += 1;
+        let mut cfg = QpConfig::new(qpn, qp_type, pd.0);
+        cfg.port_mtu = self.port_mtu;
+        self.qps.push(Qp::new(cfg));
+        self.completions.push(VecDeque::new());
+        qpn
+    }
+
+    /// Creates an address handle for a peer's GID; returns its index.
+    pub fn create_ah(&mut self, gid: [u8; 16]) -> u32 {
+        self.ahs.push(SocketAddr::new(ip_of_gid(gid), ROCEV2_PORT));
+        (self.ahs.len() - 1) as u32
+    }
+
+    fn qp_index(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        self.qps
+            .iter()
+            .position(|q| q.qpn() == qpn)
+            .ok_or(VerbsError::BadWr("no such QP"))
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), VerbsError> {
+        if attr.ah.is_some_and(|a| a as usize >= self.ahs.len()) {
+            return Err(VerbsError::InvalidValue("ah"));
+        }
+        let i = self.qp_index(qpn)?;
+        self.qps[i].modify(attr)
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn)?;
+        let mem = self.mrs.memory();
+        self.qps[i].post_send(wr, &mem)?;
+        self.progress();
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn)?;
+        let mem = self.mrs.memory();
+        self.qps[i].post_recv(wr, &mem)
+    }
+
+    /// `ibv_poll_cq` on the QP's completion queue (after making progress).
+    pub fn poll_cq(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
+        self.progress();
+        let i = self.qp_index(qpn).ok()?;
+        self.completions[i].pop_front()
+    }
+
+    /// Counters of one QP.
+    pub fn qp_counters(&self, qpn: Qpn) -> Option<burst_transport::Counters> {
+        self.qp_index(qpn).ok().map(|i| *self.qps[i].counters())
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// One round of progress: receive a burst, run timers, transmit.
+    pub fn progress(&mut self) {
+        let now = self.now();
+        self.receive(now);
+        for q in &mut self.qps {
+            if q.poll_timeout().is_some_and(|t| t <= now) {
+                q.handle_timeout(now);
+            }
+        }
+        self.transmit(now);
+        for (q, cq) in self.qps.iter_mut().zip(self.completions.iter_mut()) {
+            while let Some(wc) = q.poll_completion() {
+                cq.push_back(wc);
+            }
+        }
+    }
+
+    fn receive(&mut self, now: u64) {
+        let n = match self.port.recv_burst(&mut self.rx) {
+            Ok(n) => n,
+            Err(_) => return,
+        };
+        let local = self.port.local_addr();
+        let mut mem = self.mrs.memory();
+        for b in &self.rx[..n] {
+            self.counters.rcvd_pkts += 1;
+            let Ok(pkt) = IbPacket::new_checked(b.bytes()) else {
+                self.counters.malformed += 1;
+                continue;
+            };
+            match self.port.check_icrc(b.peer, b.bytes()) {
+                IcrcCheck::Ok => self.counters.icrc_verified += 1,
+                // The peer's IP ID is not visible through a UDP socket.
+                IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
+            }
+            let qpn = pkt.bth().dest_qp();
+            let Some(q) = self.qps.iter_mut().find(|q| q.qpn() == qpn) else {
+                self.counters.no_qp += 1;
+                continue;
+            };
+            let grh = grh_for(b.peer.ip(), local.ip(), b.len);
+            q.handle_packet(now, &pkt, Some(&grh), &mut mem);
+        }
+    }
+
+    fn transmit(&mut self, now: u64) {
+        let mem = self.mrs.memory();
+        let mut n = 0;
+        for q in &mut self.qps {
+            while n < self.tx.len() {
+                let Some(t) = q.poll_transmit(now) else { break };
+                let Some(&peer) = self.ahs.get(t.ah as usize) else {
+                    continue;
+                };
+                let len = t.ib.buffer_len();
+                let buf = &mut self.tx[n];
+                if len > buf.data.len() || t.ib.emit(&mut buf.data[..len]).is_err() {
+                    continue;
+                }
+                let at = t.ib.header_len();
+                if t.gather(&mem, &mut buf.data[at..at + t.ib.payload_len])
+                    .is_err()
+                {
+                    continue;
+                }
+                if self.port.seal(peer, &mut buf.data[..len]).is_err() {
+                    continue;
+                }
+                self.counters.sent_pkts += 1;
+                if self.drop_every > 0 && self.counters.sent_pkts % self.drop_every == 0 {
+                    self.counters.test_dropped += 1;
+                    continue;
+                }
+                buf.len = len;
+                buf.peer = peer;
+                n += 1;
+            }
+            q.flush_unreliable();
+        }
+        if n > 0 {
+            let _ = self.port.send_burst(&self.tx[..n]);
+        }
+    }
+}
+
+/// The 40-byte GRH area of a UD receive buffer for a packet from `src` to
+/// `dst` of `len` UDP payload bytes (IPv4: 20 zero bytes and an IPv4 header).
+fn grh_for(src: IpAddr, dst: IpAddr, len: usize) -> [u8; 40] {
+    let mut g = [0u8; 40];
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let h = &mut g[20..];
+            h[0] = 0x45;
+            h[2..4].copy_from_slice(&((20 + 8 + len) as u16).to_be_bytes());
+            h[6] = 0x40;
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+        }
+        (s, d) => {
+            g[0] = 0x60;
+            g[4..6].copy_from_slice(&((8 + len) as u16).to_be_bytes());
+            g[6] = 17;
+            g[7] = 64;
+            g[8..24].copy_from_slice(&gid_of(s));
+            g[24..40].copy_from_slice(&gid_of(d));
+        }
+    }
+    g
+}
