@@ -1,0 +1,350 @@
+//! rc_pingpong: rdma-core's `ibv_rc_pingpong` on burst, speaking its
+//! out-of-band exchange (TCP port 18515, "LID:QPN:PSN:GID") so it runs
+//! against the unmodified tool on kernel RXE or an RNIC, in either role.
+//!
+//! ```text
+//! rc_pingpong --local IP [-p PORT] [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [-c] [-l DROP_EVERY] [SERVER]
+//! ```
+//!
+//! Like the original, one buffer of SIZE bytes (filled with 0x7b) is sent and
+//! received; `-c` zeroes the first byte of every 4 KiB page and checks it on
+//! receive. Exits non-zero on any error or data mismatch.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv6Addr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use burst_mem::Access;
+use burst_transport::*;
+use burst_verbs::Device;
+use burst_wire::{Mtu, Psn, Qpn};
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+const PAGE: usize = 4096;
+
+struct Opts {
+    local: IpAddr,
+    port: u16,
+    size: usize,
+    iters: u64,
+    mtu: Mtu,
+    rx_depth: u64,
+    check: bool,
+    drop_every: u64,
+    server: Option<String>,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts {
+        local: IpAddr::from([0, 0, 0, 0]),
+        port: 18515,
+        size: 4096,
+        iters: 1000,
+        mtu: Mtu::Mtu1024,
+        rx_depth: 500,
+        check: false,
+        drop_every: 0,
+        server: None,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    let val = |i: usize| {
+        args.get(i + 1)
+            .cloned()
+            .ok_or(format!("{} needs a value", args[i]))
+    };
+    let mut have_local = false;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--local" => {
+                o.local = val(i)?.parse().map_err(|e| format!("--local: {e}"))?;
+                have_local = true;
+                i += 1;
+            }
+            "-p" => {
+                o.port = val(i)?.parse().map_err(|e| format!("-p: {e}"))?;
+                i += 1;
+            }
+            "-s" => {
+                o.size = val(i)?.parse().map_err(|e| format!("-s: {e}"))?;
+                i += 1;
+            }
+            "-n" => {
+                o.iters = val(i)?.parse().map_err(|e| format!("-n: {e}"))?;
+                i += 1;
+            }
+            "-r" => {
+                o.rx_depth = val(i)?.parse().map_err(|e| format!("-r: {e}"))?;
+                i += 1;
+            }
+            "-l" => {
+                o.drop_every = val(i)?.parse().map_err(|e| format!("-l: {e}"))?;
+                i += 1;
+            }
+            "-m" => {
+                let m: usize = val(i)?.parse().map_err(|e| format!("-m: {e}"))?;
+                o.mtu = Mtu::from_bytes(m).ok_or("-m must be 256, 512, 1024, 2048 or 4096")?;
+                i += 1;
+            }
+            "-c" => o.check = true,
+            "-g" | "-d" | "-i" => i += 1, // device and GID index: burst has one of each
+            s if !s.starts_with('-') => o.server = Some(s.to_string()),
+            s => return Err(format!("unknown option {s}")),
+        }
+        i += 1;
+    }
+    if !have_local {
+        return Err("--local IP is required (the address to bind UDP 4791 on)".into());
+    }
+    o.rx_depth = o.rx_depth.min(o.iters.max(1));
+    Ok(o)
+}
+
+/// "LID:QPN:PSN:GID" plus NUL, as pingpong.c formats it (52 bytes).
+fn wire_msg(qpn: Qpn, psn: Psn, gid: [u8; 16]) -> Vec<u8> {
+    let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
+    let mut m = format!("{:04x}:{:06x}:{:06x}:{}", 0, qpn.value(), psn.value(), hex).into_bytes();
+    m.push(0);
+    m
+}
+
+fn parse_msg(m: &[u8]) -> Result<(Qpn, Psn, [u8; 16]), String> {
+    let s = std::str::from_utf8(m)
+        .map_err(|e| e.to_string())?
+        .trim_end_matches('\0');
+    let f: Vec<&str> = s.split(':').collect();
+    if f.len() != 4 || f[3].len() != 32 {
+        return Err(format!("bad peer message {s:?}"));
+    }
+    let qpn = u32::from_str_radix(f[1], 16).map_err(|e| e.to_string())?;
+    let psn = u32::from_str_radix(f[2], 16).map_err(|e| e.to_string())?;
+    let mut gid = [0u8; 16];
+    for (i, g) in gid.iter_mut().enumerate() {
+        *g = u8::from_str_radix(&f[3][2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok((Qpn::from_wire(qpn), Psn::new(psn), gid))
+}
+
+fn run(o: Opts) -> Result<(), String> {
+    let mut dev = Device::open(o.local, Mtu::Mtu4096).map_err(|e| e.to_string())?;
+    dev.set_drop_every(o.drop_every);
+    let pd = dev.alloc_pd();
+    let mut buf = vec![0x7bu8; o.size.max(1)];
+    let expected = buf.clone();
+    let mut expected = expected;
+    if o.check {
+        for i in (0..o.size).step_by(PAGE) {
+            buf[i] = 0;
+            expected[i] = 0;
+        }
+    }
+    // SAFETY: `buf` lives until the end of `run`, after the device is dropped.
+    let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }
+        .map_err(|e| e.to_string())?;
+    let qpn = dev.create_qp(QpType::Rc, pd);
+    dev.modify_qp(
+        qpn,
+        &QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(QpAccess::default()),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let sge = vec![Sge {
+        addr: mr.addr,
+        length: o.size as u32,
+        lkey: mr.lkey,
+    }];
+    for _ in 0..o.rx_depth {
+        dev.post_recv(
+            qpn,
+            RecvWr {
+                wr_id: RECV_WRID,
+                sg_list: sge.clone(),
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    let my_psn = Psn::new(
+        (Instant::now().elapsed().as_nanos() as u32 ^ std::process::id().wrapping_mul(2654435761))
+            & 0xff_ffff,
+    );
+    let gid = dev.gid();
+    println!(
+        "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        qpn.value(),
+        my_psn.value(),
+        Ipv6Addr::from(gid)
+    );
+    let msg = wire_msg(qpn, my_psn, gid);
+    let connect = |dev: &mut Device, rq: Qpn, rpsn: Psn, rgid: [u8; 16]| -> Result<(), String> {
+        let ah = dev.create_ah(rgid);
+        dev.modify_qp(
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                ah: Some(ah),
+                path_mtu: Some(o.mtu),
+                dest_qpn: Some(rq),
+                rq_psn: Some(rpsn),
+                max_dest_rd_atomic: Some(1),
+                min_rnr_timer: Some(12),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        dev.modify_qp(
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(my_psn),
+                timeout: Some(14),
+                retry_cnt: Some(7),
+                rnr_retry: Some(7),
+                max_rd_atomic: Some(1),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())
+    };
+    let mut peer = vec![0u8; msg.len()];
+    let (rqpn, rpsn, rgid);
+    match &o.server {
+        Some(server) => {
+            let mut s = TcpStream::connect((server.as_str(), o.port))
+                .map_err(|e| format!("connect {server}:{}: {e}", o.port))?;
+            s.write_all(&msg).map_err(|e| e.to_string())?;
+            s.read_exact(&mut peer)
+                .map_err(|e| format!("reading peer address: {e}"))?;
+            (rqpn, rpsn, rgid) = parse_msg(&peer)?;
+            s.write_all(b"done\0").map_err(|e| e.to_string())?;
+            connect(&mut dev, rqpn, rpsn, rgid)?;
+        }
+        None => {
+            let l = TcpListener::bind((o.local, o.port))
+                .map_err(|e| format!("listen {}:{}: {e}", o.local, o.port))?;
+            let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
+            s.read_exact(&mut peer)
+                .map_err(|e| format!("reading peer address: {e}"))?;
+            (rqpn, rpsn, rgid) = parse_msg(&peer)?;
+            connect(&mut dev, rqpn, rpsn, rgid)?;
+            s.write_all(&msg).map_err(|e| e.to_string())?;
+            let mut done = [0u8; 5];
+            let _ = s.read_exact(&mut done);
+        }
+    }
+    println!(
+        "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        rqpn.value(),
+        rpsn.value(),
+        Ipv6Addr::from(rgid)
+    );
+
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(120);
+    let (mut scnt, mut rcnt, mut routs) = (0u64, 0u64, o.rx_depth);
+    let mut pending = RECV_WRID;
+    let post_send = |dev: &mut Device| {
+        dev.post_send(qpn, SendWr::new(SEND_WRID, SendOp::Send, sge.clone()))
+            .map_err(|e| e.to_string())
+    };
+    if o.server.is_some() {
+        post_send(&mut dev)?;
+        pending |= SEND_WRID;
+    }
+    while rcnt < o.iters || scnt < o.iters {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "timed out after {scnt} sends and {rcnt} receives; counters {:?} qp {:?}",
+                dev.counters(),
+                dev.qp_counters(qpn)
+            ));
+        }
+        let Some(wc) = dev.poll_cq(qpn) else { continue };
+        if wc.status != WcStatus::Success {
+            return Err(format!(
+                "failed status {:?} for wr_id {}",
+                wc.status, wc.wr_id
+            ));
+        }
+        match wc.wr_id {
+            SEND_WRID => scnt += 1,
+            RECV_WRID => {
+                if wc.byte_len as usize != o.size {
+                    return Err(format!(
+                        "received {} bytes, expected {}",
+                        wc.byte_len, o.size
+                    ));
+                }
+                // The buffer is shared between send and receive, as in the
+                // original; the peer sends the same pattern back.
+                if buf != expected {
+                    let bad = buf
+                        .iter()
+                        .zip(&expected)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(0);
+                    return Err(format!("data mismatch at byte {bad} after receive {rcnt}"));
+                }
+                rcnt += 1;
+                routs -= 1;
+                if routs <= 1 {
+                    for _ in 0..(o.rx_depth - routs) {
+                        dev.post_recv(
+                            qpn,
+                            RecvWr {
+                                wr_id: RECV_WRID,
+                                sg_list: sge.clone(),
+                            },
+                        )
+                        .map_err(|e| e.to_string())?;
+                        routs += 1;
+                    }
+                }
+            }
+            other => return Err(format!("completion for unknown wr_id {other}")),
+        }
+        pending &= !wc.wr_id;
+        if scnt < o.iters && pending == 0 {
+            post_send(&mut dev)?;
+            pending = RECV_WRID | SEND_WRID;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = o.size as f64 * o.iters as f64 * 2.0;
+    println!(
+        "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        bytes as u64,
+        secs,
+        bytes * 8.0 / secs / 1e6
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        secs,
+        secs * 1e6 / o.iters as f64
+    );
+    let c = dev.counters();
+    println!(
+        "burst: {} packets sent, {} received ({} ICRC verified, {} unverifiable: peer IP ID unknown), {} dropped by -l; data verified",
+        c.sent_pkts, c.rcvd_pkts, c.icrc_verified, c.icrc_unverified, c.test_dropped
+    );
+    drop(dev);
+    drop(buf);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match parse().and_then(run) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rc_pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
