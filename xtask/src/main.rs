@@ -6,11 +6,16 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
+       cargo xtask interop [--quick]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
         1000 seeds of the transport simulation, and a time-boxed cargo-fuzz
-        run of burst-wire's parser";
+        run of burst-wire's parser
+interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
+        the unmodified ibv_rc_pingpong on RXE against burst's rc_pingpong,
+        both roles, MTU 1024 and 4096, with and without loss; --quick runs
+        one scenario each way";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -208,10 +213,170 @@ fn test(args: &[String]) -> ExitCode {
     }
 }
 
+/// One interop scenario: RXE in VM a runs `vm` (its stock tools on the
+/// real libibverbs); burst runs `host` in the lab namespace on 198.18.0.1.
+struct Scenario {
+    name: &'static str,
+    eth_mtu: &'static str,
+    /// The VM runs the server (else burst does).
+    vm_serves: bool,
+    vm: &'static str,
+    host: &'static str,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "rc_pingpong burst client -> RXE server, 3001 B, MTU 1024",
+        eth_mtu: "1500",
+        vm_serves: true,
+        vm: "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 3001 -c",
+        host: "-n 20 -s 3001 -c 198.18.0.2",
+    },
+    Scenario {
+        name: "rc_pingpong RXE client -> burst server, 64 KiB, MTU 1024",
+        eth_mtu: "1500",
+        vm_serves: false,
+        vm: "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 65536 -c $RXE_HOST_IP",
+        host: "-n 20 -s 65536 -c",
+    },
+    Scenario {
+        name: "rc_pingpong burst client -> RXE server, 1 MiB, MTU 4096",
+        eth_mtu: "9000",
+        vm_serves: true,
+        vm: "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -n 5 -s 1048576 -m 4096 -c",
+        host: "-n 5 -s 1048576 -m 4096 -c 198.18.0.2",
+    },
+    Scenario {
+        name: "rc_pingpong RXE client -> burst server, 1 B, MTU 4096",
+        eth_mtu: "9000",
+        vm_serves: false,
+        vm: "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -n 50 -s 1 -m 4096 $RXE_HOST_IP",
+        host: "-n 50 -s 1 -m 4096",
+    },
+    Scenario {
+        name: "rc_pingpong burst client -> RXE server, 64 KiB, burst drops 1 packet in 50",
+        eth_mtu: "1500",
+        vm_serves: true,
+        vm: "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 65536 -c",
+        host: "-n 20 -s 65536 -c -l 50 198.18.0.2",
+    },
+    Scenario {
+        name: "rc_pingpong RXE client -> burst server, 64 KiB, burst drops 1 packet in 50",
+        eth_mtu: "1500",
+        vm_serves: false,
+        vm: "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 65536 -c $RXE_HOST_IP",
+        host: "-n 20 -s 65536 -c -l 50",
+    },
+];
+
+fn interop(args: &[String]) -> ExitCode {
+    let quick = args.iter().any(|a| a == "--quick");
+    let root = root();
+    let lab = root.join("../shared/rxe-lab/rxe-vm");
+    if !lab.exists() {
+        eprintln!("xtask interop: no RXE lab at {}", lab.display());
+        return ExitCode::FAILURE;
+    }
+    if !step(
+        "build rc_pingpong",
+        &mut cargo(
+            &root,
+            &[
+                "build",
+                "--release",
+                "-p",
+                "burst-verbs",
+                "--example",
+                "rc_pingpong",
+            ],
+        ),
+    ) {
+        return ExitCode::FAILURE;
+    }
+    let pp = root.join("target/release/examples/rc_pingpong");
+    let chosen: Vec<&Scenario> = if quick {
+        SCENARIOS.iter().take(2).collect()
+    } else {
+        SCENARIOS.iter().collect()
+    };
+    let (mut passed, mut failed) = (0, 0);
+    for sc in chosen {
+        println!("xtask: ==> interop: {}", sc.name);
+        let host = |extra: &str| {
+            let mut c = Command::new("timeout");
+            c.arg("180")
+                .arg("ip")
+                .args(["netns", "exec", "burstlab"])
+                .arg(&pp)
+                .args(["--local", "198.18.0.1"]);
+            c.args(extra.split_whitespace());
+            c
+        };
+        let mut vm = Command::new("bash");
+        vm.arg(&lab)
+            .args(["run", "--mtu", sc.eth_mtu, "--timeout", "240", "--", sc.vm]);
+        let ok = if sc.vm_serves {
+            let mut v = match vm.spawn() {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("xtask: cannot start the VM: {e}");
+                    failed += 1;
+                    continue;
+                }
+            };
+            let up = Command::new("bash")
+                .arg(&lab)
+                .args(["wait-port", "18515", "300"])
+                .status()
+                .is_ok_and(|s| s.success());
+            let h = up && host(sc.host).status().is_ok_and(|s| s.success());
+            if !h {
+                // Stop the VM (its server waits for a client that failed).
+                let _ = Command::new("bash").arg(&lab).arg("teardown").status();
+            }
+            let vs = v.wait().is_ok_and(|s| s.success());
+            h && vs
+        } else {
+            let mut h = match host(sc.host).spawn() {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("xtask: cannot start rc_pingpong: {e}");
+                    failed += 1;
+                    continue;
+                }
+            };
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            let vs = vm.status().is_ok_and(|s| s.success());
+            if !vs {
+                let _ = h.kill();
+            }
+            let hs = h.wait().is_ok_and(|s| s.success());
+            vs && hs
+        };
+        println!(
+            "xtask: <== interop: {}: {}",
+            sc.name,
+            if ok { "ok" } else { "FAILED" }
+        );
+        if ok {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    println!("interop: {passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
+        Some("interop") => interop(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)

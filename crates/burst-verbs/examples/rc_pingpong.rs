@@ -3,12 +3,13 @@
 //! against the unmodified tool on kernel RXE or an RNIC, in either role.
 //!
 //! ```text
-//! rc_pingpong --local IP [-p PORT] [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [-c] [-l DROP_EVERY] [SERVER]
+//! rc_pingpong --local IP [-p PORT] [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [-c] [-l N] [SERVER]
 //! ```
 //!
 //! Like the original, one buffer of SIZE bytes (filled with 0x7b) is sent and
 //! received; `-c` zeroes the first byte of every 4 KiB page and checks it on
-//! receive. Exits non-zero on any error or data mismatch.
+//! receive. `-l N` makes burst drop one outgoing packet in N at random (loss
+//! test). Exits non-zero on any error or data mismatch.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, TcpListener, TcpStream};
@@ -268,8 +269,11 @@ fn run(o: Opts) -> Result<(), String> {
         let Some(wc) = dev.poll_cq(qpn) else { continue };
         if wc.status != WcStatus::Success {
             return Err(format!(
-                "failed status {:?} for wr_id {}",
-                wc.status, wc.wr_id
+                "failed status {:?} for wr_id {} after {scnt} sends and {rcnt} receives; device {:?}; qp {:?}",
+                wc.status,
+                wc.wr_id,
+                dev.counters(),
+                dev.qp_counters(qpn)
             ));
         }
         match wc.wr_id {

@@ -53,8 +53,11 @@ pub struct Device {
     start: Instant,
     port_mtu: Mtu,
     counters: DeviceCounters,
-    /// Drop every Nth outgoing request packet (0 = never): loss tests.
+    /// Drop one outgoing packet in N on average (0 = never): loss tests.
     drop_every: u64,
+    /// xorshift state of the drop decision: random, not periodic, because a
+    /// periodic drop can line up with a go-back-N window forever.
+    drop_rng: u64,
     next_qpn: u32,
 }
 
@@ -90,6 +93,7 @@ impl Device {
             port_mtu,
             counters: DeviceCounters::default(),
             drop_every: 0,
+            drop_rng: 0x2545_f491_4f6c_dd1d,
             next_qpn: 0x11,
         })
     }
@@ -104,7 +108,7 @@ impl Device {
         self.counters
     }
 
-    /// Drops every `n`th outgoing packet (0 disables): for loss tests.
+    /// Drops outgoing packets with probability 1/`n` (0 disables): for loss tests.
     pub fn set_drop_every(&mut self, n: u64) {
         self.drop_every = n;
     }
@@ -268,7 +272,10 @@ impl Device {
                     continue;
                 }
                 self.counters.sent_pkts += 1;
-                if self.drop_every > 0 && self.counters.sent_pkts % self.drop_every == 0 {
+                self.drop_rng ^= self.drop_rng << 13;
+                self.drop_rng ^= self.drop_rng >> 7;
+                self.drop_rng ^= self.drop_rng << 17;
+                if self.drop_every > 0 && self.drop_rng % self.drop_every == 0 {
                     self.counters.test_dropped += 1;
                     continue;
                 }
