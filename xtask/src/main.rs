@@ -277,6 +277,11 @@ fn interop(args: &[String]) -> ExitCode {
         eprintln!("xtask interop: no RXE lab at {}", lab.display());
         return ExitCode::FAILURE;
     }
+    // Set the lab up first: `wait-port` needs the namespace before the VM's
+    // own set-up would create it.
+    if !step("lab setup", Command::new("bash").arg(&lab).arg("setup")) {
+        return ExitCode::FAILURE;
+    }
     if !step(
         "build rc_pingpong",
         &mut cargo(
