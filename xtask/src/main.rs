@@ -217,6 +217,8 @@ fn test(args: &[String]) -> ExitCode {
 /// real libibverbs); burst runs `host` in the lab namespace on 198.18.0.1.
 struct Scenario {
     name: &'static str,
+    /// burst's example that plays the peer (rc_pingpong or ud_pingpong).
+    tool: &'static str,
     eth_mtu: &'static str,
     /// The VM runs the server (else burst does).
     vm_serves: bool,
@@ -226,6 +228,7 @@ struct Scenario {
 
 const SCENARIOS: &[Scenario] = &[
     Scenario {
+        tool: "rc_pingpong",
         name: "rc_pingpong burst client -> RXE server, 3001 B, MTU 1024",
         eth_mtu: "1500",
         vm_serves: true,
@@ -233,6 +236,7 @@ const SCENARIOS: &[Scenario] = &[
         host: "-n 20 -s 3001 -c 198.18.0.2",
     },
     Scenario {
+        tool: "rc_pingpong",
         name: "rc_pingpong RXE client -> burst server, 64 KiB, MTU 1024",
         eth_mtu: "1500",
         vm_serves: false,
@@ -240,6 +244,7 @@ const SCENARIOS: &[Scenario] = &[
         host: "-n 20 -s 65536 -c",
     },
     Scenario {
+        tool: "rc_pingpong",
         name: "rc_pingpong burst client -> RXE server, 1 MiB, MTU 4096",
         eth_mtu: "9000",
         vm_serves: true,
@@ -247,6 +252,7 @@ const SCENARIOS: &[Scenario] = &[
         host: "-n 5 -s 1048576 -m 4096 -c 198.18.0.2",
     },
     Scenario {
+        tool: "rc_pingpong",
         name: "rc_pingpong RXE client -> burst server, 1 B, MTU 4096",
         eth_mtu: "9000",
         vm_serves: false,
@@ -254,6 +260,7 @@ const SCENARIOS: &[Scenario] = &[
         host: "-n 50 -s 1 -m 4096",
     },
     Scenario {
+        tool: "rc_pingpong",
         name: "rc_pingpong burst client -> RXE server, 64 KiB, burst drops 1 packet in 50",
         eth_mtu: "1500",
         vm_serves: true,
@@ -261,11 +268,28 @@ const SCENARIOS: &[Scenario] = &[
         host: "-n 20 -s 65536 -c -l 50 198.18.0.2",
     },
     Scenario {
+        tool: "rc_pingpong",
         name: "rc_pingpong RXE client -> burst server, 64 KiB, burst drops 1 packet in 50",
         eth_mtu: "1500",
         vm_serves: false,
         vm: "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 65536 -c $RXE_HOST_IP",
         host: "-n 20 -s 65536 -c -l 50",
+    },
+    Scenario {
+        tool: "ud_pingpong",
+        name: "ud_pingpong burst client -> RXE server, 999 B",
+        eth_mtu: "1500",
+        vm_serves: true,
+        vm: "ibv_ud_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 999",
+        host: "-n 20 -s 999 198.18.0.2",
+    },
+    Scenario {
+        tool: "ud_pingpong",
+        name: "ud_pingpong RXE client -> burst server, 1024 B",
+        eth_mtu: "1500",
+        vm_serves: false,
+        vm: "ibv_ud_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 1024 $RXE_HOST_IP",
+        host: "-n 20 -s 1024",
     },
 ];
 
@@ -283,22 +307,15 @@ fn interop(args: &[String]) -> ExitCode {
         return ExitCode::FAILURE;
     }
     if !step(
-        "build rc_pingpong",
+        "build the interop examples",
         &mut cargo(
             &root,
-            &[
-                "build",
-                "--release",
-                "-p",
-                "burst-verbs",
-                "--example",
-                "rc_pingpong",
-            ],
+            &["build", "--release", "-p", "burst-verbs", "--examples"],
         ),
     ) {
         return ExitCode::FAILURE;
     }
-    let pp = root.join("target/release/examples/rc_pingpong");
+    let examples = root.join("target/release/examples");
     let chosen: Vec<&Scenario> = if quick {
         SCENARIOS.iter().take(2).collect()
     } else {
@@ -312,7 +329,7 @@ fn interop(args: &[String]) -> ExitCode {
             c.arg("180")
                 .arg("ip")
                 .args(["netns", "exec", "burstlab"])
-                .arg(&pp)
+                .arg(examples.join(sc.tool))
                 .args(["--local", "198.18.0.1"]);
             c.args(extra.split_whitespace());
             c

@@ -11,8 +11,7 @@
 //! receive. `-l N` makes burst drop one outgoing packet in N at random (loss
 //! test). Exits non-zero on any error or data mismatch.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv6Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv6Addr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -20,6 +19,10 @@ use burst_mem::Access;
 use burst_transport::*;
 use burst_verbs::Device;
 use burst_wire::{Mtu, Psn, Qpn};
+
+#[path = "pingpong/oob.rs"]
+mod oob;
+use oob::wire_msg;
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -101,31 +104,6 @@ fn parse() -> Result<Opts, String> {
     }
     o.rx_depth = o.rx_depth.min(o.iters.max(1));
     Ok(o)
-}
-
-/// "LID:QPN:PSN:GID" plus NUL, as pingpong.c formats it (52 bytes).
-fn wire_msg(qpn: Qpn, psn: Psn, gid: [u8; 16]) -> Vec<u8> {
-    let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
-    let mut m = format!("{:04x}:{:06x}:{:06x}:{}", 0, qpn.value(), psn.value(), hex).into_bytes();
-    m.push(0);
-    m
-}
-
-fn parse_msg(m: &[u8]) -> Result<(Qpn, Psn, [u8; 16]), String> {
-    let s = std::str::from_utf8(m)
-        .map_err(|e| e.to_string())?
-        .trim_end_matches('\0');
-    let f: Vec<&str> = s.split(':').collect();
-    if f.len() != 4 || f[3].len() != 32 {
-        return Err(format!("bad peer message {s:?}"));
-    }
-    let qpn = u32::from_str_radix(f[1], 16).map_err(|e| e.to_string())?;
-    let psn = u32::from_str_radix(f[2], 16).map_err(|e| e.to_string())?;
-    let mut gid = [0u8; 16];
-    for (i, g) in gid.iter_mut().enumerate() {
-        *g = u8::from_str_radix(&f[3][2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-    }
-    Ok((Qpn::from_wire(qpn), Psn::new(psn), gid))
 }
 
 fn run(o: Opts) -> Result<(), String> {
@@ -213,32 +191,10 @@ fn run(o: Opts) -> Result<(), String> {
         )
         .map_err(|e| e.to_string())
     };
-    let mut peer = vec![0u8; msg.len()];
-    let (rqpn, rpsn, rgid);
-    match &o.server {
-        Some(server) => {
-            let mut s = TcpStream::connect((server.as_str(), o.port))
-                .map_err(|e| format!("connect {server}:{}: {e}", o.port))?;
-            s.write_all(&msg).map_err(|e| e.to_string())?;
-            s.read_exact(&mut peer)
-                .map_err(|e| format!("reading peer address: {e}"))?;
-            (rqpn, rpsn, rgid) = parse_msg(&peer)?;
-            s.write_all(b"done\0").map_err(|e| e.to_string())?;
-            connect(&mut dev, rqpn, rpsn, rgid)?;
-        }
-        None => {
-            let l = TcpListener::bind((o.local, o.port))
-                .map_err(|e| format!("listen {}:{}: {e}", o.local, o.port))?;
-            let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-            s.read_exact(&mut peer)
-                .map_err(|e| format!("reading peer address: {e}"))?;
-            (rqpn, rpsn, rgid) = parse_msg(&peer)?;
-            connect(&mut dev, rqpn, rpsn, rgid)?;
-            s.write_all(&msg).map_err(|e| e.to_string())?;
-            let mut done = [0u8; 5];
-            let _ = s.read_exact(&mut done);
-        }
-    }
+    let (rqpn, rpsn, rgid) =
+        oob::exchange(o.server.as_deref(), o.local, o.port, &msg, |(q, p, g)| {
+            connect(&mut dev, q, p, g)
+        })?;
     println!(
         "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         rqpn.value(),
