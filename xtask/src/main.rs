@@ -291,6 +291,22 @@ const SCENARIOS: &[Scenario] = &[
         vm: "ibv_ud_pingpong -d rxe0 -g $RXE_GID_INDEX -n 20 -s 1024 $RXE_HOST_IP",
         host: "-n 20 -s 1024",
     },
+    Scenario {
+        tool: "rdma_rw",
+        name: "RDMA READ + WRITE 512 KiB each from burst into memory registered on RXE",
+        eth_mtu: "1500",
+        vm_serves: true,
+        vm: "{target} -g $RXE_GID_INDEX -s 1048576",
+        host: "198.18.0.2",
+    },
+    Scenario {
+        tool: "rdma_rw",
+        name: "RDMA READ + WRITE into RXE memory at MTU 4096, burst drops 1 packet in 50",
+        eth_mtu: "9000",
+        vm_serves: true,
+        vm: "{target} -g $RXE_GID_INDEX -s 4194304 -m 4096",
+        host: "-m 4096 -l 50 198.18.0.2",
+    },
 ];
 
 fn interop(args: &[String]) -> ExitCode {
@@ -316,6 +332,20 @@ fn interop(args: &[String]) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let examples = root.join("target/release/examples");
+    // The passive side of the RDMA WRITE/READ test, built against the
+    // system libibverbs; the VM shares this file system.
+    let target_bin = root.join("target/interop/rdma-target");
+    let _ = std::fs::create_dir_all(root.join("target/interop"));
+    if !step(
+        "build rdma-target",
+        Command::new("gcc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&target_bin)
+            .arg(root.join("interop/rdma-target.c"))
+            .arg("-libverbs"),
+    ) {
+        return ExitCode::FAILURE;
+    }
     let chosen: Vec<&Scenario> = if quick {
         SCENARIOS.iter().take(2).collect()
     } else {
@@ -335,8 +365,16 @@ fn interop(args: &[String]) -> ExitCode {
             c
         };
         let mut vm = Command::new("bash");
-        vm.arg(&lab)
-            .args(["run", "--mtu", sc.eth_mtu, "--timeout", "240", "--", sc.vm]);
+        let vm_cmd = sc.vm.replace("{target}", &target_bin.to_string_lossy());
+        vm.arg(&lab).args([
+            "run",
+            "--mtu",
+            sc.eth_mtu,
+            "--timeout",
+            "240",
+            "--",
+            &vm_cmd,
+        ]);
         let ok = if sc.vm_serves {
             let mut v = match vm.spawn() {
                 Ok(v) => v,

@@ -22,15 +22,23 @@ use burst_wire::{Mtu, Psn, Qpn};
 
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut local, mut port, mut mtu, mut loss, mut target) = (None, 18515u16, Mtu::Mtu1024, 0u64, None);
+    let (mut local, mut port, mut mtu, mut loss, mut target) =
+        (None, 18515u16, Mtu::Mtu1024, 0u64, None);
     let mut i = 0;
     while i < args.len() {
-        let v = || args.get(i + 1).cloned().ok_or(format!("{} needs a value", args[i]));
+        let v = || {
+            args.get(i + 1)
+                .cloned()
+                .ok_or(format!("{} needs a value", args[i]))
+        };
         match args[i].as_str() {
             "--local" => local = Some(v()?.parse::<IpAddr>().map_err(|e| e.to_string())?),
             "-p" => port = v()?.parse().map_err(|e| format!("-p: {e}"))?,
             "-l" => loss = v()?.parse().map_err(|e| format!("-l: {e}"))?,
-            "-m" => mtu = Mtu::from_bytes(v()?.parse().map_err(|e| format!("-m: {e}"))?).ok_or("bad -m")?,
+            "-m" => {
+                mtu = Mtu::from_bytes(v()?.parse().map_err(|e| format!("-m: {e}"))?)
+                    .ok_or("bad -m")?
+            }
             s if !s.starts_with('-') => {
                 target = Some(s.to_string());
                 i += 1;
@@ -40,8 +48,12 @@ fn run() -> Result<(), String> {
         }
         i += 2;
     }
-    let (local, target) = (local.ok_or("--local IP is required")?, target.ok_or("TARGET is required")?);
-    let mut s = TcpStream::connect((target.as_str(), port)).map_err(|e| format!("connect {target}:{port}: {e}"))?;
+    let (local, target) = (
+        local.ok_or("--local IP is required")?,
+        target.ok_or("TARGET is required")?,
+    );
+    let mut s = TcpStream::connect((target.as_str(), port))
+        .map_err(|e| format!("connect {target}:{port}: {e}"))?;
     let mut rd = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
     let mut line = String::new();
     rd.read_line(&mut line).map_err(|e| e.to_string())?;
@@ -50,7 +62,13 @@ fn run() -> Result<(), String> {
         return Err(format!("bad target line {line:?}"));
     }
     let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|e| e.to_string());
-    let (tqpn, tpsn, rkey, vaddr, size) = (hex(f[0])? as u32, hex(f[1])? as u32, hex(f[3])? as u32, hex(f[4])?, hex(f[5])? as usize);
+    let (tqpn, tpsn, rkey, vaddr, size) = (
+        hex(f[0])? as u32,
+        hex(f[1])? as u32,
+        hex(f[3])? as u32,
+        hex(f[4])?,
+        hex(f[5])? as usize,
+    );
     let mut tgid = [0u8; 16];
     for (k, g) in tgid.iter_mut().enumerate() {
         *g = u8::from_str_radix(&f[2][2 * k..2 * k + 2], 16).map_err(|e| e.to_string())?;
@@ -60,28 +78,99 @@ fn run() -> Result<(), String> {
     let pd = dev.alloc_pd();
     let half = size / 2;
     let seed = std::process::id() % 251;
-    let mut buf: Vec<u8> = (0..size).map(|i| if i < half { 0 } else { (i as u32).wrapping_mul(31).wrapping_add(seed) as u8 }).collect();
+    let mut buf: Vec<u8> = (0..size)
+        .map(|i| {
+            if i < half {
+                0
+            } else {
+                (i as u32).wrapping_mul(31).wrapping_add(seed) as u8
+            }
+        })
+        .collect();
     // SAFETY: `buf` outlives the device, dropped before it below.
-    let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), size, Access(1)) }.map_err(|e| e.to_string())?;
+    let mr =
+        unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), size, Access(1)) }.map_err(|e| e.to_string())?;
     let qpn = dev.create_qp(QpType::Rc, pd);
     let my_psn = Psn::new(seed * 65_537 & 0xff_ffff);
     let e = |e: VerbsError| e.to_string();
-    dev.modify_qp(qpn, &QpAttr { state: Some(QpState::Init), pkey_index: Some(0), port: Some(1), access: Some(QpAccess::default()), ..Default::default() }).map_err(e)?;
+    dev.modify_qp(
+        qpn,
+        &QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            access: Some(QpAccess::default()),
+            ..Default::default()
+        },
+    )
+    .map_err(e)?;
     let gid: String = dev.gid().iter().map(|b| format!("{b:02x}")).collect();
-    s.write_all(format!("{:06x} {:06x} {}\n", qpn.value(), my_psn.value(), gid).as_bytes()).map_err(|e| e.to_string())?;
+    s.write_all(format!("{:06x} {:06x} {}\n", qpn.value(), my_psn.value(), gid).as_bytes())
+        .map_err(|e| e.to_string())?;
     let ah = dev.create_ah(tgid);
-    dev.modify_qp(qpn, &QpAttr { state: Some(QpState::Rtr), ah: Some(ah), path_mtu: Some(mtu), dest_qpn: Some(Qpn::from_wire(tqpn)), rq_psn: Some(Psn::new(tpsn)), max_dest_rd_atomic: Some(1), min_rnr_timer: Some(12), ..Default::default() }).map_err(e)?;
-    dev.modify_qp(qpn, &QpAttr { state: Some(QpState::Rts), sq_psn: Some(my_psn), timeout: Some(14), retry_cnt: Some(7), rnr_retry: Some(7), max_rd_atomic: Some(16), ..Default::default() }).map_err(e)?;
+    dev.modify_qp(
+        qpn,
+        &QpAttr {
+            state: Some(QpState::Rtr),
+            ah: Some(ah),
+            path_mtu: Some(mtu),
+            dest_qpn: Some(Qpn::from_wire(tqpn)),
+            rq_psn: Some(Psn::new(tpsn)),
+            max_dest_rd_atomic: Some(1),
+            min_rnr_timer: Some(12),
+            ..Default::default()
+        },
+    )
+    .map_err(e)?;
+    dev.modify_qp(
+        qpn,
+        &QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(my_psn),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(16),
+            ..Default::default()
+        },
+    )
+    .map_err(e)?;
     let start = Instant::now();
-    let read = SendWr::new(1, SendOp::Read { remote_addr: vaddr, rkey }, vec![Sge { addr: mr.addr, length: half as u32, lkey: mr.lkey }]);
-    let write = SendWr::new(2, SendOp::Write { remote_addr: vaddr + half as u64, rkey }, vec![Sge { addr: mr.addr + half as u64, length: (size - half) as u32, lkey: mr.lkey }]);
+    let read = SendWr::new(
+        1,
+        SendOp::Read {
+            remote_addr: vaddr,
+            rkey,
+        },
+        vec![Sge {
+            addr: mr.addr,
+            length: half as u32,
+            lkey: mr.lkey,
+        }],
+    );
+    let write = SendWr::new(
+        2,
+        SendOp::Write {
+            remote_addr: vaddr + half as u64,
+            rkey,
+        },
+        vec![Sge {
+            addr: mr.addr + half as u64,
+            length: (size - half) as u32,
+            lkey: mr.lkey,
+        }],
+    );
     dev.post_send(qpn, read).map_err(e)?;
     dev.post_send(qpn, write).map_err(e)?;
     let deadline = start + Duration::from_secs(120);
     let mut done = 0;
     while done < 2 {
         if Instant::now() > deadline {
-            return Err(format!("timed out; device {:?}; qp {:?}", dev.counters(), dev.qp_counters(qpn)));
+            return Err(format!(
+                "timed out; device {:?}; qp {:?}",
+                dev.counters(),
+                dev.qp_counters(qpn)
+            ));
         }
         if let Some(wc) = dev.poll_cq(qpn) {
             if wc.status != WcStatus::Success {
@@ -93,10 +182,13 @@ fn run() -> Result<(), String> {
     let secs = start.elapsed().as_secs_f64();
     let counters = dev.counters();
     drop(dev);
-    if let Some(bad) = (0..half).find(|&i| buf[i] != (i as u32).wrapping_mul(13).wrapping_add(7) as u8) {
+    if let Some(bad) =
+        (0..half).find(|&i| buf[i] != (i as u32).wrapping_mul(13).wrapping_add(7) as u8)
+    {
         return Err(format!("READ data differs at byte {bad}"));
     }
-    s.write_all(format!("check {seed}\n").as_bytes()).map_err(|e| e.to_string())?;
+    s.write_all(format!("check {seed}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
     line.clear();
     rd.read_line(&mut line).map_err(|e| e.to_string())?;
     if line.trim() != "ok" {
