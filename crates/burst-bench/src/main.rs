@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::Device;
+use burst_verbs::{Device, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -71,50 +71,24 @@ struct Peer {
 }
 
 fn connect(d: &mut Device, qpn: Qpn, me: Peer, peer: Peer) -> Result<(), String> {
-    let ah = d.create_ah(peer.gid);
-    let e = |e: VerbsError| e.to_string();
-    d.modify_qp(
+    let mut p = RcParams::new(me.psn, Mtu::Mtu4096);
+    p.access = QpAccess {
+        remote_write: true,
+        remote_read: true,
+        remote_atomic: true,
+    };
+    p.min_rnr_timer = 1;
+    p.rd_atomic = 16;
+    d.connect_rc(
         qpn,
-        &QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(QpAccess {
-                remote_write: true,
-                remote_read: true,
-                remote_atomic: true,
-            }),
-            ..Default::default()
+        RcPeer {
+            gid: peer.gid,
+            qpn: peer.qpn,
+            psn: peer.psn,
         },
+        &p,
     )
-    .map_err(e)?;
-    d.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Rtr),
-            ah: Some(ah),
-            path_mtu: Some(Mtu::Mtu4096),
-            dest_qpn: Some(peer.qpn),
-            rq_psn: Some(peer.psn),
-            max_dest_rd_atomic: Some(16),
-            min_rnr_timer: Some(1),
-            ..Default::default()
-        },
-    )
-    .map_err(e)?;
-    d.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(me.psn),
-            timeout: Some(14),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(16),
-            ..Default::default()
-        },
-    )
-    .map_err(e)
+    .map_err(|e| e.to_string())
 }
 
 /// One endpoint thread: opens a device, exchanges addresses, runs `work`.

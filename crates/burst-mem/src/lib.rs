@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use burst_dsa::CpuCopy;
-use burst_transport::{AtomicOp, MemError, Memory, RemoteAccess, Sge};
+use burst_transport::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess, Sge};
 
 pub use raw::Region;
 
@@ -263,37 +263,6 @@ pub struct TableMemory<'a> {
     copy: CpuCopy,
 }
 
-impl TableMemory<'_> {
-    /// Walks `len` bytes at `offset` of an SGE list.
-    fn pieces(
-        sges: &[Sge],
-        mut offset: u64,
-        len: u64,
-        mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), MemError>,
-    ) -> Result<(), MemError> {
-        let mut done = 0u64;
-        for s in sges {
-            let l = u64::from(s.length);
-            if offset >= l {
-                offset -= l;
-                continue;
-            }
-            let take = (l - offset).min(len - done);
-            f(s, s.addr + offset, done as usize, take as usize)?;
-            done += take;
-            offset = 0;
-            if done == len {
-                return Ok(());
-            }
-        }
-        if done == len {
-            Ok(())
-        } else {
-            Err(MemError::OutOfBounds)
-        }
-    }
-}
-
 impl Memory for TableMemory<'_> {
     fn check_local(&self, pd: u32, sges: &[Sge], write: bool) -> Result<(), MemError> {
         for s in sges {
@@ -309,7 +278,7 @@ impl Memory for TableMemory<'_> {
     }
 
     fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
-        Self::pieces(sges, offset, out.len() as u64, |s, va, at, len| {
+        walk_sges(sges, offset, out.len() as u64, |s, va, at, len| {
             let (r, off) = self.table.find(s.lkey, va, len as u64)?;
             r.read(&self.copy, off, &mut out[at..at + len]);
             Ok(())
@@ -318,7 +287,7 @@ impl Memory for TableMemory<'_> {
 
     fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
         // All or nothing: check every piece before placing any byte.
-        Self::pieces(sges, offset, data.len() as u64, |s, va, _, len| {
+        walk_sges(sges, offset, data.len() as u64, |s, va, _, len| {
             let (r, _) = self.table.find(s.lkey, va, len as u64)?;
             if r.access().contains(Access::LOCAL_WRITE) {
                 Ok(())
@@ -326,7 +295,7 @@ impl Memory for TableMemory<'_> {
                 Err(MemError::NoAccess)
             }
         })?;
-        Self::pieces(sges, offset, data.len() as u64, |s, va, at, len| {
+        walk_sges(sges, offset, data.len() as u64, |s, va, at, len| {
             let (r, off) = self.table.find(s.lkey, va, len as u64)?;
             if !r.access().contains(Access::LOCAL_WRITE) {
                 return Err(MemError::NoAccess);

@@ -25,6 +25,6 @@ mod types;
 
 pub use counters::Counters;
 pub use error::VerbsError;
-pub use memory::{AtomicOp, MemError, Memory, RemoteAccess};
+pub use memory::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess};
 pub use qp::{Payload, Qp, Transmit, MAX_RD_ATOMIC};
 pub use types::*;

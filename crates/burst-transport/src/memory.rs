@@ -81,3 +81,35 @@ pub trait Memory {
     /// Invalidates `rkey` (SEND WITH INVALIDATE).
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError>;
 }
+
+/// Walks `len` bytes starting `offset` bytes into the concatenation of an SGE
+/// list, calling `f(sge, address, done, n)` for each piece: `n` bytes at
+/// `address` within `sge`, which are bytes `done..done + n` of the walk.
+/// Fails with [`MemError::OutOfBounds`] when the list is too short. The one
+/// scatter/gather walk that every [`Memory`] implementation shares.
+pub fn walk_sges(
+    sges: &[Sge],
+    mut offset: u64,
+    len: u64,
+    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), MemError>,
+) -> Result<(), MemError> {
+    let mut done = 0u64;
+    if len == 0 {
+        return Ok(());
+    }
+    for s in sges {
+        let l = u64::from(s.length);
+        if offset >= l {
+            offset -= l;
+            continue;
+        }
+        let take = (l - offset).min(len - done);
+        f(s, s.addr + offset, done as usize, take as usize)?;
+        done += take;
+        offset = 0;
+        if done == len {
+            return Ok(());
+        }
+    }
+    Err(MemError::OutOfBounds)
+}

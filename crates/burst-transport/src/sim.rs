@@ -15,7 +15,7 @@ use std::net::Ipv4Addr;
 
 use burst_wire::{FrameRepr, IpRepr, Mtu, Psn, Qpn, RoceFrame, UdpRepr};
 
-use crate::memory::{AtomicOp, MemError, Memory, RemoteAccess};
+use crate::memory::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess};
 use crate::*;
 
 /// splitmix64: small, fast, and good enough for fault injection.
@@ -103,10 +103,16 @@ impl SimMemory {
         (key, addr)
     }
     /// A region's bytes.
+    ///
+    /// # Panics
+    /// If `key` was not returned by [`SimMemory::register`] (test support).
     pub fn bytes(&self, key: u32) -> &[u8] {
         &self.regions[&key].data
     }
     /// A region's bytes, mutable.
+    ///
+    /// # Panics
+    /// If `key` was not returned by [`SimMemory::register`] (test support).
     pub fn bytes_mut(&mut self, key: u32) -> &mut [u8] {
         &mut self.regions.get_mut(&key).expect("registered").data
     }
@@ -121,35 +127,6 @@ impl SimMemory {
             return Err(MemError::OutOfBounds);
         }
         Ok((r, off as usize))
-    }
-    /// Walks `len` bytes at `offset` of an SGE list as (key, va, len) pieces.
-    fn pieces(
-        sges: &[Sge],
-        mut offset: u64,
-        mut len: u64,
-        mut f: impl FnMut(u32, u64, usize, usize) -> Result<(), MemError>,
-    ) -> Result<(), MemError> {
-        let mut done = 0usize;
-        for s in sges {
-            let l = u64::from(s.length);
-            if offset >= l {
-                offset -= l;
-                continue;
-            }
-            let take = (l - offset).min(len);
-            f(s.lkey, s.addr + offset, done, take as usize)?;
-            done += take as usize;
-            len -= take;
-            offset = 0;
-            if len == 0 {
-                return Ok(());
-            }
-        }
-        if len == 0 {
-            Ok(())
-        } else {
-            Err(MemError::OutOfBounds)
-        }
     }
 }
 
@@ -168,7 +145,8 @@ impl Memory for SimMemory {
     }
     fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         let n = out.len() as u64;
-        SimMemory::pieces(sges, offset, n, |k, va, at, len| {
+        walk_sges(sges, offset, n, |sge, va, at, len| {
+            let k = sge.lkey;
             let (r, off) = self.range(k, va, len as u64)?;
             out[at..at + len].copy_from_slice(&r.data[off..off + len]);
             Ok(())
@@ -177,7 +155,8 @@ impl Memory for SimMemory {
     fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
         let n = data.len() as u64;
         let mut plan = Vec::new();
-        SimMemory::pieces(sges, offset, n, |k, va, at, len| {
+        walk_sges(sges, offset, n, |sge, va, at, len| {
+            let k = sge.lkey;
             let (_, off) = self.range(k, va, len as u64)?;
             plan.push((k, off, at, len));
             Ok(())

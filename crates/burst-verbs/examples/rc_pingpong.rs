@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::Device;
-use burst_wire::{Mtu, Psn, Qpn};
+use burst_verbs::{Device, RcParams, RcPeer};
+use burst_wire::{Mtu, Psn};
 
 #[path = "pingpong/oob.rs"]
 mod oob;
@@ -123,17 +123,6 @@ fn run(o: Opts) -> Result<(), String> {
     let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }
         .map_err(|e| e.to_string())?;
     let qpn = dev.create_qp(QpType::Rc, pd);
-    dev.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(QpAccess::default()),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
     let sge = vec![Sge {
         addr: mr.addr,
         length: o.size as u32,
@@ -161,39 +150,19 @@ fn run(o: Opts) -> Result<(), String> {
         Ipv6Addr::from(gid)
     );
     let msg = wire_msg(qpn, my_psn, gid);
-    let connect = |dev: &mut Device, rq: Qpn, rpsn: Psn, rgid: [u8; 16]| -> Result<(), String> {
-        let ah = dev.create_ah(rgid);
-        dev.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rtr),
-                ah: Some(ah),
-                path_mtu: Some(o.mtu),
-                dest_qpn: Some(rq),
-                rq_psn: Some(rpsn),
-                max_dest_rd_atomic: Some(1),
-                min_rnr_timer: Some(12),
-                ..Default::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        dev.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(my_psn),
-                timeout: Some(14),
-                retry_cnt: Some(7),
-                rnr_retry: Some(7),
-                max_rd_atomic: Some(1),
-                ..Default::default()
-            },
-        )
-        .map_err(|e| e.to_string())
-    };
+    let params = RcParams::new(my_psn, o.mtu);
     let (rqpn, rpsn, rgid) =
         oob::exchange(o.server.as_deref(), o.local, o.port, &msg, |(q, p, g)| {
-            connect(&mut dev, q, p, g)
+            dev.connect_rc(
+                qpn,
+                RcPeer {
+                    gid: g,
+                    qpn: q,
+                    psn: p,
+                },
+                &params,
+            )
+            .map_err(|e| e.to_string())
         })?;
     println!(
         "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",

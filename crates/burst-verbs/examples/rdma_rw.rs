@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::Device;
+use burst_verbs::{Device, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 fn run() -> Result<(), String> {
@@ -91,50 +91,19 @@ fn run() -> Result<(), String> {
     let mr =
         unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), size, Access(1)) }.map_err(|e| e.to_string())?;
     let qpn = dev.create_qp(QpType::Rc, pd);
-    let my_psn = Psn::new(seed * 65_537 & 0xff_ffff);
+    let my_psn = Psn::new((seed * 65_537) & 0xff_ffff);
     let e = |e: VerbsError| e.to_string();
-    dev.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(QpAccess::default()),
-            ..Default::default()
-        },
-    )
-    .map_err(e)?;
     let gid: String = dev.gid().iter().map(|b| format!("{b:02x}")).collect();
     s.write_all(format!("{:06x} {:06x} {}\n", qpn.value(), my_psn.value(), gid).as_bytes())
         .map_err(|e| e.to_string())?;
-    let ah = dev.create_ah(tgid);
-    dev.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Rtr),
-            ah: Some(ah),
-            path_mtu: Some(mtu),
-            dest_qpn: Some(Qpn::from_wire(tqpn)),
-            rq_psn: Some(Psn::new(tpsn)),
-            max_dest_rd_atomic: Some(1),
-            min_rnr_timer: Some(12),
-            ..Default::default()
-        },
-    )
-    .map_err(e)?;
-    dev.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(my_psn),
-            timeout: Some(14),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(16),
-            ..Default::default()
-        },
-    )
-    .map_err(e)?;
+    let mut params = RcParams::new(my_psn, mtu);
+    params.rd_atomic = 16;
+    let peer = RcPeer {
+        gid: tgid,
+        qpn: Qpn::from_wire(tqpn),
+        psn: Psn::new(tpsn),
+    };
+    dev.connect_rc(qpn, peer, &params).map_err(e)?;
     let start = Instant::now();
     let read = SendWr::new(
         1,

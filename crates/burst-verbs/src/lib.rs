@@ -18,8 +18,10 @@ use std::time::Instant;
 
 use burst_io::{IcrcCheck, PacketBuf, Port, UdpPort, BURST};
 use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
-use burst_transport::{Qp, QpAttr, QpConfig, QpType, RecvWr, SendWr, VerbsError, WorkCompletion};
-use burst_wire::{IbPacket, Mtu, Qpn, ROCEV2_PORT};
+use burst_transport::{
+    Qp, QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, VerbsError, WorkCompletion,
+};
+use burst_wire::{IbPacket, Mtu, Psn, Qpn, ROCEV2_PORT};
 
 /// Device-wide counters (names after RXE's where one exists).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,6 +40,56 @@ pub struct DeviceCounters {
     pub no_qp: u64,
     /// Outgoing packets dropped by the test drop option.
     pub test_dropped: u64,
+}
+
+/// The far end of an RC (or UC) connection, as exchanged out of band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcPeer {
+    /// Its GID.
+    pub gid: [u8; 16],
+    /// Its QP number.
+    pub qpn: Qpn,
+    /// Its starting PSN (our receive PSN).
+    pub psn: Psn,
+}
+
+/// Parameters of [`Device::connect_rc`]; the defaults are those of
+/// rdma-core's `ibv_rc_pingpong` (timeout 14, retry 7, RNR retry 7,
+/// min RNR timer 12, one outstanding READ/atomic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcParams {
+    /// Our starting PSN.
+    pub psn: Psn,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Remote access this QP grants.
+    pub access: QpAccess,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code we answer with.
+    pub min_rnr_timer: u8,
+    /// READs/atomics we issue at once, and accept from the peer.
+    pub rd_atomic: u8,
+}
+
+impl RcParams {
+    /// ibv_rc_pingpong's values with our starting PSN and path MTU.
+    pub fn new(psn: Psn, mtu: Mtu) -> RcParams {
+        RcParams {
+            psn,
+            mtu,
+            access: QpAccess::default(),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            rd_atomic: 1,
+        }
+    }
 }
 
 /// A burst RDMA device on one IP address.
@@ -169,6 +221,47 @@ impl Device {
         }
         let i = self.qp_index(qpn)?;
         self.qps[i].modify(attr)
+    }
+
+    /// Moves an RC QP from RESET to RTS towards `peer` (INIT, RTR and RTS
+    /// with the attributes each transition requires).
+    pub fn connect_rc(&mut self, qpn: Qpn, peer: RcPeer, p: &RcParams) -> Result<(), VerbsError> {
+        let ah = self.create_ah(peer.gid);
+        self.modify_qp(
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(p.access),
+                ..Default::default()
+            },
+        )?;
+        self.modify_qp(
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                ah: Some(ah),
+                path_mtu: Some(p.mtu),
+                dest_qpn: Some(peer.qpn),
+                rq_psn: Some(peer.psn),
+                max_dest_rd_atomic: Some(p.rd_atomic),
+                min_rnr_timer: Some(p.min_rnr_timer),
+                ..Default::default()
+            },
+        )?;
+        self.modify_qp(
+            qpn,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(p.psn),
+                timeout: Some(p.timeout),
+                retry_cnt: Some(p.retry_cnt),
+                rnr_retry: Some(p.rnr_retry),
+                max_rd_atomic: Some(p.rd_atomic),
+                ..Default::default()
+            },
+        )
     }
 
     /// `ibv_post_send`.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::Device;
+use burst_verbs::{Device, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -18,47 +18,23 @@ fn connect(
     my_psn: u32,
     peer_psn: u32,
 ) {
-    let ah = d.create_ah(peer_gid);
-    d.modify_qp(
+    let mut p = RcParams::new(Psn::new(my_psn), Mtu::Mtu1024);
+    p.access = QpAccess {
+        remote_write: true,
+        remote_read: true,
+        remote_atomic: true,
+    };
+    p.timeout = 12;
+    p.min_rnr_timer = 1;
+    p.rd_atomic = 4;
+    d.connect_rc(
         qpn,
-        &QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(QpAccess {
-                remote_write: true,
-                remote_read: true,
-                remote_atomic: true,
-            }),
-            ..Default::default()
+        RcPeer {
+            gid: peer_gid,
+            qpn: peer_qpn,
+            psn: Psn::new(peer_psn),
         },
-    )
-    .unwrap();
-    d.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Rtr),
-            ah: Some(ah),
-            path_mtu: Some(Mtu::Mtu1024),
-            dest_qpn: Some(peer_qpn),
-            rq_psn: Some(Psn::new(peer_psn)),
-            max_dest_rd_atomic: Some(4),
-            min_rnr_timer: Some(1),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    d.modify_qp(
-        qpn,
-        &QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(my_psn)),
-            timeout: Some(12),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(4),
-            ..Default::default()
-        },
+        &p,
     )
     .unwrap();
 }
