@@ -504,7 +504,7 @@ impl Qp {
     // ------------------------------------------------------------------ post
 
     /// `ibv_post_send`. Inline data is captured from `mem` now.
-    pub fn post_send(&mut self, wr: SendWr, mem: &impl Memory) -> Result<(), VerbsError> {
+    pub fn post_send(&mut self, mut wr: SendWr, mem: &impl Memory) -> Result<(), VerbsError> {
         let t = self.cfg.qp_type;
         match self.state {
             QpState::Reset | QpState::Init | QpState::Rtr => {
@@ -561,9 +561,19 @@ impl Qp {
         let mut inline = Vec::new();
         let mut status = WcStatus::Success;
         if wr.inline {
-            inline.resize(len as usize, 0);
-            if mem.read_local(&wr.sg_list, 0, &mut inline).is_err() {
-                status = WcStatus::LocProtErr;
+            match wr.inline_data.take() {
+                Some(d) if d.len() as u64 == len => inline = d,
+                Some(_) => {
+                    return Err(VerbsError::BadWr(
+                        "inline data length differs from the SGEs",
+                    ))
+                }
+                None => {
+                    inline.resize(len as usize, 0);
+                    if mem.read_local(&wr.sg_list, 0, &mut inline).is_err() {
+                        status = WcStatus::LocProtErr;
+                    }
+                }
             }
         } else if mem
             .check_local(self.cfg.pd, &wr.sg_list, wr.op.is_read_or_atomic())

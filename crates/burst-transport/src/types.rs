@@ -130,6 +130,9 @@ pub struct SendWr {
     pub solicited: bool,
     /// UD destination (UD QPs only).
     pub ud: Option<UdDest>,
+    /// Inline bytes the caller captured when the application posted (a
+    /// front-end ring does); `None` reads the SGEs at `post_send` time.
+    pub inline_data: Option<Vec<u8>>,
 }
 
 impl SendWr {
@@ -144,6 +147,7 @@ impl SendWr {
             fence: false,
             solicited: false,
             ud: None,
+            inline_data: None,
         }
     }
 }

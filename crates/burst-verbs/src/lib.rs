@@ -11,9 +11,12 @@
 //! doorbell queue (the architecture's front-end/engine split) is still to
 //! come; this type's interface is what it will sit behind.
 
+pub mod engine;
+
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Instant;
 
 use burst_io::{IcrcCheck, PacketBuf, Port, UdpPort, BURST};
@@ -96,7 +99,7 @@ impl RcParams {
 #[derive(Debug)]
 pub struct Device {
     port: UdpPort,
-    mrs: MrTable,
+    mrs: Arc<MrTable>,
     qps: Vec<Qp>,
     ahs: Vec<SocketAddr>,
     completions: Vec<VecDeque<WorkCompletion>>,
@@ -133,9 +136,15 @@ pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
 impl Device {
     /// Opens a device on `ip` (an address of this host), binding UDP 4791.
     pub fn open(ip: IpAddr, port_mtu: Mtu) -> io::Result<Device> {
+        Device::open_with(ip, port_mtu, Arc::new(MrTable::new()))
+    }
+
+    /// Opens a device whose memory regions live in `mrs` (shared with an
+    /// engine's front-end, which registers memory without a round trip).
+    pub fn open_with(ip: IpAddr, port_mtu: Mtu, mrs: Arc<MrTable>) -> io::Result<Device> {
         Ok(Device {
             port: UdpPort::bind(ip)?,
-            mrs: MrTable::new(),
+            mrs,
             qps: Vec::new(),
             ahs: Vec::new(),
             completions: Vec::new(),
@@ -278,6 +287,24 @@ impl Device {
         let i = self.qp_index(qpn)?;
         let mem = self.mrs.memory();
         self.qps[i].post_recv(wr, &mem)
+    }
+
+    /// Posts without making progress (the engine batches progress itself).
+    pub fn post_send_quiet(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn)?;
+        let mem = self.mrs.memory();
+        self.qps[i].post_send(wr, &mem)
+    }
+
+    /// Posts a receive (no progress; see [`Device::post_send_quiet`]).
+    pub fn post_recv_quiet(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
+        self.post_recv(qpn, wr)
+    }
+
+    /// Takes a completion of `qpn` gathered by earlier progress.
+    pub fn take_completion(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
+        let i = self.qp_index(qpn).ok()?;
+        self.completions[i].pop_front()
     }
 
     /// `ibv_poll_cq` on the QP's completion queue (after making progress).

@@ -1,0 +1,481 @@
+//! The engine: a data-plane thread that owns the port and the queue pairs,
+//! and the front-end handle applications use from any thread.
+//!
+//! Applications never touch the transport. They write work-queue entries into
+//! per-QP rings, ring a doorbell (push the QP number on a multi-producer,
+//! single-consumer queue) and read completions from CQ rings. Ring entries
+//! hold no pointers, only integers (addresses in registered memory, lengths,
+//! keys, QP numbers), so the same rings can later live in memory shared
+//! between an application and a daemon process. Memory registration goes
+//! straight to the shared [`MrTable`], which is built for concurrent use.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam::channel::{bounded, Receiver, Sender};
+use crossbeam::queue::{ArrayQueue, SegQueue};
+
+use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
+use burst_transport::{
+    QpAttr, QpType, RecvWr, SendWr, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+};
+use burst_wire::{Mtu, Qpn};
+
+use crate::{Device, DeviceCounters};
+
+/// SGEs a ring entry holds.
+pub const RING_MAX_SGE: usize = 8;
+/// Inline bytes a ring entry holds.
+pub const RING_MAX_INLINE: usize = 256;
+
+/// A send work request as it sits in a ring: plain integers and fixed
+/// arrays, no pointers, so the ring can live in shared memory.
+#[derive(Debug, Clone, Copy)]
+pub struct SendWqe {
+    wr_id: u64,
+    op: burst_transport::SendOp,
+    sges: [Sge; RING_MAX_SGE],
+    num_sge: u8,
+    signaled: bool,
+    fence: bool,
+    solicited: bool,
+    inline: bool,
+    inline_len: u16,
+    inline_data: [u8; RING_MAX_INLINE],
+    ud: Option<burst_transport::UdDest>,
+}
+
+/// A receive work request as it sits in a ring.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWqe {
+    wr_id: u64,
+    sges: [Sge; RING_MAX_SGE],
+    num_sge: u8,
+}
+
+impl SendWqe {
+    fn into_wr(self) -> SendWr {
+        let mut wr = SendWr::new(
+            self.wr_id,
+            self.op,
+            self.sges[..usize::from(self.num_sge)].to_vec(),
+        );
+        wr.signaled = self.signaled;
+        wr.fence = self.fence;
+        wr.solicited = self.solicited;
+        wr.inline = self.inline;
+        wr.ud = self.ud;
+        if self.inline {
+            wr.inline_data = Some(self.inline_data[..usize::from(self.inline_len)].to_vec());
+        }
+        wr
+    }
+}
+
+/// Handle of a completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
+
+struct QpRings {
+    qpn: Qpn,
+    send: ArrayQueue<SendWqe>,
+    recv: ArrayQueue<RecvWqe>,
+}
+
+/// Control operations, answered on a reply channel (the slow path).
+enum Control {
+    CreateQp {
+        qp_type: QpType,
+        pd: Pd,
+        send_cq: CqId,
+        recv_cq: CqId,
+        reply: Sender<Qpn>,
+    },
+    CreateAh {
+        gid: [u8; 16],
+        reply: Sender<u32>,
+    },
+    ModifyQp {
+        qpn: Qpn,
+        attr: QpAttr,
+        reply: Sender<Result<(), VerbsError>>,
+    },
+    Counters {
+        reply: Sender<DeviceCounters>,
+    },
+}
+
+struct Shared {
+    mrs: Arc<MrTable>,
+    doorbell: SegQueue<u32>,
+    rings: std::sync::RwLock<Vec<Arc<QpRings>>>,
+    cqs: std::sync::RwLock<Vec<Arc<ArrayQueue<WorkCompletion>>>>,
+    stop: AtomicBool,
+}
+
+/// The application's side of an engine: cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct Context {
+    shared: Arc<Shared>,
+    control: Sender<Control>,
+    gid: [u8; 16],
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Context(gid {:?})", std::net::Ipv6Addr::from(self.gid))
+    }
+}
+
+/// A running engine thread; stops and joins when dropped.
+#[derive(Debug)]
+pub struct Engine {
+    ctx: Context,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Opens a device on `ip` and starts its engine thread.
+    pub fn start(ip: IpAddr, port_mtu: Mtu) -> std::io::Result<Engine> {
+        let mrs = Arc::new(MrTable::new());
+        let mut dev = Device::open_with(ip, port_mtu, Arc::clone(&mrs))?;
+        let shared = Arc::new(Shared {
+            mrs,
+            doorbell: SegQueue::new(),
+            rings: std::sync::RwLock::new(Vec::new()),
+            cqs: std::sync::RwLock::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let (control, control_rx) = bounded(64);
+        let ctx = Context {
+            shared: Arc::clone(&shared),
+            control,
+            gid: dev.gid(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("burst-engine".into())
+            .spawn(move || run(&mut dev, &shared, &control_rx))?;
+        Ok(Engine {
+            ctx,
+            thread: Some(thread),
+        })
+    }
+
+    /// A front-end handle.
+    pub fn context(&self) -> Context {
+        self.ctx.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.ctx.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Completions the engine could not push because a CQ ring was full.
+struct Spill {
+    cq: usize,
+    wc: WorkCompletion,
+}
+
+fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
+    // QP index -> (send CQ, recv CQ)
+    let mut routes: Vec<(Qpn, usize, usize)> = Vec::new();
+    let mut spill: VecDeque<Spill> = VecDeque::new();
+    let mut idle = 0u32;
+    while !shared.stop.load(Ordering::Acquire) {
+        let mut busy = false;
+        while let Ok(c) = control.try_recv() {
+            busy = true;
+            match c {
+                Control::CreateQp {
+                    qp_type,
+                    pd,
+                    send_cq,
+                    recv_cq,
+                    reply,
+                } => {
+                    let qpn = dev.create_qp(qp_type, pd);
+                    routes.push((qpn, send_cq.0 as usize, recv_cq.0 as usize));
+                    let _ = reply.send(qpn);
+                }
+                Control::CreateAh { gid, reply } => {
+                    let _ = reply.send(dev.create_ah(gid));
+                }
+                Control::ModifyQp { qpn, attr, reply } => {
+                    let _ = reply.send(dev.modify_qp(qpn, &attr));
+                }
+                Control::Counters { reply } => {
+                    let _ = reply.send(dev.counters());
+                }
+            }
+        }
+        // Doorbells: move posted WQEs from the rings into the transport.
+        while let Some(qpn) = shared.doorbell.pop() {
+            busy = true;
+            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+            let Some(r) = rings.iter().find(|r| r.qpn.value() == qpn) else {
+                continue;
+            };
+            let Some(&(_, scq, rcq)) = routes.iter().find(|x| x.0 == r.qpn) else {
+                continue;
+            };
+            // A WR the transport refuses completes with an error, since the
+            // application's post call has already returned.
+            let refused = |wr_id, opcode, qpn| WorkCompletion {
+                wr_id,
+                status: WcStatus::LocQpOpErr,
+                opcode,
+                byte_len: 0,
+                imm_data: None,
+                invalidated_rkey: None,
+                qp_num: qpn,
+                src_qp: Qpn::default(),
+                grh: false,
+            };
+            while let Some(w) = r.recv.pop() {
+                let wr = RecvWr {
+                    wr_id: w.wr_id,
+                    sg_list: w.sges[..usize::from(w.num_sge)].to_vec(),
+                };
+                if dev.post_recv_quiet(r.qpn, wr).is_err() {
+                    spill.push_back(Spill {
+                        cq: rcq,
+                        wc: refused(w.wr_id, WcOpcode::Recv, r.qpn),
+                    });
+                }
+            }
+            while let Some(w) = r.send.pop() {
+                let (id, op) = (w.wr_id, w.op.wc_opcode());
+                if dev.post_send_quiet(r.qpn, w.into_wr()).is_err() {
+                    spill.push_back(Spill {
+                        cq: scq,
+                        wc: refused(id, op, r.qpn),
+                    });
+                }
+            }
+        }
+        dev.progress();
+        // Completions into the CQ rings, in order per CQ.
+        let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        while let Some(s) = spill.front() {
+            match cqs.get(s.cq).map(|q| q.push(s.wc)) {
+                Some(Err(_)) => break,
+                _ => {
+                    spill.pop_front();
+                }
+            }
+        }
+        for &(qpn, scq, rcq) in &routes {
+            while let Some(wc) = dev.take_completion(qpn) {
+                busy = true;
+                let cq = if wc.is_recv() { rcq } else { scq };
+                if !spill.is_empty() || cqs.get(cq).is_some_and(|q| q.push(wc).is_err()) {
+                    spill.push_back(Spill { cq, wc });
+                }
+            }
+        }
+        drop(cqs);
+        if busy {
+            idle = 0;
+        } else {
+            // Busy-poll for a while, then back off so an idle engine does
+            // not burn a core.
+            idle = idle.saturating_add(1);
+            if idle > 20_000 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// Why a front-end call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The ring is full (errno ENOMEM, as providers report a full queue).
+    Full,
+    /// No such QP or CQ.
+    NoSuch,
+    /// Too many SGEs or inline bytes for a ring entry, or unreadable inline data.
+    Invalid,
+    /// The engine has stopped.
+    Stopped,
+}
+
+impl Context {
+    /// The device's GID.
+    pub fn gid(&self) -> [u8; 16] {
+        self.gid
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Pd {
+        self.shared.mrs.alloc_pd()
+    }
+
+    /// Registers application memory (accessed in place by the engine).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until [`Context::dereg_mr`] returns.
+    pub unsafe fn reg_mr(
+        &self,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.shared.mrs.register(pd, ptr, len, ptr as u64, access) }
+    }
+
+    /// Deregisters; returns once the engine no longer uses the region.
+    pub fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
+        self.shared.mrs.deregister(lkey)
+    }
+
+    /// Creates a completion queue ring of `depth` entries.
+    pub fn create_cq(&self, depth: usize) -> CqId {
+        let mut cqs = self.shared.cqs.write().unwrap_or_else(|e| e.into_inner());
+        cqs.push(Arc::new(ArrayQueue::new(depth.max(1))));
+        CqId((cqs.len() - 1) as u32)
+    }
+
+    fn call<T>(&self, make: impl FnOnce(Sender<T>) -> Control) -> Result<T, PostError> {
+        let (tx, rx) = bounded(1);
+        self.control
+            .send(make(tx))
+            .map_err(|_| PostError::Stopped)?;
+        rx.recv_timeout(Duration::from_secs(10))
+            .map_err(|_| PostError::Stopped)
+    }
+
+    /// Creates a QP with its rings; returns its number.
+    pub fn create_qp(
+        &self,
+        qp_type: QpType,
+        pd: Pd,
+        send_cq: CqId,
+        recv_cq: CqId,
+        depth: usize,
+    ) -> Result<Qpn, PostError> {
+        let n = self
+            .shared
+            .cqs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len() as u32;
+        if send_cq.0 >= n || recv_cq.0 >= n {
+            return Err(PostError::NoSuch);
+        }
+        let qpn = self.call(|reply| Control::CreateQp {
+            qp_type,
+            pd,
+            send_cq,
+            recv_cq,
+            reply,
+        })?;
+        let rings = QpRings {
+            qpn,
+            send: ArrayQueue::new(depth.max(1)),
+            recv: ArrayQueue::new(depth.max(1)),
+        };
+        self.shared
+            .rings
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(rings));
+        Ok(qpn)
+    }
+
+    /// Creates an address handle for a GID.
+    pub fn create_ah(&self, gid: [u8; 16]) -> Result<u32, PostError> {
+        self.call(|reply| Control::CreateAh { gid, reply })
+    }
+
+    /// `ibv_modify_qp`, executed by the engine.
+    pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr) -> Result<Result<(), VerbsError>, PostError> {
+        let attr = *attr;
+        self.call(|reply| Control::ModifyQp { qpn, attr, reply })
+    }
+
+    /// Device counters.
+    pub fn counters(&self) -> Result<DeviceCounters, PostError> {
+        self.call(|reply| Control::Counters { reply })
+    }
+
+    fn ring(&self, qpn: Qpn) -> Result<Arc<QpRings>, PostError> {
+        let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        rings
+            .iter()
+            .find(|r| r.qpn == qpn)
+            .cloned()
+            .ok_or(PostError::NoSuch)
+    }
+
+    /// Writes a send WQE into the QP's ring and rings the doorbell. Inline
+    /// data is captured here, as `ibv_post_send` does.
+    pub fn post_send(&self, qpn: Qpn, wr: &SendWr) -> Result<(), PostError> {
+        if wr.sg_list.len() > RING_MAX_SGE {
+            return Err(PostError::Invalid);
+        }
+        let mut e = SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sges: [Sge::default(); RING_MAX_SGE],
+            num_sge: wr.sg_list.len() as u8,
+            signaled: wr.signaled,
+            fence: wr.fence,
+            solicited: wr.solicited,
+            inline: wr.inline,
+            inline_len: 0,
+            inline_data: [0; RING_MAX_INLINE],
+            ud: wr.ud,
+        };
+        e.sges[..wr.sg_list.len()].copy_from_slice(&wr.sg_list);
+        if wr.inline {
+            let len = burst_transport::sg_len(&wr.sg_list) as usize;
+            if len > RING_MAX_INLINE {
+                return Err(PostError::Invalid);
+            }
+            let mem = self.shared.mrs.memory();
+            burst_transport::Memory::read_local(&mem, &wr.sg_list, 0, &mut e.inline_data[..len])
+                .map_err(|_| PostError::Invalid)?;
+            e.inline_len = len as u16;
+        }
+        self.ring(qpn)?.send.push(e).map_err(|_| PostError::Full)?;
+        self.shared.doorbell.push(qpn.value());
+        Ok(())
+    }
+
+    /// Writes a receive WQE into the QP's ring and rings the doorbell.
+    pub fn post_recv(&self, qpn: Qpn, wr: &RecvWr) -> Result<(), PostError> {
+        if wr.sg_list.len() > RING_MAX_SGE {
+            return Err(PostError::Invalid);
+        }
+        let mut e = RecvWqe {
+            wr_id: wr.wr_id,
+            sges: [Sge::default(); RING_MAX_SGE],
+            num_sge: wr.sg_list.len() as u8,
+        };
+        e.sges[..wr.sg_list.len()].copy_from_slice(&wr.sg_list);
+        self.ring(qpn)?.recv.push(e).map_err(|_| PostError::Full)?;
+        self.shared.doorbell.push(qpn.value());
+        Ok(())
+    }
+
+    /// Takes a completion from a CQ ring (never blocks).
+    pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
+        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        cqs.get(cq.0 as usize)?.pop()
+    }
+}
