@@ -354,6 +354,8 @@ fn interop(args: &[String]) -> ExitCode {
     let (mut passed, mut failed) = (0, 0);
     for sc in chosen {
         println!("xtask: ==> interop: {}", sc.name);
+        // Each scenario starts from a lab that is up (a failed one tears it down).
+        let _ = Command::new("bash").arg(&lab).arg("setup").status();
         let host = |extra: &str| {
             let mut c = Command::new("timeout");
             c.arg("180")

@@ -123,6 +123,15 @@ fn run(o: Opts) -> Result<(), String> {
     let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }
         .map_err(|e| e.to_string())?;
     let qpn = dev.create_qp(QpType::Rc, pd);
+    // INIT first: receives are posted before the exchange, as in pingpong.c.
+    let init = QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(1),
+        access: Some(QpAccess::default()),
+        ..Default::default()
+    };
+    dev.modify_qp(qpn, &init).map_err(|e| e.to_string())?;
     let sge = vec![Sge {
         addr: mr.addr,
         length: o.size as u32,
