@@ -168,3 +168,212 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     assert_eq!(rbuf, src);
     assert_eq!((atom[0], orig[0]), (42, 0));
 }
+
+/// Two QPs of the same device (same GID) connected to each other, as RNICs
+/// and RXE allow: RC and UC SEND/WRITE, and UD datagrams.
+#[test]
+fn qps_on_one_device_talk_to_each_other() {
+    let mut d = Device::open(IpAddr::V4(Ipv4Addr::new(127, 0, 84, 1)), Mtu::Mtu1024).unwrap();
+    let pd = d.alloc_pd();
+    let mut src: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let mut dst = vec![0u8; 3 * 5000 + 2048];
+    // SAFETY: both buffers outlive the device (dropped first).
+    let (ks, kd) = unsafe {
+        (
+            d.reg_mr(pd, src.as_mut_ptr(), src.len(), ALL).unwrap(),
+            d.reg_mr(pd, dst.as_mut_ptr(), dst.len(), ALL).unwrap(),
+        )
+    };
+    let gid = d.gid();
+    let mut got = Vec::new();
+    for (n, t) in [QpType::Rc, QpType::Uc].into_iter().enumerate() {
+        let qa = d.create_qp(t, pd);
+        let qb = d.create_qp(t, pd);
+        let mut p = RcParams::new(Psn::new(1), Mtu::Mtu1024);
+        p.access = QpAccess {
+            remote_write: true,
+            remote_read: true,
+            remote_atomic: true,
+        };
+        if t == QpType::Uc {
+            // UC has no RTR/RTS timers or read resources: plain transitions.
+            for (me, peer) in [(qa, qb), (qb, qa)] {
+                let ah = d.create_ah(gid);
+                d.modify_qp(
+                    me,
+                    &QpAttr {
+                        state: Some(QpState::Init),
+                        pkey_index: Some(0),
+                        port: Some(1),
+                        access: Some(p.access),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+                d.modify_qp(
+                    me,
+                    &QpAttr {
+                        state: Some(QpState::Rtr),
+                        ah: Some(ah),
+                        path_mtu: Some(Mtu::Mtu1024),
+                        dest_qpn: Some(peer),
+                        rq_psn: Some(Psn::new(1)),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+                d.modify_qp(
+                    me,
+                    &QpAttr {
+                        state: Some(QpState::Rts),
+                        sq_psn: Some(Psn::new(1)),
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            }
+        } else {
+            d.connect_rc(
+                qa,
+                RcPeer {
+                    gid,
+                    qpn: qb,
+                    psn: Psn::new(1),
+                },
+                &p,
+            )
+            .unwrap();
+            d.connect_rc(
+                qb,
+                RcPeer {
+                    gid,
+                    qpn: qa,
+                    psn: Psn::new(1),
+                },
+                &p,
+            )
+            .unwrap();
+        }
+        let off = n as u64 * 5000;
+        d.post_recv(
+            qb,
+            RecvWr {
+                wr_id: 7,
+                sg_list: vec![Sge {
+                    addr: kd.addr + off,
+                    length: 5000,
+                    lkey: kd.lkey,
+                }],
+            },
+        )
+        .unwrap();
+        d.post_send(
+            qa,
+            SendWr::new(
+                1,
+                SendOp::Send,
+                vec![Sge {
+                    addr: ks.addr,
+                    length: 5000,
+                    lkey: ks.lkey,
+                }],
+            ),
+        )
+        .unwrap();
+        let (sa, rb) = {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let (mut sa, mut rb) = (None, None);
+            while (sa.is_none() || rb.is_none()) && Instant::now() < deadline {
+                if let Some(w) = d.poll_cq(qa) {
+                    sa = Some(w);
+                }
+                if let Some(w) = d.poll_cq(qb) {
+                    rb = Some(w);
+                }
+            }
+            (
+                sa.expect("send completion"),
+                rb.expect("receive completion"),
+            )
+        };
+        assert_eq!(sa.status, WcStatus::Success, "{t:?}");
+        assert_eq!((rb.status, rb.byte_len), (WcStatus::Success, 5000), "{t:?}");
+        got.push(t);
+    }
+    // UD: a datagram to another UD QP of the same device.
+    let ua = d.create_qp(QpType::Ud, pd);
+    let ub = d.create_qp(QpType::Ud, pd);
+    for q in [ua, ub] {
+        d.modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                qkey: Some(0x22),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        d.modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Rtr),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        d.modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(Psn::new(0)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    let ah = d.create_ah(gid);
+    d.post_recv(
+        ub,
+        RecvWr {
+            wr_id: 9,
+            sg_list: vec![Sge {
+                addr: kd.addr + 10_000,
+                length: 2048,
+                lkey: kd.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    let mut wr = SendWr::new(
+        3,
+        SendOp::Send,
+        vec![Sge {
+            addr: ks.addr,
+            length: 1000,
+            lkey: ks.lkey,
+        }],
+    );
+    wr.ud = Some(UdDest {
+        remote_qpn: ub,
+        remote_qkey: 0x22,
+        ah,
+    });
+    d.post_send(ua, wr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut r = None;
+    while r.is_none() && Instant::now() < deadline {
+        r = d.poll_cq(ub);
+    }
+    let r = r.expect("UD receive");
+    assert_eq!(
+        (r.status, r.byte_len, r.src_qp, r.grh),
+        (WcStatus::Success, 1040, ua, true)
+    );
+    drop(d);
+    assert_eq!(&dst[..5000], &src[..]);
+    assert_eq!(&dst[5000..10_000], &src[..]);
+    assert_eq!(&dst[10_040..11_040], &src[..1000]);
+    assert_eq!(got, [QpType::Rc, QpType::Uc]);
+}
