@@ -10,7 +10,11 @@
 //! socket, so [`UdpPort`] sets `IP_PMTUDISC_DO` and computes the ICRC of what
 //! it sends with ID 0 ([`UdpPort::seal`]). On receive the ID is not visible
 //! through the socket: [`UdpPort::check_icrc`] verifies packets sent with
-//! ID 0 (burst peers) and reports the others as unverifiable.
+//! ID 0 (burst peers); for others it solves for the ID: the CRC is affine in
+//! the 16 ID bits, so the stored ICRC is consistent with *some* ID exactly
+//! when `stored ^ icrc(ID=0)` lies in the span of the 16 bit-flip syndromes
+//! (precomputed once per packet length). That keeps 16 of the ICRC's 32 bits
+//! of protection against corruption for peers like RXE whose IP IDs count.
 
 mod sys;
 
@@ -75,10 +79,69 @@ pub trait Port {
 /// Outcome of an ICRC check on a port that cannot see the IP header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IcrcCheck {
-    /// Verified.
+    /// Verified with IP ID 0 (full 32-bit check).
     Ok,
-    /// Wrong for every IP ID the check can try.
+    /// Consistent with the given IPv4 ID (16-bit strength: the ID is solved
+    /// for, not known).
+    OkWithId(u16),
+    /// Wrong for every possible IP ID: drop the packet.
+    Bad,
+    /// Cannot be checked (IPv6 peer with a non-matching flow label, or a
+    /// packet too short to hold an ICRC).
     Unverifiable,
+}
+
+/// The 16 ICRC syndromes of flipping each IPv4 ID bit, for one ICRC input
+/// length, reduced to a basis for solving.
+#[derive(Debug, Clone, Default)]
+struct IdBasis {
+    /// (vector, combination of ID bits producing it), distinct pivots.
+    rows: Vec<(u32, u16)>,
+}
+
+impl IdBasis {
+    /// `n`: bytes the ICRC covers; the IPv4 ID sits at bytes 12..14 of that
+    /// input (after the 8 bytes standing for the LRH).
+    fn new(n: usize) -> IdBasis {
+        let zero = vec![0u8; n];
+        let z = crc32fast::hash(&zero);
+        let mut e = zero;
+        let mut b = IdBasis::default();
+        for bit in 0..16u16 {
+            let (byte, mask) = (12 + usize::from(1 - bit / 8), 1u8 << (bit % 8));
+            e[byte] ^= mask;
+            let v = crc32fast::hash(&e) ^ z;
+            e[byte] ^= mask;
+            b.insert(v, 1 << bit);
+        }
+        b
+    }
+
+    fn insert(&mut self, mut v: u32, mut m: u16) {
+        for &(r, rm) in &self.rows {
+            if v & (1 << (31 - r.leading_zeros())) != 0 {
+                v ^= r;
+                m ^= rm;
+            }
+        }
+        if v != 0 {
+            self.rows.push((v, m));
+            // Highest pivot first, so each reduction step only touches lower bits.
+            self.rows.sort_by_key(|r| r.0.leading_zeros());
+        }
+    }
+
+    /// The ID whose syndrome is `d`, if any.
+    fn solve(&self, mut d: u32) -> Option<u16> {
+        let mut m = 0u16;
+        for &(r, rm) in &self.rows {
+            if d & (1 << (31 - r.leading_zeros())) != 0 {
+                d ^= r;
+                m ^= rm;
+            }
+        }
+        (d == 0).then_some(m)
+    }
 }
 
 /// A UDP socket port bound to `addr:4791`.
@@ -86,6 +149,8 @@ pub enum IcrcCheck {
 pub struct UdpPort {
     sock: UdpSocket,
     local: SocketAddr,
+    /// Syndrome bases by ICRC input length (see [`UdpPort::check_icrc`]).
+    id_bases: std::collections::HashMap<usize, IdBasis>,
 }
 
 impl UdpPort {
@@ -114,7 +179,11 @@ impl UdpPort {
         sock.set_nonblocking(true)?;
         sys::set_df(&sock, ip.is_ipv4())?;
         let local = sock.local_addr()?;
-        Ok(UdpPort { sock, local })
+        Ok(UdpPort {
+            sock,
+            local,
+            id_bases: std::collections::HashMap::new(),
+        })
     }
 
     fn pseudo(&self, src: SocketAddr, dst: SocketAddr, ib: &[u8]) -> Option<u32> {
@@ -167,16 +236,32 @@ impl UdpPort {
         Ok(())
     }
 
-    /// Checks the ICRC of a packet received from `src`.
-    pub fn check_icrc(&self, src: SocketAddr, ib: &[u8]) -> IcrcCheck {
+    /// Checks the ICRC of a packet received from `src`: exactly when the
+    /// sender used IP ID 0, else by solving for the ID (IPv4).
+    pub fn check_icrc(&mut self, src: SocketAddr, ib: &[u8]) -> IcrcCheck {
         if ib.len() < BTH_LEN + ICRC_LEN {
             return IcrcCheck::Unverifiable;
         }
         let n = ib.len();
         let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
-        match self.pseudo(src, self.local, ib) {
-            Some(c) if c == stored => IcrcCheck::Ok,
-            _ => IcrcCheck::Unverifiable,
+        let Some(c0) = self.pseudo(src, self.local, ib) else {
+            return IcrcCheck::Unverifiable;
+        };
+        if c0 == stored {
+            return IcrcCheck::Ok;
+        }
+        if !src.is_ipv4() {
+            return IcrcCheck::Unverifiable;
+        }
+        // 8 bytes for the LRH, 20 IPv4, 8 UDP, then BTH..pad.
+        let len = 8 + 20 + 8 + n - ICRC_LEN;
+        let basis = self
+            .id_bases
+            .entry(len)
+            .or_insert_with(|| IdBasis::new(len));
+        match basis.solve(stored ^ c0) {
+            Some(id) => IcrcCheck::OkWithId(id),
+            None => IcrcCheck::Bad,
         }
     }
 }

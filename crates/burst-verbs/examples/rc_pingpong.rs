@@ -269,8 +269,8 @@ fn run(o: Opts) -> Result<(), String> {
     );
     let c = dev.counters();
     println!(
-        "burst: {} packets sent, {} received ({} ICRC verified, {} unverifiable: peer IP ID unknown), {} dropped by -l; data verified",
-        c.sent_pkts, c.rcvd_pkts, c.icrc_verified, c.icrc_unverified, c.test_dropped
+        "burst: {} packets sent, {} received (ICRC: {} verified, {} verified with the peer's IP ID solved for, {} unverifiable, {} bad), {} dropped by -l; data verified",
+        c.sent_pkts, c.rcvd_pkts, c.icrc_verified, c.icrc_id_solved, c.icrc_unverified, c.icrc_errors, c.test_dropped
     );
     drop(dev);
     drop(buf);

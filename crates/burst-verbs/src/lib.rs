@@ -35,8 +35,14 @@ pub struct DeviceCounters {
     pub rcvd_pkts: u64,
     /// Received packets whose ICRC verified.
     pub icrc_verified: u64,
-    /// Received packets whose ICRC could not be checked (IP ID unknown).
+    /// Received packets whose ICRC matched once the sender's IPv4 ID was
+    /// solved for (16-bit strength; RXE and RNICs count IDs).
+    pub icrc_id_solved: u64,
+    /// Received packets whose ICRC could not be checked (IPv6 peers whose
+    /// ICRC does not match the header burst reconstructs).
     pub icrc_unverified: u64,
+    /// Received packets dropped for a bad ICRC.
+    pub icrc_errors: u64,
     /// Malformed packets dropped.
     pub malformed: u64,
     /// Packets for no QP of this device.
@@ -355,8 +361,12 @@ impl Device {
             };
             match self.port.check_icrc(b.peer, b.bytes()) {
                 IcrcCheck::Ok => self.counters.icrc_verified += 1,
-                // The peer's IP ID is not visible through a UDP socket.
+                IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
                 IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
+                IcrcCheck::Bad => {
+                    self.counters.icrc_errors += 1;
+                    continue;
+                }
             }
             let qpn = pkt.bth().dest_qp();
             let Some(q) = self.qps.iter_mut().find(|q| q.qpn() == qpn) else {
