@@ -89,34 +89,17 @@ impl HeaderSet {
     }
 
     /// Byte offset (from the end of the BTH) of header `h` within a packet
-    /// carrying `self`: the summed lengths of the headers before it.
+    /// carrying `self`: the summed lengths of the headers before it. The
+    /// flags are in wire order, so that is the length of the subset of
+    /// `self` below `h`'s bit (a table lookup: this runs per packet).
     pub const fn offset_of(self, h: HeaderSet) -> usize {
-        let mut off = 0;
-        let mut i = 0;
-        while i < ORDER.len() {
-            let (flag, len) = ORDER[i];
-            if flag.0 == h.0 {
-                return off;
-            }
-            if self.0 & flag.0 != 0 {
-                off += len;
-            }
-            i += 1;
-        }
-        off
+        let below = if h.0 == 0 { 0 } else { h.0 - 1 };
+        LEN_TABLE[(self.0 & below & 0x7f) as usize] as usize
     }
 
     /// Total length of the extended headers in `self`.
     pub const fn len(self) -> usize {
-        let mut n = 0;
-        let mut i = 0;
-        while i < ORDER.len() {
-            if self.0 & ORDER[i].0 .0 != 0 {
-                n += ORDER[i].1;
-            }
-            i += 1;
-        }
-        n
+        LEN_TABLE[(self.0 & 0x7f) as usize] as usize
     }
 
     /// True when the set is empty.
@@ -124,6 +107,25 @@ impl HeaderSet {
         self.0 == 0
     }
 }
+
+/// Length of every subset of the seven extended headers, by flag bits.
+const LEN_TABLE: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut set = 0;
+    while set < 128 {
+        let mut n = 0;
+        let mut i = 0;
+        while i < ORDER.len() {
+            if set & ORDER[i].0 .0 as usize != 0 {
+                n += ORDER[i].1;
+            }
+            i += 1;
+        }
+        t[set] = n as u8;
+        set += 1;
+    }
+    t
+};
 
 /// Spec order of the extended headers and their lengths.
 const ORDER: [(HeaderSet, usize); 7] = [
