@@ -80,6 +80,50 @@ impl SendWqe {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub u32);
 
+/// A completion channel (`ibv_comp_channel`): CQs armed with
+/// [`Context::req_notify_cq`] report their next completion here, and the
+/// channel's file descriptor becomes readable.
+#[derive(Debug)]
+pub struct CompChannel {
+    fd: crate::eventfd::EventFd,
+    events: SegQueue<CqId>,
+}
+
+impl CompChannel {
+    /// The file descriptor to `poll()` for readability.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
+    /// `ibv_get_cq_event`: the next CQ with an event, waiting up to `timeout`.
+    pub fn get_cq_event(&self, timeout: Duration) -> Option<CqId> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(cq) = self.events.pop() {
+                return Some(cq);
+            }
+            self.fd.drain();
+            // An event may have landed between the pop and the drain.
+            if let Some(cq) = self.events.pop() {
+                return Some(cq);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || !self.fd.wait(left) {
+                return self.events.pop();
+            }
+        }
+    }
+}
+
+/// A completion queue: a ring, and its notification state.
+#[derive(Debug)]
+struct Cq {
+    ring: ArrayQueue<WorkCompletion>,
+    channel: Option<Arc<CompChannel>>,
+    /// Armed for the next completion.
+    armed: AtomicBool,
+}
+
 struct QpRings {
     qpn: Qpn,
     send: ArrayQueue<SendWqe>,
@@ -113,7 +157,7 @@ struct Shared {
     mrs: Arc<MrTable>,
     doorbell: SegQueue<u32>,
     rings: std::sync::RwLock<Vec<Arc<QpRings>>>,
-    cqs: std::sync::RwLock<Vec<Arc<ArrayQueue<WorkCompletion>>>>,
+    cqs: std::sync::RwLock<Vec<Arc<Cq>>>,
     stop: AtomicBool,
 }
 
@@ -267,7 +311,7 @@ fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
         // Completions into the CQ rings, in order per CQ.
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
         while let Some(s) = spill.front() {
-            match cqs.get(s.cq).map(|q| q.push(s.wc)) {
+            match cqs.get(s.cq).map(|q| deliver(q, s.cq, s.wc)) {
                 Some(Err(_)) => break,
                 _ => {
                     spill.pop_front();
@@ -278,7 +322,7 @@ fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
             while let Some(wc) = dev.take_completion(qpn) {
                 busy = true;
                 let cq = if wc.is_recv() { rcq } else { scq };
-                if !spill.is_empty() || cqs.get(cq).is_some_and(|q| q.push(wc).is_err()) {
+                if !spill.is_empty() || cqs.get(cq).is_some_and(|q| deliver(q, cq, wc).is_err()) {
                     spill.push_back(Spill { cq, wc });
                 }
             }
@@ -297,6 +341,18 @@ fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
             }
         }
     }
+}
+
+/// Puts a completion in a CQ ring and fires its event if it is armed.
+fn deliver(q: &Cq, id: usize, wc: WorkCompletion) -> Result<(), WorkCompletion> {
+    q.ring.push(wc)?;
+    if q.armed.swap(false, Ordering::AcqRel) {
+        if let Some(ch) = &q.channel {
+            ch.events.push(CqId(id as u32));
+            ch.fd.signal();
+        }
+    }
+    Ok(())
 }
 
 /// Why a front-end call failed.
@@ -345,9 +401,38 @@ impl Context {
 
     /// Creates a completion queue ring of `depth` entries.
     pub fn create_cq(&self, depth: usize) -> CqId {
+        self.create_cq_with(depth, None)
+    }
+
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> std::io::Result<Arc<CompChannel>> {
+        Ok(Arc::new(CompChannel {
+            fd: crate::eventfd::EventFd::new()?,
+            events: SegQueue::new(),
+        }))
+    }
+
+    /// Creates a CQ that reports events on `channel` once armed.
+    pub fn create_cq_with(&self, depth: usize, channel: Option<Arc<CompChannel>>) -> CqId {
         let mut cqs = self.shared.cqs.write().unwrap_or_else(|e| e.into_inner());
-        cqs.push(Arc::new(ArrayQueue::new(depth.max(1))));
+        cqs.push(Arc::new(Cq {
+            ring: ArrayQueue::new(depth.max(1)),
+            channel,
+            armed: AtomicBool::new(false),
+        }));
         CqId((cqs.len() - 1) as u32)
+    }
+
+    /// `ibv_req_notify_cq`: the next completion added to `cq` raises one
+    /// event on its channel (completions already in the ring do not).
+    pub fn req_notify_cq(&self, cq: CqId) -> Result<(), PostError> {
+        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        let q = cqs.get(cq.0 as usize).ok_or(PostError::NoSuch)?;
+        if q.channel.is_none() {
+            return Err(PostError::Invalid);
+        }
+        q.armed.store(true, Ordering::Release);
+        Ok(())
     }
 
     fn call<T>(&self, make: impl FnOnce(Sender<T>) -> Control) -> Result<T, PostError> {
@@ -476,6 +561,6 @@ impl Context {
     /// Takes a completion from a CQ ring (never blocks).
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
         let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-        cqs.get(cq.0 as usize)?.pop()
+        cqs.get(cq.0 as usize)?.ring.pop()
     }
 }

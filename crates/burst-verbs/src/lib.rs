@@ -12,6 +12,7 @@
 //! come; this type's interface is what it will sit behind.
 
 pub mod engine;
+pub mod eventfd;
 
 use std::collections::VecDeque;
 use std::io;

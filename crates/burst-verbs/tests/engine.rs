@@ -164,3 +164,75 @@ fn two_threads_post_writes_and_sends_through_rings() {
         "RDMA WRITE data differs"
     );
 }
+
+#[test]
+fn completion_channel_wakes_a_waiting_thread_once_armed() {
+    let ea = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 85, 1)), Mtu::Mtu1024).unwrap();
+    let eb = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 85, 2)), Mtu::Mtu1024).unwrap();
+    let (a, b) = (ea.context(), eb.context());
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let ch = b.create_comp_channel().unwrap();
+    assert!(ch.fd() >= 0);
+    let scq = a.create_cq(16);
+    let rcq = b.create_cq_with(16, Some(Arc::clone(&ch)));
+    assert!(a.req_notify_cq(scq).is_err(), "no channel: EINVAL");
+    let qa = a.create_qp(QpType::Rc, pa, scq, scq, 16).unwrap();
+    let qb = b.create_qp(QpType::Rc, pb, rcq, rcq, 16).unwrap();
+    connect(&a, qa, b.gid(), qb, 1, 2);
+    connect(&b, qb, a.gid(), qa, 2, 1);
+    let mut sbuf = vec![7u8; 64];
+    let mut rbuf = vec![0u8; 256];
+    // SAFETY: both buffers outlive the engines (dropped first below).
+    let (ks, kr) = unsafe {
+        (
+            a.reg_mr(pa, sbuf.as_mut_ptr(), 64, Access(1)).unwrap(),
+            b.reg_mr(pb, rbuf.as_mut_ptr(), 256, Access(1)).unwrap(),
+        )
+    };
+    for i in 0..2u64 {
+        b.post_recv(
+            qb,
+            &RecvWr {
+                wr_id: i,
+                sg_list: vec![Sge {
+                    addr: kr.addr + i * 128,
+                    length: 128,
+                    lkey: kr.lkey,
+                }],
+            },
+        )
+        .unwrap();
+    }
+    let send = |id| {
+        SendWr::new(
+            id,
+            SendOp::Send,
+            vec![Sge {
+                addr: ks.addr,
+                length: 64,
+                lkey: ks.lkey,
+            }],
+        )
+    };
+    // Not armed: a completion arrives but raises no event.
+    a.post_send(qa, &send(1)).unwrap();
+    drain(&b, rcq, 1);
+    assert_eq!(ch.get_cq_event(Duration::from_millis(200)), None);
+    // Armed: a thread blocked on the channel wakes with the CQ.
+    b.req_notify_cq(rcq).unwrap();
+    let waiter = {
+        let ch = Arc::clone(&ch);
+        std::thread::spawn(move || ch.get_cq_event(Duration::from_secs(10)))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    a.post_send(qa, &send(2)).unwrap();
+    assert_eq!(waiter.join().unwrap(), Some(rcq));
+    let wc = b
+        .poll_cq(rcq)
+        .expect("the completion that raised the event");
+    assert_eq!((wc.wr_id, wc.byte_len), (1, 64));
+    // One event per arming.
+    assert_eq!(ch.get_cq_event(Duration::from_millis(100)), None);
+    drop((ea, eb));
+    assert_eq!(&rbuf[128..192], &[7u8; 64][..]);
+}
