@@ -202,7 +202,12 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("burst-engine".into())
-            .spawn(move || run(&mut dev, &shared, &control_rx))?;
+            .spawn(move || {
+                let _span = tracing::info_span!("burst-engine", %ip).entered();
+                tracing::info!("engine started");
+                run(&mut dev, &shared, &control_rx);
+                tracing::info!(counters = ?dev.counters(), "engine stopped");
+            })?;
         Ok(Engine {
             ctx,
             thread: Some(thread),

@@ -52,6 +52,60 @@ pub struct DeviceCounters {
     pub test_dropped: u64,
 }
 
+/// Vendor ID burst reports: not a real vendor's (so perftest takes its
+/// generic path); 0xb0 0x57 reads "burst".
+pub const VENDOR_ID: u32 = 0x00b0_57b0;
+
+/// What [`Device::query_device`] reports (the fields of `ibv_device_attr`
+/// an application sizes itself by); every limit is one the stack enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Vendor ID ([`VENDOR_ID`]).
+    pub vendor_id: u32,
+    /// Node GUID (EUI-64 derived from the address).
+    pub node_guid: u64,
+    /// Queue pairs.
+    pub max_qp: u32,
+    /// Work requests per queue.
+    pub max_qp_wr: u32,
+    /// SGEs per work request.
+    pub max_sge: u32,
+    /// Inline bytes per send.
+    pub max_inline_data: u32,
+    /// Outstanding RDMA READ/atomic per QP, as target and as initiator.
+    pub max_qp_rd_atom: u32,
+    /// Largest message.
+    pub max_msg_sz: u32,
+}
+
+/// What [`Device::query_port`] reports (`ibv_port_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Always ACTIVE while the device is open.
+    pub active: bool,
+    /// Largest path MTU.
+    pub max_mtu: Mtu,
+    /// Active MTU (from the interface MTU, as RXE computes it).
+    pub active_mtu: Mtu,
+    /// Link layer: Ethernet (RoCE).
+    pub link_layer_ethernet: bool,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+}
+
+/// The active RoCE MTU for an interface MTU, as RXE computes it: the
+/// largest IB MTU that fits with the RoCEv2 headers (1500 → 1024, 9000 → 4096).
+pub fn active_mtu_for(if_mtu: usize) -> Mtu {
+    // RXE subtracts GRH (40) + UDP + BTH + AtomicETH + ICRC.
+    let room = if_mtu.saturating_sub(40 + 8 + 12 + 28 + 4);
+    Mtu::ALL
+        .iter()
+        .rev()
+        .copied()
+        .find(|m| m.bytes() <= room)
+        .unwrap_or(Mtu::Mtu256)
+}
+
 /// The far end of an RC (or UC) connection, as exchanged out of band.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RcPeer {
@@ -142,6 +196,7 @@ pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
 
 impl Device {
     /// Opens a device on `ip` (an address of this host), binding UDP 4791.
+    /// `port_mtu` is the active MTU ([`active_mtu_for`] the interface's).
     pub fn open(ip: IpAddr, port_mtu: Mtu) -> io::Result<Device> {
         Device::open_with(ip, port_mtu, Arc::new(MrTable::new()))
     }
@@ -169,6 +224,37 @@ impl Device {
     /// The device's RoCE v2 GID (index 0 here).
     pub fn gid(&self) -> [u8; 16] {
         gid_of(self.port.local_addr().ip())
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        let g = self.gid();
+        DeviceAttr {
+            vendor_id: VENDOR_ID,
+            node_guid: u64::from_be_bytes([g[8] ^ 2, g[9], g[10], 0xff, 0xfe, g[13], g[14], g[15]]),
+            max_qp: 1 << 16,
+            max_qp_wr: 4096,
+            max_sge: 32,
+            max_inline_data: 256,
+            max_qp_rd_atom: u32::from(burst_transport::MAX_RD_ATOMIC),
+            max_msg_sz: u32::MAX,
+        }
+    }
+
+    /// `ibv_query_port` (port 1, the only one).
+    pub fn query_port(&self) -> PortAttr {
+        PortAttr {
+            active: true,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: self.port_mtu,
+            link_layer_ethernet: true,
+            gid_tbl_len: 1,
+        }
+    }
+
+    /// `ibv_query_gid`: index 0 is the RoCE v2 GID of the device's address.
+    pub fn query_gid(&self, index: u32) -> Option<[u8; 16]> {
+        (index == 0).then(|| self.gid())
     }
 
     /// Counters.
@@ -232,11 +318,19 @@ impl Device {
 
     /// `ibv_modify_qp`.
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), VerbsError> {
+        let _span =
+            tracing::debug_span!("modify_qp", qpn = qpn.value(), to = ?attr.state).entered();
         if attr.ah.is_some_and(|a| a as usize >= self.ahs.len()) {
+            tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
             return Err(VerbsError::InvalidValue("ah"));
         }
         let i = self.qp_index(qpn)?;
-        self.qps[i].modify(attr)
+        let r = self.qps[i].modify(attr);
+        match &r {
+            Ok(()) => tracing::debug!(state = ?self.qps[i].state(), "QP modified"),
+            Err(e) => tracing::warn!("modify_qp refused: {e} (errno {})", e.errno()),
+        }
+        r
     }
 
     /// Moves an RC QP from RESET to RTS towards `peer` (INIT, RTR and RTS

@@ -377,3 +377,27 @@ fn qps_on_one_device_talk_to_each_other() {
     assert_eq!(&dst[10_040..11_040], &src[..1000]);
     assert_eq!(got, [QpType::Rc, QpType::Uc]);
 }
+
+#[test]
+fn queries_report_what_the_stack_enforces() {
+    let d = Device::open(
+        IpAddr::V4(Ipv4Addr::new(127, 0, 86, 1)),
+        burst_verbs::active_mtu_for(1500),
+    )
+    .unwrap();
+    let a = d.query_device();
+    assert_eq!(a.vendor_id, burst_verbs::VENDOR_ID);
+    assert_eq!(a.max_qp_rd_atom, u32::from(MAX_RD_ATOMIC));
+    let p = d.query_port();
+    assert!(p.active && p.link_layer_ethernet);
+    assert_eq!(p.active_mtu, Mtu::Mtu1024, "RXE: 1500 -> 1024");
+    assert_eq!(burst_verbs::active_mtu_for(9000), Mtu::Mtu4096);
+    let gid = d.query_gid(0).unwrap();
+    assert_eq!(
+        &gid[..12],
+        &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff],
+        "IPv4-mapped RoCE v2 GID"
+    );
+    assert_eq!(&gid[12..], &[127, 0, 86, 1]);
+    assert_eq!(d.query_gid(1), None);
+}
