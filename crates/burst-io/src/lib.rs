@@ -21,7 +21,7 @@ mod sys;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-use burst_wire::{icrc, FrameRepr, IbRepr, IpRepr, UdpRepr, BTH_LEN, ICRC_LEN, ROCEV2_PORT};
+use burst_wire::{emit_ip_udp, icrc, IpRepr, UdpRepr, BTH_LEN, ICRC_LEN, ROCEV2_PORT};
 
 /// Largest datagram a port buffer holds (jumbo frames with a 4096-byte MTU).
 pub const MAX_PACKET: usize = 9216;
@@ -186,37 +186,23 @@ impl UdpPort {
         })
     }
 
+    /// The ICRC `ib` has when sent from `src` to `dst` as the kernel builds
+    /// the headers (IP ID 0, DF, UDP checksum 0).
     fn pseudo(&self, src: SocketAddr, dst: SocketAddr, ib: &[u8]) -> Option<u32> {
         let ip = match (src.ip(), dst.ip()) {
             (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::v4(s, d),
             (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::v6(s, d),
             _ => return None,
         };
-        // Only the IP and UDP headers are built: the ICRC of the real bytes.
-        let f = FrameRepr {
-            eth: None,
-            ip,
-            udp: UdpRepr {
-                src_port: src.port(),
-                dst_port: dst.port(),
-                checksum: 0,
-            },
-            ib: IbRepr::new(burst_wire::BthRepr::new(
-                burst_wire::Opcode::RC_ACKNOWLEDGE,
-                burst_wire::Qpn::default(),
-                burst_wire::Psn::new(0),
-            )),
+        let udp = UdpRepr {
+            src_port: src.port(),
+            dst_port: dst.port(),
+            checksum: 0,
         };
         let mut hdr = [0u8; 48];
-        let ip_len = f.ip.header_len();
-        let udp_len = 8 + ib.len();
-        write_ip_udp(&f, &mut hdr, udp_len)?;
-        icrc::compute(
-            &hdr[..ip_len],
-            &hdr[ip_len..ip_len + 8],
-            &ib[..ib.len() - ICRC_LEN],
-        )
-        .ok()
+        let n = emit_ip_udp(&ip, &udp, 8 + ib.len(), &mut hdr).ok()?;
+        let ip_len = ip.header_len();
+        icrc::compute(&hdr[..ip_len], &hdr[ip_len..n], &ib[..ib.len() - ICRC_LEN]).ok()
     }
 
     /// Computes and stores the ICRC of a transport packet about to be sent to
@@ -264,33 +250,6 @@ impl UdpPort {
             None => IcrcCheck::Bad,
         }
     }
-}
-
-/// Writes the IP and UDP headers `f` would emit for a UDP length of `udp_len`.
-fn write_ip_udp(f: &FrameRepr, out: &mut [u8; 48], udp_len: usize) -> Option<()> {
-    // Emit a whole header-only frame into a scratch buffer and keep its
-    // first bytes: one code path for header layout (burst-wire's).
-    let mut scratch = [0u8; 48 + BTH_LEN + 4 + ICRC_LEN];
-    let mut g = *f;
-    g.ib.aeth = Some(burst_wire::AethRepr {
-        syndrome: burst_wire::Syndrome::Ack(burst_wire::Credits(0)),
-        msn: 0,
-    });
-    let len = g.frame_len();
-    g.emit_headers(&mut scratch[..len]).ok()?;
-    let ip_len = f.ip.header_len();
-    out[..ip_len + 8].copy_from_slice(&scratch[..ip_len + 8]);
-    // Patch the lengths for the real payload.
-    let udp_len16 = u16::try_from(udp_len).ok()?;
-    match f.ip {
-        IpRepr::V4(_) => {
-            let total = udp_len16.checked_add(20)?;
-            out[2..4].copy_from_slice(&total.to_be_bytes());
-        }
-        IpRepr::V6(_) => out[4..6].copy_from_slice(&udp_len16.to_be_bytes()),
-    }
-    out[ip_len + 4..ip_len + 6].copy_from_slice(&udp_len16.to_be_bytes());
-    Some(())
 }
 
 impl Port for UdpPort {

@@ -295,7 +295,7 @@ fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
                     wr_id: w.wr_id,
                     sg_list: w.sges[..usize::from(w.num_sge)].to_vec(),
                 };
-                if dev.post_recv_quiet(r.qpn, wr).is_err() {
+                if dev.post_recv(r.qpn, wr).is_err() {
                     spill.push_back(Spill {
                         cq: rcq,
                         wc: refused(w.wr_id, WcOpcode::Recv, r.qpn),

@@ -397,11 +397,6 @@ impl Device {
         self.qps[i].post_send(wr, &mem)
     }
 
-    /// Posts a receive (no progress; see [`Device::post_send_quiet`]).
-    pub fn post_recv_quiet(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
-        self.post_recv(qpn, wr)
-    }
-
     /// Takes a completion of `qpn` gathered by earlier progress.
     pub fn take_completion(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
         let i = self.qp_index(qpn).ok()?;
@@ -468,8 +463,10 @@ impl Device {
                 self.counters.no_qp += 1;
                 continue;
             };
-            let grh = grh_for(b.peer.ip(), local.ip(), b.len);
-            q.handle_packet(now, &pkt, Some(&grh), &mut mem);
+            // Only UD receives carry a GRH area: don't build it for RC/UC.
+            let grh = (pkt.info().transport == burst_wire::Transport::Ud)
+                .then(|| grh_for(b.peer.ip(), local.ip(), b.len));
+            q.handle_packet(now, &pkt, grh.as_ref(), &mut mem);
         }
     }
 

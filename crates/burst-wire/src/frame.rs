@@ -535,20 +535,38 @@ impl FrameRepr {
             }
         }
         let ip_at = self.ip_offset();
-        let udp_at = ip_at + self.ip.header_len();
-        let ib_at = udp_at + UDP_LEN;
-        let udp_len = UDP_LEN + self.ib.buffer_len();
+        let ib_at = self.ib_offset();
         self.ib.emit(&mut buf[ib_at..])?;
-        self.ip.emit(&mut buf[ip_at..], udp_len)?;
-        let u = &mut buf[udp_at..ib_at];
-        u[0..2].copy_from_slice(&self.udp.src_port.to_be_bytes());
-        u[2..4].copy_from_slice(&self.udp.dst_port.to_be_bytes());
-        u[4..6].copy_from_slice(
-            &u16::try_from(udp_len)
-                .map_err(|_| Error::OutOfRange("UDP length"))?
-                .to_be_bytes(),
-        );
-        u[6..8].copy_from_slice(&self.udp.checksum.to_be_bytes());
+        emit_ip_udp(
+            &self.ip,
+            &self.udp,
+            UDP_LEN + self.ib.buffer_len(),
+            &mut buf[ip_at..ib_at],
+        )?;
         Ok(len)
     }
+}
+
+/// Writes the IP and UDP headers of a RoCEv2 datagram whose UDP length
+/// (header included) is `udp_len` into `out` (IP header length + 8 bytes);
+/// returns the bytes written. The one place header layout lives: frames use
+/// it, and so do ports that let the kernel build the real headers but need
+/// them for the ICRC.
+pub fn emit_ip_udp(ip: &IpRepr, udp: &UdpRepr, udp_len: usize, out: &mut [u8]) -> Result<usize> {
+    let ip_len = ip.header_len();
+    check_len("IP and UDP headers", out, ip_len + UDP_LEN).map_err(|_| Error::BufferTooSmall {
+        need: ip_len + UDP_LEN,
+        have: out.len(),
+    })?;
+    ip.emit(out, udp_len)?;
+    let u = &mut out[ip_len..ip_len + UDP_LEN];
+    u[0..2].copy_from_slice(&udp.src_port.to_be_bytes());
+    u[2..4].copy_from_slice(&udp.dst_port.to_be_bytes());
+    u[4..6].copy_from_slice(
+        &u16::try_from(udp_len)
+            .map_err(|_| Error::OutOfRange("UDP length"))?
+            .to_be_bytes(),
+    );
+    u[6..8].copy_from_slice(&udp.checksum.to_be_bytes());
+    Ok(ip_len + UDP_LEN)
 }
