@@ -21,10 +21,12 @@ mod error;
 pub mod memory;
 mod qp;
 pub mod sim;
+mod srq;
 mod types;
 
 pub use counters::Counters;
 pub use error::VerbsError;
 pub use memory::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess};
 pub use qp::{Payload, Qp, Transmit, MAX_RD_ATOMIC};
+pub use srq::Srq;
 pub use types::*;

@@ -12,7 +12,7 @@ use burst_wire::{
 use crate::counters::Counters;
 use crate::memory::{AtomicOp, MemError, Memory, RemoteAccess};
 use crate::types::*;
-use crate::VerbsError;
+use crate::{Srq, VerbsError};
 
 /// Payload of a packet to transmit: a reference to where the bytes are, never
 /// a copy. Its length is the packet's `ib.payload_len`.
@@ -487,7 +487,15 @@ impl Qp {
         self.req.timer = None;
         self.req.rnr_until = None;
         let cur = self.resp.cur_recv.take().map(|r| r.wr);
-        for wr in cur.into_iter().chain(self.resp.rq.drain(..)) {
+        // WQEs of a shared receive queue stay with the SRQ (which is lent to
+        // this QP while one of its packets is handled); only the one this QP
+        // had started is flushed.
+        let own = if self.cfg.srq {
+            Vec::new()
+        } else {
+            self.resp.rq.drain(..).collect()
+        };
+        for wr in cur.into_iter().chain(own) {
             self.completions.push_back(recv_wc(
                 qpn,
                 wr.wr_id,
@@ -613,6 +621,9 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
+        if self.cfg.srq {
+            return Err(VerbsError::InvalidValue("post_recv on a QP with an SRQ"));
+        }
         if self.state == QpState::Reset {
             return Err(VerbsError::InvalidState(self.state));
         }
@@ -795,6 +806,10 @@ impl Qp {
     }
 
     fn credits(&self) -> Credits {
+        if self.cfg.srq {
+            // C9-151: a QP on an SRQ advertises the invalid credit count.
+            return Credits::UNLIMITED;
+        }
         Credits::from_count(self.resp.rq.len() as u32)
     }
 
@@ -1059,6 +1074,25 @@ impl Qp {
     }
 
     // --------------------------------------------------------------- receive
+
+    /// [`Qp::handle_packet`] for a QP created on a shared receive queue:
+    /// receive WQEs are taken from `srq`.
+    pub fn handle_packet_srq(
+        &mut self,
+        now: Nanos,
+        pkt: &IbPacket<&[u8]>,
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+        srq: &mut Srq,
+    ) {
+        debug_assert!(self.cfg.srq, "handle_packet_srq on a QP without an SRQ");
+        // The responder consumes from its own queue; lend it the SRQ's for
+        // the length of this packet (a pointer swap, no copy).
+        std::mem::swap(&mut self.resp.rq, &mut srq.queue);
+        self.handle_packet(now, pkt, grh, mem);
+        std::mem::swap(&mut self.resp.rq, &mut srq.queue);
+        srq.check_limit();
+    }
 
     /// Handles a received, ICRC-checked transport packet addressed to this QP.
     /// `grh` is the 40-byte GRH area for UD receive buffers (see

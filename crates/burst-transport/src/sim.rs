@@ -293,6 +293,10 @@ pub struct World {
     pub qps: Vec<(usize, Qp)>,
     /// Completions polled from each QP (index as in `qps`).
     pub completions: Vec<VecDeque<WorkCompletion>>,
+    /// Shared receive queues and the node each lives on.
+    pub srqs: Vec<(usize, Srq)>,
+    /// The SRQ (index in `srqs`) each QP receives from, if any.
+    qp_srq: Vec<Option<usize>>,
     /// Network statistics.
     pub stats: NetStats,
     faults: Faults,
@@ -323,6 +327,8 @@ impl World {
             mems: (0..nodes).map(|_| SimMemory::default()).collect(),
             qps: Vec::new(),
             completions: Vec::new(),
+            srqs: Vec::new(),
+            qp_srq: Vec::new(),
             stats: NetStats::default(),
             faults,
             rng: Rng::new(seed),
@@ -348,6 +354,31 @@ impl World {
         cfg.port_mtu = port_mtu;
         self.qps.push((node, Qp::new(cfg)));
         self.completions.push(VecDeque::new());
+        self.qp_srq.push(None);
+        self.qps.len() - 1
+    }
+
+    /// Adds a shared receive queue on `node` (PD 1); returns its index.
+    pub fn add_srq(&mut self, node: usize, max_wr: u32) -> usize {
+        self.srqs.push((node, Srq::new(1, max_wr, 4)));
+        self.srqs.len() - 1
+    }
+
+    /// Adds a QP on `node` that receives from SRQ `srq`; returns its index.
+    pub fn add_qp_on_srq(
+        &mut self,
+        node: usize,
+        qp_type: QpType,
+        port_mtu: Mtu,
+        srq: usize,
+    ) -> usize {
+        let qpn = Qpn::new(0x100 + self.qps.len() as u32).unwrap_or_default();
+        let mut cfg = QpConfig::new(qpn, qp_type, 1);
+        cfg.port_mtu = port_mtu;
+        cfg.srq = true;
+        self.qps.push((node, Qp::new(cfg)));
+        self.completions.push(VecDeque::new());
+        self.qp_srq.push(Some(srq));
         self.qps.len() - 1
     }
 
@@ -529,7 +560,13 @@ impl World {
             self.stats.delivered += 1;
             let now = self.now;
             let (node, qp) = &mut self.qps[i];
-            qp.handle_packet(now, &frame.ib, Some(&grh), &mut self.mems[*node]);
+            let mem = &mut self.mems[*node];
+            match self.qp_srq[i] {
+                Some(s) => {
+                    qp.handle_packet_srq(now, &frame.ib, Some(&grh), mem, &mut self.srqs[s].1)
+                }
+                None => qp.handle_packet(now, &frame.ib, Some(&grh), mem),
+            }
         }
         any
     }

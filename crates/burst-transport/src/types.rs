@@ -348,6 +348,9 @@ pub struct QpConfig {
     pub max_inflight_packets: u32,
     /// The port's active MTU: the largest UD message.
     pub port_mtu: Mtu,
+    /// Receives come from a shared receive queue ([`crate::Srq`]) the
+    /// caller lends to [`crate::Qp::handle_packet_srq`]; `post_recv` is refused.
+    pub srq: bool,
 }
 
 impl QpConfig {
@@ -364,6 +367,7 @@ impl QpConfig {
             ack_every: 16,
             max_inflight_packets: 256,
             port_mtu: Mtu::Mtu4096,
+            srq: false,
         }
     }
 }

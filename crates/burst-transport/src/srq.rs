@@ -1,0 +1,127 @@
+//! Shared receive queues.
+
+use std::collections::VecDeque;
+
+use crate::{Memory, RecvWr, VerbsError};
+
+/// A shared receive queue (`ibv_srq`): receive WQEs that any QP created
+/// with it consumes, in posting order, as requests arrive.
+///
+/// Like a [`crate::Qp`] it is plain state: the caller owns it and lends it
+/// to [`crate::Qp::handle_packet_srq`] for each packet of a QP attached to
+/// it. QPs on an SRQ advertise no credits (AETH credit code 0x1F, as the
+/// spec requires) and refuse `post_recv`.
+///
+/// ```
+/// use burst_transport::{RecvWr, Sge, Srq, sim::{Access, SimMemory}};
+/// let mut mem = SimMemory::default();
+/// let pd = 1;
+/// let (key, addr) = mem.register(pd, 4096, Access::ALL);
+/// let mut srq = Srq::new(pd, 16, 1);
+/// srq.set_limit(2).unwrap();
+/// let sge = Sge { addr, length: 64, lkey: key };
+/// srq.post_recv(RecvWr { wr_id: 7, sg_list: vec![sge] }, &mem).unwrap();
+/// assert_eq!(srq.len(), 1);
+/// // Another WR with a foreign key is refused at post time.
+/// let bad = Sge { addr, length: 64, lkey: key ^ 1 };
+/// assert!(srq.post_recv(RecvWr { wr_id: 8, sg_list: vec![bad] }, &mem).is_err());
+/// ```
+#[derive(Debug)]
+pub struct Srq {
+    pd: u32,
+    max_wr: u32,
+    max_sge: u32,
+    pub(crate) queue: VecDeque<RecvWr>,
+    /// `srq_limit`: when armed (non-zero) and the queue falls below it, one
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` fires and the limit disarms.
+    limit: u32,
+    limit_event: bool,
+}
+
+impl Srq {
+    /// An empty SRQ in protection domain `pd`.
+    pub fn new(pd: u32, max_wr: u32, max_sge: u32) -> Srq {
+        Srq {
+            pd,
+            max_wr,
+            max_sge,
+            queue: VecDeque::new(),
+            limit: 0,
+            limit_event: false,
+        }
+    }
+
+    /// Receive WQEs waiting.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// No receive WQE waiting.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Depth.
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// SGEs per WQE.
+    pub fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
+    /// The armed limit (0 = not armed).
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// `ibv_post_srq_recv`: the SGEs are checked against the SRQ's PD now.
+    pub fn post_recv(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
+        if self.queue.len() >= self.max_wr as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sg_list.len() > self.max_sge as usize {
+            return Err(VerbsError::TooManySge);
+        }
+        if mem.check_local(self.pd, &wr.sg_list, true).is_err() {
+            // A QP would complete this with LOC_PROT_ERR, but an SRQ WQE has
+            // no QP yet: refuse it at post time instead.
+            return Err(VerbsError::InvalidValue("sg_list"));
+        }
+        self.queue.push_back(wr);
+        Ok(())
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event
+    /// (`EINVAL` beyond the depth).
+    pub fn set_limit(&mut self, limit: u32) -> Result<(), VerbsError> {
+        if limit > self.max_wr {
+            return Err(VerbsError::InvalidValue("srq_limit"));
+        }
+        self.limit = limit;
+        Ok(())
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_MAX_WR`: resizes (never below what is queued).
+    pub fn resize(&mut self, max_wr: u32) -> Result<(), VerbsError> {
+        if (max_wr as usize) < self.queue.len() || max_wr == 0 {
+            return Err(VerbsError::InvalidValue("max_wr"));
+        }
+        self.max_wr = max_wr;
+        Ok(())
+    }
+
+    /// Takes the pending limit-reached event, if one fired.
+    pub fn take_limit_event(&mut self) -> bool {
+        std::mem::take(&mut self.limit_event)
+    }
+
+    /// After a QP consumed WQEs: fire the limit event once if armed and crossed.
+    pub(crate) fn check_limit(&mut self) {
+        if self.limit > 0 && (self.queue.len() as u32) < self.limit {
+            self.limit = 0;
+            self.limit_event = true;
+        }
+    }
+}
