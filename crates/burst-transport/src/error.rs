@@ -24,6 +24,9 @@ pub enum VerbsError {
     /// The work request is malformed for this QP (opcode, length, inline size).
     #[error("invalid work request: {0}")]
     BadWr(&'static str),
+    /// The object is still in use (destroying an SRQ with QPs on it).
+    #[error("busy: {0}")]
+    Busy(&'static str),
 }
 
 impl VerbsError {
@@ -31,6 +34,7 @@ impl VerbsError {
     pub fn errno(self) -> i32 {
         match self {
             VerbsError::QueueFull => 12, // ENOMEM, as rdma-core providers report a full queue
+            VerbsError::Busy(_) => 16,   // EBUSY
             _ => 22,                     // EINVAL
         }
     }

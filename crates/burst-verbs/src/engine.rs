@@ -25,7 +25,7 @@ use burst_transport::{
 };
 use burst_wire::{Mtu, Qpn};
 
-use crate::{Device, DeviceCounters};
+use crate::{Device, DeviceCounters, QpInit, SrqId, FIRST_QPN};
 
 /// SGEs a ring entry holds.
 pub const RING_MAX_SGE: usize = 8;
@@ -128,16 +128,42 @@ struct QpRings {
     qpn: Qpn,
     send: ArrayQueue<SendWqe>,
     recv: ArrayQueue<RecvWqe>,
+    send_cq: CqId,
+    recv_cq: CqId,
 }
+
+/// Doorbells carry a QPN (24 bits) or, with this bit, an SRQ index.
+const SRQ_DOORBELL: u32 = 1 << 31;
 
 /// Control operations, answered on a reply channel (the slow path).
 enum Control {
     CreateQp {
-        qp_type: QpType,
+        init: QpInit,
+        reply: Sender<Result<Qpn, VerbsError>>,
+    },
+    DestroyQp {
+        qpn: Qpn,
+        reply: Sender<Result<(), VerbsError>>,
+    },
+    CreateSrq {
         pd: Pd,
-        send_cq: CqId,
-        recv_cq: CqId,
-        reply: Sender<Qpn>,
+        max_wr: u32,
+        max_sge: u32,
+        reply: Sender<Result<SrqId, VerbsError>>,
+    },
+    DestroySrq {
+        srq: SrqId,
+        reply: Sender<Result<(), VerbsError>>,
+    },
+    ModifySrq {
+        srq: SrqId,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+        reply: Sender<Result<(), VerbsError>>,
+    },
+    QueryQp {
+        qpn: Qpn,
+        reply: Sender<Option<(burst_transport::QpState, burst_transport::QpConfig)>>,
     },
     CreateAh {
         gid: [u8; 16],
@@ -156,8 +182,12 @@ enum Control {
 struct Shared {
     mrs: Arc<MrTable>,
     doorbell: SegQueue<u32>,
-    rings: std::sync::RwLock<Vec<Arc<QpRings>>>,
+    /// Indexed by QPN - FIRST_QPN.
+    rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
+    srqs: std::sync::RwLock<Vec<Option<Arc<ArrayQueue<RecvWqe>>>>>,
     cqs: std::sync::RwLock<Vec<Arc<Cq>>>,
+    /// SRQ limit events not yet taken by the application.
+    srq_events: SegQueue<SrqId>,
     stop: AtomicBool,
 }
 
@@ -191,7 +221,9 @@ impl Engine {
             mrs,
             doorbell: SegQueue::new(),
             rings: std::sync::RwLock::new(Vec::new()),
+            srqs: std::sync::RwLock::new(Vec::new()),
             cqs: std::sync::RwLock::new(Vec::new()),
+            srq_events: SegQueue::new(),
             stop: AtomicBool::new(false),
         });
         let (control, control_rx) = bounded(64);
@@ -235,61 +267,99 @@ struct Spill {
     wc: WorkCompletion,
 }
 
-fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
-    // QP index -> (send CQ, recv CQ)
-    let mut routes: Vec<(Qpn, usize, usize)> = Vec::new();
+fn refused(wr_id: u64, opcode: WcOpcode, qpn: Qpn) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status: WcStatus::LocQpOpErr,
+        opcode,
+        byte_len: 0,
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: qpn,
+        src_qp: Qpn::default(),
+        grh: false,
+    }
+}
+
+fn control(dev: &mut Device, c: Control) {
+    match c {
+        Control::CreateQp { init, reply } => {
+            let _ = reply.send(dev.create_qp_with(&init));
+        }
+        Control::DestroyQp { qpn, reply } => {
+            let _ = reply.send(dev.destroy_qp(qpn));
+        }
+        Control::CreateSrq {
+            pd,
+            max_wr,
+            max_sge,
+            reply,
+        } => {
+            let _ = reply.send(dev.create_srq(pd, max_wr, max_sge));
+        }
+        Control::DestroySrq { srq, reply } => {
+            let _ = reply.send(dev.destroy_srq(srq));
+        }
+        Control::ModifySrq {
+            srq,
+            max_wr,
+            limit,
+            reply,
+        } => {
+            let _ = reply.send(dev.modify_srq(srq, max_wr, limit));
+        }
+        Control::QueryQp { qpn, reply } => {
+            let _ = reply.send(dev.query_qp(qpn));
+        }
+        Control::CreateAh { gid, reply } => {
+            let _ = reply.send(dev.create_ah(gid));
+        }
+        Control::ModifyQp { qpn, attr, reply } => {
+            let _ = reply.send(dev.modify_qp(qpn, &attr));
+        }
+        Control::Counters { reply } => {
+            let _ = reply.send(dev.counters());
+        }
+    }
+}
+
+fn run(dev: &mut Device, shared: &Shared, control_rx: &Receiver<Control>) {
     let mut spill: VecDeque<Spill> = VecDeque::new();
     let mut idle = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
         let mut busy = false;
-        while let Ok(c) = control.try_recv() {
+        while let Ok(c) = control_rx.try_recv() {
             busy = true;
-            match c {
-                Control::CreateQp {
-                    qp_type,
-                    pd,
-                    send_cq,
-                    recv_cq,
-                    reply,
-                } => {
-                    let qpn = dev.create_qp(qp_type, pd);
-                    routes.push((qpn, send_cq.0 as usize, recv_cq.0 as usize));
-                    let _ = reply.send(qpn);
-                }
-                Control::CreateAh { gid, reply } => {
-                    let _ = reply.send(dev.create_ah(gid));
-                }
-                Control::ModifyQp { qpn, attr, reply } => {
-                    let _ = reply.send(dev.modify_qp(qpn, &attr));
-                }
-                Control::Counters { reply } => {
-                    let _ = reply.send(dev.counters());
-                }
-            }
+            control(dev, c);
         }
         // Doorbells: move posted WQEs from the rings into the transport.
-        while let Some(qpn) = shared.doorbell.pop() {
+        while let Some(bell) = shared.doorbell.pop() {
             busy = true;
-            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
-            let Some(r) = rings.iter().find(|r| r.qpn.value() == qpn) else {
+            if bell & SRQ_DOORBELL != 0 {
+                let id = SrqId(bell & !SRQ_DOORBELL);
+                let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
+                let Some(Some(ring)) = srqs.get(id.0 as usize) else {
+                    continue;
+                };
+                while let Some(w) = ring.pop() {
+                    let wr = RecvWr {
+                        wr_id: w.wr_id,
+                        sg_list: w.sges[..usize::from(w.num_sge)].to_vec(),
+                    };
+                    // Checked at post time; a WR refused here (the SRQ was
+                    // destroyed meanwhile) has no QP to complete on.
+                    if let Err(e) = dev.post_srq_recv(id, wr) {
+                        tracing::warn!(srq = id.0, "SRQ receive dropped: {e}");
+                    }
+                }
                 continue;
-            };
-            let Some(&(_, scq, rcq)) = routes.iter().find(|x| x.0 == r.qpn) else {
+            }
+            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+            let Some(Some(r)) = rings.get(bell.wrapping_sub(FIRST_QPN) as usize) else {
                 continue;
             };
             // A WR the transport refuses completes with an error, since the
             // application's post call has already returned.
-            let refused = |wr_id, opcode, qpn| WorkCompletion {
-                wr_id,
-                status: WcStatus::LocQpOpErr,
-                opcode,
-                byte_len: 0,
-                imm_data: None,
-                invalidated_rkey: None,
-                qp_num: qpn,
-                src_qp: Qpn::default(),
-                grh: false,
-            };
             while let Some(w) = r.recv.pop() {
                 let wr = RecvWr {
                     wr_id: w.wr_id,
@@ -297,7 +367,7 @@ fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
                 };
                 if dev.post_recv(r.qpn, wr).is_err() {
                     spill.push_back(Spill {
-                        cq: rcq,
+                        cq: r.recv_cq.0 as usize,
                         wc: refused(w.wr_id, WcOpcode::Recv, r.qpn),
                     });
                 }
@@ -306,13 +376,16 @@ fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
                 let (id, op) = (w.wr_id, w.op.wc_opcode());
                 if dev.post_send_quiet(r.qpn, w.into_wr()).is_err() {
                     spill.push_back(Spill {
-                        cq: scq,
+                        cq: r.send_cq.0 as usize,
                         wc: refused(id, op, r.qpn),
                     });
                 }
             }
         }
         dev.progress();
+        for id in dev.take_srq_limit_events() {
+            shared.srq_events.push(id);
+        }
         // Completions into the CQ rings, in order per CQ.
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
         while let Some(s) = spill.front() {
@@ -323,15 +396,17 @@ fn run(dev: &mut Device, shared: &Shared, control: &Receiver<Control>) {
                 }
             }
         }
-        for &(qpn, scq, rcq) in &routes {
-            while let Some(wc) = dev.take_completion(qpn) {
+        let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        for r in rings.iter().flatten() {
+            while let Some(wc) = dev.take_completion(r.qpn) {
                 busy = true;
-                let cq = if wc.is_recv() { rcq } else { scq };
+                let cq = if wc.is_recv() { r.recv_cq } else { r.send_cq }.0 as usize;
                 if !spill.is_empty() || cqs.get(cq).is_some_and(|q| deliver(q, cq, wc).is_err()) {
                     spill.push_back(Spill { cq, wc });
                 }
             }
         }
+        drop(rings);
         drop(cqs);
         if busy {
             idle = 0;
@@ -449,7 +524,8 @@ impl Context {
             .map_err(|_| PostError::Stopped)
     }
 
-    /// Creates a QP with its rings; returns its number.
+    /// Creates a QP with its rings (depth `depth` each) and default sizes;
+    /// returns its number.
     pub fn create_qp(
         &self,
         qp_type: QpType,
@@ -458,6 +534,25 @@ impl Context {
         recv_cq: CqId,
         depth: usize,
     ) -> Result<Qpn, PostError> {
+        let mut init = QpInit::new(qp_type, pd);
+        init.caps.max_send_wr = depth as u32;
+        init.caps.max_recv_wr = depth as u32;
+        self.create_qp_with(&init, send_cq, recv_cq)
+            .map(|q| q.qpn())
+            .map_err(|e| match e {
+                CreateError::Post(p) => p,
+                CreateError::Verbs(_) => PostError::Invalid,
+            })
+    }
+
+    /// `ibv_create_qp`: a QP in RESET with rings sized by `init.caps`,
+    /// completing into `send_cq` / `recv_cq`.
+    pub fn create_qp_with(
+        &self,
+        init: &QpInit,
+        send_cq: CqId,
+        recv_cq: CqId,
+    ) -> Result<QueuePair, CreateError> {
         let n = self
             .shared
             .cqs
@@ -465,26 +560,111 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner())
             .len() as u32;
         if send_cq.0 >= n || recv_cq.0 >= n {
-            return Err(PostError::NoSuch);
+            return Err(CreateError::Post(PostError::NoSuch));
         }
-        let qpn = self.call(|reply| Control::CreateQp {
-            qp_type,
-            pd,
+        let init = *init;
+        let qpn = self
+            .call(|reply| Control::CreateQp { init, reply })?
+            .map_err(CreateError::Verbs)?;
+        let rings = Arc::new(QpRings {
+            qpn,
+            send: ArrayQueue::new(init.caps.max_send_wr.max(1) as usize),
+            recv: ArrayQueue::new(init.caps.max_recv_wr.max(1) as usize),
             send_cq,
             recv_cq,
+        });
+        let i = (qpn.value() - FIRST_QPN) as usize;
+        let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
+        if all.len() <= i {
+            all.resize(i + 1, None);
+        }
+        all[i] = Some(Arc::clone(&rings));
+        Ok(QueuePair {
+            rings,
+            ctx: self.clone(),
+        })
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), CreateError> {
+        {
+            let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = all.get_mut(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
+                *slot = None;
+            }
+        }
+        self.call(|reply| Control::DestroyQp { qpn, reply })?
+            .map_err(CreateError::Verbs)
+    }
+
+    /// `ibv_query_qp`: state and creation config.
+    pub fn query_qp(
+        &self,
+        qpn: Qpn,
+    ) -> Result<(burst_transport::QpState, burst_transport::QpConfig), PostError> {
+        self.call(|reply| Control::QueryQp { qpn, reply })?
+            .ok_or(PostError::NoSuch)
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(
+        &self,
+        pd: Pd,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<SharedReceiveQueue, CreateError> {
+        let id = self
+            .call(|reply| Control::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+                reply,
+            })?
+            .map_err(CreateError::Verbs)?;
+        let ring = Arc::new(ArrayQueue::new(max_wr.max(1) as usize));
+        let mut all = self.shared.srqs.write().unwrap_or_else(|e| e.into_inner());
+        let i = id.0 as usize;
+        if all.len() <= i {
+            all.resize(i + 1, None);
+        }
+        all[i] = Some(Arc::clone(&ring));
+        Ok(SharedReceiveQueue {
+            id,
+            ring,
+            ctx: self.clone(),
+        })
+    }
+
+    /// `ibv_destroy_srq` (EBUSY while QPs use it).
+    pub fn destroy_srq(&self, srq: SrqId) -> Result<(), CreateError> {
+        self.call(|reply| Control::DestroySrq { srq, reply })?
+            .map_err(CreateError::Verbs)?;
+        let mut all = self.shared.srqs.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = all.get_mut(srq.0 as usize) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// `ibv_modify_srq`: resize and/or arm the limit event.
+    pub fn modify_srq(
+        &self,
+        srq: SrqId,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+    ) -> Result<(), CreateError> {
+        self.call(|reply| Control::ModifySrq {
+            srq,
+            max_wr,
+            limit,
             reply,
-        })?;
-        let rings = QpRings {
-            qpn,
-            send: ArrayQueue::new(depth.max(1)),
-            recv: ArrayQueue::new(depth.max(1)),
-        };
-        self.shared
-            .rings
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::new(rings));
-        Ok(qpn)
+        })?
+        .map_err(CreateError::Verbs)
+    }
+
+    /// The next SRQ whose limit event fired (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    pub fn take_srq_event(&self) -> Option<SrqId> {
+        self.shared.srq_events.pop()
     }
 
     /// Creates an address handle for a GID.
@@ -505,16 +685,20 @@ impl Context {
 
     fn ring(&self, qpn: Qpn) -> Result<Arc<QpRings>, PostError> {
         let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
-        rings
-            .iter()
-            .find(|r| r.qpn == qpn)
-            .cloned()
-            .ok_or(PostError::NoSuch)
+        match rings.get(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
+            Some(Some(r)) => Ok(Arc::clone(r)),
+            _ => Err(PostError::NoSuch),
+        }
     }
 
     /// Writes a send WQE into the QP's ring and rings the doorbell. Inline
-    /// data is captured here, as `ibv_post_send` does.
+    /// data is captured here, as `ibv_post_send` does. (A [`QueuePair`]
+    /// handle does the same without looking the QP up.)
     pub fn post_send(&self, qpn: Qpn, wr: &SendWr) -> Result<(), PostError> {
+        self.post_send_to(&*self.ring(qpn)?, wr)
+    }
+
+    fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
         if wr.sg_list.len() > RING_MAX_SGE {
             return Err(PostError::Invalid);
         }
@@ -542,23 +726,15 @@ impl Context {
                 .map_err(|_| PostError::Invalid)?;
             e.inline_len = len as u16;
         }
-        self.ring(qpn)?.send.push(e).map_err(|_| PostError::Full)?;
-        self.shared.doorbell.push(qpn.value());
+        ring.send.push(e).map_err(|_| PostError::Full)?;
+        self.shared.doorbell.push(ring.qpn.value());
         Ok(())
     }
 
     /// Writes a receive WQE into the QP's ring and rings the doorbell.
     pub fn post_recv(&self, qpn: Qpn, wr: &RecvWr) -> Result<(), PostError> {
-        if wr.sg_list.len() > RING_MAX_SGE {
-            return Err(PostError::Invalid);
-        }
-        let mut e = RecvWqe {
-            wr_id: wr.wr_id,
-            sges: [Sge::default(); RING_MAX_SGE],
-            num_sge: wr.sg_list.len() as u8,
-        };
-        e.sges[..wr.sg_list.len()].copy_from_slice(&wr.sg_list);
-        self.ring(qpn)?.recv.push(e).map_err(|_| PostError::Full)?;
+        let ring = self.ring(qpn)?;
+        ring.recv.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
         self.shared.doorbell.push(qpn.value());
         Ok(())
     }
@@ -567,5 +743,159 @@ impl Context {
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
         let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
         cqs.get(cq.0 as usize)?.ring.pop()
+    }
+
+    /// A handle on CQ `cq` that polls without any lookup.
+    pub fn cq(&self, cq: CqId) -> Option<CompletionQueue> {
+        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        cqs.get(cq.0 as usize).map(|q| CompletionQueue {
+            id: cq,
+            cq: Arc::clone(q),
+        })
+    }
+}
+
+fn recv_wqe(wr: &RecvWr) -> Result<RecvWqe, PostError> {
+    if wr.sg_list.len() > RING_MAX_SGE {
+        return Err(PostError::Invalid);
+    }
+    let mut e = RecvWqe {
+        wr_id: wr.wr_id,
+        sges: [Sge::default(); RING_MAX_SGE],
+        num_sge: wr.sg_list.len() as u8,
+    };
+    e.sges[..wr.sg_list.len()].copy_from_slice(&wr.sg_list);
+    Ok(e)
+}
+
+/// Why a create/destroy call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateError {
+    /// The engine could not be reached, or an ID was unknown.
+    Post(PostError),
+    /// The transport refused (with rdma-core's errno in [`VerbsError::errno`]).
+    Verbs(VerbsError),
+}
+
+impl From<PostError> for CreateError {
+    fn from(e: PostError) -> CreateError {
+        CreateError::Post(e)
+    }
+}
+
+impl CreateError {
+    /// The errno rdma-core would return.
+    pub fn errno(self) -> i32 {
+        match self {
+            CreateError::Verbs(v) => v.errno(),
+            CreateError::Post(PostError::Full) => libc::ENOMEM,
+            CreateError::Post(PostError::Stopped) => libc::EIO,
+            CreateError::Post(_) => libc::EINVAL,
+        }
+    }
+}
+
+/// A queue pair (typed handle): posts go straight into its rings.
+#[derive(Clone)]
+pub struct QueuePair {
+    rings: Arc<QpRings>,
+    ctx: Context,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueuePair({:#x})", self.rings.qpn.value())
+    }
+}
+
+impl QueuePair {
+    /// Its QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.rings.qpn
+    }
+
+    /// `ibv_post_send` (inline data captured now).
+    pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
+        self.ctx.post_send_to(&self.rings, wr)
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
+        self.rings
+            .recv
+            .push(recv_wqe(wr)?)
+            .map_err(|_| PostError::Full)?;
+        self.ctx.shared.doorbell.push(self.rings.qpn.value());
+        Ok(())
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), CreateError> {
+        self.ctx
+            .modify_qp(self.rings.qpn, attr)?
+            .map_err(CreateError::Verbs)
+    }
+}
+
+/// A shared receive queue (typed handle).
+#[derive(Clone)]
+pub struct SharedReceiveQueue {
+    id: SrqId,
+    ring: Arc<ArrayQueue<RecvWqe>>,
+    ctx: Context,
+}
+
+impl std::fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedReceiveQueue({})", self.id.0)
+    }
+}
+
+impl SharedReceiveQueue {
+    /// Its handle, for [`QpInit::srq`].
+    pub fn id(&self) -> SrqId {
+        self.id
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
+        self.ring.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
+        self.ctx.shared.doorbell.push(SRQ_DOORBELL | self.id.0);
+        Ok(())
+    }
+}
+
+/// A completion queue (typed handle): polls its ring directly.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    id: CqId,
+    cq: Arc<Cq>,
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CompletionQueue({})", self.id.0)
+    }
+}
+
+impl CompletionQueue {
+    /// Its handle.
+    pub fn id(&self) -> CqId {
+        self.id
+    }
+
+    /// `ibv_poll_cq` for one completion (never blocks).
+    pub fn poll(&self) -> Option<WorkCompletion> {
+        self.cq.ring.pop()
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.cq.ring.len()
+    }
+
+    /// No completion waiting.
+    pub fn is_empty(&self) -> bool {
+        self.cq.ring.is_empty()
     }
 }

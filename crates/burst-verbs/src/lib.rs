@@ -23,7 +23,8 @@ use std::time::Instant;
 use burst_io::{IcrcCheck, PacketBuf, Port, UdpPort, BURST};
 use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
 use burst_transport::{
-    Qp, QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, VerbsError, WorkCompletion,
+    Qp, QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, Srq, VerbsError,
+    WorkCompletion,
 };
 use burst_wire::{IbPacket, Mtu, Psn, Qpn, ROCEV2_PORT};
 
@@ -52,6 +53,15 @@ pub struct DeviceCounters {
     pub test_dropped: u64,
 }
 
+/// Most QPs (and SRQs) per device.
+pub const MAX_QP: u32 = 1 << 16;
+/// Most work requests per queue.
+pub const MAX_QP_WR: u32 = 16384;
+/// Most SGEs per work request (what an engine ring entry holds).
+pub const MAX_SGE: u32 = engine::RING_MAX_SGE as u32;
+/// Most inline bytes per send (what an engine ring entry holds).
+pub const MAX_INLINE: u32 = engine::RING_MAX_INLINE as u32;
+
 /// Vendor ID burst reports: not a real vendor's (so perftest takes its
 /// generic path); 0xb0 0x57 reads "burst".
 pub const VENDOR_ID: u32 = 0x00b0_57b0;
@@ -72,6 +82,10 @@ pub struct DeviceAttr {
     pub max_sge: u32,
     /// Inline bytes per send.
     pub max_inline_data: u32,
+    /// Shared receive queues.
+    pub max_srq: u32,
+    /// Work requests per SRQ.
+    pub max_srq_wr: u32,
     /// Outstanding RDMA READ/atomic per QP, as target and as initiator.
     pub max_qp_rd_atom: u32,
     /// Largest message.
@@ -156,14 +170,82 @@ impl RcParams {
     }
 }
 
+/// Handle of a shared receive queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrqId(pub u32);
+
+/// Queue sizes asked for at QP creation (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth (ignored on an SRQ).
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> QpCaps {
+        QpCaps {
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            max_send_sge: 8,
+            max_recv_sge: 8,
+            max_inline_data: 256,
+        }
+    }
+}
+
+/// What [`Device::create_qp_with`] needs (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    /// Transport.
+    pub qp_type: QpType,
+    /// Protection domain.
+    pub pd: Pd,
+    /// Shared receive queue to receive from.
+    pub srq: Option<SrqId>,
+    /// Queue sizes.
+    pub caps: QpCaps,
+}
+
+impl QpInit {
+    /// A QP of `qp_type` in `pd` with default sizes and no SRQ.
+    pub fn new(qp_type: QpType, pd: Pd) -> QpInit {
+        QpInit {
+            qp_type,
+            pd,
+            srq: None,
+            caps: QpCaps::default(),
+        }
+    }
+}
+
+/// Lowest QPN handed out (0 and 1 are QP0/QP1; RXE starts at 0x11).
+pub(crate) const FIRST_QPN: u32 = 0x11;
+
+#[derive(Debug)]
+struct QpSlot {
+    qp: Qp,
+    completions: VecDeque<WorkCompletion>,
+    srq: Option<usize>,
+}
+
 /// A burst RDMA device on one IP address.
 #[derive(Debug)]
 pub struct Device {
     port: UdpPort,
     mrs: Arc<MrTable>,
-    qps: Vec<Qp>,
+    /// Indexed by QPN - FIRST_QPN: O(1) lookup per packet and per post.
+    qps: Vec<Option<QpSlot>>,
+    free_qps: VecDeque<usize>,
+    srqs: Vec<Option<Srq>>,
     ahs: Vec<SocketAddr>,
-    completions: Vec<VecDeque<WorkCompletion>>,
     rx: Vec<PacketBuf>,
     tx: Vec<PacketBuf>,
     start: Instant,
@@ -174,7 +256,6 @@ pub struct Device {
     /// xorshift state of the drop decision: random, not periodic, because a
     /// periodic drop can line up with a go-back-N window forever.
     drop_rng: u64,
-    next_qpn: u32,
 }
 
 /// A GID as RoCE v2 uses it: the IPv6 address, or the IPv4-mapped one.
@@ -208,8 +289,9 @@ impl Device {
             port: UdpPort::bind(ip)?,
             mrs,
             qps: Vec::new(),
+            free_qps: VecDeque::new(),
+            srqs: Vec::new(),
             ahs: Vec::new(),
-            completions: Vec::new(),
             rx: (0..BURST).map(|_| PacketBuf::new()).collect(),
             tx: (0..BURST).map(|_| PacketBuf::new()).collect(),
             start: Instant::now(),
@@ -217,7 +299,6 @@ impl Device {
             counters: DeviceCounters::default(),
             drop_every: 0,
             drop_rng: 0x2545_f491_4f6c_dd1d,
-            next_qpn: 0x11,
         })
     }
 
@@ -232,10 +313,12 @@ impl Device {
         DeviceAttr {
             vendor_id: VENDOR_ID,
             node_guid: u64::from_be_bytes([g[8] ^ 2, g[9], g[10], 0xff, 0xfe, g[13], g[14], g[15]]),
-            max_qp: 1 << 16,
-            max_qp_wr: 4096,
-            max_sge: 32,
-            max_inline_data: 256,
+            max_qp: MAX_QP,
+            max_qp_wr: MAX_QP_WR,
+            max_sge: MAX_SGE,
+            max_inline_data: MAX_INLINE,
+            max_srq: MAX_QP,
+            max_srq_wr: MAX_QP_WR,
             max_qp_rd_atom: u32::from(burst_transport::MAX_RD_ATOMIC),
             max_msg_sz: u32::MAX,
         }
@@ -292,15 +375,145 @@ impl Device {
         self.mrs.deregister(lkey)
     }
 
-    /// Creates a QP in RESET; returns its number.
+    /// Creates a QP in RESET with default sizes; returns its number.
     pub fn create_qp(&mut self, qp_type: QpType, pd: Pd) -> Qpn {
-        let qpn = Qpn::from_wire(self.next_qpn);
-        self.next_qpn += 1;
-        let mut cfg = QpConfig::new(qpn, qp_type, pd.0);
+        self.create_qp_with(&QpInit::new(qp_type, pd))
+            .expect("default sizes are within the device limits")
+    }
+
+    /// `ibv_create_qp`: a QP in RESET; returns its number. Sizes beyond the
+    /// device's limits and unknown SRQs are refused (EINVAL).
+    pub fn create_qp_with(&mut self, init: &QpInit) -> Result<Qpn, VerbsError> {
+        let c = init.caps;
+        if c.max_send_wr > MAX_QP_WR
+            || c.max_recv_wr > MAX_QP_WR
+            || c.max_send_sge > MAX_SGE
+            || c.max_recv_sge > MAX_SGE
+            || c.max_inline_data > MAX_INLINE
+        {
+            return Err(VerbsError::InvalidValue("qp cap beyond device limits"));
+        }
+        let srq = match init.srq {
+            Some(SrqId(i)) if self.srqs.get(i as usize).is_some_and(Option::is_some) => {
+                Some(i as usize)
+            }
+            Some(_) => return Err(VerbsError::InvalidValue("srq")),
+            None => None,
+        };
+        if self.qps.len() - self.free_qps.len() >= MAX_QP as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        let index = self.free_qps.pop_front().unwrap_or(self.qps.len());
+        let qpn = Qpn::from_wire(FIRST_QPN + index as u32);
+        let mut cfg = QpConfig::new(qpn, init.qp_type, init.pd.0);
         cfg.port_mtu = self.port_mtu;
-        self.qps.push(Qp::new(cfg));
-        self.completions.push(VecDeque::new());
-        qpn
+        cfg.max_send_wr = c.max_send_wr.max(1);
+        cfg.max_recv_wr = c.max_recv_wr.max(1);
+        cfg.max_sge = c.max_send_sge.max(c.max_recv_sge).max(1);
+        cfg.max_inline = c.max_inline_data;
+        cfg.srq = srq.is_some();
+        let slot = QpSlot {
+            qp: Qp::new(cfg),
+            completions: VecDeque::new(),
+            srq,
+        };
+        if index == self.qps.len() {
+            self.qps.push(Some(slot));
+        } else {
+            self.qps[index] = Some(slot);
+        }
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`: the QP stops at once; completions not yet taken
+    /// are discarded, and its number is reused later.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn)?;
+        self.qps[i] = None;
+        self.free_qps.push_back(i);
+        Ok(())
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&mut self, pd: Pd, max_wr: u32, max_sge: u32) -> Result<SrqId, VerbsError> {
+        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge == 0 || max_sge > MAX_SGE {
+            return Err(VerbsError::InvalidValue("srq size beyond device limits"));
+        }
+        let srq = Srq::new(pd.0, max_wr, max_sge);
+        let i = match self.srqs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.srqs[i] = Some(srq);
+                i
+            }
+            None => {
+                self.srqs.push(Some(srq));
+                self.srqs.len() - 1
+            }
+        };
+        Ok(SrqId(i as u32))
+    }
+
+    fn srq_mut(&mut self, id: SrqId) -> Result<&mut Srq, VerbsError> {
+        self.srqs
+            .get_mut(id.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(VerbsError::InvalidValue("no such SRQ"))
+    }
+
+    /// `ibv_destroy_srq`: refused (EBUSY) while a QP still uses it.
+    pub fn destroy_srq(&mut self, id: SrqId) -> Result<(), VerbsError> {
+        self.srq_mut(id)?;
+        let i = id.0 as usize;
+        if self.qps.iter().flatten().any(|s| s.srq == Some(i)) {
+            return Err(VerbsError::Busy("SRQ still has QPs"));
+        }
+        self.srqs[i] = None;
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, id: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
+        let mrs = Arc::clone(&self.mrs);
+        let mem = mrs.memory();
+        self.srq_mut(id)?.post_recv(wr, &mem)
+    }
+
+    /// `ibv_modify_srq`: `max_wr` resizes, `limit` arms the limit event.
+    pub fn modify_srq(
+        &mut self,
+        id: SrqId,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+    ) -> Result<(), VerbsError> {
+        let srq = self.srq_mut(id)?;
+        if let Some(n) = max_wr {
+            if n > MAX_QP_WR {
+                return Err(VerbsError::InvalidValue("max_wr"));
+            }
+            srq.resize(n)?;
+        }
+        if let Some(l) = limit {
+            srq.set_limit(l)?;
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_srq`: (max_wr, max_sge, armed limit).
+    pub fn query_srq(&mut self, id: SrqId) -> Result<(u32, u32, u32), VerbsError> {
+        let s = self.srq_mut(id)?;
+        Ok((s.max_wr(), s.max_sge(), s.limit()))
+    }
+
+    /// SRQs whose limit event fired since the last call (async events
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`).
+    pub fn take_srq_limit_events(&mut self) -> Vec<SrqId> {
+        let mut out = Vec::new();
+        for (i, s) in self.srqs.iter_mut().enumerate() {
+            if s.as_mut().is_some_and(Srq::take_limit_event) {
+                out.push(SrqId(i as u32));
+            }
+        }
+        out
     }
 
     /// Creates an address handle for a peer's GID; returns its index.
@@ -310,10 +523,16 @@ impl Device {
     }
 
     fn qp_index(&self, qpn: Qpn) -> Result<usize, VerbsError> {
-        self.qps
-            .iter()
-            .position(|q| q.qpn() == qpn)
-            .ok_or(VerbsError::BadWr("no such QP"))
+        let i = qpn.value().wrapping_sub(FIRST_QPN) as usize;
+        match self.qps.get(i) {
+            Some(Some(_)) => Ok(i),
+            _ => Err(VerbsError::BadWr("no such QP")),
+        }
+    }
+
+    fn slot(&mut self, qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
+        let i = self.qp_index(qpn)?;
+        Ok(self.qps[i].as_mut().expect("qp_index checked"))
     }
 
     /// `ibv_modify_qp`.
@@ -324,10 +543,10 @@ impl Device {
             tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
             return Err(VerbsError::InvalidValue("ah"));
         }
-        let i = self.qp_index(qpn)?;
-        let r = self.qps[i].modify(attr);
+        let qp = &mut self.slot(qpn)?.qp;
+        let r = qp.modify(attr);
         match &r {
-            Ok(()) => tracing::debug!(state = ?self.qps[i].state(), "QP modified"),
+            Ok(()) => tracing::debug!(state = ?qp.state(), "QP modified"),
             Err(e) => tracing::warn!("modify_qp refused: {e} (errno {})", e.errno()),
         }
         r
@@ -376,43 +595,46 @@ impl Device {
 
     /// `ibv_post_send`.
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        let i = self.qp_index(qpn)?;
-        let mem = self.mrs.memory();
-        self.qps[i].post_send(wr, &mem)?;
+        self.post_send_quiet(qpn, wr)?;
         self.progress();
         Ok(())
     }
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
-        let i = self.qp_index(qpn)?;
-        let mem = self.mrs.memory();
-        self.qps[i].post_recv(wr, &mem)
+        let mrs = Arc::clone(&self.mrs);
+        let mem = mrs.memory();
+        self.slot(qpn)?.qp.post_recv(wr, &mem)
     }
 
     /// Posts without making progress (the engine batches progress itself).
     pub fn post_send_quiet(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        let i = self.qp_index(qpn)?;
-        let mem = self.mrs.memory();
-        self.qps[i].post_send(wr, &mem)
+        let mrs = Arc::clone(&self.mrs);
+        let mem = mrs.memory();
+        self.slot(qpn)?.qp.post_send(wr, &mem)
     }
 
     /// Takes a completion of `qpn` gathered by earlier progress.
     pub fn take_completion(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
-        let i = self.qp_index(qpn).ok()?;
-        self.completions[i].pop_front()
+        self.slot(qpn).ok()?.completions.pop_front()
     }
 
     /// `ibv_poll_cq` on the QP's completion queue (after making progress).
     pub fn poll_cq(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
         self.progress();
-        let i = self.qp_index(qpn).ok()?;
-        self.completions[i].pop_front()
+        self.take_completion(qpn)
     }
 
     /// Counters of one QP.
     pub fn qp_counters(&self, qpn: Qpn) -> Option<burst_transport::Counters> {
-        self.qp_index(qpn).ok().map(|i| *self.qps[i].counters())
+        let i = self.qp_index(qpn).ok()?;
+        self.qps[i].as_ref().map(|s| *s.qp.counters())
+    }
+
+    /// `ibv_query_qp`: the QP's state and creation config.
+    pub fn query_qp(&self, qpn: Qpn) -> Option<(QpState, QpConfig)> {
+        let i = self.qp_index(qpn).ok()?;
+        self.qps[i].as_ref().map(|s| (s.qp.state(), *s.qp.config()))
     }
 
     fn now(&self) -> u64 {
@@ -423,15 +645,15 @@ impl Device {
     pub fn progress(&mut self) {
         let now = self.now();
         self.receive(now);
-        for q in &mut self.qps {
-            if q.poll_timeout().is_some_and(|t| t <= now) {
-                q.handle_timeout(now);
+        for s in self.qps.iter_mut().flatten() {
+            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
+                s.qp.handle_timeout(now);
             }
         }
         self.transmit(now);
-        for (q, cq) in self.qps.iter_mut().zip(self.completions.iter_mut()) {
-            while let Some(wc) = q.poll_completion() {
-                cq.push_back(wc);
+        for s in self.qps.iter_mut().flatten() {
+            while let Some(wc) = s.qp.poll_completion() {
+                s.completions.push_back(wc);
             }
         }
     }
@@ -458,22 +680,31 @@ impl Device {
                     continue;
                 }
             }
-            let qpn = pkt.bth().dest_qp();
-            let Some(q) = self.qps.iter_mut().find(|q| q.qpn() == qpn) else {
+            let qpn = pkt.bth().dest_qp().value();
+            let Some(Some(s)) = self.qps.get_mut(qpn.wrapping_sub(FIRST_QPN) as usize) else {
                 self.counters.no_qp += 1;
                 continue;
             };
             // Only UD receives carry a GRH area: don't build it for RC/UC.
             let grh = (pkt.info().transport == burst_wire::Transport::Ud)
                 .then(|| grh_for(b.peer.ip(), local.ip(), b.len));
-            q.handle_packet(now, &pkt, grh.as_ref(), &mut mem);
+            match s
+                .srq
+                .and_then(|i| self.srqs.get_mut(i))
+                .and_then(Option::as_mut)
+            {
+                Some(srq) => {
+                    s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
+                }
+                None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
+            }
         }
     }
 
     fn transmit(&mut self, now: u64) {
         let mem = self.mrs.memory();
         let mut n = 0;
-        for q in &mut self.qps {
+        for q in self.qps.iter_mut().flatten().map(|s| &mut s.qp) {
             while n < self.tx.len() {
                 let Some(t) = q.poll_transmit(now) else { break };
                 let Some(&peer) = self.ahs.get(t.ah as usize) else {

@@ -236,3 +236,98 @@ fn completion_channel_wakes_a_waiting_thread_once_armed() {
     drop((ea, eb));
     assert_eq!(&rbuf[128..192], &[7u8; 64][..]);
 }
+
+#[test]
+fn srq_shared_by_two_qps_through_typed_handles() {
+    use burst_verbs::QpInit;
+    let ea = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 86, 1)), Mtu::Mtu1024).unwrap();
+    let eb = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 86, 2)), Mtu::Mtu1024).unwrap();
+    let (a, b) = (ea.context(), eb.context());
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let (scq, rcq) = (a.create_cq(64), b.create_cq(64));
+    let srq = b.create_srq(pb, 32, 1).unwrap();
+    let mut senders = Vec::new();
+    let mut receivers = Vec::new();
+    for i in 0..2u32 {
+        let qa = a
+            .create_qp_with(&QpInit::new(QpType::Rc, pa), scq, scq)
+            .unwrap();
+        let mut init = QpInit::new(QpType::Rc, pb);
+        init.srq = Some(srq.id());
+        let qb = b.create_qp_with(&init, rcq, rcq).unwrap();
+        connect(&a, qa.qpn(), b.gid(), qb.qpn(), 100 * i, 7);
+        connect(&b, qb.qpn(), a.gid(), qa.qpn(), 7, 100 * i);
+        senders.push(qa);
+        receivers.push(qb);
+    }
+    let mut sbuf: Vec<u8> = (0..8 * 2048u32)
+        .map(|i| (i * 13 + (i >> 11)) as u8)
+        .collect();
+    let mut rbuf = vec![0u8; 8 * 2048];
+    // SAFETY: both buffers outlive the engines (dropped first below).
+    let (ks, kr) = unsafe {
+        (
+            a.reg_mr(pa, sbuf.as_mut_ptr(), sbuf.len(), Access(1))
+                .unwrap(),
+            b.reg_mr(pb, rbuf.as_mut_ptr(), rbuf.len(), Access(1))
+                .unwrap(),
+        )
+    };
+    for i in 0..8u64 {
+        srq.post_recv(&RecvWr {
+            wr_id: 1000 + i,
+            sg_list: vec![Sge {
+                addr: kr.addr + i * 2048,
+                length: 2048,
+                lkey: kr.lkey,
+            }],
+        })
+        .unwrap();
+    }
+    assert!(
+        matches!(
+            b.destroy_srq(srq.id()),
+            Err(burst_verbs::engine::CreateError::Verbs(VerbsError::Busy(_)))
+        ),
+        "EBUSY while QPs use the SRQ"
+    );
+    for i in 0..8u64 {
+        let wr = SendWr::new(
+            i,
+            SendOp::Send,
+            vec![Sge {
+                addr: ks.addr + i * 2048,
+                length: 2000,
+                lkey: ks.lkey,
+            }],
+        );
+        senders[(i % 2) as usize].post_send(&wr).unwrap();
+    }
+    let s = drain(&a, scq, 8);
+    assert!(s.iter().all(|w| w.status == WcStatus::Success), "{s:?}");
+    let cq = b.cq(rcq).unwrap();
+    let r = drain(&b, rcq, 8);
+    assert!(cq.is_empty());
+    let mut per_qp = [0; 2];
+    for w in &r {
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        assert_eq!(w.byte_len, 2000);
+        let q = receivers.iter().position(|q| q.qpn() == w.qp_num).unwrap();
+        per_qp[q] += 1;
+    }
+    assert_eq!(per_qp, [4, 4], "each QP consumed its messages from the SRQ");
+    for q in &receivers {
+        b.destroy_qp(q.qpn()).unwrap();
+    }
+    b.destroy_srq(srq.id()).unwrap();
+    drop((ea, eb));
+    // Every message landed whole in some SRQ buffer.
+    let mut found = 0;
+    for i in 0..8 {
+        let msg = &sbuf[i * 2048..i * 2048 + 2000];
+        if (0..8).any(|j| &rbuf[j * 2048..j * 2048 + 2000] == msg) {
+            found += 1;
+        }
+    }
+    assert_eq!(found, 8);
+}
