@@ -7,6 +7,10 @@ pub struct Counters {
     pub sent_pkts: u64,
     /// Packets received for this QP.
     pub rcvd_pkts: u64,
+    /// Payload bytes handed out for transmission (headers excluded).
+    pub sent_bytes: u64,
+    /// Payload bytes received (headers excluded).
+    pub rcvd_bytes: u64,
     /// Duplicate requests seen by the responder.
     pub duplicate_request: u64,
     /// Requests ahead of the expected PSN.
@@ -23,8 +27,13 @@ pub struct Counters {
     pub retry_rnr_exceeded_err: u64,
     /// Local ACK timeouts.
     pub completer_retry_err: u64,
-    /// Error NAKs sent.
+    /// Error NAKs sent (remote access, invalid request, operational).
     pub send_err: u64,
+    /// PSN sequence error NAKs sent (burst's name; RXE counts only
+    /// `out_of_seq_request`).
+    pub send_seq_nak: u64,
+    /// Error NAKs received (remote access, invalid request, operational).
+    pub rcvd_err_nak: u64,
     /// Messages received by SEND.
     pub rdma_recvs: u64,
     /// Go-back-N retransmissions started.
@@ -33,4 +42,29 @@ pub struct Counters {
     pub retransmitted_pkts: u64,
     /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).
     pub dropped_pkts: u64,
+}
+
+impl Counters {
+    /// Adds `o` field by field (device totals over QPs).
+    pub fn accumulate(&mut self, o: &Counters) {
+        self.sent_pkts += o.sent_pkts;
+        self.rcvd_pkts += o.rcvd_pkts;
+        self.sent_bytes += o.sent_bytes;
+        self.rcvd_bytes += o.rcvd_bytes;
+        self.duplicate_request += o.duplicate_request;
+        self.out_of_seq_request += o.out_of_seq_request;
+        self.rcvd_rnr_err += o.rcvd_rnr_err;
+        self.send_rnr_err += o.send_rnr_err;
+        self.rcvd_seq_err += o.rcvd_seq_err;
+        self.retry_exceeded_err += o.retry_exceeded_err;
+        self.retry_rnr_exceeded_err += o.retry_rnr_exceeded_err;
+        self.completer_retry_err += o.completer_retry_err;
+        self.send_err += o.send_err;
+        self.send_seq_nak += o.send_seq_nak;
+        self.rcvd_err_nak += o.rcvd_err_nak;
+        self.rdma_recvs += o.rdma_recvs;
+        self.retransmits_started += o.retransmits_started;
+        self.retransmitted_pkts += o.retransmitted_pkts;
+        self.dropped_pkts += o.dropped_pkts;
+    }
 }

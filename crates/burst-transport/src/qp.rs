@@ -872,6 +872,7 @@ impl Qp {
         if pop {
             self.resp.out.pop_front();
         }
+        self.counters.sent_bytes += ib.payload_len as u64;
         Some(Transmit { ib, payload, ah })
     }
 
@@ -1063,6 +1064,7 @@ impl Qp {
             self.req.timer = timeout.map(|d| now + d);
         }
         self.counters.sent_pkts += 1;
+        self.counters.sent_bytes += ib.payload_len as u64;
         Some(Transmit { ib, payload, ah })
     }
 
@@ -1105,6 +1107,7 @@ impl Qp {
         mem: &mut impl Memory,
     ) {
         self.counters.rcvd_pkts += 1;
+        self.counters.rcvd_bytes += pkt.payload().len() as u64;
         if !matches!(
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
@@ -1226,6 +1229,7 @@ impl Qp {
                     self.rewind(lost.unwrap_or(psn));
                 }
                 Some(Syndrome::Nak(code)) => {
+                    self.counters.rcvd_err_nak += 1;
                     let _ = self.ack_upto(now, psn - 1);
                     let status = match code {
                         NakCode::RemoteAccessError => WcStatus::RemAccessErr,
@@ -1354,6 +1358,7 @@ impl Qp {
             self.counters.out_of_seq_request += 1;
             if !self.resp.nak_outstanding {
                 self.resp.nak_outstanding = true;
+                self.counters.send_seq_nak += 1;
                 let e = self.resp.epsn;
                 self.resp
                     .out

@@ -51,6 +51,9 @@ pub struct DeviceCounters {
     pub no_qp: u64,
     /// Outgoing packets dropped by the test drop option.
     pub test_dropped: u64,
+    /// The transport counters of every QP, live and destroyed, summed
+    /// (retransmissions, NAKs by kind, RNR events, duplicates, out-of-sequence).
+    pub qps: burst_transport::Counters,
 }
 
 /// Most QPs (and SRQs) per device.
@@ -245,6 +248,8 @@ pub struct Device {
     qps: Vec<Option<QpSlot>>,
     free_qps: VecDeque<usize>,
     srqs: Vec<Option<Srq>>,
+    /// Counters of destroyed QPs, kept for the device totals.
+    destroyed: burst_transport::Counters,
     ahs: Vec<SocketAddr>,
     rx: Vec<PacketBuf>,
     tx: Vec<PacketBuf>,
@@ -291,6 +296,7 @@ impl Device {
             qps: Vec::new(),
             free_qps: VecDeque::new(),
             srqs: Vec::new(),
+            destroyed: burst_transport::Counters::default(),
             ahs: Vec::new(),
             rx: (0..BURST).map(|_| PacketBuf::new()).collect(),
             tx: (0..BURST).map(|_| PacketBuf::new()).collect(),
@@ -340,9 +346,14 @@ impl Device {
         (index == 0).then(|| self.gid())
     }
 
-    /// Counters.
+    /// Device counters, with the QPs' transport counters summed in.
     pub fn counters(&self) -> DeviceCounters {
-        self.counters
+        let mut c = self.counters;
+        c.qps = self.destroyed;
+        for s in self.qps.iter().flatten() {
+            c.qps.accumulate(s.qp.counters());
+        }
+        c
     }
 
     /// Drops outgoing packets with probability 1/`n` (0 disables): for loss tests.
@@ -429,7 +440,9 @@ impl Device {
     /// are discarded, and its number is reused later.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
-        self.qps[i] = None;
+        if let Some(s) = self.qps[i].take() {
+            self.destroyed.accumulate(s.qp.counters());
+        }
         self.free_qps.push_back(i);
         Ok(())
     }

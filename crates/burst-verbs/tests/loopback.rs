@@ -158,6 +158,21 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
         (50, 100_000, Some(0x1234))
     );
     assert!(a.counters().test_dropped > 0 && b.counters().test_dropped > 0);
+    // The losses show in the QP counters the device sums: A retransmitted
+    // after sequence NAKs or timeouts, B saw out-of-sequence requests.
+    let (ca, cb) = (a.counters().qps, b.counters().qps);
+    assert!(
+        ca.retransmits_started > 0 && ca.retransmitted_pkts > 0,
+        "{ca:?}"
+    );
+    assert!(ca.rcvd_seq_err + ca.completer_retry_err > 0, "{ca:?}");
+    assert!(cb.out_of_seq_request > 0 && cb.send_seq_nak > 0, "{cb:?}");
+    assert_eq!(cb.rcvd_seq_err, ca.send_seq_nak, "no requests from B to A");
+    assert!(
+        ca.sent_bytes >= 3 * 100_000 && cb.rcvd_bytes >= 100_000,
+        "{ca:?} {cb:?}"
+    );
+    assert_eq!(ca.send_err + cb.send_err + ca.rcvd_err_nak, 0);
     // burst to burst: every ICRC verifies (both send IP ID 0)
     assert_eq!(
         a.counters().icrc_unverified + b.counters().icrc_unverified,
