@@ -25,7 +25,8 @@ use burst_transport::{
 };
 use burst_wire::{Mtu, Qpn};
 
-use crate::{Device, DeviceCounters, QpInit, SrqId, FIRST_QPN};
+use crate::config::{Config, ConfigError, DeviceConfig};
+use crate::{Device, DeviceAttr, DeviceCounters, PortAttr, QpInit, SrqId, FIRST_QPN};
 
 /// SGEs a ring entry holds.
 pub const RING_MAX_SGE: usize = 8;
@@ -197,6 +198,7 @@ pub struct Context {
     shared: Arc<Shared>,
     control: Sender<Control>,
     gid: [u8; 16],
+    config: Arc<DeviceConfig>,
 }
 
 impl std::fmt::Debug for Context {
@@ -212,11 +214,52 @@ pub struct Engine {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Why [`Engine::open`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Nothing (or something wrong) is configured.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No configured device has this name.
+    #[error("burst: no device named {0:?} is configured")]
+    NoSuchDevice(String),
+    /// The port could not be opened (address in use, permission denied…).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The configured devices (`ibv_get_device_list`): see [`crate::config`].
+pub fn device_list() -> Result<Vec<DeviceConfig>, ConfigError> {
+    Ok(Config::from_env()?.devices)
+}
+
 impl Engine {
-    /// Opens a device on `ip` and starts its engine thread.
+    /// Opens a device on `ip` (named `burst0`) and starts its engine thread.
     pub fn start(ip: IpAddr, port_mtu: Mtu) -> std::io::Result<Engine> {
+        Engine::start_config(&DeviceConfig {
+            name: "burst0".into(),
+            addr: ip,
+            interface: None,
+            mtu: port_mtu,
+            drop_every: 0,
+        })
+    }
+
+    /// Opens the configured device `name` ([`device_list`]) and starts its engine.
+    pub fn open(name: &str) -> Result<Engine, OpenError> {
+        let cfg = Config::from_env()?;
+        let dev = cfg
+            .device(name)
+            .ok_or_else(|| OpenError::NoSuchDevice(name.into()))?;
+        Ok(Engine::start_config(dev)?)
+    }
+
+    /// Opens a device as `cfg` describes and starts its engine thread.
+    pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
+        let (ip, port_mtu) = (cfg.addr, cfg.mtu);
         let mrs = Arc::new(MrTable::new());
         let mut dev = Device::open_with(ip, port_mtu, Arc::clone(&mrs))?;
+        dev.set_drop_every(cfg.drop_every);
         let shared = Arc::new(Shared {
             mrs,
             doorbell: SegQueue::new(),
@@ -231,6 +274,7 @@ impl Engine {
             shared: Arc::clone(&shared),
             control,
             gid: dev.gid(),
+            config: Arc::new(cfg.clone()),
         };
         let thread = std::thread::Builder::new()
             .name("burst-engine".into())
@@ -452,6 +496,21 @@ impl Context {
     /// The device's GID.
     pub fn gid(&self) -> [u8; 16] {
         self.gid
+    }
+
+    /// What the device was opened with (name, address, interface, MTU).
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        DeviceAttr::for_gid(self.gid)
+    }
+
+    /// `ibv_query_port` (port 1).
+    pub fn query_port(&self) -> PortAttr {
+        PortAttr::with_mtu(self.config.mtu)
     }
 
     /// Allocates a protection domain.

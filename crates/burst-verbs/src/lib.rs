@@ -11,8 +11,10 @@
 //! doorbell queue (the architecture's front-end/engine split) is still to
 //! come; this type's interface is what it will sit behind.
 
+pub mod config;
 pub mod engine;
 pub mod eventfd;
+pub mod netif;
 
 use std::collections::VecDeque;
 use std::io;
@@ -95,6 +97,24 @@ pub struct DeviceAttr {
     pub max_msg_sz: u32,
 }
 
+impl DeviceAttr {
+    /// The attributes of the device whose GID is `gid`.
+    pub fn for_gid(g: [u8; 16]) -> DeviceAttr {
+        DeviceAttr {
+            vendor_id: VENDOR_ID,
+            node_guid: u64::from_be_bytes([g[8] ^ 2, g[9], g[10], 0xff, 0xfe, g[13], g[14], g[15]]),
+            max_qp: MAX_QP,
+            max_qp_wr: MAX_QP_WR,
+            max_sge: MAX_SGE,
+            max_inline_data: MAX_INLINE,
+            max_srq: MAX_QP,
+            max_srq_wr: MAX_QP_WR,
+            max_qp_rd_atom: u32::from(burst_transport::MAX_RD_ATOMIC),
+            max_msg_sz: u32::MAX,
+        }
+    }
+}
+
 /// What [`Device::query_port`] reports (`ibv_port_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
@@ -108,6 +128,19 @@ pub struct PortAttr {
     pub link_layer_ethernet: bool,
     /// GID table length.
     pub gid_tbl_len: u32,
+}
+
+impl PortAttr {
+    /// Port 1 of a device whose active MTU is `active_mtu`.
+    pub fn with_mtu(active_mtu: Mtu) -> PortAttr {
+        PortAttr {
+            active: true,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu,
+            link_layer_ethernet: true,
+            gid_tbl_len: 1,
+        }
+    }
 }
 
 /// The active RoCE MTU for an interface MTU, as RXE computes it: the
@@ -315,30 +348,12 @@ impl Device {
 
     /// `ibv_query_device`.
     pub fn query_device(&self) -> DeviceAttr {
-        let g = self.gid();
-        DeviceAttr {
-            vendor_id: VENDOR_ID,
-            node_guid: u64::from_be_bytes([g[8] ^ 2, g[9], g[10], 0xff, 0xfe, g[13], g[14], g[15]]),
-            max_qp: MAX_QP,
-            max_qp_wr: MAX_QP_WR,
-            max_sge: MAX_SGE,
-            max_inline_data: MAX_INLINE,
-            max_srq: MAX_QP,
-            max_srq_wr: MAX_QP_WR,
-            max_qp_rd_atom: u32::from(burst_transport::MAX_RD_ATOMIC),
-            max_msg_sz: u32::MAX,
-        }
+        DeviceAttr::for_gid(self.gid())
     }
 
     /// `ibv_query_port` (port 1, the only one).
     pub fn query_port(&self) -> PortAttr {
-        PortAttr {
-            active: true,
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: self.port_mtu,
-            link_layer_ethernet: true,
-            gid_tbl_len: 1,
-        }
+        PortAttr::with_mtu(self.port_mtu)
     }
 
     /// `ibv_query_gid`: index 0 is the RoCE v2 GID of the device's address.

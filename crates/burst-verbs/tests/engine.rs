@@ -331,3 +331,17 @@ fn srq_shared_by_two_qps_through_typed_handles() {
     }
     assert_eq!(found, 8);
 }
+
+#[test]
+fn start_up_errors_are_clear() {
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 87, 1));
+    let first = Engine::start(ip, Mtu::Mtu1024).unwrap();
+    let e = Engine::start(ip, Mtu::Mtu1024).unwrap_err();
+    assert!(e.to_string().contains("in use"), "{e}");
+    let e = Engine::start(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 251)), Mtu::Mtu1024).unwrap_err();
+    assert!(e.to_string().contains("not on this host"), "{e}");
+    let c = first.context();
+    assert_eq!(c.config().name, "burst0");
+    assert_eq!(c.query_port().active_mtu, Mtu::Mtu1024);
+    assert_eq!(c.query_device().vendor_id, burst_verbs::VENDOR_ID);
+}

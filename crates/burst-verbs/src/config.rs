@@ -1,0 +1,389 @@
+//! Which devices burst opens: from the environment and a config file.
+//!
+//! A burst device is one IP address of this host (its GID) with a UDP port
+//! bound to 4791 on it. Devices are named `burst0`, `burst1`, … unless the
+//! config file names them.
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `BURST_ADDR` | comma-separated addresses, one device each |
+//! | `BURST_IFACE` | comma-separated interfaces, one device each (first IPv4 address, else a global IPv6 one) |
+//! | `BURST_MTU` | active MTU override: 256, 512, 1024, 2048 or 4096 |
+//! | `BURST_LOG` | log filter (`error`, `warn`, `info`, `debug`, `trace`) |
+//! | `BURST_CONFIG` | config file (default `$XDG_CONFIG_HOME/burst/burst.toml`, then `/etc/burst/burst.toml`) |
+//! | `BURST_TEST_DROP` | drop one sent packet in N at random (loss tests) |
+//!
+//! The file, in TOML; variables override it:
+//!
+//! ```toml
+//! log = "info"
+//! [[device]]
+//! name = "burst0"
+//! address = "198.18.0.1"     # or: interface = "veth0"
+//! mtu = 4096                 # optional; default from the interface MTU
+//! ```
+//!
+//! ```
+//! use burst_verbs::config::Config;
+//! let env = |k: &str| (k == "BURST_ADDR").then(|| "127.0.0.1".to_string());
+//! let c = Config::from_sources(env, None).unwrap();
+//! assert_eq!(c.devices[0].name, "burst0");
+//! assert_eq!(c.devices[0].interface.as_deref(), Some("lo"));
+//! ```
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use burst_wire::Mtu;
+use serde::Deserialize;
+
+use crate::{active_mtu_for, netif};
+
+/// Why no device could be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Neither variables nor a file name a device.
+    #[error(
+        "burst: no device configured: set BURST_ADDR=<ip> or BURST_IFACE=<interface>, \
+         or write a config file (BURST_CONFIG, default $XDG_CONFIG_HOME/burst/burst.toml)"
+    )]
+    NotConfigured,
+    /// The address is not one of this host's.
+    #[error("burst: address {0} is not on this host (not on any interface)")]
+    AddrNotOnHost(IpAddr),
+    /// No such interface, or it has no usable address.
+    #[error("burst: interface {0:?}: {1}")]
+    Interface(String, String),
+    /// A value could not be parsed.
+    #[error("burst: bad value for {key}: {value:?} ({why})")]
+    BadValue {
+        /// Variable or key.
+        key: String,
+        /// What was given.
+        value: String,
+        /// What is expected.
+        why: &'static str,
+    },
+    /// The config file could not be read or parsed.
+    #[error("burst: config file {path}: {msg}")]
+    File {
+        /// Its path.
+        path: PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
+}
+
+/// One device to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Device name (`burst0`).
+    pub name: String,
+    /// The address its port binds (its GID is derived from it).
+    pub addr: IpAddr,
+    /// The interface holding the address, when known.
+    pub interface: Option<String>,
+    /// Active MTU.
+    pub mtu: Mtu,
+    /// Drop one sent packet in N at random (0 = never): loss tests.
+    pub drop_every: u64,
+}
+
+/// Everything configured.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Config {
+    /// Devices, in order.
+    pub devices: Vec<DeviceConfig>,
+    /// Log filter, if set.
+    pub log: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    log: Option<String>,
+    #[serde(default)]
+    device: Vec<FileDevice>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDevice {
+    name: Option<String>,
+    address: Option<String>,
+    interface: Option<String>,
+    mtu: Option<u32>,
+    /// Engine threads per device; only 1 is supported today.
+    threads: Option<u32>,
+}
+
+fn parse_mtu(key: &str, v: u32) -> Result<Mtu, ConfigError> {
+    Mtu::ALL
+        .into_iter()
+        .find(|m| m.bytes() as u32 == v)
+        .ok_or(ConfigError::BadValue {
+            key: key.into(),
+            value: v.to_string(),
+            why: "one of 256, 512, 1024, 2048, 4096",
+        })
+}
+
+impl DeviceConfig {
+    /// A device on `addr`, which must be an address of this host (any
+    /// 127/8 address counts, as Linux accepts them on `lo`).
+    pub fn for_addr(name: &str, addr: IpAddr) -> Result<DeviceConfig, ConfigError> {
+        let iface = if addr.is_loopback() {
+            Some("lo".to_string())
+        } else {
+            let all = netif::addresses()
+                .map_err(|e| ConfigError::Interface("*".into(), e.to_string()))?;
+            Some(
+                all.into_iter()
+                    .find(|a| a.ip == addr)
+                    .ok_or(ConfigError::AddrNotOnHost(addr))?
+                    .name,
+            )
+        };
+        let mtu = iface
+            .as_deref()
+            .and_then(|i| netif::mtu(i).ok())
+            .map_or(Mtu::Mtu1024, active_mtu_for);
+        Ok(DeviceConfig {
+            name: name.into(),
+            addr,
+            interface: iface,
+            mtu,
+            drop_every: 0,
+        })
+    }
+
+    /// A device on interface `iface`: its first IPv4 address, else its
+    /// first global IPv6 one.
+    pub fn for_interface(name: &str, iface: &str) -> Result<DeviceConfig, ConfigError> {
+        let if_mtu =
+            netif::mtu(iface).map_err(|e| ConfigError::Interface(iface.into(), e.to_string()))?;
+        let all =
+            netif::addresses().map_err(|e| ConfigError::Interface(iface.into(), e.to_string()))?;
+        let mine: Vec<IpAddr> = all
+            .into_iter()
+            .filter(|a| a.name == iface)
+            .map(|a| a.ip)
+            .collect();
+        let addr = mine
+            .iter()
+            .find(|ip| ip.is_ipv4())
+            .or_else(|| {
+                mine.iter()
+                    .find(|ip| matches!(ip, IpAddr::V6(v) if !v.is_unicast_link_local()))
+            })
+            .copied()
+            .ok_or_else(|| {
+                ConfigError::Interface(iface.into(), "has no usable IP address".into())
+            })?;
+        Ok(DeviceConfig {
+            name: name.into(),
+            addr,
+            interface: Some(iface.into()),
+            mtu: active_mtu_for(if_mtu),
+            drop_every: 0,
+        })
+    }
+}
+
+impl Config {
+    /// The configuration from the process environment and the config file.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let path = std::env::var_os("BURST_CONFIG")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let xdg = std::env::var_os("XDG_CONFIG_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".config")));
+                [
+                    xdg.map(|x| x.join("burst/burst.toml")),
+                    Some("/etc/burst/burst.toml".into()),
+                ]
+                .into_iter()
+                .flatten()
+                .find(|p| p.exists())
+            });
+        let text = match &path {
+            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| ConfigError::File {
+                path: p.clone(),
+                msg: e.to_string(),
+            })?),
+            None => None,
+        };
+        let file = path.as_deref().zip(text.as_deref());
+        Config::from_sources(|k| std::env::var(k).ok(), file)
+    }
+
+    /// The configuration from variables (`env`) and a file's `(path, text)`.
+    pub fn from_sources(
+        env: impl Fn(&str) -> Option<String>,
+        file: Option<(&Path, &str)>,
+    ) -> Result<Config, ConfigError> {
+        let parsed: FileConfig = match file {
+            Some((path, text)) => toml::from_str(text).map_err(|e| ConfigError::File {
+                path: path.into(),
+                msg: e.to_string(),
+            })?,
+            None => FileConfig::default(),
+        };
+        let mut devices = Vec::new();
+        let addrs = env("BURST_ADDR").filter(|s| !s.trim().is_empty());
+        let ifaces = env("BURST_IFACE").filter(|s| !s.trim().is_empty());
+        if addrs.is_some() || ifaces.is_some() {
+            for a in addrs.iter().flat_map(|s| s.split(',')).map(str::trim) {
+                let ip: IpAddr = a.parse().map_err(|_| ConfigError::BadValue {
+                    key: "BURST_ADDR".into(),
+                    value: a.into(),
+                    why: "an IPv4 or IPv6 address",
+                })?;
+                devices.push(DeviceConfig::for_addr(
+                    &format!("burst{}", devices.len()),
+                    ip,
+                )?);
+            }
+            for i in ifaces.iter().flat_map(|s| s.split(',')).map(str::trim) {
+                devices.push(DeviceConfig::for_interface(
+                    &format!("burst{}", devices.len()),
+                    i,
+                )?);
+            }
+        } else {
+            for (n, d) in parsed.device.iter().enumerate() {
+                let name = d.name.clone().unwrap_or_else(|| format!("burst{n}"));
+                if let Some(t) = d.threads.filter(|&t| t != 1) {
+                    return Err(ConfigError::BadValue {
+                        key: format!("device {name}: threads"),
+                        value: t.to_string(),
+                        why: "only one engine thread per device is supported",
+                    });
+                }
+                let mut dc = match (&d.address, &d.interface) {
+                    (Some(a), _) => {
+                        let ip: IpAddr = a.parse().map_err(|_| ConfigError::BadValue {
+                            key: format!("device {name}: address"),
+                            value: a.clone(),
+                            why: "an IPv4 or IPv6 address",
+                        })?;
+                        DeviceConfig::for_addr(&name, ip)?
+                    }
+                    (None, Some(i)) => DeviceConfig::for_interface(&name, i)?,
+                    (None, None) => {
+                        return Err(ConfigError::BadValue {
+                            key: format!("device {name}"),
+                            value: String::new(),
+                            why: "needs an address or an interface",
+                        })
+                    }
+                };
+                if let Some(m) = d.mtu {
+                    dc.mtu = parse_mtu(&format!("device {name}: mtu"), m)?;
+                }
+                devices.push(dc);
+            }
+        }
+        if let Some(m) = env("BURST_MTU") {
+            let v: u32 = m.trim().parse().map_err(|_| ConfigError::BadValue {
+                key: "BURST_MTU".into(),
+                value: m.clone(),
+                why: "one of 256, 512, 1024, 2048, 4096",
+            })?;
+            let mtu = parse_mtu("BURST_MTU", v)?;
+            devices.iter_mut().for_each(|d| d.mtu = mtu);
+        }
+        if let Some(n) = env("BURST_TEST_DROP") {
+            let v: u64 = n.trim().parse().map_err(|_| ConfigError::BadValue {
+                key: "BURST_TEST_DROP".into(),
+                value: n.clone(),
+                why: "a whole number N (drop 1 in N)",
+            })?;
+            devices.iter_mut().for_each(|d| d.drop_every = v);
+        }
+        if devices.is_empty() {
+            return Err(ConfigError::NotConfigured);
+        }
+        Ok(Config {
+            devices,
+            log: env("BURST_LOG").or(parsed.log),
+        })
+    }
+
+    /// The device named `name`.
+    pub fn device(&self, name: &str) -> Option<&DeviceConfig> {
+        self.devices.iter().find(|d| d.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn variables_name_devices_in_order_and_override_the_file() {
+        let file = "[[device]]\nname = \"x\"\naddress = \"127.0.0.9\"\n";
+        let c = Config::from_sources(
+            env(&[
+                ("BURST_ADDR", "127.0.0.1, 127.0.0.2"),
+                ("BURST_MTU", "2048"),
+            ]),
+            Some((Path::new("f.toml"), file)),
+        )
+        .unwrap();
+        let names: Vec<_> = c.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["burst0", "burst1"]);
+        assert!(c.devices.iter().all(|d| d.mtu == Mtu::Mtu2048));
+        // Without variables the file's device is used, with lo's MTU.
+        let c = Config::from_sources(env(&[]), Some((Path::new("f.toml"), file))).unwrap();
+        assert_eq!(c.devices[0].name, "x");
+        assert_eq!(c.devices[0].mtu, Mtu::Mtu4096, "lo's 65536-byte MTU");
+        assert!(c.device("x").is_some() && c.device("burst0").is_none());
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let e = Config::from_sources(env(&[]), None).unwrap_err();
+        assert!(matches!(e, ConfigError::NotConfigured));
+        assert!(e.to_string().contains("BURST_ADDR"));
+        let e = Config::from_sources(env(&[("BURST_ADDR", "198.18.0.250")]), None).unwrap_err();
+        assert!(matches!(e, ConfigError::AddrNotOnHost(_)), "{e}");
+        let e = Config::from_sources(env(&[("BURST_ADDR", "not-an-ip")]), None).unwrap_err();
+        assert!(e.to_string().contains("not-an-ip"), "{e}");
+        let e = Config::from_sources(env(&[("BURST_IFACE", "nosuch0")]), None).unwrap_err();
+        assert!(e.to_string().contains("nosuch0"), "{e}");
+        let e = Config::from_sources(
+            env(&[("BURST_ADDR", "127.0.0.1"), ("BURST_MTU", "1500")]),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("BURST_MTU"), "{e}");
+        let bad = "[[device]]\naddress = \"127.0.0.1\"\nthreads = 2\n";
+        let e = Config::from_sources(env(&[]), Some((Path::new("f"), bad))).unwrap_err();
+        assert!(e.to_string().contains("one engine thread"), "{e}");
+        let e = Config::from_sources(env(&[]), Some((Path::new("f"), "[[device]]\nadress = 1\n")))
+            .unwrap_err();
+        assert!(matches!(e, ConfigError::File { .. }), "{e}");
+    }
+
+    #[test]
+    fn interface_lo_resolves_to_its_ipv4_address() {
+        let c = Config::from_sources(
+            env(&[("BURST_IFACE", "lo"), ("BURST_TEST_DROP", "50")]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.devices[0].addr, IpAddr::from([127, 0, 0, 1]));
+        assert_eq!(c.devices[0].drop_every, 50);
+    }
+}
