@@ -100,19 +100,34 @@ impl CompChannel {
     pub fn get_cq_event(&self, timeout: Duration) -> Option<CqId> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            if let Some(cq) = self.events.pop() {
-                return Some(cq);
-            }
-            self.fd.drain();
-            // An event may have landed between the pop and the drain.
-            if let Some(cq) = self.events.pop() {
+            if let Some(cq) = self.try_get_cq_event() {
                 return Some(cq);
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() || !self.fd.wait(left) {
-                return self.events.pop();
+                return self.try_get_cq_event();
             }
         }
+    }
+
+    /// `ibv_get_cq_event` exactly: reads the descriptor (blocking unless the
+    /// application made it non-blocking) and returns the CQ of that event.
+    pub fn read_cq_event(&self) -> Option<CqId> {
+        if self.fd.read() {
+            return self.events.pop();
+        }
+        None
+    }
+
+    /// The next CQ with an event, if one is pending (never blocks).
+    pub fn try_get_cq_event(&self) -> Option<CqId> {
+        // One fd count per event, taken with the event: the fd stays
+        // readable exactly while events are pending.
+        if self.fd.drain() {
+            // The engine queues the event before it signals.
+            return self.events.pop();
+        }
+        None
     }
 }
 
@@ -190,6 +205,26 @@ struct Shared {
     /// SRQ limit events not yet taken by the application.
     srq_events: SegQueue<SrqId>,
     stop: AtomicBool,
+    /// The data plane's state. The engine thread steps it, and so does an
+    /// application thread that finds it free while it waits for work
+    /// (polls an empty CQ, posts, waits for a control reply): on a machine
+    /// with fewer cores than spinning threads the work then happens on the
+    /// thread that wants it, not after a scheduler time slice.
+    core: std::sync::Mutex<Core>,
+    /// When an application thread last stepped the core (ns since `epoch`).
+    app_stepped: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
+}
+
+/// How long after an application thread's last step the engine thread
+/// stays out of its way.
+const APP_ACTIVE_NS: u64 = 2_000_000;
+
+/// The data plane: the device and the completions waiting for CQ room.
+struct Core {
+    dev: Option<Device>,
+    spill: VecDeque<Spill>,
+    control_rx: Receiver<Control>,
 }
 
 /// The application's side of an engine: cheap to clone, usable from any thread.
@@ -260,6 +295,8 @@ impl Engine {
         let mrs = Arc::new(MrTable::new());
         let mut dev = Device::open_with(ip, port_mtu, Arc::clone(&mrs))?;
         dev.set_drop_every(cfg.drop_every);
+        let gid = dev.gid();
+        let (control, control_rx) = bounded(64);
         let shared = Arc::new(Shared {
             mrs,
             doorbell: SegQueue::new(),
@@ -268,12 +305,18 @@ impl Engine {
             cqs: std::sync::RwLock::new(Vec::new()),
             srq_events: SegQueue::new(),
             stop: AtomicBool::new(false),
+            core: std::sync::Mutex::new(Core {
+                dev: Some(dev),
+                spill: VecDeque::new(),
+                control_rx,
+            }),
+            app_stepped: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
         });
-        let (control, control_rx) = bounded(64);
         let ctx = Context {
             shared: Arc::clone(&shared),
             control,
-            gid: dev.gid(),
+            gid,
             config: Arc::new(cfg.clone()),
         };
         let thread = std::thread::Builder::new()
@@ -281,8 +324,8 @@ impl Engine {
             .spawn(move || {
                 let _span = tracing::info_span!("burst-engine", %ip).entered();
                 tracing::info!("engine started");
-                run(&mut dev, &shared, &control_rx);
-                tracing::info!(counters = ?dev.counters(), "engine stopped");
+                run(&shared);
+                tracing::info!("engine stopped");
             })?;
         Ok(Engine {
             ctx,
@@ -301,6 +344,16 @@ impl Drop for Engine {
         self.ctx.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // Close the port now, even if contexts outlive the engine.
+        let mut core = self
+            .ctx
+            .shared
+            .core
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(dev) = core.dev.take() {
+            tracing::info!(counters = ?dev.counters(), "device closed");
         }
     }
 }
@@ -367,12 +420,46 @@ fn control(dev: &mut Device, c: Control) {
     }
 }
 
-fn run(dev: &mut Device, shared: &Shared, control_rx: &Receiver<Control>) {
-    let mut spill: VecDeque<Spill> = VecDeque::new();
+/// The engine thread: steps the core while no application thread does.
+fn run(shared: &Shared) {
     let mut idle = 0u32;
     while !shared.stop.load(Ordering::Acquire) {
+        let now = shared.epoch.elapsed().as_nanos() as u64;
+        let app = shared.app_stepped.load(Ordering::Relaxed);
+        if app != 0 && now.saturating_sub(app) < APP_ACTIVE_NS {
+            // An application thread is driving: don't compete for the core.
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        let busy = match shared.core.try_lock() {
+            Ok(mut core) => core.step(shared),
+            Err(_) => false,
+        };
+        if busy {
+            idle = 0;
+        } else {
+            // Busy-poll for a while, then back off so an idle engine does
+            // not burn a core.
+            idle = idle.saturating_add(1);
+            if idle > 20_000 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+impl Core {
+    /// One round: control requests, doorbells, receive/timers/transmit,
+    /// completions into the CQ rings. Returns whether there was work.
+    fn step(&mut self, shared: &Shared) -> bool {
+        let Some(dev) = self.dev.as_mut() else {
+            return false;
+        };
+        let spill = &mut self.spill;
         let mut busy = false;
-        while let Ok(c) = control_rx.try_recv() {
+        while let Ok(c) = self.control_rx.try_recv() {
             busy = true;
             control(dev, c);
         }
@@ -450,20 +537,7 @@ fn run(dev: &mut Device, shared: &Shared, control_rx: &Receiver<Control>) {
                 }
             }
         }
-        drop(rings);
-        drop(cqs);
-        if busy {
-            idle = 0;
-        } else {
-            // Busy-poll for a while, then back off so an idle engine does
-            // not burn a core.
-            idle = idle.saturating_add(1);
-            if idle > 20_000 {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+        busy
     }
 }
 
@@ -533,6 +607,23 @@ impl Context {
         unsafe { self.shared.mrs.register(pd, ptr, len, ptr as u64, access) }
     }
 
+    /// Registers application memory that peers address from `iova`
+    /// (`ibv_reg_mr_iova2`).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until [`Context::dereg_mr`] returns.
+    pub unsafe fn reg_mr_iova(
+        &self,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.shared.mrs.register(pd, ptr, len, iova, access) }
+    }
+
     /// Deregisters; returns once the engine no longer uses the region.
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
         self.shared.mrs.deregister(lkey)
@@ -579,8 +670,41 @@ impl Context {
         self.control
             .send(make(tx))
             .map_err(|_| PostError::Stopped)?;
-        rx.recv_timeout(Duration::from_secs(10))
-            .map_err(|_| PostError::Stopped)
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(v) = rx.try_recv() {
+                return Ok(v);
+            }
+            if self.shared.stop.load(Ordering::Acquire) || std::time::Instant::now() > deadline {
+                return Err(PostError::Stopped);
+            }
+            if !self.progress() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Hands progress back to the engine thread at once (call before the
+    /// thread blocks, e.g. in `ibv_get_cq_event`), instead of after the
+    /// engine notices this thread stopped stepping.
+    pub fn park(&self) {
+        self.shared.app_stepped.store(0, Ordering::Relaxed);
+    }
+
+    /// Steps the data plane on the calling thread if no other thread is
+    /// stepping it; returns whether there was work. Posting and polling
+    /// call this, so an application that busy-polls drives its own I/O.
+    pub fn progress(&self) -> bool {
+        let sh = &*self.shared;
+        if sh.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(mut core) = sh.core.try_lock() else {
+            return false;
+        };
+        let now = sh.epoch.elapsed().as_nanos() as u64;
+        sh.app_stepped.store(now.max(1), Ordering::Relaxed);
+        core.step(sh)
     }
 
     /// Creates a QP with its rings (depth `depth` each) and default sizes;
@@ -775,7 +899,16 @@ impl Context {
             ud: wr.ud,
         };
         e.sges[..wr.sg_list.len()].copy_from_slice(&wr.sg_list);
-        if wr.inline {
+        if let Some(data) = wr.inline_data.as_deref() {
+            // Already captured by the caller (a C caller's inline SGEs need
+            // no registration, so only it can read them).
+            if data.len() > RING_MAX_INLINE {
+                return Err(PostError::Invalid);
+            }
+            e.inline = true;
+            e.inline_data[..data.len()].copy_from_slice(data);
+            e.inline_len = data.len() as u16;
+        } else if wr.inline {
             let len = burst_transport::sg_len(&wr.sg_list) as usize;
             if len > RING_MAX_INLINE {
                 return Err(PostError::Invalid);
@@ -787,6 +920,7 @@ impl Context {
         }
         ring.send.push(e).map_err(|_| PostError::Full)?;
         self.shared.doorbell.push(ring.qpn.value());
+        self.progress();
         Ok(())
     }
 
@@ -795,13 +929,21 @@ impl Context {
         let ring = self.ring(qpn)?;
         ring.recv.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
         self.shared.doorbell.push(qpn.value());
+        self.progress();
         Ok(())
     }
 
-    /// Takes a completion from a CQ ring (never blocks).
+    /// Takes a completion from a CQ ring (never blocks; steps the data
+    /// plane once when the ring is empty).
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
-        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-        cqs.get(cq.0 as usize)?.ring.pop()
+        let q = {
+            let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+            Arc::clone(cqs.get(cq.0 as usize)?)
+        };
+        q.ring.pop().or_else(|| {
+            self.progress();
+            q.ring.pop()
+        })
     }
 
     /// A handle on CQ `cq` that polls without any lookup.
@@ -810,6 +952,7 @@ impl Context {
         cqs.get(cq.0 as usize).map(|q| CompletionQueue {
             id: cq,
             cq: Arc::clone(q),
+            ctx: self.clone(),
         })
     }
 }
@@ -885,6 +1028,7 @@ impl QueuePair {
             .push(recv_wqe(wr)?)
             .map_err(|_| PostError::Full)?;
         self.ctx.shared.doorbell.push(self.rings.qpn.value());
+        self.ctx.progress();
         Ok(())
     }
 
@@ -920,6 +1064,7 @@ impl SharedReceiveQueue {
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
         self.ring.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
         self.ctx.shared.doorbell.push(SRQ_DOORBELL | self.id.0);
+        self.ctx.progress();
         Ok(())
     }
 }
@@ -929,6 +1074,7 @@ impl SharedReceiveQueue {
 pub struct CompletionQueue {
     id: CqId,
     cq: Arc<Cq>,
+    ctx: Context,
 }
 
 impl std::fmt::Debug for CompletionQueue {
@@ -943,9 +1089,13 @@ impl CompletionQueue {
         self.id
     }
 
-    /// `ibv_poll_cq` for one completion (never blocks).
+    /// `ibv_poll_cq` for one completion (never blocks; steps the data
+    /// plane once when the ring is empty).
     pub fn poll(&self) -> Option<WorkCompletion> {
-        self.cq.ring.pop()
+        self.cq.ring.pop().or_else(|| {
+            self.ctx.progress();
+            self.cq.ring.pop()
+        })
     }
 
     /// Completions waiting.

@@ -6,7 +6,11 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-/// A non-blocking, close-on-exec eventfd.
+/// A close-on-exec eventfd in semaphore mode: every [`EventFd::signal`]
+/// adds one, every successful read takes one, so the descriptor stays
+/// readable exactly while events are pending. Created blocking, as
+/// rdma-core's channel descriptors are: an application may make it
+/// non-blocking with `fcntl`, and burst's own reads never block.
 #[derive(Debug)]
 pub struct EventFd(OwnedFd);
 
@@ -14,7 +18,7 @@ impl EventFd {
     /// Creates one.
     pub fn new() -> io::Result<EventFd> {
         // SAFETY: plain syscall with constant flags; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -22,7 +26,7 @@ impl EventFd {
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    /// Makes the descriptor readable.
+    /// Adds one pending event (the descriptor becomes readable).
     pub fn signal(&self) {
         let one = 1u64;
         // SAFETY: writes 8 bytes from a live u64 to our own descriptor; an
@@ -30,8 +34,20 @@ impl EventFd {
         let _ = unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// Clears the readable state; returns whether it was set.
+    /// Takes one pending event without blocking; returns whether there was
+    /// one. (Two threads racing for the last event: the loser may wait in
+    /// `read` for the next one, as with rdma-core's blocking read.)
     pub fn drain(&self) -> bool {
+        if !self.wait(Duration::ZERO) {
+            return false;
+        }
+        self.read()
+    }
+
+    /// Takes one pending event, blocking unless the application made the
+    /// descriptor non-blocking (then `false` when none is pending), exactly
+    /// as `ibv_get_cq_event` reads its channel.
+    pub fn read(&self) -> bool {
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into a live u64 from our own non-blocking fd.
         let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
@@ -55,5 +71,11 @@ impl EventFd {
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+impl From<EventFd> for OwnedFd {
+    fn from(e: EventFd) -> OwnedFd {
+        e.0
     }
 }

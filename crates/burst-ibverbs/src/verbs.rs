@@ -1,0 +1,1154 @@
+//! Resources: protection domains, memory regions, completion channels and
+//! queues, queue pairs, shared receive queues, address handles, events.
+//!
+//! Every object the application gets is a `#[repr(C)]` box whose first
+//! field is the libibverbs struct, so the pointer it holds is the pointer
+//! to our object. Each entry point checks its pointers for NULL and returns
+//! the errno rdma-core would; beyond that, passing a pointer that is not of
+//! ours is the caller's undefined behaviour, as with rdma-core.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use burst_mem::Access;
+use burst_transport::{QpAccess, QpAttr, QpState, QpType};
+use burst_verbs::engine::{CompChannel, CompletionQueue, CqId, QueuePair, SharedReceiveQueue};
+use burst_verbs::{QpCaps, QpInit, MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use burst_wire::{Mtu, Psn, Qpn};
+
+use crate::abi::*;
+use crate::device::{ctx_of, Ctx, MAX_CQE};
+use crate::{guard, set_errno};
+
+/// Recovers our object from the pointer handed out (first field).
+macro_rules! ours {
+    ($t:ty, $p:expr) => {{
+        let p = $p;
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: objects of this kind are only created by us, with the
+            // C struct as first field (caller's contract: a live object).
+            Some(unsafe { &*(p.cast::<$t>()) })
+        }
+    }};
+}
+pub(crate) use ours;
+
+fn boxed<T>(v: T) -> *mut T {
+    Box::into_raw(Box::new(v))
+}
+
+/// Frees an object made by [`boxed`].
+///
+/// # Safety
+/// `p` must come from `boxed::<T>` and not be used afterwards.
+unsafe fn free<T>(p: *mut T) {
+    // SAFETY: caller's contract.
+    drop(unsafe { Box::from_raw(p) });
+}
+
+fn fail_null<T>(errno: c_int) -> *mut T {
+    set_errno(errno);
+    ptr::null_mut()
+}
+
+/// The context a PD/CQ/QP/… belongs to (its C struct's `context` field).
+fn ctx_from<'a>(context: *mut ibv_context) -> Option<&'a Ctx> {
+    // SAFETY: every object we hand out stores the context it was made on.
+    unsafe { ctx_of(context) }
+}
+
+// ------------------------------------------------------------------- PD
+
+#[repr(C)]
+pub(crate) struct Pd {
+    pub raw: ibv_pd,
+    pub pd: burst_mem::Pd,
+}
+
+unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    guard("ibv_alloc_pd", ptr::null_mut(), || {
+        let Some(c) = ctx_from(context) else {
+            return fail_null(libc::EINVAL);
+        };
+        let pd = c.ctx.alloc_pd();
+        boxed(Pd {
+            raw: ibv_pd {
+                context,
+                handle: pd.0,
+            },
+            pd,
+        })
+        .cast()
+    })
+}
+export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
+
+unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    if pd.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a PD of ours (caller's contract), freed once.
+    unsafe { free(pd.cast::<Pd>()) };
+    0
+}
+export!("ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
+
+// ------------------------------------------------------------------- MR
+
+#[repr(C)]
+pub(crate) struct Mr {
+    pub raw: ibv_mr,
+}
+
+/// Access bits rdma-core defines as optional (ignored when unsupported):
+/// relaxed ordering and the rest of IBV_ACCESS_OPTIONAL_RANGE.
+const OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+/// IBV_ACCESS_ON_DEMAND: needs ODP, which burst does not report.
+const ON_DEMAND: u32 = 0x40;
+
+unsafe extern "C" fn reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    guard("ibv_reg_mr", ptr::null_mut(), || {
+        let Some(p) = ours!(Pd, pd) else {
+            return fail_null(libc::EINVAL);
+        };
+        let Some(c) = ctx_from(p.raw.context) else {
+            return fail_null(libc::EINVAL);
+        };
+        let access = access & !OPTIONAL_RANGE;
+        if access & ON_DEMAND != 0 {
+            tracing::warn!("ibv_reg_mr: on-demand paging is not supported");
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        if addr.is_null() && length > 0 {
+            return fail_null(libc::EINVAL);
+        }
+        // SAFETY: the application keeps addr..addr+length valid until
+        // ibv_dereg_mr (the Verbs contract); the engine reaches it in place.
+        let keys = unsafe {
+            c.ctx
+                .reg_mr_iova(p.pd, addr.cast(), length, iova, Access(access & 0xf))
+        };
+        match keys {
+            Ok(k) => boxed(Mr {
+                raw: ibv_mr {
+                    context: p.raw.context,
+                    pd,
+                    addr,
+                    length,
+                    handle: k.lkey,
+                    lkey: k.lkey,
+                    rkey: k.rkey,
+                },
+            })
+            .cast(),
+            Err(e) => {
+                tracing::warn!("ibv_reg_mr refused: {e}");
+                fail_null(e.errno())
+            }
+        }
+    })
+}
+export!("ibv_reg_mr_iova2", "IBVERBS_1.8", reg_mr_iova2);
+
+unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract; the IOVA is the address itself.
+    unsafe { reg_mr_iova2(pd, addr, length, addr as u64, access as u32) }
+}
+export!("ibv_reg_mr", "IBVERBS_1.1", reg_mr);
+
+unsafe extern "C" fn reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: forwarded contract.
+    unsafe { reg_mr_iova2(pd, addr, length, iova, access as u32) }
+}
+export!("ibv_reg_mr_iova", "IBVERBS_1.7", reg_mr_iova);
+
+unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard("ibv_dereg_mr", libc::EIO, || {
+        let Some(m) = ours!(Mr, mr) else {
+            return libc::EINVAL;
+        };
+        let Some(c) = ctx_from(m.raw.context) else {
+            return libc::EINVAL;
+        };
+        // Waits until the engine no longer uses the region.
+        if let Err(e) = c.ctx.dereg_mr(m.raw.lkey) {
+            return e.errno();
+        }
+        // SAFETY: an MR of ours, freed once.
+        unsafe { free(mr.cast::<Mr>()) };
+        0
+    })
+}
+export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
+
+// ---------------------------------------------------- completion channels
+
+#[repr(C)]
+pub(crate) struct Channel {
+    pub raw: ibv_comp_channel,
+    pub ch: Arc<CompChannel>,
+    /// CQ handle → `ibv_cq` pointer, to answer `ibv_get_cq_event`.
+    pub cqs: Mutex<HashMap<u32, usize>>,
+}
+
+unsafe extern "C" fn create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    guard("ibv_create_comp_channel", ptr::null_mut(), || {
+        let Some(c) = ctx_from(context) else {
+            return fail_null(libc::EINVAL);
+        };
+        let ch = match c.ctx.create_comp_channel() {
+            Ok(ch) => ch,
+            Err(e) => return fail_null(e.raw_os_error().unwrap_or(libc::EMFILE)),
+        };
+        boxed(Channel {
+            raw: ibv_comp_channel {
+                context,
+                fd: ch.fd(),
+                refcnt: 0,
+            },
+            ch,
+            cqs: Mutex::new(HashMap::new()),
+        })
+        .cast()
+    })
+}
+export!(
+    "ibv_create_comp_channel",
+    "IBVERBS_1.0",
+    create_comp_channel
+);
+
+unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    let Some(ch) = ours!(Channel, channel) else {
+        return libc::EINVAL;
+    };
+    if !ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        return libc::EBUSY;
+    }
+    // SAFETY: a channel of ours with no CQ left, freed once.
+    unsafe { free(channel.cast::<Channel>()) };
+    0
+}
+export!(
+    "ibv_destroy_comp_channel",
+    "IBVERBS_1.0",
+    destroy_comp_channel
+);
+
+unsafe extern "C" fn get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    guard("ibv_get_cq_event", -1, || {
+        let Some(ch) = ours!(Channel, channel) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if let Some(c) = ctx_from(ch.raw.context) {
+            // This thread is about to block: the engine thread drives I/O.
+            c.ctx.park();
+        }
+        // As rdma-core: one read of the channel's fd, which blocks unless
+        // the application made it non-blocking (then EAGAIN).
+        let Some(id) = ch.ch.read_cq_event() else {
+            set_errno(libc::EAGAIN);
+            return -1;
+        };
+        let p = ch
+            .cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id.0)
+            .copied();
+        let Some(p) = p else {
+            // The CQ was destroyed after its event fired.
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let q = p as *mut ibv_cq;
+        // SAFETY: out-pointers from the caller; `q` is a live CQ of ours.
+        unsafe {
+            if !cq.is_null() {
+                *cq = q;
+            }
+            if !cq_context.is_null() {
+                *cq_context = (*q).cq_context;
+            }
+        }
+        0
+    })
+}
+export!("ibv_get_cq_event", "IBVERBS_1.1", get_cq_event);
+
+unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    if let Some(q) = ours!(Cq, cq) {
+        q.acked.fetch_add(nevents, Ordering::Relaxed);
+    }
+}
+export!("ibv_ack_cq_events", "IBVERBS_1.1", ack_cq_events);
+
+// ------------------------------------------------------------------- CQ
+
+#[repr(C)]
+pub(crate) struct Cq {
+    pub raw: ibv_cq,
+    pub handle: CompletionQueue,
+    pub id: CqId,
+    pub acked: AtomicU32,
+    /// QPs completing into it.
+    pub users: AtomicU32,
+}
+
+unsafe extern "C" fn create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard("ibv_create_cq", ptr::null_mut(), || {
+        let Some(c) = ctx_from(context) else {
+            return fail_null(libc::EINVAL);
+        };
+        if !(1..=MAX_CQE).contains(&cqe)
+            || comp_vector < 0
+            || comp_vector >= c.vctx.context.num_comp_vectors
+        {
+            tracing::warn!(
+                cqe,
+                comp_vector,
+                "ibv_create_cq: size or vector out of range"
+            );
+            return fail_null(libc::EINVAL);
+        }
+        let ch = ours!(Channel, channel);
+        let id = c
+            .ctx
+            .create_cq_with(cqe as usize, ch.map(|ch| Arc::clone(&ch.ch)));
+        let Some(handle) = c.ctx.cq(id) else {
+            return fail_null(libc::EIO);
+        };
+        // SAFETY: ibv_cq is plain data; all-zero is valid.
+        let mut raw: ibv_cq = unsafe { std::mem::zeroed() };
+        raw.context = context;
+        raw.channel = channel;
+        raw.cq_context = cq_context;
+        raw.handle = id.0;
+        raw.cqe = cqe;
+        let p = boxed(Cq {
+            raw,
+            handle,
+            id,
+            acked: AtomicU32::new(0),
+            users: AtomicU32::new(0),
+        });
+        if let Some(ch) = ch {
+            ch.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.0, p as usize);
+        }
+        p.cast()
+    })
+}
+export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
+
+unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard("ibv_destroy_cq", libc::EIO, || {
+        let Some(q) = ours!(Cq, cq) else {
+            return libc::EINVAL;
+        };
+        if q.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        if let Some(ch) = ours!(Channel, q.raw.channel) {
+            ch.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&q.id.0);
+        }
+        // SAFETY: a CQ of ours with no QP left, freed once. (Its ring in the
+        // engine stays allocated until the context closes.)
+        unsafe { free(cq.cast::<Cq>()) };
+        0
+    })
+}
+export!("ibv_destroy_cq", "IBVERBS_1.1", destroy_cq);
+
+// ------------------------------------------------------------------- SRQ
+
+#[repr(C)]
+pub(crate) struct Srq {
+    pub raw: ibv_srq,
+    pub srq: SharedReceiveQueue,
+    pub attr: Mutex<ibv_srq_attr>,
+    pub users: AtomicU32,
+}
+
+unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    guard("ibv_create_srq", ptr::null_mut(), || {
+        let (Some(p), false) = (ours!(Pd, pd), init.is_null()) else {
+            return fail_null(libc::EINVAL);
+        };
+        let Some(c) = ctx_from(p.raw.context) else {
+            return fail_null(libc::EINVAL);
+        };
+        // SAFETY: a readable and writable ibv_srq_init_attr (caller's contract).
+        let init = unsafe { &mut *init };
+        let a = init.attr;
+        let srq = match c.ctx.create_srq(p.pd, a.max_wr, a.max_sge) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(
+                    max_wr = a.max_wr,
+                    max_sge = a.max_sge,
+                    "ibv_create_srq refused: {e:?}"
+                );
+                return fail_null(e.errno());
+            }
+        };
+        let id = srq.id().0;
+        // SAFETY: ibv_srq is plain data; all-zero is valid.
+        let mut raw: ibv_srq = unsafe { std::mem::zeroed() };
+        raw.context = p.raw.context;
+        raw.srq_context = init.srq_context;
+        raw.pd = pd;
+        raw.handle = id;
+        let attr = ibv_srq_attr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: 0,
+        };
+        let out = boxed(Srq {
+            raw,
+            srq,
+            attr: Mutex::new(attr),
+            users: AtomicU32::new(0),
+        });
+        c.srqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, out as usize);
+        out.cast()
+    })
+}
+export!("ibv_create_srq", "IBVERBS_1.1", create_srq);
+
+const SRQ_MAX_WR: c_int = 1;
+const SRQ_LIMIT: c_int = 2;
+
+unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    guard("ibv_modify_srq", libc::EIO, || {
+        let (Some(s), false) = (ours!(Srq, srq), attr.is_null()) else {
+            return libc::EINVAL;
+        };
+        let Some(c) = ctx_from(s.raw.context) else {
+            return libc::EINVAL;
+        };
+        if mask & !(SRQ_MAX_WR | SRQ_LIMIT) != 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: a readable ibv_srq_attr (caller's contract).
+        let a = unsafe { *attr };
+        let max_wr = (mask & SRQ_MAX_WR != 0).then_some(a.max_wr);
+        let limit = (mask & SRQ_LIMIT != 0).then_some(a.srq_limit);
+        if let Err(e) = c.ctx.modify_srq(s.srq.id(), max_wr, limit) {
+            return e.errno();
+        }
+        let mut cur = s.attr.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = max_wr {
+            cur.max_wr = n;
+        }
+        if let Some(l) = limit {
+            cur.srq_limit = l;
+        }
+        0
+    })
+}
+export!("ibv_modify_srq", "IBVERBS_1.1", modify_srq);
+
+unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    let (Some(s), false) = (ours!(Srq, srq), attr.is_null()) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: a writable ibv_srq_attr (caller's contract).
+    unsafe { *attr = *s.attr.lock().unwrap_or_else(|e| e.into_inner()) };
+    0
+}
+export!("ibv_query_srq", "IBVERBS_1.1", query_srq);
+
+unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard("ibv_destroy_srq", libc::EIO, || {
+        let Some(s) = ours!(Srq, srq) else {
+            return libc::EINVAL;
+        };
+        let Some(c) = ctx_from(s.raw.context) else {
+            return libc::EINVAL;
+        };
+        if s.users.load(Ordering::Acquire) > 0 {
+            return libc::EBUSY;
+        }
+        if let Err(e) = c.ctx.destroy_srq(s.srq.id()) {
+            return e.errno();
+        }
+        c.srqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&s.raw.handle);
+        // SAFETY: an SRQ of ours, freed once.
+        unsafe { free(srq.cast::<Srq>()) };
+        0
+    })
+}
+export!("ibv_destroy_srq", "IBVERBS_1.1", destroy_srq);
+
+// ------------------------------------------------------------------- QP
+
+#[repr(C)]
+pub(crate) struct Qp {
+    /// An `ibv_qp_ex` from the start, so `ibv_qp_to_qp_ex` can hand it out.
+    pub raw: ibv_qp_ex,
+    pub qp: QueuePair,
+    pub qp_type: QpType,
+    pub sq_sig_all: bool,
+    pub cap: ibv_qp_cap,
+    /// Created through `ibv_create_qp_ex` with send-ops flags.
+    pub extended: bool,
+    /// The attributes applied so far, for `ibv_query_qp`.
+    pub shadow: Mutex<ibv_qp_attr>,
+    /// The WR being built by the `ibv_wr_*` calls.
+    pub wr: Mutex<crate::datapath::WrBatch>,
+}
+
+fn qp_type_of(t: u32) -> Option<QpType> {
+    match t {
+        2 => Some(QpType::Rc),
+        3 => Some(QpType::Uc),
+        4 => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+/// `ibv_create_qp` and `ibv_create_qp_ex`'s common part.
+fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -> *mut ibv_qp {
+    let Some(p) = ours!(Pd, pd) else {
+        return fail_null(libc::EINVAL);
+    };
+    let Some(c) = ctx_from(p.raw.context) else {
+        return fail_null(libc::EINVAL);
+    };
+    let Some(qp_type) = qp_type_of(a.qp_type) else {
+        tracing::warn!(
+            qp_type = a.qp_type,
+            "ibv_create_qp: only RC, UC and UD are supported"
+        );
+        return fail_null(libc::EOPNOTSUPP);
+    };
+    let (Some(scq), Some(rcq)) = (ours!(Cq, a.send_cq), ours!(Cq, a.recv_cq)) else {
+        tracing::warn!("ibv_create_qp: send_cq and recv_cq are required");
+        return fail_null(libc::EINVAL);
+    };
+    let srq = ours!(Srq, a.srq);
+    let cap = a.cap;
+    if cap.max_send_wr > MAX_QP_WR
+        || cap.max_recv_wr > MAX_QP_WR
+        || cap.max_send_sge > MAX_SGE
+        || cap.max_recv_sge > MAX_SGE
+        || cap.max_inline_data > MAX_INLINE
+    {
+        tracing::warn!(?cap.max_send_wr, ?cap.max_recv_wr, ?cap.max_send_sge, ?cap.max_recv_sge,
+            ?cap.max_inline_data, "ibv_create_qp: capabilities beyond the device limits");
+        return fail_null(libc::EINVAL);
+    }
+    let init = QpInit {
+        qp_type,
+        pd: p.pd,
+        srq: srq.map(|s| s.srq.id()),
+        caps: QpCaps {
+            max_send_wr: cap.max_send_wr.max(1),
+            max_recv_wr: if srq.is_some() {
+                1
+            } else {
+                cap.max_recv_wr.max(1)
+            },
+            max_send_sge: cap.max_send_sge.max(1),
+            max_recv_sge: cap.max_recv_sge.max(1),
+            max_inline_data: cap.max_inline_data,
+        },
+    };
+    let qp = match c.ctx.create_qp_with(&init, scq.id, rcq.id) {
+        Ok(q) => q,
+        Err(e) => {
+            tracing::warn!("ibv_create_qp refused: {e:?}");
+            return fail_null(e.errno());
+        }
+    };
+    // What the QP really has, written back as providers do.
+    let out_cap = ibv_qp_cap {
+        max_send_wr: init.caps.max_send_wr,
+        max_recv_wr: if srq.is_some() {
+            0
+        } else {
+            init.caps.max_recv_wr
+        },
+        max_send_sge: init.caps.max_send_sge,
+        max_recv_sge: if srq.is_some() {
+            0
+        } else {
+            init.caps.max_recv_sge
+        },
+        max_inline_data: cap.max_inline_data,
+    };
+    a.cap = out_cap;
+    // SAFETY: ibv_qp_ex is plain data; all-zero is valid.
+    let mut raw: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    raw.qp_base.context = p.raw.context;
+    raw.qp_base.qp_context = a.qp_context;
+    raw.qp_base.pd = pd;
+    raw.qp_base.send_cq = a.send_cq;
+    raw.qp_base.recv_cq = a.recv_cq;
+    raw.qp_base.srq = a.srq;
+    raw.qp_base.handle = qp.qpn().value();
+    raw.qp_base.qp_num = qp.qpn().value();
+    raw.qp_base.state = 0;
+    raw.qp_base.qp_type = a.qp_type;
+    if extended {
+        crate::datapath::install_wr_ops(&mut raw);
+    }
+    scq.users.fetch_add(1, Ordering::AcqRel);
+    rcq.users.fetch_add(1, Ordering::AcqRel);
+    if let Some(s) = srq {
+        s.users.fetch_add(1, Ordering::AcqRel);
+    }
+    let shadow = ibv_qp_attr {
+        cap: out_cap,
+        ..Default::default()
+    };
+    boxed(Qp {
+        raw,
+        qp,
+        qp_type,
+        sq_sig_all: a.sq_sig_all != 0,
+        cap: out_cap,
+        extended,
+        shadow: Mutex::new(shadow),
+        wr: Mutex::new(Default::default()),
+    })
+    .cast()
+}
+
+unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    guard("ibv_create_qp", ptr::null_mut(), || {
+        if attr.is_null() {
+            return fail_null(libc::EINVAL);
+        }
+        // SAFETY: a readable and writable ibv_qp_init_attr (caller's contract).
+        create_qp_common(pd, unsafe { &mut *attr }, false)
+    })
+}
+export!("ibv_create_qp", "IBVERBS_1.1", create_qp);
+
+const QP_INIT_ATTR_PD: u32 = 1;
+const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 0x40;
+/// Send ops the `ibv_wr_*` path supports: WRITE, WRITE_IMM, SEND, SEND_IMM,
+/// READ, CMP_SWP, FETCH_ADD, SEND_INV.
+const SUPPORTED_SEND_OPS: u64 = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x100;
+
+/// `verbs_context.create_qp_ex`: PD and send-ops flags; the QP also speaks
+/// the `ibv_wr_*` API.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard("ibv_create_qp_ex", ptr::null_mut(), || {
+        if attr.is_null() || ctx_from(context).is_none() {
+            return fail_null(libc::EINVAL);
+        }
+        // SAFETY: a readable and writable ibv_qp_init_attr_ex (caller's contract).
+        let a = unsafe { &mut *attr };
+        if a.comp_mask & !(QP_INIT_ATTR_PD | QP_INIT_ATTR_SEND_OPS_FLAGS) != 0
+            || a.comp_mask & QP_INIT_ATTR_PD == 0
+        {
+            tracing::warn!(
+                comp_mask = a.comp_mask,
+                "ibv_create_qp_ex: unsupported attributes"
+            );
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        let extended = a.comp_mask & QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if extended && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0 {
+            tracing::warn!(
+                send_ops = a.send_ops_flags,
+                "ibv_create_qp_ex: unsupported send ops"
+            );
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        let mut base = ibv_qp_init_attr {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        let q = create_qp_common(a.pd, &mut base, extended);
+        a.cap = base.cap;
+        q
+    })
+}
+
+unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    match ours!(Qp, qp) {
+        Some(q) if q.extended => qp.cast(),
+        _ => ptr::null_mut(),
+    }
+}
+export!("ibv_qp_to_qp_ex", "IBVERBS_1.6", qp_to_qp_ex);
+
+unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard("ibv_destroy_qp", libc::EIO, || {
+        let Some(q) = ours!(Qp, qp) else {
+            return libc::EINVAL;
+        };
+        let Some(c) = ctx_from(q.raw.qp_base.context) else {
+            return libc::EINVAL;
+        };
+        if let Err(e) = c.ctx.destroy_qp(q.qp.qpn()) {
+            return e.errno();
+        }
+        for cq in [q.raw.qp_base.send_cq, q.raw.qp_base.recv_cq] {
+            if let Some(cq) = ours!(Cq, cq) {
+                cq.users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        if let Some(s) = ours!(Srq, q.raw.qp_base.srq) {
+            s.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        // SAFETY: a QP of ours, freed once.
+        unsafe { free(qp.cast::<Qp>()) };
+        0
+    })
+}
+export!("ibv_destroy_qp", "IBVERBS_1.1", destroy_qp);
+
+// `enum ibv_qp_attr_mask`.
+const M_STATE: c_int = 1;
+const M_CUR_STATE: c_int = 2;
+const M_EN_SQD_ASYNC_NOTIFY: c_int = 4;
+const M_ACCESS_FLAGS: c_int = 8;
+const M_PKEY_INDEX: c_int = 16;
+const M_PORT: c_int = 32;
+const M_QKEY: c_int = 64;
+const M_AV: c_int = 128;
+const M_PATH_MTU: c_int = 256;
+const M_TIMEOUT: c_int = 512;
+const M_RETRY_CNT: c_int = 1024;
+const M_RNR_RETRY: c_int = 2048;
+const M_RQ_PSN: c_int = 4096;
+const M_MAX_QP_RD_ATOMIC: c_int = 8192;
+const M_ALT_PATH: c_int = 16384;
+const M_MIN_RNR_TIMER: c_int = 32768;
+const M_SQ_PSN: c_int = 65536;
+const M_MAX_DEST_RD_ATOMIC: c_int = 131072;
+const M_PATH_MIG_STATE: c_int = 262144;
+const M_CAP: c_int = 524288;
+const M_DEST_QPN: c_int = 1048576;
+const M_RATE_LIMIT: c_int = 1 << 25;
+
+fn qp_state_of(s: u32) -> Option<QpState> {
+    Some(match s {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+fn mtu_of(m: u32) -> Option<Mtu> {
+    u8::try_from(m).ok().and_then(Mtu::from_ibv_mtu)
+}
+
+/// The AH index the engine uses for an `ibv_ah_attr` (RoCE: GRH required).
+pub(crate) fn ah_index(c: &Ctx, a: &ibv_ah_attr) -> Result<u32, c_int> {
+    if a.is_global == 0 {
+        // As RoCE hardware does: without a GRH there is no IP address.
+        tracing::warn!("address vector without GRH (is_global = 0): RoCE needs a GID (use -g)");
+        return Err(libc::EINVAL);
+    }
+    if a.grh.sgid_index != 0 || (a.port_num != 0 && a.port_num != 1) {
+        tracing::warn!(
+            sgid_index = a.grh.sgid_index,
+            port = a.port_num,
+            "address vector: no such GID index or port"
+        );
+        return Err(libc::EINVAL);
+    }
+    c.ctx.create_ah(a.grh.dgid).map_err(|_| libc::EIO)
+}
+
+unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    guard("ibv_modify_qp", libc::EIO, || {
+        let (Some(q), false) = (ours!(Qp, qp), attr.is_null()) else {
+            return libc::EINVAL;
+        };
+        let Some(c) = ctx_from(q.raw.qp_base.context) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: a readable ibv_qp_attr (caller's contract).
+        let a = unsafe { *attr };
+        if mask & (M_ALT_PATH | M_CAP) != 0 {
+            tracing::warn!(
+                mask,
+                "ibv_modify_qp: alternate paths and resizing are not supported"
+            );
+            return libc::EINVAL;
+        }
+        let on = |bit| mask & bit != 0;
+        let mut t = QpAttr::default();
+        if on(M_STATE) {
+            let Some(s) = qp_state_of(a.qp_state) else {
+                return libc::EINVAL;
+            };
+            t.state = Some(s);
+        }
+        if on(M_ACCESS_FLAGS) {
+            let f = a.qp_access_flags as u32;
+            // LOCAL_WRITE (1) is accepted and means nothing for a QP.
+            t.access = Some(QpAccess {
+                remote_write: f & 2 != 0,
+                remote_read: f & 4 != 0,
+                remote_atomic: f & 8 != 0,
+            });
+        }
+        if on(M_PKEY_INDEX) {
+            t.pkey_index = Some(a.pkey_index);
+        }
+        if on(M_PORT) {
+            t.port = Some(a.port_num);
+        }
+        if on(M_QKEY) {
+            t.qkey = Some(a.qkey);
+        }
+        if on(M_AV) {
+            match ah_index(c, &a.ah_attr) {
+                Ok(i) => t.ah = Some(i),
+                Err(e) => return e,
+            }
+        }
+        if on(M_PATH_MTU) {
+            let Some(m) = mtu_of(a.path_mtu) else {
+                return libc::EINVAL;
+            };
+            t.path_mtu = Some(m);
+        }
+        if on(M_TIMEOUT) {
+            t.timeout = Some(a.timeout);
+        }
+        if on(M_RETRY_CNT) {
+            t.retry_cnt = Some(a.retry_cnt);
+        }
+        if on(M_RNR_RETRY) {
+            t.rnr_retry = Some(a.rnr_retry);
+        }
+        if on(M_RQ_PSN) {
+            t.rq_psn = Some(Psn::new(a.rq_psn));
+        }
+        if on(M_MAX_QP_RD_ATOMIC) {
+            t.max_rd_atomic = Some(a.max_rd_atomic);
+        }
+        if on(M_MIN_RNR_TIMER) {
+            t.min_rnr_timer = Some(a.min_rnr_timer);
+        }
+        if on(M_SQ_PSN) {
+            t.sq_psn = Some(Psn::new(a.sq_psn));
+        }
+        if on(M_MAX_DEST_RD_ATOMIC) {
+            t.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+        }
+        if on(M_DEST_QPN) {
+            let Some(n) = Qpn::new(a.dest_qp_num) else {
+                return libc::EINVAL;
+            };
+            t.dest_qpn = Some(n);
+        }
+        // CUR_STATE, EN_SQD_ASYNC_NOTIFY, PATH_MIG_STATE, RATE_LIMIT: accepted, no effect.
+        let _ = (
+            M_CUR_STATE,
+            M_EN_SQD_ASYNC_NOTIFY,
+            M_PATH_MIG_STATE,
+            M_RATE_LIMIT,
+        );
+        if let Err(e) = q.qp.modify(&t) {
+            tracing::warn!(
+                qpn = q.qp.qpn().value(),
+                mask,
+                "ibv_modify_qp refused: {e:?}"
+            );
+            return e.errno();
+        }
+        let mut s = q.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        let keep_cap = s.cap;
+        macro_rules! take {
+            ($($bit:ident => $f:ident),*) => { $( if on($bit) { s.$f = a.$f; } )* };
+        }
+        take!(M_STATE => qp_state, M_ACCESS_FLAGS => qp_access_flags, M_PKEY_INDEX => pkey_index,
+            M_PORT => port_num, M_QKEY => qkey, M_AV => ah_attr, M_PATH_MTU => path_mtu,
+            M_TIMEOUT => timeout, M_RETRY_CNT => retry_cnt, M_RNR_RETRY => rnr_retry,
+            M_RQ_PSN => rq_psn, M_MAX_QP_RD_ATOMIC => max_rd_atomic, M_MIN_RNR_TIMER => min_rnr_timer,
+            M_SQ_PSN => sq_psn, M_MAX_DEST_RD_ATOMIC => max_dest_rd_atomic, M_DEST_QPN => dest_qp_num);
+        s.cap = keep_cap;
+        if on(M_STATE) {
+            // SAFETY: the state word of our own QP struct; apps read it.
+            unsafe { (*qp).state = a.qp_state };
+        }
+        0
+    })
+}
+export!("ibv_modify_qp", "IBVERBS_1.1", modify_qp);
+
+unsafe extern "C" fn query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard("ibv_query_qp", libc::EIO, || {
+        let (Some(q), false, false) = (ours!(Qp, qp), attr.is_null(), init.is_null()) else {
+            return libc::EINVAL;
+        };
+        let Some(c) = ctx_from(q.raw.qp_base.context) else {
+            return libc::EINVAL;
+        };
+        let mut a = *q.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        // The state moves on its own (errors): ask the engine.
+        if let Ok((state, _)) = c.ctx.query_qp(q.qp.qpn()) {
+            a.qp_state = state as u32;
+        }
+        a.cur_qp_state = a.qp_state;
+        a.cap = q.cap;
+        let b = &q.raw.qp_base;
+        // SAFETY: writable structs from the caller.
+        unsafe {
+            *attr = a;
+            *init = ibv_qp_init_attr {
+                qp_context: b.qp_context,
+                send_cq: b.send_cq,
+                recv_cq: b.recv_cq,
+                srq: b.srq,
+                cap: q.cap,
+                qp_type: b.qp_type,
+                sq_sig_all: c_int::from(q.sq_sig_all),
+            };
+        }
+        0
+    })
+}
+export!("ibv_query_qp", "IBVERBS_1.1", query_qp);
+
+unsafe extern "C" fn query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
+    // Data of a message may be placed out of order under loss (go-back-N
+    // rewrites): report no in-order guarantee.
+    0
+}
+export!(
+    "ibv_query_qp_data_in_order",
+    "IBVERBS_1.14",
+    query_qp_data_in_order
+);
+
+// ------------------------------------------------------------------- AH
+
+#[repr(C)]
+pub(crate) struct Ah {
+    pub raw: ibv_ah,
+    pub index: u32,
+}
+
+unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    guard("ibv_create_ah", ptr::null_mut(), || {
+        let (Some(p), false) = (ours!(Pd, pd), attr.is_null()) else {
+            return fail_null(libc::EINVAL);
+        };
+        let Some(c) = ctx_from(p.raw.context) else {
+            return fail_null(libc::EINVAL);
+        };
+        // SAFETY: a readable ibv_ah_attr (caller's contract).
+        match ah_index(c, unsafe { &*attr }) {
+            Ok(index) => boxed(Ah {
+                raw: ibv_ah {
+                    context: p.raw.context,
+                    pd,
+                    handle: index,
+                },
+                index,
+            })
+            .cast(),
+            Err(e) => fail_null(e),
+        }
+    })
+}
+export!("ibv_create_ah", "IBVERBS_1.1", create_ah);
+
+unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
+    if ah.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: an AH of ours, freed once.
+    unsafe { free(ah.cast::<Ah>()) };
+    0
+}
+export!("ibv_destroy_ah", "IBVERBS_1.1", destroy_ah);
+
+const WC_GRH: u32 = 1;
+
+unsafe extern "C" fn init_ah_from_wc(
+    context: *mut ibv_context,
+    port: u8,
+    wc: *const ibv_wc,
+    grh: *const u8,
+    ah: *mut ibv_ah_attr,
+) -> c_int {
+    if ctx_from(context).is_none() || wc.is_null() || ah.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a readable ibv_wc (caller's contract).
+    let wc = unsafe { &*wc };
+    if wc.wc_flags & WC_GRH == 0 || grh.is_null() {
+        // RoCE: without the GRH there is no address to answer to.
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the GRH area is the first 40 bytes of the receive buffer.
+    let g = unsafe { std::slice::from_raw_parts(grh, 40) };
+    // RoCEv2 over IPv4 puts the IPv4 header in bytes 20..40.
+    let sgid = if g[20] >> 4 == 4 {
+        let src = std::net::Ipv4Addr::new(g[32], g[33], g[34], g[35]);
+        src.to_ipv6_mapped().octets()
+    } else {
+        let mut s = [0u8; 16];
+        s.copy_from_slice(&g[8..24]);
+        s
+    };
+    let out = ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: sgid,
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: 0xff,
+            traffic_class: 0,
+        },
+        dlid: wc.slid,
+        sl: wc.sl,
+        src_path_bits: wc.dlid_path_bits,
+        static_rate: 0,
+        is_global: 1,
+        port_num: port,
+    };
+    // SAFETY: a writable ibv_ah_attr.
+    unsafe { *ah = out };
+    0
+}
+export!("ibv_init_ah_from_wc", "IBVERBS_1.1", init_ah_from_wc);
+
+unsafe extern "C" fn create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *const ibv_wc,
+    grh: *const u8,
+    port: u8,
+) -> *mut ibv_ah {
+    let Some(p) = ours!(Pd, pd) else {
+        return fail_null(libc::EINVAL);
+    };
+    let mut attr = ibv_ah_attr::default();
+    // SAFETY: forwarded contract.
+    if unsafe { init_ah_from_wc(p.raw.context, port, wc, grh, &mut attr) } != 0 {
+        return ptr::null_mut();
+    }
+    // SAFETY: forwarded contract.
+    unsafe { create_ah(pd, &mut attr) }
+}
+export!("ibv_create_ah_from_wc", "IBVERBS_1.1", create_ah_from_wc);
+
+// --------------------------------------------------------------- events
+
+const EVENT_SRQ_LIMIT_REACHED: u32 = 15;
+
+unsafe extern "C" fn get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    guard("ibv_get_async_event", -1, || {
+        let (Some(c), false) = (ctx_from(context), event.is_null()) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let fd = c.vctx.context.async_fd;
+        // SAFETY: fcntl on the context's own fd.
+        let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        loop {
+            if let Some(id) = c.ctx.take_srq_event() {
+                let p = c
+                    .srqs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id.0)
+                    .copied();
+                if let Some(p) = p {
+                    if let Some(s) = ours!(Srq, p as *mut ibv_srq) {
+                        // The limit disarms when it fires.
+                        s.attr.lock().unwrap_or_else(|e| e.into_inner()).srq_limit = 0;
+                    }
+                    // SAFETY: a writable ibv_async_event.
+                    unsafe {
+                        *event = ibv_async_event {
+                            element: p as *mut c_void,
+                            event_type: EVENT_SRQ_LIMIT_REACHED,
+                        };
+                    }
+                    return 0;
+                }
+                continue;
+            }
+            if nonblocking {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            // Events are rare; a short sleep keeps this off the CPU.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+export!("ibv_get_async_event", "IBVERBS_1.1", get_async_event);
+
+unsafe extern "C" fn ack_async_event(_event: *mut ibv_async_event) {}
+export!("ibv_ack_async_event", "IBVERBS_1.1", ack_async_event);
