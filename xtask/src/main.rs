@@ -1,12 +1,15 @@
 //! Project automation. `cargo xtask test` is the one test entry point: the
 //! README and `.ci/run` both call it.
 
+mod dropin;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask interop [--quick]
+       cargo xtask dropin [--loopback] [--veth] [--rxe] [--quick]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -15,7 +18,12 @@ test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
 interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
         the unmodified ibv_rc_pingpong on RXE against burst's rc_pingpong,
         both roles, MTU 1024 and 4096, with and without loss; --quick runs
-        one scenario each way";
+        one scenario each way; then the unmodified Debian tools (pingpongs,
+        perftest) on burst's drop-in libibverbs against RXE, both roles,
+        MTU 1024 and 4096, and burst to burst over a veth pair
+dropin  build the drop-in libibverbs (target/dropin), check its exports
+        against rdma-core 44's, and run the Debian tools on it: on loopback
+        (default), over a veth pair (--veth), against RXE (--rxe)";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -434,11 +442,95 @@ fn interop(args: &[String]) -> ExitCode {
     }
 }
 
+/// burst to burst on loopback: two processes, two 127/8 addresses.
+fn dropin_loopback(dir: &Path, cases: &[dropin::Case]) -> Vec<dropin::Outcome> {
+    let side = |addr: &str| dropin::BurstSide {
+        ns: None,
+        addr: addr.into(),
+        libdir: dir.into(),
+    };
+    dropin::burst_pair(
+        cases,
+        &side("127.0.95.1"),
+        &side("127.0.95.2"),
+        "burst<->burst loopback",
+        22000,
+    )
+}
+
+/// The drop-in scenarios against RXE: both roles, MTU 1024 (and 4096).
+fn dropin_rxe(root: &Path, dir: &Path, quick: bool) -> Vec<dropin::Outcome> {
+    let mut all = Vec::new();
+    let cases = if quick { dropin::QUICK } else { dropin::CASES };
+    all.extend(dropin::rxe(root, dir, cases, "1500", true, 23000));
+    all.extend(dropin::rxe(root, dir, cases, "1500", false, 23200));
+    if !quick {
+        all.extend(dropin::rxe(
+            root,
+            dir,
+            dropin::CASES_4096,
+            "9000",
+            true,
+            23400,
+        ));
+        all.extend(dropin::rxe(
+            root,
+            dir,
+            dropin::CASES_4096,
+            "9000",
+            false,
+            23500,
+        ));
+    }
+    all
+}
+
+fn dropin_cmd(args: &[String]) -> ExitCode {
+    let root = root();
+    let has = |f: &str| args.iter().any(|a| a == f);
+    let quick = has("--quick");
+    let Some(dir) = dropin::build(&root) else {
+        return ExitCode::FAILURE;
+    };
+    let mut all = Vec::new();
+    let exports = dropin::check_exports(&root, &dir);
+    all.push(dropin::Outcome {
+        name: "exports match rdma-core 44".into(),
+        ok: exports,
+        numbers: None,
+        why: "see the list above".into(),
+    });
+    let (veth, rxe) = (has("--veth"), has("--rxe"));
+    if has("--loopback") || !(veth || rxe) {
+        all.extend(dropin_loopback(
+            &dir,
+            if quick { dropin::QUICK } else { dropin::CASES },
+        ));
+    }
+    if veth {
+        let c4 = if quick { &[][..] } else { dropin::CASES_4096 };
+        all.extend(dropin::veth(
+            &dir,
+            if quick { dropin::QUICK } else { dropin::CASES },
+            c4,
+        ));
+    }
+    if rxe {
+        all.extend(dropin_rxe(&root, &dir, quick));
+    }
+    if dropin::summary("dropin", &all) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("interop") => interop(&args[1..]),
+        Some("dropin") => dropin_cmd(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)

@@ -6,7 +6,8 @@
 //! ENOSYS for the connection manager (not implemented yet).
 //!
 //! The list was generated from `objdump -T` of Debian 12's libraries; the
-//! test `tests/exports.rs` checks the built library against them.
+//! step `cargo xtask dropin` checks the built library against them
+//! (`rdma-core-44-exports.txt`).
 
 stubs! { libc::EOPNOTSUPP;
     s_ibv_resolve_eth_l2_from_gid = "ibv_resolve_eth_l2_from_gid" @ "IBVERBS_1.1" => Errno;

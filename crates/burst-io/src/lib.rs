@@ -144,6 +144,9 @@ impl IdBasis {
     }
 }
 
+/// Socket buffer size asked for (see `sys::set_buffers`).
+pub const SOCKET_BUFFER: usize = 16 << 20;
+
 /// A UDP socket port bound to `addr:4791`.
 #[derive(Debug)]
 pub struct UdpPort {
@@ -178,6 +181,7 @@ impl UdpPort {
         })?;
         sock.set_nonblocking(true)?;
         sys::set_df(&sock, ip.is_ipv4())?;
+        sys::set_buffers(&sock, SOCKET_BUFFER);
         let local = sock.local_addr()?;
         Ok(UdpPort {
             sock,

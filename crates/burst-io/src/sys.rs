@@ -41,6 +41,33 @@ pub(crate) fn set_df(sock: &UdpSocket, v4: bool) -> io::Result<()> {
     }
 }
 
+fn set_int(sock: &UdpSocket, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> bool {
+    // SAFETY: a valid fd, a pointer to a live c_int and its exact size.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&val as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// Asks for `bytes` of receive and send buffer: RoCE senders burst a whole
+/// window at once and a drop costs a go-back-N (or a 67 ms timeout), so the
+/// receive queue must hold a window. The FORCE options (root) pass
+/// `net.core.rmem_max`; without them the kernel caps the value there.
+pub(crate) fn set_buffers(sock: &UdpSocket, bytes: usize) {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    if !set_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, v) {
+        set_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
+    }
+    if !set_int(sock, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v) {
+        set_int(sock, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+    }
+}
+
 fn to_sockaddr(a: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
     // SAFETY: sockaddr_storage is large and aligned enough for both families;
     // the writes stay within the struct.

@@ -1,0 +1,709 @@
+//! The drop-in libibverbs: build it, check its exports, and run the
+//! unmodified Debian tools (ibverbs-utils, perftest) on it against kernel
+//! RXE in the lab VM, against itself over a veth pair between two network
+//! namespaces, and against itself on loopback.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{cargo, step};
+
+/// Builds the library (release) and lays out `target/dropin` with the two
+/// sonames pointing at it. Returns the directory for `LD_LIBRARY_PATH`.
+pub fn build(root: &Path) -> Option<PathBuf> {
+    if !step(
+        "build burst-ibverbs",
+        &mut cargo(root, &["build", "--release", "-p", "burst-ibverbs"]),
+    ) {
+        return None;
+    }
+    let dir = root.join("target/dropin");
+    let _ = std::fs::create_dir_all(&dir);
+    let lib = dir.join("libburst_ibverbs.so");
+    // Copy (not link) so that a later build does not change a running test.
+    let _ = std::fs::remove_file(&lib);
+    if let Err(e) = std::fs::copy(root.join("target/release/libburst_ibverbs.so"), &lib) {
+        eprintln!("xtask: cannot copy the library: {e}");
+        return None;
+    }
+    for name in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let l = dir.join(name);
+        let _ = std::fs::remove_file(&l);
+        if let Err(e) = std::os::unix::fs::symlink("libburst_ibverbs.so", &l) {
+            eprintln!("xtask: cannot link {name}: {e}");
+            return None;
+        }
+    }
+    Some(dir)
+}
+
+/// Compares the library's versioned exports with rdma-core 44's.
+pub fn check_exports(root: &Path, dir: &Path) -> bool {
+    let want_file = root.join("crates/burst-ibverbs/rdma-core-44-exports.txt");
+    let want: std::collections::BTreeSet<String> = match std::fs::read_to_string(&want_file) {
+        Ok(t) => t
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(str::to_string)
+            .collect(),
+        Err(e) => {
+            eprintln!("xtask: {}: {e}", want_file.display());
+            return false;
+        }
+    };
+    let out = match Command::new("objdump")
+        .arg("-T")
+        .arg(dir.join("libburst_ibverbs.so"))
+        .output()
+    {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        _ => {
+            eprintln!("xtask: objdump -T failed (binutils installed?)");
+            return false;
+        }
+    };
+    let have: std::collections::BTreeSet<String> = out
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 6 && f[1] == "g" && f[3] != "*ABS*")
+                .then(|| format!("{} {}", f[f.len() - 2], f[f.len() - 1]))
+        })
+        .filter(|s| s.contains("IBVERBS") || s.contains("RDMACM"))
+        .collect();
+    let missing: Vec<_> = want.difference(&have).collect();
+    let extra: Vec<_> = have.difference(&want).collect();
+    println!(
+        "xtask: exports: {} of rdma-core 44's {} versioned symbols, {} missing, {} extra",
+        want.len() - missing.len(),
+        want.len(),
+        missing.len(),
+        extra.len()
+    );
+    for m in &missing {
+        println!("xtask:   missing {m}");
+    }
+    for x in &extra {
+        println!("xtask:   extra {x}");
+    }
+    missing.is_empty() && extra.is_empty()
+}
+
+/// Which family a tool is: they spell the GID index and port differently
+/// and print different results.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `ibv_*_pingpong`: `-g`, `-p`; exit status and the "iters" line.
+    Pingpong,
+    /// perftest: `-x`, `-p`; exit status and a row of numbers.
+    Perftest,
+}
+
+/// One test: the same tool and arguments on both sides.
+#[derive(Clone, Copy)]
+pub struct Case {
+    name: &'static str,
+    tool: &'static str,
+    args: &'static str,
+    kind: Kind,
+}
+
+const fn pp(name: &'static str, tool: &'static str, args: &'static str) -> Case {
+    Case {
+        name,
+        tool,
+        args,
+        kind: Kind::Pingpong,
+    }
+}
+
+const fn pt(name: &'static str, tool: &'static str, args: &'static str) -> Case {
+    Case {
+        name,
+        tool,
+        args,
+        kind: Kind::Perftest,
+    }
+}
+
+/// Every case at MTU 1024 (a 1500-byte link).
+pub const CASES: &[Case] = &[
+    pp(
+        "rc_pingpong 4 KiB -c",
+        "ibv_rc_pingpong",
+        "-s 4096 -n 20 -c",
+    ),
+    pp(
+        "rc_pingpong 64 KiB -c -e",
+        "ibv_rc_pingpong",
+        "-s 65536 -n 10 -c -e",
+    ),
+    pp(
+        "uc_pingpong 4 KiB -c",
+        "ibv_uc_pingpong",
+        "-s 4096 -n 20 -c",
+    ),
+    pp(
+        "uc_pingpong 64 KiB -c -e",
+        "ibv_uc_pingpong",
+        "-s 65536 -n 10 -c -e",
+    ),
+    pp(
+        "ud_pingpong 1000 B -c",
+        "ibv_ud_pingpong",
+        "-s 1000 -n 20 -c",
+    ),
+    pp(
+        "ud_pingpong 512 B -c -e",
+        "ibv_ud_pingpong",
+        "-s 512 -n 20 -c -e",
+    ),
+    pp(
+        "srq_pingpong 4 QPs 4 KiB -c",
+        "ibv_srq_pingpong",
+        "-q 4 -s 4096 -n 10 -c",
+    ),
+    pp(
+        "srq_pingpong 4 QPs 64 KiB -c -e",
+        "ibv_srq_pingpong",
+        "-q 4 -s 65536 -n 5 -c -e",
+    ),
+    pt("ib_write_bw 64 KiB", "ib_write_bw", "-F -s 65536 -n 20"),
+    pt(
+        "ib_write_bw 4 KiB -q 4",
+        "ib_write_bw",
+        "-F -s 4096 -n 20 -q 4",
+    ),
+    pt(
+        "ib_write_bw 16 KiB -b",
+        "ib_write_bw",
+        "-F -s 16384 -n 20 -b",
+    ),
+    pt("ib_write_bw -a", "ib_write_bw", "-F -a -n 5"),
+    pt("ib_write_lat 2 B", "ib_write_lat", "-F -s 2 -n 20"),
+    pt("ib_read_bw 64 KiB", "ib_read_bw", "-F -s 65536 -n 20"),
+    pt(
+        "ib_read_bw 4 KiB -q 4",
+        "ib_read_bw",
+        "-F -s 4096 -n 20 -q 4",
+    ),
+    pt("ib_read_lat 2 B", "ib_read_lat", "-F -s 2 -n 20"),
+    pt("ib_send_bw 64 KiB", "ib_send_bw", "-F -s 65536 -n 20"),
+    pt("ib_send_bw 4 KiB -b", "ib_send_bw", "-F -s 4096 -n 20 -b"),
+    pt("ib_send_lat 2 B", "ib_send_lat", "-F -s 2 -n 20"),
+    pt(
+        "ib_atomic_bw fetch-add",
+        "ib_atomic_bw",
+        "-F -n 20 -A FETCH_AND_ADD",
+    ),
+    pt(
+        "ib_atomic_bw cmp-swap",
+        "ib_atomic_bw",
+        "-F -n 20 -A CMP_AND_SWAP",
+    ),
+    pt(
+        "ib_atomic_lat fetch-add",
+        "ib_atomic_lat",
+        "-F -n 20 -A FETCH_AND_ADD",
+    ),
+    pt(
+        "ib_atomic_lat cmp-swap",
+        "ib_atomic_lat",
+        "-F -n 20 -A CMP_AND_SWAP",
+    ),
+];
+
+/// The cases at MTU 4096 (a 9000-byte link).
+pub const CASES_4096: &[Case] = &[
+    pp(
+        "rc_pingpong MTU 4096 64 KiB -c",
+        "ibv_rc_pingpong",
+        "-m 4096 -s 65536 -n 10 -c",
+    ),
+    pp(
+        "srq_pingpong MTU 4096 -c",
+        "ibv_srq_pingpong",
+        "-m 4096 -q 4 -s 16384 -n 5 -c",
+    ),
+    pt(
+        "ib_write_bw MTU 4096 64 KiB",
+        "ib_write_bw",
+        "-F -m 4096 -s 65536 -n 20",
+    ),
+    pt(
+        "ib_read_bw MTU 4096 64 KiB",
+        "ib_read_bw",
+        "-F -m 4096 -s 65536 -n 20",
+    ),
+    pt(
+        "ib_send_bw MTU 4096 64 KiB -b",
+        "ib_send_bw",
+        "-F -m 4096 -s 65536 -n 20 -b",
+    ),
+    pt(
+        "ib_send_lat MTU 4096 2 B",
+        "ib_send_lat",
+        "-F -m 4096 -s 2 -n 20",
+    ),
+];
+
+/// The few cases CI runs (one VM boot each way).
+pub const QUICK: &[Case] = &[
+    pp(
+        "rc_pingpong 4 KiB -c",
+        "ibv_rc_pingpong",
+        "-s 4096 -n 20 -c",
+    ),
+    pp(
+        "srq_pingpong 4 QPs 4 KiB -c -e",
+        "ibv_srq_pingpong",
+        "-q 4 -s 4096 -n 5 -c -e",
+    ),
+    pt("ib_write_bw 64 KiB", "ib_write_bw", "-F -s 65536 -n 20"),
+    pt("ib_send_lat 2 B", "ib_send_lat", "-F -s 2 -n 20"),
+];
+
+/// The arguments of `c` for one side: device, GID index, port, peer.
+fn tool_args(c: &Case, dev: &str, gid: &str, port: u16, peer: Option<&str>) -> Vec<String> {
+    let mut v: Vec<String> = vec![c.tool.into(), "-d".into(), dev.into()];
+    v.push(if c.kind == Kind::Pingpong { "-g" } else { "-x" }.into());
+    v.push(gid.into());
+    v.extend(c.args.split_whitespace().map(String::from));
+    v.push("-p".into());
+    v.push(port.to_string());
+    v.extend(peer.map(String::from));
+    v
+}
+
+/// The result line a passing run prints: perftest's row of numbers, or
+/// the pingpongs' "N iters in T seconds" line.
+fn result_line(c: &Case, out: &str) -> Option<String> {
+    match c.kind {
+        Kind::Pingpong => out
+            .lines()
+            .find(|l| l.contains(" iters in "))
+            .map(|l| l.trim().to_string()),
+        Kind::Perftest => out
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() >= 4 && f.iter().all(|x| x.parse::<f64>().is_ok())
+            })
+            .last()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")),
+    }
+}
+
+/// A child whose output is collected in the background.
+struct Run {
+    child: Child,
+    out: std::thread::JoinHandle<String>,
+}
+
+fn spawn(argv: &[String]) -> std::io::Result<Run> {
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        let mut e = String::new();
+        let _ = se.read_to_string(&mut e);
+        s + &e
+    });
+    Ok(Run { child, out })
+}
+
+impl Run {
+    fn wait(mut self) -> (bool, String) {
+        let ok = self.child.wait().is_ok_and(|s| s.success());
+        (ok, self.out.join().unwrap_or_default())
+    }
+}
+
+/// Waits until a TCP listener on `port` exists (in namespace `ns`, if any).
+fn wait_listen(ns: Option<&str>, port: u16, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let mut c = match ns {
+            Some(n) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", n, "ss", "-Hltn"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("ss");
+                c.arg("-Hltn");
+                c
+            }
+        };
+        if let Ok(o) = c.output() {
+            let s = String::from_utf8_lossy(&o.stdout);
+            if s.lines().any(|l| l.contains(&format!(":{port} "))) {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// Where a burst side runs: a namespace (or none) and its address.
+#[derive(Clone)]
+pub struct BurstSide {
+    pub ns: Option<String>,
+    pub addr: String,
+    pub libdir: PathBuf,
+}
+
+impl BurstSide {
+    fn argv(&self, c: &Case, port: u16, peer: Option<&str>) -> Vec<String> {
+        let mut v: Vec<String> = vec!["timeout".into(), "150".into()];
+        if let Some(n) = &self.ns {
+            v.extend(["ip", "netns", "exec", n].map(String::from));
+        }
+        v.push("env".into());
+        v.push(format!("BURST_ADDR={}", self.addr));
+        v.push(format!("LD_LIBRARY_PATH={}", self.libdir.display()));
+        v.extend(tool_args(c, "burst0", "0", port, peer));
+        v
+    }
+}
+
+/// Outcome of one scenario.
+pub struct Outcome {
+    pub name: String,
+    pub ok: bool,
+    pub numbers: Option<String>,
+    pub why: String,
+}
+
+fn report(o: &Outcome) {
+    println!(
+        "xtask: {} {}{}{}",
+        if o.ok { "ok    " } else { "FAILED" },
+        o.name,
+        o.numbers
+            .as_deref()
+            .map(|n| format!("  [{n}]"))
+            .unwrap_or_default(),
+        if o.ok {
+            String::new()
+        } else {
+            format!("  ({})", o.why)
+        }
+    );
+}
+
+/// Runs `cases` with both sides on burst: `server` serves, `client` connects.
+pub fn burst_pair(
+    cases: &[Case],
+    server: &BurstSide,
+    client: &BurstSide,
+    label: &str,
+    base_port: u16,
+) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        let name = format!("{label}: {}", c.name);
+        let s = match spawn(&server.argv(c, port, None)) {
+            Ok(s) => s,
+            Err(e) => {
+                out.push(Outcome {
+                    name,
+                    ok: false,
+                    numbers: None,
+                    why: format!("spawn: {e}"),
+                });
+                continue;
+            }
+        };
+        let listening = wait_listen(server.ns.as_deref(), port, Duration::from_secs(20));
+        let (cok, cout) = if listening {
+            match spawn(&client.argv(c, port, Some(&server.addr))) {
+                Ok(r) => r.wait(),
+                Err(e) => (false, format!("spawn: {e}")),
+            }
+        } else {
+            (false, "server never listened".into())
+        };
+        if !cok {
+            // Do not leave a server waiting for a client that failed.
+            let mut s = s;
+            let _ = s.child.kill();
+            let (_, sout) = s.wait();
+            let o = Outcome {
+                name,
+                ok: false,
+                numbers: None,
+                why: tail(&(cout + &sout)),
+            };
+            report(&o);
+            out.push(o);
+            continue;
+        }
+        let (sok, sout) = s.wait();
+        let numbers = result_line(c, &cout);
+        let ok = sok && numbers.is_some();
+        let o = Outcome {
+            name,
+            ok,
+            numbers,
+            why: if ok {
+                String::new()
+            } else {
+                tail(&(cout + &sout))
+            },
+        };
+        report(&o);
+        out.push(o);
+    }
+    out
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
+}
+
+/// Creates (idempotently) two namespaces joined by a veth pair:
+/// `burstbb1` 198.18.0.101 and `burstbb2` 198.18.0.102, link MTU `mtu`.
+pub fn veth_setup(mtu: u32) -> bool {
+    let run = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let exists = Command::new("ip")
+        .args(["netns", "exec", "burstbb1", "ip", "link", "show", "bbveth1"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !exists {
+        let _ = run(&["netns", "del", "burstbb1"]);
+        let _ = run(&["netns", "del", "burstbb2"]);
+        let ok = run(&["netns", "add", "burstbb1"])
+            && run(&["netns", "add", "burstbb2"])
+            && run(&[
+                "link", "add", "bbveth1", "netns", "burstbb1", "type", "veth", "peer", "name",
+                "bbveth2", "netns", "burstbb2",
+            ])
+            && run(&[
+                "-n",
+                "burstbb1",
+                "addr",
+                "add",
+                "198.18.0.101/24",
+                "dev",
+                "bbveth1",
+            ])
+            && run(&[
+                "-n",
+                "burstbb2",
+                "addr",
+                "add",
+                "198.18.0.102/24",
+                "dev",
+                "bbveth2",
+            ])
+            && run(&["-n", "burstbb1", "link", "set", "lo", "up"])
+            && run(&["-n", "burstbb2", "link", "set", "lo", "up"]);
+        if !ok {
+            eprintln!("xtask: cannot create the veth namespaces (root needed)");
+            return false;
+        }
+    }
+    let m = mtu.to_string();
+    run(&["-n", "burstbb1", "link", "set", "bbveth1", "mtu", &m, "up"])
+        && run(&["-n", "burstbb2", "link", "set", "bbveth2", "mtu", &m, "up"])
+}
+
+/// Removes the veth namespaces.
+pub fn veth_teardown() {
+    for n in ["burstbb1", "burstbb2"] {
+        let _ = Command::new("ip").args(["netns", "del", n]).status();
+    }
+}
+
+/// burst to burst over the veth pair, every case at MTU 1024 and 4096.
+pub fn veth(dir: &Path, cases: &[Case], cases_4096: &[Case]) -> Vec<Outcome> {
+    let a = BurstSide {
+        ns: Some("burstbb1".into()),
+        addr: "198.18.0.101".into(),
+        libdir: dir.into(),
+    };
+    let b = BurstSide {
+        ns: Some("burstbb2".into()),
+        addr: "198.18.0.102".into(),
+        libdir: dir.into(),
+    };
+    let mut out = Vec::new();
+    if !veth_setup(1500) {
+        out.push(Outcome {
+            name: "veth set-up".into(),
+            ok: false,
+            numbers: None,
+            why: "ip netns failed".into(),
+        });
+        return out;
+    }
+    out.extend(burst_pair(cases, &a, &b, "burst<->burst veth", 21000));
+    if !cases_4096.is_empty() && veth_setup(9000) {
+        out.extend(burst_pair(
+            cases_4096,
+            &a,
+            &b,
+            "burst<->burst veth 9000",
+            21100,
+        ));
+    }
+    veth_teardown();
+    out
+}
+
+/// Against kernel RXE in the lab VM: one VM boot per direction and MTU.
+/// `vm_serves`: the VM runs the servers and burst the clients, else the
+/// other way round.
+pub fn rxe(
+    root: &Path,
+    dir: &Path,
+    cases: &[Case],
+    eth_mtu: &str,
+    vm_serves: bool,
+    base_port: u16,
+) -> Vec<Outcome> {
+    let lab = root.join("../shared/rxe-lab/rxe-vm");
+    let labnet = root.join("../shared/rxe-lab/labnet.py");
+    let labnet = labnet.canonicalize().unwrap_or(labnet);
+    let host = BurstSide {
+        ns: Some("burstlab".into()),
+        addr: "198.18.0.1".into(),
+        libdir: dir.into(),
+    };
+    let dirn = if vm_serves {
+        "burst client -> RXE server"
+    } else {
+        "RXE client -> burst server"
+    };
+    let label = format!("{dirn} (link MTU {eth_mtu})");
+    // The VM's script: each case in turn, its exit status on a marker line.
+    let mut script = String::new();
+    for (i, c) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        let peer = (!vm_serves).then_some("198.18.0.1");
+        let argv = tool_args(c, "rxe0", "$RXE_GID_INDEX", port, peer).join(" ");
+        if !vm_serves {
+            script.push_str(&format!(
+                "/usr/bin/python3 {} synprobe 198.18.0.1 {port} 300 >/dev/null 2>&1; ",
+                labnet.display()
+            ));
+        }
+        script.push_str(&format!(
+            "timeout 150 {argv} > /tmp/case{i}.log 2>&1; rc=$?; echo VMRESULT {i} $rc; tail -n 4 /tmp/case{i}.log | sed 's/^/VMLOG {i} /'; "
+        ));
+    }
+    let _ = Command::new("bash").arg(&lab).arg("setup").status();
+    let vm = match spawn(&[
+        "bash".into(),
+        lab.to_string_lossy().into_owned(),
+        "run".into(),
+        "--mtu".into(),
+        eth_mtu.into(),
+        "--timeout".into(),
+        (300 + 160 * cases.len()).to_string(),
+        "--".into(),
+        script,
+    ]) {
+        Ok(v) => v,
+        Err(e) => {
+            return vec![Outcome {
+                name: label,
+                ok: false,
+                numbers: None,
+                why: format!("VM: {e}"),
+            }];
+        }
+    };
+    let mut host_results: Vec<(bool, String)> = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        let r = if vm_serves {
+            let up = Command::new("bash")
+                .arg(&lab)
+                .args(["wait-port", &port.to_string(), "300"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if up {
+                match spawn(&host.argv(c, port, Some("198.18.0.2"))) {
+                    Ok(r) => r.wait(),
+                    Err(e) => (false, format!("spawn: {e}")),
+                }
+            } else {
+                (false, "the RXE server never listened".into())
+            }
+        } else {
+            match spawn(&host.argv(c, port, None)) {
+                Ok(s) => {
+                    let _ = wait_listen(Some("burstlab"), port, Duration::from_secs(20));
+                    s.wait()
+                }
+                Err(e) => (false, format!("spawn: {e}")),
+            }
+        };
+        host_results.push(r);
+    }
+    let (_, vm_out) = vm.wait();
+    let mut out = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let marker = format!("VMRESULT {i} ");
+        let vm_rc = vm_out
+            .lines()
+            .find_map(|l| l.strip_prefix(&marker))
+            .map(|r| r.trim().to_string());
+        let vm_log: Vec<&str> = vm_out
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("VMLOG {i} ")))
+            .collect();
+        let (hok, hout) = &host_results[i];
+        let numbers = result_line(c, hout).or_else(|| result_line(c, &vm_log.join("\n")));
+        let vm_ok = vm_rc.as_deref() == Some("0");
+        let ok = *hok && vm_ok && numbers.is_some();
+        let why = if ok {
+            String::new()
+        } else {
+            format!(
+                "burst: {} / RXE exit {}: {}",
+                tail(hout),
+                vm_rc.as_deref().unwrap_or("none"),
+                vm_log.join(" | ")
+            )
+        };
+        let o = Outcome {
+            name: format!("{label}: {}", c.name),
+            ok,
+            numbers,
+            why,
+        };
+        report(&o);
+        out.push(o);
+    }
+    out
+}
+
+/// Prints the closing line and returns whether all passed.
+pub fn summary(what: &str, all: &[Outcome]) -> bool {
+    let passed = all.iter().filter(|o| o.ok).count();
+    let failed = all.len() - passed;
+    println!("{what}: {passed} passed, {failed} failed");
+    failed == 0
+}
