@@ -707,3 +707,233 @@ pub fn summary(what: &str, all: &[Outcome]) -> bool {
     println!("{what}: {passed} passed, {failed} failed");
     failed == 0
 }
+
+/// One measurement: burst's figure and TCP's, from the same run.
+pub struct Figure {
+    pub what: &'static str,
+    pub burst: Vec<f64>,
+    pub tcp: Vec<f64>,
+    pub unit: &'static str,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        f64::NAN
+    } else {
+        s[s.len() / 2]
+    }
+}
+
+/// Runs a server in namespace `ns` and a client in the other; returns the
+/// client's output.
+fn ns_pair(
+    server: &[&str],
+    ns_s: &str,
+    client: &[&str],
+    ns_c: &str,
+    port: u16,
+    env: &[(&str, &str)],
+) -> Option<String> {
+    let with_ns = |ns: &str, argv: &[&str], addr: &str| -> Vec<String> {
+        let mut v: Vec<String> = ["timeout", "120", "ip", "netns", "exec", ns, "env"]
+            .map(String::from)
+            .to_vec();
+        v.push(format!("BURST_ADDR={addr}"));
+        v.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        v.extend(argv.iter().map(|s| s.to_string()));
+        v
+    };
+    let s = spawn(&with_ns(ns_s, server, "198.18.0.101")).ok()?;
+    if !wait_listen(Some(ns_s), port, Duration::from_secs(20)) {
+        let mut s = s;
+        let _ = s.child.kill();
+        return None;
+    }
+    let (ok, out) = spawn(&with_ns(ns_c, client, "198.18.0.102")).ok()?.wait();
+    let mut s = s;
+    // iperf3 and sockperf servers keep running: stop ours.
+    let _ = s.child.kill();
+    let _ = s.wait();
+    ok.then_some(out)
+}
+
+fn parse_after(out: &str, key: &str) -> Option<f64> {
+    let at = out.rfind(key)? + key.len();
+    out[at..]
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .find(|t| !t.is_empty())?
+        .parse()
+        .ok()
+}
+
+/// burst (perftest on the drop-in) next to kernel TCP (iperf3, sockperf)
+/// over the veth pair: RDMA WRITE 64 KiB bandwidth and 2-byte SEND latency,
+/// alternating A B A B for `rounds` rounds.
+pub fn numbers(dir: &Path, rounds: usize) -> Vec<Figure> {
+    let lib = dir.display().to_string();
+    let env = [("LD_LIBRARY_PATH", lib.as_str())];
+    let mut bw = Figure {
+        what: "64 KiB RDMA WRITE vs TCP stream (Gb/s)",
+        burst: vec![],
+        tcp: vec![],
+        unit: "Gb/s",
+    };
+    let mut lat = Figure {
+        what: "2 B SEND ping-pong half round trip, median (us)",
+        burst: vec![],
+        tcp: vec![],
+        unit: "us",
+    };
+    let mut lat99 = Figure {
+        what: "2 B SEND ping-pong half round trip, 99th percentile (us)",
+        burst: vec![],
+        tcp: vec![],
+        unit: "us",
+    };
+    if !veth_setup(1500) {
+        return vec![];
+    }
+    for r in 0..rounds {
+        let p = 25000 + 10 * r as u16;
+        let ps = p.to_string();
+        let wb = [
+            "ib_write_bw",
+            "-F",
+            "-x",
+            "0",
+            "-s",
+            "65536",
+            "-D",
+            "4",
+            "--report_gbits",
+            "-p",
+            &ps,
+        ];
+        let mut wc = wb.to_vec();
+        wc.push("198.18.0.101");
+        if let Some(o) = ns_pair(&wb, "burstbb1", &wc, "burstbb2", p, &env) {
+            let rc = Case {
+                name: "",
+                tool: "",
+                args: "",
+                kind: Kind::Perftest,
+            };
+            if let Some(row) = result_line(&rc, &o) {
+                let f: Vec<f64> = row.split(' ').filter_map(|x| x.parse().ok()).collect();
+                if f.len() >= 4 {
+                    bw.burst.push(f[3]);
+                }
+            }
+        }
+        let p2 = (p + 1).to_string();
+        if let Some(o) = ns_pair(
+            &["iperf3", "-s", "-1", "-p", &p2],
+            "burstbb1",
+            &[
+                "iperf3",
+                "-c",
+                "198.18.0.101",
+                "-p",
+                &p2,
+                "-t",
+                "4",
+                "-l",
+                "64K",
+                "-f",
+                "g",
+            ],
+            "burstbb2",
+            p + 1,
+            &[],
+        ) {
+            // The receiver's line: "... X Gbits/sec ... receiver".
+            if let Some(l) = o.lines().find(|l| l.contains("receiver")) {
+                if let Some(g) = l
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .windows(2)
+                    .find(|w| w[1] == "Gbits/sec")
+                    .and_then(|w| w[0].parse().ok())
+                {
+                    bw.tcp.push(g);
+                }
+            }
+        }
+        let p3 = (p + 2).to_string();
+        let sl = [
+            "ib_send_lat",
+            "-F",
+            "-x",
+            "0",
+            "-s",
+            "2",
+            "-n",
+            "20000",
+            "-p",
+            &p3,
+        ];
+        let mut sc = sl.to_vec();
+        sc.push("198.18.0.101");
+        if let Some(o) = ns_pair(&sl, "burstbb1", &sc, "burstbb2", p + 2, &env) {
+            let rc = Case {
+                name: "",
+                tool: "",
+                args: "",
+                kind: Kind::Perftest,
+            };
+            if let Some(row) = result_line(&rc, &o) {
+                let f: Vec<f64> = row.split(' ').filter_map(|x| x.parse().ok()).collect();
+                // bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
+                if f.len() >= 8 {
+                    lat.burst.push(f[4]);
+                    lat99.burst.push(f[7]);
+                }
+            }
+        }
+        let p4 = (p + 3).to_string();
+        if let Some(o) = ns_pair(
+            &["sockperf", "sr", "--tcp", "-i", "198.18.0.101", "-p", &p4],
+            "burstbb1",
+            &[
+                "sockperf",
+                "pp",
+                "--tcp",
+                "-i",
+                "198.18.0.101",
+                "-p",
+                &p4,
+                "-m",
+                "14",
+                "-t",
+                "4",
+            ],
+            "burstbb2",
+            p + 3,
+            &[],
+        ) {
+            if let (Some(m), Some(p99)) = (
+                parse_after(&o, "percentile 50.000 ="),
+                parse_after(&o, "percentile 99.000 ="),
+            ) {
+                lat.tcp.push(m);
+                lat99.tcp.push(p99);
+            }
+        }
+    }
+    veth_teardown();
+    for f in [&bw, &lat, &lat99] {
+        let u = f.unit;
+        println!(
+            "xtask: {}: burst {:?} (median {:.2} {u}) tcp {:?} (median {:.2} {u}) ratio burst/tcp {:.2}",
+            f.what,
+            f.burst,
+            median(&f.burst),
+            f.tcp,
+            median(&f.tcp),
+            median(&f.burst) / median(&f.tcp)
+        );
+    }
+    vec![bw, lat, lat99]
+}

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask interop [--quick]
-       cargo xtask dropin [--loopback] [--veth] [--rxe] [--quick]
+       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -23,7 +23,9 @@ interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
         MTU 1024 and 4096, and burst to burst over a veth pair
 dropin  build the drop-in libibverbs (target/dropin), check its exports
         against rdma-core 44's, and run the Debian tools on it: on loopback
-        (default), over a veth pair (--veth), against RXE (--rxe)";
+        (default), over a veth pair (--veth), against RXE (--rxe);
+        --numbers: perftest on burst next to iperf3/sockperf (TCP) over the
+        veth pair, 3 alternating rounds";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -111,6 +113,20 @@ fn test(args: &[String]) -> ExitCode {
     results.push((
         "test",
         step("test", &mut cargo(&root, &["test", "--workspace"])),
+    ));
+    // The drop-in libibverbs under the unmodified Debian tools, burst to
+    // burst on loopback (the RXE and veth matrix: cargo xtask interop).
+    let dropin_ok = match dropin::build(&root) {
+        Some(dir) => {
+            let exports = dropin::check_exports(&root, &dir);
+            let runs = dropin_loopback(&dir, dropin::QUICK);
+            dropin::summary("dropin (loopback)", &runs) && exports
+        }
+        None => false,
+    };
+    results.push((
+        "drop-in libibverbs (exports, Debian tools on loopback)",
+        dropin_ok,
     ));
     let mut doc = cargo(&root, &["doc", "--workspace", "--no-deps"]);
     doc.env("RUSTDOCFLAGS", "-D warnings");
@@ -434,6 +450,27 @@ fn interop(args: &[String]) -> ExitCode {
             failed += 1;
         }
     }
+    // The unmodified Debian tools on burst's drop-in libibverbs: against
+    // RXE in both roles, and burst to burst over a veth pair.
+    match dropin::build(&root) {
+        Some(dir) => {
+            let mut runs = dropin_rxe(&root, &dir, quick);
+            let c4 = if quick { &[][..] } else { dropin::CASES_4096 };
+            runs.extend(dropin::veth(
+                &dir,
+                if quick { dropin::QUICK } else { dropin::CASES },
+                c4,
+            ));
+            for r in &runs {
+                if r.ok {
+                    passed += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+        }
+        None => failed += 1,
+    }
     println!("interop: {passed} passed, {failed} failed");
     if failed == 0 {
         ExitCode::SUCCESS
@@ -517,6 +554,17 @@ fn dropin_cmd(args: &[String]) -> ExitCode {
     }
     if rxe {
         all.extend(dropin_rxe(&root, &dir, quick));
+    }
+    if has("--numbers") {
+        let figs = dropin::numbers(&dir, 3);
+        all.push(dropin::Outcome {
+            name: "numbers over the veth pair".into(),
+            ok: figs
+                .iter()
+                .all(|f| !f.burst.is_empty() && !f.tcp.is_empty()),
+            numbers: None,
+            why: "a measurement did not run (iperf3 and sockperf installed?)".into(),
+        });
     }
     if dropin::summary("dropin", &all) {
         ExitCode::SUCCESS

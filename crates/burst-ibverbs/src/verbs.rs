@@ -883,7 +883,10 @@ unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
             t.rq_psn = Some(Psn::new(a.rq_psn));
         }
         if on(M_MAX_QP_RD_ATOMIC) {
-            t.max_rd_atomic = Some(a.max_rd_atomic);
+            // Initiator depth: perftest sets the *peer's* device maximum
+            // here (RXE reports 128). Issuing fewer READs/atomics at once
+            // than allowed is always safe, so clamp instead of refusing.
+            t.max_rd_atomic = Some(a.max_rd_atomic.min(burst_transport::MAX_RD_ATOMIC));
         }
         if on(M_MIN_RNR_TIMER) {
             t.min_rnr_timer = Some(a.min_rnr_timer);
