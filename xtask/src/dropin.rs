@@ -110,6 +110,13 @@ pub struct Case {
     kind: Kind,
 }
 
+impl Case {
+    /// Its name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
 const fn pp(name: &'static str, tool: &'static str, args: &'static str) -> Case {
     Case {
         name,
@@ -936,4 +943,74 @@ pub fn numbers(dir: &Path, rounds: usize) -> Vec<Figure> {
         );
     }
     vec![bw, lat, lat99]
+}
+
+/// `ibv_devices` and `ibv_devinfo -v` on the drop-in: the device, its port
+/// and its RoCE v2 GID are listed; with nothing configured, no device and
+/// a message that says what to set.
+pub fn device_listing(dir: &Path) -> Vec<Outcome> {
+    let run = |tool: &[&str], addr: Option<&str>| -> (bool, String) {
+        let mut c = Command::new(tool[0]);
+        c.args(&tool[1..])
+            .env("LD_LIBRARY_PATH", dir)
+            .env_remove("BURST_ADDR");
+        c.env_remove("BURST_IFACE")
+            .env("BURST_CONFIG", "/nonexistent");
+        if let Some(a) = addr {
+            c.env("BURST_ADDR", a);
+        }
+        match c.output() {
+            Ok(o) => (
+                o.status.success(),
+                String::from_utf8_lossy(&o.stdout).into_owned()
+                    + &String::from_utf8_lossy(&o.stderr),
+            ),
+            Err(e) => (false, e.to_string()),
+        }
+    };
+    let checks: [(&str, &[&str], Option<&str>, &[&str]); 3] = [
+        (
+            "ibv_devices lists burst0",
+            &["ibv_devices"],
+            Some("127.0.95.1"),
+            &["burst0", "0200fffffe005f01"],
+        ),
+        (
+            "ibv_devinfo -v: port, link layer, RoCE v2 GID",
+            &["ibv_devinfo", "-v"],
+            Some("127.0.95.1"),
+            &[
+                "hca_id:\tburst0",
+                "PORT_ACTIVE (4)",
+                "Ethernet",
+                "::ffff:127.0.95.1, RoCE v2",
+                "active_mtu:\t\t4096 (5)",
+                "max_qp_rd_atom:\t\t\t16",
+            ],
+        ),
+        (
+            "ibv_devices without configuration says what to set",
+            &["ibv_devices"],
+            None,
+            &["no device configured", "BURST_ADDR"],
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, tool, addr, want) in checks {
+        let (ok, text) = run(tool, addr);
+        let missing: Vec<&str> = want
+            .iter()
+            .filter(|w| !text.contains(*w))
+            .copied()
+            .collect();
+        let o = Outcome {
+            name: name.into(),
+            ok: ok && missing.is_empty(),
+            numbers: None,
+            why: format!("missing {missing:?} in: {}", tail(&text)),
+        };
+        report(&o);
+        out.push(o);
+    }
+    out
 }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask interop [--quick]
-       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick]
+       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]...
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -119,7 +119,8 @@ fn test(args: &[String]) -> ExitCode {
     let dropin_ok = match dropin::build(&root) {
         Some(dir) => {
             let exports = dropin::check_exports(&root, &dir);
-            let runs = dropin_loopback(&dir, dropin::QUICK);
+            let mut runs = dropin::device_listing(&dir);
+            runs.extend(dropin_loopback(&dir, dropin::QUICK));
             dropin::summary("dropin (loopback)", &runs) && exports
         }
         None => false,
@@ -454,8 +455,9 @@ fn interop(args: &[String]) -> ExitCode {
     // RXE in both roles, and burst to burst over a veth pair.
     match dropin::build(&root) {
         Some(dir) => {
-            let mut runs = dropin_rxe(&root, &dir, quick);
             let c4 = if quick { &[][..] } else { dropin::CASES_4096 };
+            let cases = if quick { dropin::QUICK } else { dropin::CASES };
+            let mut runs = dropin_rxe(&root, &dir, cases, c4);
             runs.extend(dropin::veth(
                 &dir,
                 if quick { dropin::QUICK } else { dropin::CASES },
@@ -495,29 +497,21 @@ fn dropin_loopback(dir: &Path, cases: &[dropin::Case]) -> Vec<dropin::Outcome> {
     )
 }
 
-/// The drop-in scenarios against RXE: both roles, MTU 1024 (and 4096).
-fn dropin_rxe(root: &Path, dir: &Path, quick: bool) -> Vec<dropin::Outcome> {
+/// The drop-in scenarios against RXE: both roles, MTU 1024 and 4096.
+fn dropin_rxe(
+    root: &Path,
+    dir: &Path,
+    cases: &[dropin::Case],
+    cases_4096: &[dropin::Case],
+) -> Vec<dropin::Outcome> {
     let mut all = Vec::new();
-    let cases = if quick { dropin::QUICK } else { dropin::CASES };
-    all.extend(dropin::rxe(root, dir, cases, "1500", true, 23000));
-    all.extend(dropin::rxe(root, dir, cases, "1500", false, 23200));
-    if !quick {
-        all.extend(dropin::rxe(
-            root,
-            dir,
-            dropin::CASES_4096,
-            "9000",
-            true,
-            23400,
-        ));
-        all.extend(dropin::rxe(
-            root,
-            dir,
-            dropin::CASES_4096,
-            "9000",
-            false,
-            23500,
-        ));
+    if !cases.is_empty() {
+        all.extend(dropin::rxe(root, dir, cases, "1500", true, 23000));
+        all.extend(dropin::rxe(root, dir, cases, "1500", false, 23200));
+    }
+    if !cases_4096.is_empty() {
+        all.extend(dropin::rxe(root, dir, cases_4096, "9000", true, 23400));
+        all.extend(dropin::rxe(root, dir, cases_4096, "9000", false, 23500));
     }
     all
 }
@@ -526,6 +520,23 @@ fn dropin_cmd(args: &[String]) -> ExitCode {
     let root = root();
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
+    // --only WORD (repeatable): just the cases whose name contains a WORD.
+    let only: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--only")
+        .map(|w| w[1].as_str())
+        .collect();
+    let pick = |cases: &'static [dropin::Case]| -> &'static [dropin::Case] {
+        if only.is_empty() {
+            return cases;
+        }
+        let v: Vec<dropin::Case> = cases
+            .iter()
+            .filter(|c| only.iter().any(|o| c.name().contains(o)))
+            .copied()
+            .collect();
+        Box::leak(v.into_boxed_slice())
+    };
     let Some(dir) = dropin::build(&root) else {
         return ExitCode::FAILURE;
     };
@@ -538,22 +549,17 @@ fn dropin_cmd(args: &[String]) -> ExitCode {
         why: "see the list above".into(),
     });
     let (veth, rxe) = (has("--veth"), has("--rxe"));
-    if has("--loopback") || !(veth || rxe) {
-        all.extend(dropin_loopback(
-            &dir,
-            if quick { dropin::QUICK } else { dropin::CASES },
-        ));
+    let cases = pick(if quick { dropin::QUICK } else { dropin::CASES });
+    let c4 = pick(if quick { &[] } else { dropin::CASES_4096 });
+    if has("--loopback") || !(veth || rxe || has("--numbers")) {
+        all.extend(dropin::device_listing(&dir));
+        all.extend(dropin_loopback(&dir, cases));
     }
     if veth {
-        let c4 = if quick { &[][..] } else { dropin::CASES_4096 };
-        all.extend(dropin::veth(
-            &dir,
-            if quick { dropin::QUICK } else { dropin::CASES },
-            c4,
-        ));
+        all.extend(dropin::veth(&dir, cases, c4));
     }
     if rxe {
-        all.extend(dropin_rxe(&root, &dir, quick));
+        all.extend(dropin_rxe(&root, &dir, cases, c4));
     }
     if has("--numbers") {
         let figs = dropin::numbers(&dir, 3);
