@@ -148,6 +148,11 @@ pub const CASES: &[Case] = &[
         "-s 65536 -n 10 -c -e",
     ),
     pp(
+        "rc_pingpong ibv_wr_* API (-N) -c",
+        "ibv_rc_pingpong",
+        "-N -s 4096 -n 20 -c",
+    ),
+    pp(
         "uc_pingpong 4 KiB -c",
         "ibv_uc_pingpong",
         "-s 4096 -n 20 -c",
