@@ -334,6 +334,15 @@ fn spawn(argv: &[String]) -> std::io::Result<Run> {
 }
 
 impl Run {
+    /// Stops the run: SIGTERM to `timeout`, which passes it on to the tool
+    /// (a SIGKILL would leave the tool running and its pipes open).
+    fn stop(self) -> (bool, String) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.wait()
+    }
+
     fn wait(mut self) -> (bool, String) {
         let ok = self.child.wait().is_ok_and(|s| s.success());
         (ok, self.out.join().unwrap_or_default())
@@ -449,9 +458,7 @@ pub fn burst_pair(
         };
         if !cok {
             // Do not leave a server waiting for a client that failed.
-            let mut s = s;
-            let _ = s.child.kill();
-            let (_, sout) = s.wait();
+            let (_, sout) = s.stop();
             let o = Outcome {
                 name,
                 ok: false,
@@ -759,15 +766,16 @@ fn ns_pair(
     };
     let s = spawn(&with_ns(ns_s, server, "198.18.0.101")).ok()?;
     if !wait_listen(Some(ns_s), port, Duration::from_secs(20)) {
-        let mut s = s;
-        let _ = s.child.kill();
+        let _ = s.stop();
         return None;
     }
-    let (ok, out) = spawn(&with_ns(ns_c, client, "198.18.0.102")).ok()?.wait();
-    let mut s = s;
-    // iperf3 and sockperf servers keep running: stop ours.
-    let _ = s.child.kill();
-    let _ = s.wait();
+    let (ok, out) = match spawn(&with_ns(ns_c, client, "198.18.0.102")) {
+        Ok(c) => c.wait(),
+        Err(_) => (false, String::new()),
+    };
+    // sockperf's server keeps running: stop it (perftest's and iperf3 -1
+    // have ended already).
+    let _ = s.stop();
     ok.then_some(out)
 }
 
