@@ -1,400 +1,618 @@
-//! burst-bench: burst's main job on an embedded default.
+//! burst-bench: perftest's tests over burst, next to kernel TCP and the raw
+//! UDP path, with perftest's vocabulary and output.
 //!
-//! With no arguments it starts two burst endpoints on loopback addresses
-//! (127.0.90.1 and 127.0.90.2, UDP port 4791 each, one thread each), connects
-//! an RC QP pair, and measures RDMA WRITE bandwidth (64 KiB messages) and
-//! SEND/RECV ping-pong latency (64 B), then the same over kernel TCP on
-//! loopback, printing perftest-style lines and the ratios.
+//! With no arguments it runs burst's main job on an embedded default: two
+//! endpoints on loopback (127.0.90.1 and 127.0.90.2, UDP 4791 each), RDMA
+//! WRITE bandwidth with 64 KiB messages and 64-byte SEND latency, each next
+//! to kernel TCP and to the raw UDP path (the same frames through the same
+//! port code, no RDMA stack) measured in the same run.
 //!
 //! ```text
-//! cargo run --release -p burst-bench [-- --size BYTES --iters N --lat-iters N]
+//! burst-bench                                   # the main job (loopback)
+//! burst-bench write_bw -s 65536 -D 5            # one test, both ends in this process
+//! burst-bench send_lat --transport tcp -s 64    # the same over kernel TCP
+//! burst-bench read_bw --server --local 198.18.0.101          # server role
+//! burst-bench read_bw --local 198.18.0.102 198.18.0.101      # client role
 //! ```
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+mod rawudp;
+mod rdma;
+mod report;
+mod tcp;
 
-use burst_mem::Access;
-use burst_transport::*;
-use burst_verbs::{Device, RcParams, RcPeer};
-use burst_wire::{Mtu, Psn, Qpn};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
-const ALL: Access = Access(1 | 2 | 4 | 8);
+use burst_wire::Mtu;
+use clap::{Parser, ValueEnum};
 
-struct Opts {
-    size: usize,
-    iters: u64,
-    lat_iters: u64,
-    depth: u64,
-    a: IpAddr,
-    b: IpAddr,
+use report::{Bw, Format, Lat};
+
+/// perftest's tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[clap(rename_all = "snake_case")]
+pub enum Test {
+    /// RDMA WRITE bandwidth.
+    WriteBw,
+    /// RDMA WRITE ping-pong latency (the receiver polls memory).
+    WriteLat,
+    /// RDMA READ bandwidth.
+    ReadBw,
+    /// RDMA READ latency (whole round trip).
+    ReadLat,
+    /// SEND/RECV bandwidth.
+    SendBw,
+    /// SEND/RECV ping-pong latency.
+    SendLat,
+    /// Atomic (fetch-and-add, compare-and-swap alternating) bandwidth.
+    AtomicBw,
+    /// Atomic latency (whole round trip).
+    AtomicLat,
 }
 
-fn parse() -> Result<Opts, String> {
-    let mut o = Opts {
-        size: 65536,
-        iters: 4000,
-        lat_iters: 20000,
-        depth: 16,
-        a: Ipv4Addr::new(127, 0, 90, 1).into(),
-        b: Ipv4Addr::new(127, 0, 90, 2).into(),
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let v = args
-            .get(i + 1)
-            .ok_or(format!("{} needs a value", args[i]))?;
-        match args[i].as_str() {
-            "--size" | "-s" => o.size = v.parse().map_err(|e| format!("{e}"))?,
-            "--iters" | "-n" => o.iters = v.parse().map_err(|e| format!("{e}"))?,
-            "--lat-iters" => o.lat_iters = v.parse().map_err(|e| format!("{e}"))?,
-            "--depth" => o.depth = v.parse().map_err(|e| format!("{e}"))?,
-            "--addr-a" => o.a = v.parse().map_err(|e| format!("{e}"))?,
-            "--addr-b" => o.b = v.parse().map_err(|e| format!("{e}"))?,
-            s => return Err(format!("unknown option {s}")),
+impl Test {
+    /// perftest's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write_bw",
+            Test::WriteLat => "write_lat",
+            Test::ReadBw => "read_bw",
+            Test::ReadLat => "read_lat",
+            Test::SendBw => "send_bw",
+            Test::SendLat => "send_lat",
+            Test::AtomicBw => "atomic_bw",
+            Test::AtomicLat => "atomic_lat",
         }
-        i += 2;
     }
-    Ok(o)
+    fn is_bw(self) -> bool {
+        matches!(
+            self,
+            Test::WriteBw | Test::ReadBw | Test::SendBw | Test::AtomicBw
+        )
+    }
+    fn from_name(s: &str) -> Option<Test> {
+        Test::value_variants()
+            .iter()
+            .copied()
+            .find(|t| t.name() == s)
+    }
 }
 
-/// What each side tells the other out of band.
-#[derive(Clone, Copy)]
-struct Peer {
-    qpn: Qpn,
-    psn: Psn,
-    gid: [u8; 16],
-    rkey: u32,
-    addr: u64,
+/// What carries the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// RDMA over burst (RoCEv2 on UDP 4791).
+    Burst,
+    /// Kernel TCP: a stream for bandwidth, busy-polled request/response for latency.
+    Tcp,
+    /// The raw UDP port: burst's packet path without the RDMA stack (the ceiling).
+    RawUdp,
 }
 
-fn connect(d: &mut Device, qpn: Qpn, me: Peer, peer: Peer) -> Result<(), String> {
-    let mut p = RcParams::new(me.psn, Mtu::Mtu4096);
-    p.access = QpAccess {
-        remote_write: true,
-        remote_read: true,
-        remote_atomic: true,
-    };
-    p.min_rnr_timer = 1;
-    p.rd_atomic = 16;
-    d.connect_rc(
-        qpn,
-        RcPeer {
-            gid: peer.gid,
-            qpn: peer.qpn,
-            psn: peer.psn,
-        },
-        &p,
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Burst => "burst",
+            Transport::Tcp => "tcp",
+            Transport::RawUdp => "raw-udp",
+        }
+    }
+    fn from_name(s: &str) -> Option<Transport> {
+        Transport::value_variants()
+            .iter()
+            .copied()
+            .find(|t| t.name() == s)
+    }
+}
+
+/// perftest-style benchmarks of burst, with kernel TCP and the raw UDP
+/// path alongside.
+#[derive(Parser, Debug, Clone)]
+#[command(version, about)]
+struct Cli {
+    /// The test; none runs the main job (write_bw 64 KiB and send_lat 64 B,
+    /// burst vs TCP vs raw UDP, on loopback).
+    #[arg(value_enum)]
+    test: Option<Test>,
+    /// The server's address (client role). Without it and without
+    /// --server, both ends run in this process on loopback.
+    peer: Option<IpAddr>,
+    /// Serve tests to a client (server role).
+    #[arg(long)]
+    server: bool,
+    /// What carries the messages.
+    #[arg(long, value_enum, default_value_t = Transport::Burst)]
+    transport: Transport,
+    /// Message size in bytes.
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Iterations (messages per QP).
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long)]
+    duration: Option<f64>,
+    /// Sweep message sizes from 2 B to 8 MiB (powers of two).
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Queue pairs.
+    #[arg(short = 'q', long, default_value_t = 1)]
+    qps: usize,
+    /// Path MTU (256..4096).
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    mtu: usize,
+    /// Both directions at once (bandwidth tests).
+    #[arg(short = 'b', long)]
+    bidirectional: bool,
+    /// Send messages up to this size inline.
+    #[arg(short = 'I', long, default_value_t = 0)]
+    inline: u32,
+    /// Work requests in flight per QP (bandwidth tests).
+    #[arg(short = 't', long, default_value_t = 128)]
+    tx_depth: u32,
+    /// This side's address.
+    #[arg(long)]
+    local: Option<IpAddr>,
+    /// The out-of-band TCP port (the server tells the TCP test's port).
+    #[arg(short = 'p', long, default_value_t = 18517)]
+    port: u16,
+    /// One JSON object per result.
+    #[arg(long)]
+    json: bool,
+}
+
+const LOOP_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 90, 1));
+const LOOP_B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 90, 2));
+
+/// One run's parameters, as the client sends them to the server.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    test: Test,
+    transport: Transport,
+    p: rdma::Params,
+    bidir: bool,
+}
+
+impl Run {
+    fn encode(&self) -> String {
+        let p = &self.p;
+        format!(
+            "HELLO {} {} {} {} {} {} {} {} {} {}",
+            self.test.name(),
+            self.transport.name(),
+            p.size,
+            p.iters,
+            p.duration.map_or(0, |d| d.as_millis() as u64),
+            p.qps,
+            p.mtu.bytes(),
+            p.tx_depth,
+            p.inline,
+            u8::from(self.bidir)
+        )
+    }
+    fn decode(l: &str) -> Option<Run> {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() != 11 || f[0] != "HELLO" {
+            return None;
+        }
+        let ms: u64 = f[5].parse().ok()?;
+        Some(Run {
+            test: Test::from_name(f[1])?,
+            transport: Transport::from_name(f[2])?,
+            p: rdma::Params {
+                size: f[3].parse().ok()?,
+                iters: f[4].parse().ok()?,
+                duration: (ms > 0).then(|| Duration::from_millis(ms)),
+                qps: f[6].parse().ok()?,
+                mtu: Mtu::from_bytes(f[7].parse().ok()?)?,
+                tx_depth: f[8].parse().ok()?,
+                inline: f[9].parse().ok()?,
+            },
+            bidir: f[10] == "1",
+        })
+    }
+}
+
+/// A result line of either kind.
+enum Line {
+    Bw(Bw),
+    Lat(Lat),
+}
+
+struct Oob {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Oob {
+    fn new(s: TcpStream) -> Result<Oob, String> {
+        let w = s.try_clone().map_err(|e| e.to_string())?;
+        Ok(Oob {
+            r: BufReader::new(s),
+            w,
+        })
+    }
+    fn send(&mut self, l: &str) -> Result<(), String> {
+        writeln!(self.w, "{l}").map_err(|e| format!("out-of-band write: {e}"))
+    }
+    fn recv(&mut self) -> Result<String, String> {
+        let mut l = String::new();
+        let n = self
+            .r
+            .read_line(&mut l)
+            .map_err(|e| format!("out-of-band read: {e}"))?;
+        if n == 0 {
+            return Err("the peer closed the out-of-band connection".into());
+        }
+        Ok(l.trim_end().to_string())
+    }
+}
+
+fn infos_line(v: &[rdma::Info]) -> String {
+    let mut s = String::from("INFO");
+    for i in v {
+        s.push(' ');
+        s.push_str(&i.encode());
+    }
+    s
+}
+
+fn parse_infos(l: &str) -> Result<Vec<rdma::Info>, String> {
+    let mut it = l.split_whitespace();
+    if it.next() != Some("INFO") {
+        return Err(format!("expected INFO, got {l:?}"));
+    }
+    it.map(|x| rdma::Info::decode(x).ok_or(format!("bad QP info {x:?}")))
+        .collect()
+}
+
+/// The server's part of one run.
+fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    match run.transport {
+        Transport::Burst => {
+            let side = rdma::Side::open(local, &run.p, 0x10_0000)?;
+            let peer = parse_infos(&o.recv()?)?;
+            o.send(&infos_line(&side.infos()))?;
+            side.connect(&peer, run.p.mtu)?;
+            o.send("READY")?;
+            // The client's DONE ends the run; our role runs until then.
+            let test = run.test;
+            let bidir = run.bidir;
+            let p = run.p;
+            let result = std::thread::scope(|sc| -> Result<String, String> {
+                let h = sc.spawn(|| -> Result<String, String> {
+                    if bidir && test.is_bw() && test != Test::SendBw {
+                        let b = rdma::bw(test, &side, &peer, &p, "server")?;
+                        while !stop.load(Ordering::Acquire) {
+                            side.ctx.progress();
+                        }
+                        return Ok(format!("{}", b.iters));
+                    }
+                    match test {
+                        Test::SendBw => rdma::sink(&side, &p, &stop).map(|n| n.to_string()),
+                        Test::SendLat | Test::WriteLat => {
+                            rdma::pong(test, &side, &peer, &p, &stop).map(|_| "0".into())
+                        }
+                        _ => {
+                            rdma::idle(&side, &stop);
+                            Ok("0".into())
+                        }
+                    }
+                });
+                let done = o.recv();
+                stop.store(true, Ordering::Release);
+                let r = h.join().map_err(|_| "server role panicked".to_string())?;
+                done?;
+                r
+            })?;
+            o.send(&format!("COUNT {result}"))
+        }
+        Transport::Tcp => {
+            let l = TcpListener::bind((local, 0)).map_err(|e| format!("tcp bind: {e}"))?;
+            let data_port = l.local_addr().map_err(|e| e.to_string())?.port();
+            o.send(&format!("READY {data_port}"))?;
+            if run.test.is_bw() {
+                tcp::stream_sink(l)?;
+            } else {
+                tcp::echo(l, run.p.size)?;
+            }
+            o.recv()?;
+            o.send("COUNT 0")
+        }
+        Transport::RawUdp => {
+            let port_ = burst_io::UdpPort::bind(local).map_err(|e| e.to_string())?;
+            let got = Arc::new(AtomicU64::new(0));
+            let (st, g) = (Arc::clone(&stop), Arc::clone(&got));
+            let bw = run.test.is_bw();
+            let h = std::thread::spawn(move || {
+                if bw {
+                    rawudp::sink(port_, &st, &g);
+                    Ok(())
+                } else {
+                    rawudp::echo(port_, &st)
+                }
+            });
+            o.send("READY")?;
+            let done = o.recv();
+            stop.store(true, Ordering::Release);
+            h.join()
+                .map_err(|_| "raw-udp role panicked".to_string())??;
+            done?;
+            o.send(&format!("COUNT {}", got.load(Ordering::Relaxed)))
+        }
+    }
+}
+
+/// Serves runs on one out-of-band connection until the client says BYE.
+fn serve(l: TcpListener, local: IpAddr) -> Result<(), String> {
+    let (s, _) = l.accept().map_err(|e| format!("out-of-band accept: {e}"))?;
+    let mut o = Oob::new(s)?;
+    loop {
+        let line = o.recv()?;
+        if line == "BYE" {
+            return Ok(());
+        }
+        let run = Run::decode(&line).ok_or(format!("bad request {line:?}"))?;
+        serve_run(&mut o, &run, local)?;
+    }
+}
+
+/// The client's part of one run.
+fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<Line, String> {
+    o.send(&run.encode())?;
+    let p = run.p;
+    match run.transport {
+        Transport::Burst => {
+            let side = rdma::Side::open(local, &p, 0x20_0000)?;
+            o.send(&infos_line(&side.infos()))?;
+            let peer = parse_infos(&o.recv()?)?;
+            side.connect(&peer, p.mtu)?;
+            let ready = o.recv()?;
+            if ready != "READY" {
+                return Err(format!("server: {ready}"));
+            }
+            let r = if run.test.is_bw() {
+                rdma::bw(run.test, &side, &peer, &p, run.test.name()).map(Line::Bw)
+            } else {
+                rdma::lat(run.test, &side, &peer, &p).map(Line::Lat)
+            };
+            o.send("DONE")?;
+            let count = o.recv()?;
+            let mut line = r?;
+            if let (Line::Bw(b), true) = (&mut line, run.bidir) {
+                // The server's direction, measured over the same time.
+                let n: u64 = count.trim_start_matches("COUNT ").parse().unwrap_or(0);
+                if run.test != Test::SendBw {
+                    b.iters += n;
+                    b.gbps = b.iters as f64 * b.bytes as f64 * 8.0 / b.secs / 1e9;
+                    b.mpps = b.iters as f64 / b.secs / 1e6;
+                }
+            }
+            Ok(line)
+        }
+        Transport::Tcp => {
+            let ready = o.recv()?;
+            let data_port: u16 = ready
+                .strip_prefix("READY ")
+                .and_then(|p| p.parse().ok())
+                .ok_or(format!("server: {ready}"))?;
+            let to = SocketAddr::new(server, data_port);
+            let r = if run.test.is_bw() {
+                tcp::stream(to, p.size, p.iters, p.duration).map(Line::Bw)
+            } else {
+                tcp::pingpong(to, p.size, p.iters, p.duration).map(Line::Lat)
+            };
+            o.send("DONE")?;
+            o.recv()?;
+            r
+        }
+        Transport::RawUdp => {
+            let mut udp = burst_io::UdpPort::bind(local).map_err(|e| e.to_string())?;
+            if o.recv()? != "READY" {
+                return Err("server not ready".into());
+            }
+            let to = SocketAddr::new(server, burst_wire::ROCEV2_PORT);
+            if run.test.is_bw() {
+                let counted = AtomicU64::new(0);
+                let mut b = rawudp::stream(
+                    &mut udp,
+                    to,
+                    p.size,
+                    p.mtu.bytes(),
+                    p.iters,
+                    p.duration,
+                    &counted,
+                )?;
+                o.send("DONE")?;
+                let c = o.recv()?;
+                let bytes: f64 = c.trim_start_matches("COUNT ").parse().unwrap_or(0.0);
+                b.iters = (bytes / p.size as f64) as u64;
+                b.gbps = bytes * 8.0 / b.secs / 1e9;
+                b.mpps = bytes / p.size as f64 / b.secs / 1e6;
+                Ok(Line::Bw(b))
+            } else {
+                let r = rawudp::pingpong(&mut udp, to, p.size, p.iters, p.duration);
+                o.send("DONE")?;
+                o.recv()?;
+                r.map(Line::Lat)
+            }
+        }
+    }
+}
+
+fn title(test: Test, t: Transport, p: &rdma::Params) -> String {
+    format!(
+        "{} over {} (RC, MTU {}, {} QP{}, tx depth {})",
+        test.name(),
+        t.name(),
+        p.mtu.bytes(),
+        p.qps,
+        if p.qps == 1 { "" } else { "s" },
+        p.tx_depth
     )
-    .map_err(|e| e.to_string())
 }
 
-/// One endpoint thread: opens a device, exchanges addresses, runs `work`.
-fn endpoint<T: Send + 'static>(
-    ip: IpAddr,
-    len: usize,
-    psn: u32,
-    tx: mpsc::Sender<Peer>,
-    rx: mpsc::Receiver<Peer>,
-    work: impl FnOnce(&mut Device, Qpn, &mut [u8], burst_mem::MrKeys, Peer) -> Result<T, String>
-        + Send
-        + 'static,
-) -> std::thread::JoinHandle<Result<T, String>> {
-    std::thread::spawn(move || {
-        let mut d = Device::open(ip, Mtu::Mtu4096).map_err(|e| e.to_string())?;
-        let pd = d.alloc_pd();
-        let mut buf = vec![0u8; len];
-        // SAFETY: `buf` outlives the device: both live to the end of this closure, the device dropped first.
-        let mr =
-            unsafe { d.reg_mr(pd, buf.as_mut_ptr(), buf.len(), ALL) }.map_err(|e| e.to_string())?;
-        let qpn = d.create_qp(QpType::Rc, pd);
-        let me = Peer {
-            qpn,
-            psn: Psn::new(psn),
-            gid: d.gid(),
-            rkey: mr.rkey,
-            addr: mr.addr,
-        };
-        tx.send(me).map_err(|e| e.to_string())?;
-        let peer = rx
-            .recv_timeout(Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-        connect(&mut d, qpn, me, peer)?;
-        let r = work(&mut d, qpn, &mut buf, mr, peer);
-        drop(d);
-        r
+fn params(cli: &Cli, test: Test, size: usize) -> Result<rdma::Params, String> {
+    Ok(rdma::Params {
+        size,
+        iters: cli.iters.unwrap_or(match (test.is_bw(), cli.all) {
+            (true, true) => 100,
+            (true, false) => 5000,
+            (false, true) => 1000,
+            (false, false) => 20000,
+        }),
+        duration: cli.duration.map(Duration::from_secs_f64),
+        qps: cli.qps.max(1),
+        tx_depth: cli.tx_depth.max(1),
+        mtu: Mtu::from_bytes(cli.mtu).ok_or(format!("MTU {} is not one of 256..4096", cli.mtu))?,
+        inline: cli.inline,
     })
 }
 
-fn wait_wc(d: &mut Device, qpn: Qpn, deadline: Instant) -> Result<WorkCompletion, String> {
-    loop {
-        if let Some(wc) = d.poll_cq(qpn) {
-            if wc.status != WcStatus::Success {
-                return Err(format!("completion error {:?}", wc.status));
-            }
-            return Ok(wc);
-        }
-        if Instant::now() > deadline {
-            return Err("timed out".into());
-        }
+/// The client (or loopback) side: runs each size, prints each line.
+fn drive(
+    cli: &Cli,
+    test: Test,
+    transport: Transport,
+    oob: &mut Oob,
+    local: IpAddr,
+    server: IpAddr,
+    fmt: Format,
+) -> Result<Vec<Line>, String> {
+    let sizes: Vec<usize> = if cli.all {
+        (1..=23).map(|k| 1usize << k).collect()
+    } else {
+        vec![cli.size.unwrap_or(if test.is_bw() { 65536 } else { 2 })]
+    };
+    let p0 = params(cli, test, sizes[0])?;
+    if test.is_bw() {
+        report::bw_header(fmt, &title(test, transport, &p0));
+    } else {
+        report::lat_header(fmt, &title(test, transport, &p0));
     }
+    let mut out = Vec::new();
+    for s in sizes {
+        let run = Run {
+            test,
+            transport,
+            p: params(cli, test, s)?,
+            bidir: cli.bidirectional,
+        };
+        let line = client_run(oob, &run, local, server)?;
+        match &line {
+            Line::Bw(b) => report::bw_line(fmt, b),
+            Line::Lat(l) => report::lat_line(fmt, l),
+        }
+        out.push(line);
+    }
+    report::end(fmt);
+    Ok(out)
 }
 
-fn write_bw(o: &Opts) -> Result<f64, String> {
-    let (ta, rb) = mpsc::channel();
-    let (tb, ra) = mpsc::channel();
-    let (size, iters, depth) = (o.size, o.iters, o.depth);
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let server = endpoint(o.b, size, 100, tb, rb, move |d, qpn, _, _, _| {
-        // The target only makes progress (ACKs) until the writer is done.
-        while stop_rx.try_recv().is_err() {
-            d.progress();
-        }
-        let _ = qpn;
-        Ok(0.0)
-    });
-    let client = endpoint(o.a, size, 200, ta, ra, move |d, qpn, _, mr, peer| {
-        let sge = vec![Sge {
-            addr: mr.addr,
-            length: size as u32,
-            lkey: mr.lkey,
-        }];
-        let start = Instant::now();
-        let deadline = start + Duration::from_secs(120);
-        let (mut posted, mut done) = (0u64, 0u64);
-        while done < iters {
-            while posted < iters && posted - done < depth {
-                let wr = SendWr::new(
-                    posted,
-                    SendOp::Write {
-                        remote_addr: peer.addr,
-                        rkey: peer.rkey,
-                    },
-                    sge.clone(),
-                );
-                d.post_send(qpn, wr).map_err(|e| e.to_string())?;
-                posted += 1;
-            }
-            wait_wc(d, qpn, deadline)?;
-            done += 1;
-        }
-        let secs = start.elapsed().as_secs_f64();
-        Ok(size as f64 * iters as f64 * 8.0 / secs / 1e9)
-    });
-    let r = client.join().map_err(|_| "writer panicked".to_string())?;
-    let _ = stop_tx.send(());
-    server.join().map_err(|_| "target panicked".to_string())??;
-    r
+/// Loopback: a server thread on LOOP_B, this thread the client on LOOP_A.
+fn loopback<T>(cli: &Cli, f: impl FnOnce(&mut Oob) -> Result<T, String>) -> Result<T, String> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    let local_b = LOOP_B;
+    let server = std::thread::spawn(move || serve(l, local_b));
+    let mut o = Oob::new(TcpStream::connect(addr).map_err(|e| e.to_string())?)?;
+    let r = f(&mut o);
+    let _ = o.send("BYE");
+    let s = server
+        .join()
+        .map_err(|_| "server thread panicked".to_string())?;
+    let r = r?;
+    s?;
+    let _ = cli;
+    Ok(r)
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn send_lat(o: &Opts) -> Result<Vec<f64>, String> {
-    let (ta, rb) = mpsc::channel();
-    let (tb, ra) = mpsc::channel();
-    let iters = o.lat_iters;
-    let size = 64usize;
-    let pong = endpoint(o.b, size, 300, tb, rb, move |d, qpn, _, mr, _| {
-        let sge = vec![Sge {
-            addr: mr.addr,
-            length: size as u32,
-            lkey: mr.lkey,
-        }];
-        let deadline = Instant::now() + Duration::from_secs(120);
-        for _ in 0..4 {
-            d.post_recv(
-                qpn,
-                RecvWr {
-                    wr_id: 0,
-                    sg_list: sge.clone(),
-                },
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        for i in 0..iters {
-            loop {
-                let wc = wait_wc(d, qpn, deadline)?;
-                if wc.is_recv() {
-                    break;
+/// The main job: WRITE bandwidth and SEND latency, burst vs raw UDP vs TCP.
+fn main_job(cli: &Cli, fmt: Format) -> Result<(), String> {
+    if fmt == Format::Text {
+        println!("burst-bench: two endpoints on {LOOP_A} and {LOOP_B} (burst: RoCEv2 on UDP 4791), in one process; the same messages over the raw UDP port and kernel TCP in the same run");
+    }
+    loopback(cli, |o| {
+        let mut bw = Vec::new();
+        let mut lat = Vec::new();
+        for t in [Transport::Burst, Transport::RawUdp, Transport::Tcp] {
+            let mut c = cli.clone();
+            c.size = Some(cli.size.unwrap_or(65536));
+            for l in drive(&c, Test::WriteBw, t, o, LOOP_A, LOOP_B, fmt)? {
+                if let Line::Bw(b) = l {
+                    bw.push(b);
                 }
             }
-            d.post_recv(
-                qpn,
-                RecvWr {
-                    wr_id: 0,
-                    sg_list: sge.clone(),
-                },
-            )
-            .map_err(|e| e.to_string())?;
-            let mut wr = SendWr::new(i, SendOp::Send, sge.clone());
-            wr.signaled = false;
-            d.post_send(qpn, wr).map_err(|e| e.to_string())?;
         }
-        // let the last ACKs out
-        let until = Instant::now() + Duration::from_millis(50);
-        while Instant::now() < until {
-            d.progress();
-        }
-        Ok(Vec::<f64>::new())
-    });
-    let ping = endpoint(o.a, size, 400, ta, ra, move |d, qpn, _, mr, _| {
-        let sge = vec![Sge {
-            addr: mr.addr,
-            length: size as u32,
-            lkey: mr.lkey,
-        }];
-        let deadline = Instant::now() + Duration::from_secs(120);
-        for _ in 0..4 {
-            d.post_recv(
-                qpn,
-                RecvWr {
-                    wr_id: 0,
-                    sg_list: sge.clone(),
-                },
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        let mut half_rtt = Vec::with_capacity(iters as usize);
-        for i in 0..iters {
-            let t = Instant::now();
-            let mut wr = SendWr::new(i, SendOp::Send, sge.clone());
-            wr.signaled = false;
-            d.post_send(qpn, wr).map_err(|e| e.to_string())?;
-            loop {
-                let wc = wait_wc(d, qpn, deadline)?;
-                if wc.is_recv() {
-                    break;
+        for t in [Transport::Burst, Transport::RawUdp, Transport::Tcp] {
+            let mut c = cli.clone();
+            c.size = Some(64);
+            for l in drive(&c, Test::SendLat, t, o, LOOP_A, LOOP_B, fmt)? {
+                if let Line::Lat(x) = l {
+                    lat.push(x);
                 }
             }
-            half_rtt.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-            d.post_recv(
-                qpn,
-                RecvWr {
-                    wr_id: 0,
-                    sg_list: sge.clone(),
-                },
-            )
-            .map_err(|e| e.to_string())?;
         }
-        Ok(half_rtt)
-    });
-    let r = ping.join().map_err(|_| "ping panicked".to_string())?;
-    pong.join().map_err(|_| "pong panicked".to_string())??;
-    r
-}
-
-fn tcp_bw(o: &Opts) -> Result<f64, String> {
-    let l = TcpListener::bind((o.b, 0)).map_err(|e| e.to_string())?;
-    let addr = l.local_addr().map_err(|e| e.to_string())?;
-    let total = o.size as u64 * o.iters;
-    let sink = std::thread::spawn(move || -> Result<(), String> {
-        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0u64;
-        while got < total {
-            let n = s.read(&mut buf).map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
-            }
-            got += n as u64;
-        }
-        s.write_all(b"k").map_err(|e| e.to_string())
-    });
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    let msg = vec![7u8; o.size];
-    let start = Instant::now();
-    for _ in 0..o.iters {
-        s.write_all(&msg).map_err(|e| e.to_string())?;
-    }
-    let mut k = [0u8; 1];
-    s.read_exact(&mut k).map_err(|e| e.to_string())?;
-    let secs = start.elapsed().as_secs_f64();
-    sink.join().map_err(|_| "sink panicked".to_string())??;
-    Ok(total as f64 * 8.0 / secs / 1e9)
-}
-
-fn tcp_lat(o: &Opts) -> Result<Vec<f64>, String> {
-    let l = TcpListener::bind((o.b, 0)).map_err(|e| e.to_string())?;
-    let addr = l.local_addr().map_err(|e| e.to_string())?;
-    let iters = o.lat_iters;
-    let echo = std::thread::spawn(move || -> Result<(), String> {
-        let (mut s, _) = l.accept().map_err(|e| e.to_string())?;
-        s.set_nodelay(true).map_err(|e| e.to_string())?;
-        let mut b = [0u8; 64];
-        for _ in 0..iters {
-            s.read_exact(&mut b).map_err(|e| e.to_string())?;
-            s.write_all(&b).map_err(|e| e.to_string())?;
+        if fmt == Format::Text && bw.len() == 3 && lat.len() == 3 {
+            println!(
+                " burst / raw UDP ceiling: bandwidth {:.2}, latency p50 {:.2}",
+                bw[0].gbps / bw[1].gbps,
+                lat[0].p50 / lat[1].p50
+            );
+            println!(
+                " burst / kernel TCP:      bandwidth {:.2}, latency p50 {:.2} (TCP busy-polled)",
+                bw[0].gbps / bw[2].gbps,
+                lat[0].p50 / lat[2].p50
+            );
         }
         Ok(())
-    });
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_nodelay(true).map_err(|e| e.to_string())?;
-    let mut b = [1u8; 64];
-    let mut v = Vec::with_capacity(iters as usize);
-    for _ in 0..iters {
-        let t = Instant::now();
-        s.write_all(&b).map_err(|e| e.to_string())?;
-        s.read_exact(&mut b).map_err(|e| e.to_string())?;
-        v.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    })
+}
+
+fn run(cli: &Cli) -> Result<(), String> {
+    let fmt = if cli.json { Format::Json } else { Format::Text };
+    let Some(test) = cli.test else {
+        if cli.server || cli.peer.is_some() {
+            return Err("name a test for the server and client roles".into());
+        }
+        return main_job(cli, fmt);
+    };
+    if cli.bidirectional && !matches!(test, Test::WriteBw | Test::ReadBw | Test::AtomicBw) {
+        return Err("-b is implemented for write_bw, read_bw and atomic_bw".into());
     }
-    echo.join().map_err(|_| "echo panicked".to_string())??;
-    Ok(v)
+    if cli.transport != Transport::Burst && !matches!(test, Test::WriteBw | Test::SendLat) {
+        return Err(format!(
+            "--transport {} measures a stream (use write_bw) or a request/response (use send_lat)",
+            cli.transport.name()
+        ));
+    }
+    if cli.server {
+        let local = cli.local.ok_or("--server needs --local ADDR")?;
+        let l = TcpListener::bind((local, cli.port))
+            .map_err(|e| format!("bind {local}:{}: {e}", cli.port))?;
+        return serve(l, local);
+    }
+    if let Some(peer) = cli.peer {
+        let local = cli.local.ok_or("the client needs --local ADDR")?;
+        let s = TcpStream::connect((peer, cli.port))
+            .map_err(|e| format!("connect {peer}:{}: {e}", cli.port))?;
+        let mut o = Oob::new(s)?;
+        let r = drive(cli, test, cli.transport, &mut o, local, peer, fmt);
+        let _ = o.send("BYE");
+        return r.map(|_| ());
+    }
+    loopback(cli, |o| {
+        drive(cli, test, cli.transport, o, LOOP_A, LOOP_B, fmt).map(|_| ())
+    })
 }
 
 fn main() -> std::process::ExitCode {
-    let o = match parse() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("burst-bench: {e}");
-            return std::process::ExitCode::from(2);
-        }
-    };
-    let run = || -> Result<(), String> {
-        println!("burst-bench: two burst endpoints on {} and {} (UDP 4791, RoCEv2), one thread each; kernel TCP on loopback alongside", o.a, o.b);
-        println!("---------------------------------------------------------------------------------------");
-        println!(
-            "                    RDMA_Write BW Test (RC, MTU 4096, depth {})",
-            o.depth
-        );
-        println!(" #bytes     #iterations    BW average[Gb/sec]   MsgRate[Mpps]");
-        let bw = write_bw(&o)?;
-        println!(
-            " {:<10} {:<14} {:<20.2} {:.6}",
-            o.size,
-            o.iters,
-            bw,
-            bw * 1e9 / 8.0 / o.size as f64 / 1e6
-        );
-        let tbw = tcp_bw(&o)?;
-        println!(
-            " kernel TCP, same messages: {tbw:.2} Gb/sec; burst/TCP = {:.2}",
-            bw / tbw
-        );
-        println!("---------------------------------------------------------------------------------------");
-        println!("                    Send Latency Test (RC, 64 B, busy polling; half round trip)");
-        println!(" #bytes #iterations    t_min[usec]    t_typical[usec]    t_p99[usec]");
-        let mut l = send_lat(&o)?;
-        let (min, p50, p99) = (
-            percentile(&mut l, 0.0),
-            percentile(&mut l, 0.5),
-            percentile(&mut l, 0.99),
-        );
-        println!(
-            " {:<6} {:<14} {:<14.2} {:<18.2} {:.2}",
-            64, o.lat_iters, min, p50, p99
-        );
-        let mut t = tcp_lat(&o)?;
-        let (tp50, tp99) = (percentile(&mut t, 0.5), percentile(&mut t, 0.99));
-        println!(" kernel TCP (TCP_NODELAY, blocking): p50 {tp50:.2} usec, p99 {tp99:.2} usec; burst/TCP p50 = {:.2}", p50 / tp50);
-        println!("---------------------------------------------------------------------------------------");
-        Ok(())
-    };
-    match run() {
+    let cli = Cli::parse();
+    match run(&cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("burst-bench: {e}");

@@ -422,7 +422,11 @@ fn control(dev: &mut Device, c: Control) {
 
 /// The engine thread: steps the core while no application thread does.
 fn run(shared: &Shared) {
-    let mut idle = 0u32;
+    // Spin for this long after the last work before sleeping: a passive
+    // side (the target of READs or WRITEs) answers requests that come every
+    // few microseconds without paying a sleep each time.
+    const SPIN: Duration = Duration::from_millis(2);
+    let mut last_work = std::time::Instant::now();
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.epoch.elapsed().as_nanos() as u64;
         let app = shared.app_stepped.load(Ordering::Relaxed);
@@ -436,16 +440,12 @@ fn run(shared: &Shared) {
             Err(_) => false,
         };
         if busy {
-            idle = 0;
+            last_work = std::time::Instant::now();
+        } else if last_work.elapsed() > SPIN {
+            // Idle: back off so an idle engine does not burn a core.
+            std::thread::sleep(Duration::from_micros(50));
         } else {
-            // Busy-poll for a while, then back off so an idle engine does
-            // not burn a core.
-            idle = idle.saturating_add(1);
-            if idle > 20_000 {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::hint::spin_loop();
-            }
+            std::hint::spin_loop();
         }
     }
 }

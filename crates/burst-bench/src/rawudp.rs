@@ -1,0 +1,150 @@
+//! The path's ceiling: the same frames through the same UDP port code
+//! (burst-io's `UdpPort`, recvmmsg/sendmmsg bursts), with no transport, no
+//! ICRC and no placement. A `size`-byte message is `ceil(size / mtu)`
+//! datagrams of the size RoCEv2 would send (BTH + RETH + payload + ICRC).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use burst_io::{PacketBuf, Port, UdpPort, BURST};
+
+use crate::report::{Bw, Lat, Samples};
+
+/// RoCEv2 headers a data packet carries on top of its payload (BTH 12 +
+/// RETH 16 + ICRC 4).
+const OVERHEAD: usize = 32;
+
+fn datagrams(size: usize, mtu: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut left = size;
+    loop {
+        let n = left.min(mtu);
+        v.push(n + OVERHEAD);
+        left -= n;
+        if left == 0 {
+            break;
+        }
+    }
+    v
+}
+
+/// Counts received bytes of payload until `stop`.
+pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &AtomicU64) {
+    let mut bufs: Vec<PacketBuf> = (0..BURST).map(|_| PacketBuf::new()).collect();
+    while !stop.load(Ordering::Acquire) {
+        if let Ok(n) = port.recv_burst(&mut bufs) {
+            let bytes: usize = bufs[..n]
+                .iter()
+                .map(|b| b.len.saturating_sub(OVERHEAD))
+                .sum();
+            got.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sends `iters` messages of `size` bytes (or for `duration`) to `to` in
+/// bursts; returns what the receiver counted over the sending time.
+pub fn stream(
+    port: &mut UdpPort,
+    to: SocketAddr,
+    size: usize,
+    mtu: usize,
+    iters: u64,
+    duration: Option<Duration>,
+    received: &AtomicU64,
+) -> Result<Bw, String> {
+    let mut bufs: Vec<PacketBuf> = (0..BURST).map(|_| PacketBuf::new()).collect();
+    let plan = datagrams(size, mtu);
+    let start = Instant::now();
+    let mut sent_msgs = 0u64;
+    let mut k = 0;
+    while (duration.is_none() && sent_msgs < iters) || duration.is_some_and(|d| start.elapsed() < d)
+    {
+        let mut n = 0;
+        while n < BURST {
+            bufs[n].len = plan[k];
+            bufs[n].peer = to;
+            n += 1;
+            k += 1;
+            if k == plan.len() {
+                k = 0;
+                sent_msgs += 1;
+                if duration.is_none() && sent_msgs >= iters {
+                    break;
+                }
+            }
+        }
+        let mut off = 0;
+        while off < n {
+            match port.send_burst(&bufs[off..n]) {
+                Ok(m) => off += m,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(format!("raw-udp send: {e}")),
+            }
+        }
+    }
+    // Let the receiver drain what is in flight.
+    std::thread::sleep(Duration::from_millis(20));
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = received.load(Ordering::Relaxed) as f64;
+    Ok(Bw {
+        test: "write_bw".into(),
+        transport: "raw-udp".into(),
+        bytes: size,
+        iters: (bytes / size as f64) as u64,
+        gbps: bytes * 8.0 / secs / 1e9,
+        mpps: bytes / size as f64 / secs / 1e6,
+        secs,
+    })
+}
+
+fn recv_one(port: &mut UdpPort, bufs: &mut [PacketBuf], deadline: Instant) -> Result<(), String> {
+    loop {
+        match port.recv_burst(&mut bufs[..1]) {
+            Ok(1) => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("raw-udp recv: {e}")),
+        }
+        if Instant::now() > deadline {
+            return Err("raw-udp: timed out".into());
+        }
+    }
+}
+
+/// Echoes single datagrams until `stop`.
+pub fn echo(mut port: UdpPort, stop: &AtomicBool) -> Result<(), String> {
+    let mut bufs: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
+    while !stop.load(Ordering::Acquire) {
+        if let Ok(1) = port.recv_burst(&mut bufs) {
+            let _ = port.send_burst(&bufs);
+        }
+    }
+    Ok(())
+}
+
+/// Busy-polled ping-pong of one datagram of `size` + headers: half round trips.
+pub fn pingpong(
+    port: &mut UdpPort,
+    to: SocketAddr,
+    size: usize,
+    iters: u64,
+    duration: Option<Duration>,
+) -> Result<Lat, String> {
+    let mut bufs: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
+    let mut h = Samples::new();
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(120) + duration.unwrap_or_default();
+    let mut i = 0;
+    while (duration.is_none() && i < iters) || duration.is_some_and(|d| start.elapsed() < d) {
+        bufs[0].len = size + OVERHEAD - 16; // a SEND: no RETH
+        bufs[0].peer = to;
+        let t = Instant::now();
+        port.send_burst(&bufs)
+            .map_err(|e| format!("raw-udp send: {e}"))?;
+        recv_one(port, &mut bufs, deadline)?;
+        h.record(t.elapsed().as_nanos() as u64 / 2);
+        i += 1;
+    }
+    Ok(h.lat("send_lat", "raw-udp", size, true))
+}

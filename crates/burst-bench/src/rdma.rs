@@ -1,0 +1,534 @@
+//! The RDMA tests over burst: a [`Side`] is one endpoint (an engine, a
+//! registered buffer, CQs and RC QPs); the client side drives the test and
+//! the server side plays perftest's passive or echoing part.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use burst_mem::{Access, MrKeys};
+use burst_transport::*;
+use burst_verbs::config::DeviceConfig;
+use burst_verbs::engine::{CompletionQueue, Context, CqId, Engine, QueuePair};
+use burst_verbs::QpInit;
+use burst_wire::{Mtu, Psn, Qpn};
+
+use crate::report::{Bw, Lat, Samples};
+use crate::Test;
+
+/// What the peer needs to know about one of our QPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Info {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+    pub rkey: u32,
+    pub addr: u64,
+}
+
+impl Info {
+    /// `qpn:psn:gid:rkey:addr` in hex, for the out-of-band line.
+    pub fn encode(&self) -> String {
+        let g: String = self.gid.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "{:06x}:{:06x}:{g}:{:08x}:{:016x}",
+            self.qpn, self.psn, self.rkey, self.addr
+        )
+    }
+
+    /// Parses [`Info::encode`]'s format.
+    pub fn decode(s: &str) -> Option<Info> {
+        let f: Vec<&str> = s.trim().split(':').collect();
+        if f.len() != 5 || f[2].len() != 32 {
+            return None;
+        }
+        let mut gid = [0u8; 16];
+        for (i, g) in gid.iter_mut().enumerate() {
+            *g = u8::from_str_radix(f[2].get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Info {
+            qpn: u32::from_str_radix(f[0], 16).ok()?,
+            psn: u32::from_str_radix(f[1], 16).ok()?,
+            gid,
+            rkey: u32::from_str_radix(f[3], 16).ok()?,
+            addr: u64::from_str_radix(f[4], 16).ok()?,
+        })
+    }
+}
+
+/// Per-test knobs.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    pub size: usize,
+    pub iters: u64,
+    pub duration: Option<Duration>,
+    pub qps: usize,
+    pub tx_depth: u32,
+    pub mtu: Mtu,
+    pub inline: u32,
+}
+
+/// One endpoint. Field order matters: the QPs and CQs go before the engine,
+/// and the buffer is deregistered (in `Drop`) before it is freed.
+pub struct Side {
+    pub qps: Vec<QueuePair>,
+    pub scq: CompletionQueue,
+    pub rcq: CompletionQueue,
+    scq_id: CqId,
+    pub ctx: Context,
+    _engine: Engine,
+    pub mr: MrKeys,
+    /// Registered memory: `slot` bytes per QP.
+    pub buf: Vec<u8>,
+    pub slot: usize,
+    psn0: u32,
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        // Waits until the engine holds no reference into `buf`.
+        let _ = self.ctx.dereg_mr(self.mr.lkey);
+    }
+}
+
+fn err<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("{what}: {e:?}")
+}
+
+impl Side {
+    /// Opens an engine on `addr` with `qps` RC QPs and `slot` bytes per QP.
+    pub fn open(addr: IpAddr, p: &Params, psn0: u32) -> Result<Side, String> {
+        let mut cfg = DeviceConfig::for_addr("burst0", addr).map_err(|e| e.to_string())?;
+        cfg.mtu = cfg.mtu.max(p.mtu);
+        let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
+        let ctx = engine.context();
+        let pd = ctx.alloc_pd();
+        // Each QP's slot: a receive/target half and a source half.
+        let slot = 2 * p.size.max(64);
+        let mut buf = vec![0u8; slot * p.qps];
+        // SAFETY: `buf` lives in this Side; Drop deregisters it before the
+        // Vec is freed (and the engine waits for in-flight users).
+        let mr = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access(1 | 2 | 4 | 8)) }
+            .map_err(err("reg_mr"))?;
+        let depth = (p.tx_depth as usize * p.qps).max(1) * 2;
+        let scq_id = ctx.create_cq(depth);
+        let rcq_id = ctx.create_cq(depth);
+        let mut qps = Vec::new();
+        for _ in 0..p.qps {
+            let mut init = QpInit::new(QpType::Rc, pd);
+            init.caps.max_send_wr = p.tx_depth.max(1);
+            init.caps.max_recv_wr = p.tx_depth.max(1);
+            init.caps.max_inline_data = p.inline;
+            qps.push(
+                ctx.create_qp_with(&init, scq_id, rcq_id)
+                    .map_err(err("create_qp"))?,
+            );
+        }
+        let (scq, rcq) = (
+            ctx.cq(scq_id).ok_or("no cq")?,
+            ctx.cq(rcq_id).ok_or("no cq")?,
+        );
+        Ok(Side {
+            qps,
+            scq,
+            rcq,
+            scq_id,
+            ctx,
+            _engine: engine,
+            mr,
+            buf,
+            slot,
+            psn0,
+        })
+    }
+
+    /// Our QPs' descriptions.
+    pub fn infos(&self) -> Vec<Info> {
+        self.qps
+            .iter()
+            .enumerate()
+            .map(|(i, q)| Info {
+                qpn: q.qpn().value(),
+                psn: (self.psn0 + i as u32 * 1000) & 0xff_ffff,
+                gid: self.ctx.gid(),
+                rkey: self.mr.rkey,
+                addr: self.mr.addr + (i * self.slot) as u64,
+            })
+            .collect()
+    }
+
+    /// Moves every QP to RTS towards the peer's QPs.
+    pub fn connect(&self, peer: &[Info], mtu: Mtu) -> Result<(), String> {
+        if peer.len() != self.qps.len() {
+            return Err(format!(
+                "peer has {} QPs, we have {}",
+                peer.len(),
+                self.qps.len()
+            ));
+        }
+        let mine = self.infos();
+        for ((q, me), pe) in self.qps.iter().zip(&mine).zip(peer) {
+            let ah = self.ctx.create_ah(pe.gid).map_err(err("create_ah"))?;
+            let access = QpAccess {
+                remote_write: true,
+                remote_read: true,
+                remote_atomic: true,
+            };
+            let steps = [
+                QpAttr {
+                    state: Some(QpState::Init),
+                    pkey_index: Some(0),
+                    port: Some(1),
+                    access: Some(access),
+                    ..Default::default()
+                },
+                QpAttr {
+                    state: Some(QpState::Rtr),
+                    ah: Some(ah),
+                    path_mtu: Some(mtu),
+                    dest_qpn: Some(Qpn::new(pe.qpn).ok_or("bad QPN")?),
+                    rq_psn: Some(Psn::new(pe.psn)),
+                    max_dest_rd_atomic: Some(16),
+                    min_rnr_timer: Some(1),
+                    ..Default::default()
+                },
+                QpAttr {
+                    state: Some(QpState::Rts),
+                    sq_psn: Some(Psn::new(me.psn)),
+                    timeout: Some(14),
+                    retry_cnt: Some(7),
+                    rnr_retry: Some(7),
+                    max_rd_atomic: Some(16),
+                    ..Default::default()
+                },
+            ];
+            for a in steps {
+                q.modify(&a).map_err(err("modify_qp"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The receive/target half of QP `qp`'s slot (what the peer writes).
+    fn sge(&self, qp: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.mr.addr + (qp * self.slot) as u64,
+            length: len as u32,
+            lkey: self.mr.lkey,
+        }
+    }
+
+    /// The source half of QP `qp`'s slot (what we send from).
+    fn src(&self, qp: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.mr.addr + (qp * self.slot + self.slot / 2) as u64,
+            length: len as u32,
+            lkey: self.mr.lkey,
+        }
+    }
+
+    fn post_recv(&self, qp: usize, len: usize) -> Result<(), String> {
+        let wr = RecvWr {
+            wr_id: qp as u64,
+            sg_list: vec![self.sge(qp, len)],
+        };
+        self.qps[qp].post_recv(&wr).map_err(err("post_recv"))
+    }
+
+    /// A completion from `cq`, busy-polling (or blocking on events).
+    fn wait(&self, cq: &CompletionQueue, deadline: Instant) -> Result<WorkCompletion, String> {
+        loop {
+            if let Some(w) = cq.poll() {
+                if w.status != WcStatus::Success {
+                    return Err(format!("completion error {:?} (wr {})", w.status, w.wr_id));
+                }
+                return Ok(w);
+            }
+            if Instant::now() > deadline {
+                return Err("timed out waiting for a completion".into());
+            }
+        }
+    }
+}
+
+fn op_for(test: Test, peer: &Info, i: u64) -> SendOp {
+    let (remote_addr, rkey) = (peer.addr, peer.rkey);
+    match test {
+        Test::WriteBw | Test::WriteLat => SendOp::Write { remote_addr, rkey },
+        Test::ReadBw | Test::ReadLat => SendOp::Read { remote_addr, rkey },
+        Test::AtomicBw | Test::AtomicLat => {
+            if i % 2 == 0 {
+                SendOp::FetchAdd {
+                    remote_addr,
+                    rkey,
+                    add: 1,
+                }
+            } else {
+                SendOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare: 0,
+                    swap: 0,
+                }
+            }
+        }
+        _ => SendOp::Send,
+    }
+}
+
+fn msg_len(test: Test, size: usize) -> usize {
+    match test {
+        Test::AtomicBw | Test::AtomicLat => 8,
+        _ => size,
+    }
+}
+
+/// The driving side of a bandwidth test: `tx_depth` WRs in flight per QP,
+/// one signalled completion per `cq_mod` WRs, as perftest does.
+pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result<Bw, String> {
+    let len = msg_len(test, p.size);
+    let depth = u64::from(p.tx_depth.max(1));
+    let cq_mod = depth.clamp(1, 100);
+    let nq = s.qps.len();
+    let mut posted = vec![0u64; nq];
+    let mut done = vec![0u64; nq];
+    let target = p.iters;
+    let start = Instant::now();
+    let end = p.duration.map(|d| start + d);
+    let deadline = start + p.duration.unwrap_or(Duration::from_secs(0)) + Duration::from_secs(120);
+    let pb = crate::report::progress(if end.is_some() { 0 } else { target * nq as u64 }, name);
+    // In duration mode, stop posting at the end and count what the
+    // signalled completions cover (unsignalled tail WRs are not waited for).
+    let signalled = |posted: u64| -> u64 {
+        if end.is_some() {
+            posted / cq_mod * cq_mod
+        } else {
+            posted
+        }
+    };
+    loop {
+        let time_up = end.is_some_and(|e| Instant::now() >= e);
+        for q in 0..nq {
+            let more = |posted: u64| {
+                if end.is_some() {
+                    !time_up
+                } else {
+                    posted < target
+                }
+            };
+            while more(posted[q]) && posted[q] - done[q] < depth {
+                let i = posted[q];
+                let local = if matches!(test, Test::ReadBw | Test::AtomicBw) {
+                    s.sge(q, len)
+                } else {
+                    s.src(q, len)
+                };
+                let mut wr = SendWr::new(q as u64, op_for(test, &peer[q], i), vec![local]);
+                wr.signaled = (i + 1) % cq_mod == 0 || (end.is_none() && i + 1 == target);
+                if p.inline as usize >= len && matches!(test, Test::WriteBw | Test::SendBw) {
+                    wr.inline = true;
+                }
+                s.qps[q].post_send(&wr).map_err(err("post_send"))?;
+                posted[q] += 1;
+            }
+        }
+        let finished = (0..nq).all(|q| done[q] >= signalled(posted[q]));
+        if finished && (time_up || (end.is_none() && posted.iter().all(|&x| x >= target))) {
+            break;
+        }
+        if finished {
+            continue;
+        }
+        let w = s.wait(&s.scq, deadline)?;
+        let q = w.wr_id as usize;
+        let n = (posted[q] - done[q]).min(cq_mod);
+        done[q] += n;
+        pb.inc(n);
+    }
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    let msgs: u64 = done.iter().sum();
+    Ok(Bw {
+        test: test.name().into(),
+        transport: "burst".into(),
+        bytes: len,
+        iters: msgs,
+        gbps: msgs as f64 * len as f64 * 8.0 / secs / 1e9,
+        mpps: msgs as f64 / secs / 1e6,
+        secs,
+    })
+}
+
+/// The receiving side of send_bw: keeps receives posted until `stop`.
+pub fn sink(s: &Side, p: &Params, stop: &AtomicBool) -> Result<u64, String> {
+    let depth = p.tx_depth.max(16) as usize;
+    for q in 0..s.qps.len() {
+        for _ in 0..depth {
+            s.post_recv(q, p.size)?;
+        }
+    }
+    let mut got = 0;
+    while !stop.load(Ordering::Acquire) {
+        if let Some(w) = s.rcq.poll() {
+            if w.status != WcStatus::Success {
+                return Err(format!("receive error {:?}", w.status));
+            }
+            got += 1;
+            s.post_recv(w.wr_id as usize, p.size)?;
+        }
+    }
+    Ok(got)
+}
+
+/// Waits until `stop` (passive side of WRITE/READ/atomic): the engine
+/// thread serves the peer, as it would for a perftest server that only
+/// waits on its TCP socket.
+pub fn idle(s: &Side, stop: &AtomicBool) {
+    s.ctx.park();
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Latency tests. `ping` drives and measures; the other side calls
+/// [`pong`]. READ and atomic latency need no partner (the peer idles).
+pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, String> {
+    let len = msg_len(test, p.size);
+    let mut h = Samples::new();
+    let deadline = Instant::now() + Duration::from_secs(120) + p.duration.unwrap_or_default();
+    let end = p.duration.map(|d| Instant::now() + d);
+    let n = if end.is_some() { u64::MAX } else { p.iters };
+    let pb = crate::report::progress(if end.is_some() { 0 } else { n }, test.name());
+    if test == Test::SendLat {
+        for _ in 0..4 {
+            s.post_recv(0, len)?;
+        }
+    }
+    let mut i = 0u64;
+    while i < n && end.is_none_or(|e| Instant::now() < e) {
+        let t = Instant::now();
+        match test {
+            Test::SendLat => {
+                let mut wr = SendWr::new(i, SendOp::Send, vec![s.src(0, len)]);
+                wr.signaled = false;
+                if p.inline as usize >= len {
+                    wr.inline = true;
+                }
+                s.qps[0].post_send(&wr).map_err(err("post_send"))?;
+                s.wait(&s.rcq, deadline)?;
+                h.record(t.elapsed().as_nanos() as u64 / 2);
+                s.post_recv(0, len)?;
+            }
+            Test::WriteLat => {
+                let v = (i as u8).wrapping_add(1);
+                // The last byte carries the iteration: the peer polls it.
+                let at = len - 1;
+                // The source's last byte carries the iteration; the peer
+                // polls the same byte of its target half.
+                // SAFETY: the byte is inside our registered buffer, which
+                // we own; the engine reads it when building the packet.
+                unsafe {
+                    std::ptr::write_volatile(s.buf.as_ptr().add(s.slot / 2 + at).cast_mut(), v)
+                };
+                let mut wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.src(0, len)]);
+                wr.signaled = i % 64 == 63;
+                if p.inline as usize >= len {
+                    wr.inline = true;
+                }
+                s.qps[0].post_send(&wr).map_err(err("post_send"))?;
+                wait_byte(s, at, v, deadline)?;
+                h.record(t.elapsed().as_nanos() as u64 / 2);
+                while s.scq.poll().is_some() {}
+            }
+            _ => {
+                let wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.sge(0, len)]);
+                s.qps[0].post_send(&wr).map_err(err("post_send"))?;
+                s.wait(&s.scq, deadline)?;
+                h.record(t.elapsed().as_nanos() as u64);
+            }
+        }
+        i += 1;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let half = matches!(test, Test::SendLat | Test::WriteLat);
+    let _ = s.scq_id;
+    Ok(h.lat(test.name(), "burst", len, half))
+}
+
+/// Spins until our buffer's byte `at` reads `v`, stepping the engine (the
+/// application polls memory here, as perftest's write_lat does).
+fn wait_byte(s: &Side, at: usize, v: u8, deadline: Instant) -> Result<(), String> {
+    loop {
+        // SAFETY: a byte of our registered buffer; the engine writes it.
+        if unsafe { std::ptr::read_volatile(s.buf.as_ptr().add(at)) } == v {
+            return Ok(());
+        }
+        s.ctx.progress();
+        if Instant::now() > deadline {
+            return Err("timed out waiting for the peer's write".into());
+        }
+    }
+}
+
+/// The echoing side of send_lat / write_lat, until `stop`.
+pub fn pong(
+    test: Test,
+    s: &Side,
+    peer: &[Info],
+    p: &Params,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let len = msg_len(test, p.size);
+    let far = Instant::now() + Duration::from_secs(3600);
+    if test == Test::SendLat {
+        for _ in 0..4 {
+            s.post_recv(0, len)?;
+        }
+    }
+    let mut i = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        match test {
+            Test::SendLat => {
+                let Some(w) = s.rcq.poll() else { continue };
+                if w.status != WcStatus::Success {
+                    return Err(format!("receive error {:?}", w.status));
+                }
+                s.post_recv(0, len)?;
+                let mut wr = SendWr::new(i, SendOp::Send, vec![s.src(0, len)]);
+                wr.signaled = false;
+                if p.inline as usize >= len {
+                    wr.inline = true;
+                }
+                s.qps[0].post_send(&wr).map_err(err("post_send"))?;
+            }
+            Test::WriteLat => {
+                let v = (i as u8).wrapping_add(1);
+                let at = len - 1;
+                // SAFETY: a byte of our registered buffer.
+                if unsafe { std::ptr::read_volatile(s.buf.as_ptr().add(at)) } != v {
+                    s.ctx.progress();
+                    continue;
+                }
+                // SAFETY: the source half's last byte, in our buffer.
+                unsafe {
+                    std::ptr::write_volatile(s.buf.as_ptr().add(s.slot / 2 + at).cast_mut(), v)
+                };
+                let mut wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.src(0, len)]);
+                wr.signaled = i % 64 == 63;
+                if p.inline as usize >= len {
+                    wr.inline = true;
+                }
+                s.qps[0].post_send(&wr).map_err(err("post_send"))?;
+                while s.scq.poll().is_some() {}
+            }
+            _ => {
+                idle(s, stop);
+                return Ok(());
+            }
+        }
+        i += 1;
+        let _ = far;
+    }
+    Ok(())
+}

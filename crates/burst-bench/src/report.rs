@@ -1,0 +1,155 @@
+//! Results: perftest-style lines for people, JSON for machines.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// One bandwidth result line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bw {
+    /// Test name (`write_bw`, …).
+    pub test: String,
+    /// `burst`, `tcp` or `raw-udp`.
+    pub transport: String,
+    /// Message size.
+    pub bytes: usize,
+    /// Messages completed (both directions with `-b`).
+    pub iters: u64,
+    /// Gb/s (10^9 bits per second of payload).
+    pub gbps: f64,
+    /// Millions of messages per second.
+    pub mpps: f64,
+    /// Wall time of the measurement, seconds.
+    pub secs: f64,
+}
+
+/// One latency result line, in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lat {
+    /// Test name.
+    pub test: String,
+    /// Transport.
+    pub transport: String,
+    /// Message size.
+    pub bytes: usize,
+    /// Samples.
+    pub iters: u64,
+    /// Minimum.
+    pub min: f64,
+    /// Median ("typical" in perftest).
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Maximum.
+    pub max: f64,
+    /// Mean.
+    pub avg: f64,
+    /// Whether the figure is half a round trip (send/write) or a whole
+    /// one (read/atomic), as perftest reports them.
+    pub half_rtt: bool,
+}
+
+/// Latency samples in nanoseconds.
+pub struct Samples(Histogram<u64>);
+
+impl Samples {
+    /// An empty histogram (1 ns to 100 s, 3 significant digits).
+    pub fn new() -> Samples {
+        Samples(Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid bounds"))
+    }
+
+    /// Records one sample.
+    pub fn record(&mut self, ns: u64) {
+        self.0.saturating_record(ns.max(1));
+    }
+
+    /// The line for this histogram.
+    pub fn lat(&self, test: &str, transport: &str, bytes: usize, half_rtt: bool) -> Lat {
+        let h = &self.0;
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Lat {
+            test: test.into(),
+            transport: transport.into(),
+            bytes,
+            iters: h.len(),
+            min: us(h.min()),
+            p50: us(h.value_at_quantile(0.5)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+            avg: h.mean() / 1000.0,
+            half_rtt,
+        }
+    }
+}
+
+/// How results are printed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// perftest's table.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+const RULE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// The header of a bandwidth table.
+pub fn bw_header(f: Format, title: &str) {
+    if f == Format::Text {
+        println!("{RULE}");
+        println!("                    {title}");
+        println!(" #bytes     #iterations    BW average[Gb/sec]   MsgRate[Mpps]");
+    }
+}
+
+/// One bandwidth line.
+pub fn bw_line(f: Format, b: &Bw) {
+    match f {
+        Format::Text => println!(
+            " {:<10} {:<14} {:<20.2} {:.6}",
+            b.bytes, b.iters, b.gbps, b.mpps
+        ),
+        Format::Json => println!("{}", serde_json::to_string(b).unwrap_or_default()),
+    }
+}
+
+/// The header of a latency table.
+pub fn lat_header(f: Format, title: &str) {
+    if f == Format::Text {
+        println!("{RULE}");
+        println!("                    {title}");
+        println!(" #bytes #iterations    t_min[usec]    t_typical[usec]    t_avg[usec]    99% percentile[usec]   99.9% percentile[usec]   t_max[usec]");
+    }
+}
+
+/// One latency line.
+pub fn lat_line(f: Format, l: &Lat) {
+    match f {
+        Format::Text => println!(
+            " {:<6} {:<14} {:<14.2} {:<18.2} {:<14.2} {:<22.2} {:<24.2} {:.2}",
+            l.bytes, l.iters, l.min, l.p50, l.avg, l.p99, l.p999, l.max
+        ),
+        Format::Json => println!("{}", serde_json::to_string(l).unwrap_or_default()),
+    }
+}
+
+/// The closing rule.
+pub fn end(f: Format) {
+    if f == Format::Text {
+        println!("{RULE}");
+    }
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+pub fn progress(total: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(total);
+    pb.set_message(what.to_string());
+    pb
+}
