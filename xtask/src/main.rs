@@ -1,6 +1,7 @@
 //! Project automation. `cargo xtask test` is the one test entry point: the
 //! README and `.ci/run` both call it.
 
+mod bench;
 mod dropin;
 
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask interop [--quick]
+       cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
        cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]...
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
@@ -21,6 +23,9 @@ interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
         one scenario each way; then the unmodified Debian tools (pingpongs,
         perftest) on burst's drop-in libibverbs against RXE, both roles,
         MTU 1024 and 4096, and burst to burst over a veth pair
+bench   burst-bench over a veth pair (root): burst, the raw UDP ceiling and
+        kernel TCP alternated for N rounds (default 3), a size sweep; writes
+        target/bench/run-*.json and docs/bench-report.md with plots
 dropin  build the drop-in libibverbs (target/dropin), check its exports
         against rdma-core 44's, and run the Debian tools on it: on loopback
         (default), over a veth pair (--veth), against RXE (--rxe);
@@ -585,6 +590,7 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("interop") => interop(&args[1..]),
         Some("dropin") => dropin_cmd(&args[1..]),
+        Some("bench") => bench::bench(&root(), &args[1..]),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)

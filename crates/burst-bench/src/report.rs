@@ -48,6 +48,8 @@ pub struct Lat {
     /// Whether the figure is half a round trip (send/write) or a whole
     /// one (read/atomic), as perftest reports them.
     pub half_rtt: bool,
+    /// (quantile, microseconds) points of the distribution, for CDF plots.
+    pub cdf: Vec<(f64, f64)>,
 }
 
 /// Latency samples in nanoseconds.
@@ -80,6 +82,13 @@ impl Samples {
             max: us(h.max()),
             avg: h.mean() / 1000.0,
             half_rtt,
+            cdf: [
+                0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.995,
+                0.999, 0.9999, 1.0,
+            ]
+            .iter()
+            .map(|&q| (q, us(h.value_at_quantile(q))))
+            .collect(),
         }
     }
 }

@@ -1,0 +1,421 @@
+//! `cargo xtask bench`: burst next to its path ceiling (the raw UDP port)
+//! and kernel TCP over a veth pair between two network namespaces, sender
+//! and receiver pinned to separate cores, transports alternated round by
+//! round; a JSON record per run and a markdown report with plots.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::{cargo, dropin, step};
+
+const TRANSPORTS: [&str; 3] = ["burst", "raw-udp", "tcp"];
+
+struct Env {
+    bin: PathBuf,
+    server_cpu: String,
+    client_cpu: String,
+}
+
+/// Runs one burst-bench client against a fresh server; returns its JSON lines.
+fn run_pair(env: &Env, test: &str, args: &[&str], port: u16) -> Result<Vec<Value>, String> {
+    let p = port.to_string();
+    let bin = env.bin.to_string_lossy().into_owned();
+    let mut server = Command::new("timeout")
+        .args(["300", "ip", "netns", "exec", "burstbb1", "taskset", "-c", &env.server_cpu, &bin, test])
+        .args(["--server", "--local", "198.18.0.101", "-p", &p])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("server: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Wait for the out-of-band listener.
+    loop {
+        let o = Command::new("ip")
+            .args(["netns", "exec", "burstbb1", "ss", "-Hltn"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if String::from_utf8_lossy(&o.stdout).contains(&format!(":{p} ")) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            return Err("the server never listened".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = Command::new("timeout")
+        .args(["300", "ip", "netns", "exec", "burstbb2", "taskset", "-c", &env.client_cpu, &bin, test])
+        .args(args)
+        .args(["--json", "--local", "198.18.0.102", "-p", &p, "198.18.0.101"])
+        .output()
+        .map_err(|e| format!("client: {e}"))?;
+    let _ = server.wait();
+    if !out.status.success() {
+        return Err(format!(
+            "{test} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "cpu_model": cpu,
+        "kernel": kernel.trim(),
+    })
+}
+
+fn commit(root: &Path) -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(root)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        f64::NAN
+    } else {
+        s[s.len() / 2]
+    }
+}
+
+fn range(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+/// The criterion estimates (ns) found under target/criterion.
+fn criterion(root: &Path) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let base = root.join("target/criterion");
+    let mut stack = vec![base.clone()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n == "new") {
+                    if let Ok(t) = std::fs::read_to_string(p.join("estimates.json")) {
+                        if let Ok(v) = serde_json::from_str::<Value>(&t) {
+                            if let Some(ns) = v["mean"]["point_estimate"].as_f64() {
+                                let name = p
+                                    .parent()
+                                    .and_then(|x| x.strip_prefix(&base).ok())
+                                    .map(|x| x.display().to_string())
+                                    .unwrap_or_default();
+                                out.insert(name, ns);
+                            }
+                        }
+                    }
+                } else if p.file_name().is_none_or(|n| n != "report" && n != "base" && n != "change") {
+                    stack.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn plot_bw(path: &Path, sweep: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(), String> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let ymax = sweep
+        .values()
+        .flatten()
+        .map(|p| p.1)
+        .fold(1.0, f64::max)
+        * 1.1;
+    let mut c = ChartBuilder::on(&root)
+        .caption("Bandwidth vs message size (veth pair)", ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d((1f64..9e6f64).log_scale(), 0f64..ymax)
+        .map_err(|e| e.to_string())?;
+    c.configure_mesh()
+        .x_desc("message size (bytes)")
+        .y_desc("Gb/s")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (name, pts)) in sweep.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        c.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    c.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+fn plot_cdf(path: &Path, cdfs: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(), String> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    // Up to the 99.9th percentile: the tail beyond is noise on a shared box.
+    let xmax = cdfs
+        .values()
+        .flatten()
+        .filter(|p| p.0 <= 0.999)
+        .map(|p| p.1)
+        .fold(1.0, f64::max)
+        * 1.1;
+    let mut c = ChartBuilder::on(&root)
+        .caption("64 B request/response, half round trip: CDF (veth pair)", ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..xmax, 0f64..1f64)
+        .map_err(|e| e.to_string())?;
+    c.configure_mesh()
+        .x_desc("microseconds")
+        .y_desc("fraction of samples")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (name, pts)) in cdfs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let pts: Vec<(f64, f64)> = pts.iter().filter(|p| p.0 <= 0.999).map(|p| (p.1, p.0)).collect();
+        c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    c.configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// `cargo xtask bench [--rounds N] [--secs S] [--no-sweep]`.
+pub fn bench(root: &Path, args: &[String]) -> ExitCode {
+    let val = |f: &str| args.windows(2).find(|w| w[0] == f).map(|w| w[1].clone());
+    let rounds: usize = val("--rounds").and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
+    let secs = val("--secs").unwrap_or_else(|| "3".into());
+    let sweep_on = !args.iter().any(|a| a == "--no-sweep");
+    if !step("build burst-bench", &mut cargo(root, &["build", "--release", "-p", "burst-bench"])) {
+        return ExitCode::FAILURE;
+    }
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let env = Env {
+        bin: root.join("target/release/burst-bench"),
+        server_cpu: if cpus > 1 { "1".into() } else { "0".into() },
+        client_cpu: "0".into(),
+    };
+    if !dropin::veth_setup(9000) {
+        return ExitCode::FAILURE;
+    }
+    let started = chrono_now();
+    let mut results: Vec<Value> = Vec::new();
+    let mut errors = Vec::new();
+    let mut port = 26000u16;
+    let bw_args = ["-s", "65536", "-D", &secs, "-m", "4096"];
+    let lat_args = ["-s", "64", "-D", &secs, "-m", "4096"];
+    for r in 0..rounds {
+        for t in TRANSPORTS {
+            for (test, a) in [("write_bw", &bw_args[..]), ("send_lat", &lat_args[..])] {
+                port += 1;
+                let mut args: Vec<&str> = a.to_vec();
+                args.extend(["--transport", t]);
+                println!("xtask: bench round {} {test} over {t}", r + 1);
+                match run_pair(&env, test, &args, port) {
+                    Ok(v) => results.extend(v.into_iter().map(|mut x| {
+                        x["round"] = json!(r + 1);
+                        x
+                    })),
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+    }
+    let mut sweep: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    if sweep_on {
+        for t in TRANSPORTS {
+            port += 1;
+            println!("xtask: bench size sweep over {t}");
+            match run_pair(&env, "write_bw", &["-a", "-D", "0.3", "-m", "4096", "--transport", t], port) {
+                Ok(v) => {
+                    for x in v {
+                        if let (Some(b), Some(g)) = (x["bytes"].as_f64(), x["gbps"].as_f64()) {
+                            sweep.entry(t.to_string()).or_default().push((b, g));
+                        }
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    dropin::veth_teardown();
+    // Summaries.
+    let pick = |test: &str, t: &str, field: &str| -> Vec<f64> {
+        results
+            .iter()
+            .filter(|x| x["test"] == test && x["transport"] == t)
+            .filter_map(|x| x[field].as_f64())
+            .collect()
+    };
+    let mut summary = BTreeMap::new();
+    for t in TRANSPORTS {
+        summary.insert(format!("write_bw {t} gbps"), pick("write_bw", t, "gbps"));
+        summary.insert(format!("send_lat {t} p50"), pick("send_lat", t, "p50"));
+        summary.insert(format!("send_lat {t} p99"), pick("send_lat", t, "p99"));
+    }
+    let m = |k: &str| median(summary.get(k).map_or(&[][..], |v| &v[..]));
+    let record = json!({
+        "started": started,
+        "commit": commit(root),
+        "machine": machine(),
+        "path": "veth pair between netns burstbb1 (198.18.0.101) and burstbb2 (198.18.0.102), link MTU 9000, RoCE MTU 4096",
+        "commands": {
+            "server": format!("ip netns exec burstbb1 taskset -c {} burst-bench TEST --server --local 198.18.0.101 -p PORT", env.server_cpu),
+            "client": format!("ip netns exec burstbb2 taskset -c {} burst-bench TEST ARGS --transport T --json --local 198.18.0.102 -p PORT 198.18.0.101", env.client_cpu),
+            "write_bw": bw_args.join(" "),
+            "send_lat": lat_args.join(" "),
+        },
+        "rounds": rounds,
+        "results": results,
+        "sweep": sweep,
+        "criterion_ns": criterion(root),
+        "errors": errors,
+    });
+    let dir = root.join("target/bench");
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join(format!("run-{}.json", started.replace([':', ' '], "-")));
+    let _ = std::fs::write(&file, serde_json::to_string_pretty(&record).unwrap_or_default());
+    println!("xtask: bench record: {}", file.display());
+    // Report.
+    let docs = root.join("docs");
+    let plots = docs.join("plots");
+    let _ = std::fs::create_dir_all(&plots);
+    if let Err(e) = plot_bw(&plots.join("bw-vs-size.svg"), &sweep) {
+        errors.push(format!("plot: {e}"));
+    }
+    let mut cdfs = BTreeMap::new();
+    for t in TRANSPORTS {
+        // The last round's distribution of each transport.
+        if let Some(x) = results.iter().rev().find(|x| x["test"] == "send_lat" && x["transport"] == t) {
+            let pts: Vec<(f64, f64)> = x["cdf"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?))).collect())
+                .unwrap_or_default();
+            cdfs.insert(t.to_string(), pts);
+        }
+    }
+    if let Err(e) = plot_cdf(&plots.join("latency-cdf.svg"), &cdfs) {
+        errors.push(format!("plot: {e}"));
+    }
+    let mut md = String::new();
+    md.push_str("# burst-bench report (generated by `cargo xtask bench`)\n\n");
+    md.push_str(&format!(
+        "Run {started}, commit `{}`, {} CPUs ({}), kernel {}. Path: {}. Server and client pinned to CPUs {} and {}; transports alternated (burst, raw UDP, TCP) for {rounds} rounds of {secs} s per test. Raw record: `{}`.\n\n",
+        record["commit"].as_str().unwrap_or(""),
+        record["machine"]["cpus"],
+        record["machine"]["cpu_model"].as_str().unwrap_or(""),
+        record["machine"]["kernel"].as_str().unwrap_or(""),
+        record["path"].as_str().unwrap_or(""),
+        env.server_cpu,
+        env.client_cpu,
+        file.strip_prefix(root).unwrap_or(&file).display(),
+    ));
+    md.push_str("| figure | burst | raw UDP (ceiling) | kernel TCP | burst / ceiling | burst / TCP | target |\n|---|---|---|---|---|---|---|\n");
+    let cell = |k: &str| {
+        let v = summary.get(k).cloned().unwrap_or_default();
+        let (lo, hi) = range(&v);
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2} ({:.2}-{:.2})", median(&v), lo, hi)
+        }
+    };
+    md.push_str(&format!(
+        "| RDMA WRITE 64 KiB, Gb/s | {} | {} | {} | {:.2} | {:.2} | >= 0.9 and >= 2 |\n",
+        cell("write_bw burst gbps"),
+        cell("write_bw raw-udp gbps"),
+        cell("write_bw tcp gbps"),
+        m("write_bw burst gbps") / m("write_bw raw-udp gbps"),
+        m("write_bw burst gbps") / m("write_bw tcp gbps"),
+    ));
+    md.push_str(&format!(
+        "| 64 B ping-pong half RTT p50, us | {} | {} | {} | {:.2} | {:.2} | <= 1.2 and <= 0.8 |\n",
+        cell("send_lat burst p50"),
+        cell("send_lat raw-udp p50"),
+        cell("send_lat tcp p50"),
+        m("send_lat burst p50") / m("send_lat raw-udp p50"),
+        m("send_lat burst p50") / m("send_lat tcp p50"),
+    ));
+    md.push_str(&format!(
+        "| 64 B ping-pong half RTT p99, us | {} | {} | {} | {:.2} | {:.2} | |\n\n",
+        cell("send_lat burst p99"),
+        cell("send_lat raw-udp p99"),
+        cell("send_lat tcp p99"),
+        m("send_lat burst p99") / m("send_lat raw-udp p99"),
+        m("send_lat burst p99") / m("send_lat tcp p99"),
+    ));
+    md.push_str("Medians with min-max over the rounds. TCP: one stream of 64 KiB writes; request/response busy-polled (non-blocking socket). Raw UDP: the same datagrams through burst-io's port code with no transport, no ICRC and no placement (sender blasts, receiver counts).\n\n");
+    md.push_str("![bandwidth vs size](plots/bw-vs-size.svg)\n\n![latency CDF](plots/latency-cdf.svg)\n\n");
+    let crit = criterion(root);
+    if !crit.is_empty() {
+        md.push_str("## Criterion micro-benchmarks (last `cargo bench` results in target/criterion)\n\n| benchmark | mean |\n|---|---|\n");
+        for (k, ns) in &crit {
+            md.push_str(&format!("| {k} | {ns:.1} ns |\n"));
+        }
+        md.push('\n');
+    }
+    if !errors.is_empty() {
+        md.push_str("## Runs that failed\n\n");
+        for e in &errors {
+            md.push_str(&format!("- {e}\n"));
+        }
+    }
+    let _ = std::fs::write(docs.join("bench-report.md"), &md);
+    println!("{md}");
+    println!(
+        "bench: {} results, {} failed runs",
+        results.len(),
+        errors.len()
+    );
+    if errors.is_empty() && !results.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// UTC time as `YYYY-MM-DDTHH:MM:SSZ` (from `date`, no extra crate).
+fn chrono_now() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
