@@ -25,7 +25,18 @@ fn run_pair(env: &Env, test: &str, args: &[&str], port: u16) -> Result<Vec<Value
     let p = port.to_string();
     let bin = env.bin.to_string_lossy().into_owned();
     let mut server = Command::new("timeout")
-        .args(["300", "ip", "netns", "exec", "burstbb1", "taskset", "-c", &env.server_cpu, &bin, test])
+        .args([
+            "300",
+            "ip",
+            "netns",
+            "exec",
+            "burstbb1",
+            "taskset",
+            "-c",
+            &env.server_cpu,
+            &bin,
+            test,
+        ])
         .args(["--server", "--local", "198.18.0.101", "-p", &p])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -48,9 +59,27 @@ fn run_pair(env: &Env, test: &str, args: &[&str], port: u16) -> Result<Vec<Value
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = Command::new("timeout")
-        .args(["300", "ip", "netns", "exec", "burstbb2", "taskset", "-c", &env.client_cpu, &bin, test])
+        .args([
+            "300",
+            "ip",
+            "netns",
+            "exec",
+            "burstbb2",
+            "taskset",
+            "-c",
+            &env.client_cpu,
+            &bin,
+            test,
+        ])
         .args(args)
-        .args(["--json", "--local", "198.18.0.102", "-p", &p, "198.18.0.101"])
+        .args([
+            "--json",
+            "--local",
+            "198.18.0.102",
+            "-p",
+            &p,
+            "198.18.0.101",
+        ])
         .output()
         .map_err(|e| format!("client: {e}"))?;
     let _ = server.wait();
@@ -114,7 +143,9 @@ fn criterion(root: &Path) -> BTreeMap<String, f64> {
     let base = root.join("target/criterion");
     let mut stack = vec![base.clone()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let p = e.path();
             if p.is_dir() {
@@ -131,7 +162,10 @@ fn criterion(root: &Path) -> BTreeMap<String, f64> {
                             }
                         }
                     }
-                } else if p.file_name().is_none_or(|n| n != "report" && n != "base" && n != "change") {
+                } else if p
+                    .file_name()
+                    .is_none_or(|n| n != "report" && n != "base" && n != "change")
+                {
                     stack.push(p);
                 }
             }
@@ -144,12 +178,7 @@ fn plot_bw(path: &Path, sweep: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(),
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let ymax = sweep
-        .values()
-        .flatten()
-        .map(|p| p.1)
-        .fold(1.0, f64::max)
-        * 1.1;
+    let ymax = sweep.values().flatten().map(|p| p.1).fold(1.0, f64::max) * 1.1;
     let mut c = ChartBuilder::on(&root)
         .caption("Bandwidth vs message size (veth pair)", ("sans-serif", 20))
         .margin(10)
@@ -190,7 +219,10 @@ fn plot_cdf(path: &Path, cdfs: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(),
         .fold(1.0, f64::max)
         * 1.1;
     let mut c = ChartBuilder::on(&root)
-        .caption("64 B request/response, half round trip: CDF (veth pair)", ("sans-serif", 20))
+        .caption(
+            "64 B request/response, half round trip: CDF (veth pair)",
+            ("sans-serif", 20),
+        )
         .margin(10)
         .x_label_area_size(40)
         .y_label_area_size(50)
@@ -203,7 +235,11 @@ fn plot_cdf(path: &Path, cdfs: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(),
         .map_err(|e| e.to_string())?;
     for (i, (name, pts)) in cdfs.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let pts: Vec<(f64, f64)> = pts.iter().filter(|p| p.0 <= 0.999).map(|p| (p.1, p.0)).collect();
+        let pts: Vec<(f64, f64)> = pts
+            .iter()
+            .filter(|p| p.0 <= 0.999)
+            .map(|p| (p.1, p.0))
+            .collect();
         c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
             .map_err(|e| e.to_string())?
             .label(name.clone())
@@ -220,13 +256,21 @@ fn plot_cdf(path: &Path, cdfs: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(),
 /// `cargo xtask bench [--rounds N] [--secs S] [--no-sweep]`.
 pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     let val = |f: &str| args.windows(2).find(|w| w[0] == f).map(|w| w[1].clone());
-    let rounds: usize = val("--rounds").and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
+    let rounds: usize = val("--rounds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let secs = val("--secs").unwrap_or_else(|| "3".into());
     let sweep_on = !args.iter().any(|a| a == "--no-sweep");
-    if !step("build burst-bench", &mut cargo(root, &["build", "--release", "-p", "burst-bench"])) {
+    if !step(
+        "build burst-bench",
+        &mut cargo(root, &["build", "--release", "-p", "burst-bench"]),
+    ) {
         return ExitCode::FAILURE;
     }
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let env = Env {
         bin: root.join("target/release/burst-bench"),
         server_cpu: if cpus > 1 { "1".into() } else { "0".into() },
@@ -263,7 +307,12 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         for t in TRANSPORTS {
             port += 1;
             println!("xtask: bench size sweep over {t}");
-            match run_pair(&env, "write_bw", &["-a", "-D", "0.3", "-m", "4096", "--transport", t], port) {
+            match run_pair(
+                &env,
+                "write_bw",
+                &["-a", "-D", "0.3", "-m", "4096", "--transport", t],
+                port,
+            ) {
                 Ok(v) => {
                     for x in v {
                         if let (Some(b), Some(g)) = (x["bytes"].as_f64(), x["gbps"].as_f64()) {
@@ -311,7 +360,10 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     let dir = root.join("target/bench");
     let _ = std::fs::create_dir_all(&dir);
     let file = dir.join(format!("run-{}.json", started.replace([':', ' '], "-")));
-    let _ = std::fs::write(&file, serde_json::to_string_pretty(&record).unwrap_or_default());
+    let _ = std::fs::write(
+        &file,
+        serde_json::to_string_pretty(&record).unwrap_or_default(),
+    );
     println!("xtask: bench record: {}", file.display());
     // Report.
     let docs = root.join("docs");
@@ -323,10 +375,18 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     let mut cdfs = BTreeMap::new();
     for t in TRANSPORTS {
         // The last round's distribution of each transport.
-        if let Some(x) = results.iter().rev().find(|x| x["test"] == "send_lat" && x["transport"] == t) {
+        if let Some(x) = results
+            .iter()
+            .rev()
+            .find(|x| x["test"] == "send_lat" && x["transport"] == t)
+        {
             let pts: Vec<(f64, f64)> = x["cdf"]
                 .as_array()
-                .map(|a| a.iter().filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?))).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?)))
+                        .collect()
+                })
                 .unwrap_or_default();
             cdfs.insert(t.to_string(), pts);
         }
@@ -382,7 +442,9 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         m("send_lat burst p99") / m("send_lat tcp p99"),
     ));
     md.push_str("Medians with min-max over the rounds. TCP: one stream of 64 KiB writes; request/response busy-polled (non-blocking socket). Raw UDP: the same datagrams through burst-io's port code with no transport, no ICRC and no placement (sender blasts, receiver counts).\n\n");
-    md.push_str("![bandwidth vs size](plots/bw-vs-size.svg)\n\n![latency CDF](plots/latency-cdf.svg)\n\n");
+    md.push_str(
+        "![bandwidth vs size](plots/bw-vs-size.svg)\n\n![latency CDF](plots/latency-cdf.svg)\n\n",
+    );
     let crit = criterion(root);
     if !crit.is_empty() {
         md.push_str("## Criterion micro-benchmarks (last `cargo bench` results in target/criterion)\n\n| benchmark | mean |\n|---|---|\n");

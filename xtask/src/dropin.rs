@@ -967,8 +967,10 @@ pub fn device_listing(dir: &Path) -> Vec<Outcome> {
         c.args(&tool[1..])
             .env("LD_LIBRARY_PATH", dir)
             .env_remove("BURST_ADDR");
+        // No config file either: the checks see the variables only.
         c.env_remove("BURST_IFACE")
-            .env("BURST_CONFIG", "/nonexistent");
+            .env_remove("BURST_CONFIG")
+            .env("XDG_CONFIG_HOME", "/nonexistent-burst");
         if let Some(a) = addr {
             c.env("BURST_ADDR", a);
         }

@@ -352,7 +352,10 @@ impl Drop for Engine {
             .core
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(dev) = core.dev.take() {
+        if let Some(mut dev) = core.dev.take() {
+            // ACKs of the last packets received leave with the next round:
+            // send them, or the peer retries into RETRY_EXC_ERR.
+            dev.flush();
             tracing::info!(counters = ?dev.counters(), "device closed");
         }
     }

@@ -455,6 +455,9 @@ impl Device {
     /// are discarded, and its number is reused later.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
+        // Its ACKs of the last receives go out first (they leave a round
+        // after the receive; the peer needs them to complete its sends).
+        self.flush();
         if let Some(s) = self.qps[i].take() {
             self.destroyed.accumulate(s.qp.counters());
         }
@@ -670,20 +673,33 @@ impl Device {
     }
 
     /// One round of progress: receive a burst, run timers, transmit.
+    ///
+    /// Transmit comes first: what this round's receives generate (ACKs)
+    /// leaves with the next round, together with whatever the application
+    /// posts in answer to this round's completions (a ping-pong's ACK and
+    /// reply then share one `sendmmsg`, and the peer reads both with one
+    /// `recvmmsg`).
     pub fn progress(&mut self) {
         let now = self.now();
+        self.transmit(now);
         self.receive(now);
         for s in self.qps.iter_mut().flatten() {
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 s.qp.handle_timeout(now);
             }
         }
-        self.transmit(now);
         for s in self.qps.iter_mut().flatten() {
             while let Some(wc) = s.qp.poll_completion() {
                 s.completions.push_back(wc);
             }
         }
+    }
+
+    /// Sends what is pending (the ACKs of the last receives) without
+    /// receiving: for a device about to close.
+    pub fn flush(&mut self) {
+        let now = self.now();
+        self.transmit(now);
     }
 
     fn receive(&mut self, now: u64) {

@@ -51,8 +51,8 @@ fn child_role() {
         (0..LEN).map(pattern).collect()
     };
     let mut small = vec![0u8; 64];
-    // SAFETY: both buffers outlive the engine (dropped at the end of scope,
-    // after `engine`, which joins its thread: declared earlier, dropped later).
+    // SAFETY: both roles drop `engine` (which joins its thread and closes
+    // the device) explicitly before `buf` and `small` go out of scope.
     let (mr, ms) = unsafe {
         (
             c.reg_mr(pd, buf.as_mut_ptr(), LEN, Access(1 | 2 | 4))
@@ -158,6 +158,8 @@ fn child_role() {
         }
         let recv = got.iter().find(|w| w.opcode == WcOpcode::Recv).unwrap();
         assert_eq!(recv.imm_data, Some(0x5e7));
+        // Stop the engine (it sends the last ACKs) before the buffers go.
+        drop(engine);
         println!("client ok");
     }
 }
