@@ -788,6 +788,14 @@ impl Device {
     }
 }
 
+impl Drop for Device {
+    /// Sends the pending ACKs of the last receives (they leave a round after
+    /// the receive): a peer waiting for them would retry into RETRY_EXC_ERR.
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// The 40-byte GRH area of a UD receive buffer for a packet from `src` to
 /// `dst` of `len` UDP payload bytes (IPv4: 20 zero bytes and an IPv4 header).
 fn grh_for(src: IpAddr, dst: IpAddr, len: usize) -> [u8; 40] {
