@@ -299,11 +299,10 @@ fn result_line(c: &Case, out: &str) -> Option<String> {
             .map(|l| l.trim().to_string()),
         Kind::Perftest => out
             .lines()
-            .filter(|l| {
+            .rfind(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
                 f.len() >= 4 && f.iter().all(|x| x.parse::<f64>().is_ok())
             })
-            .last()
             .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")),
     }
 }
@@ -983,7 +982,9 @@ pub fn device_listing(dir: &Path) -> Vec<Outcome> {
             Err(e) => (false, e.to_string()),
         }
     };
-    let checks: [(&str, &[&str], Option<&str>, &[&str]); 3] = [
+    // (what, command, BURST_ADDR, strings the output must contain)
+    type Check<'a> = (&'a str, &'a [&'a str], Option<&'a str>, &'a [&'a str]);
+    let checks: [Check; 3] = [
         (
             "ibv_devices lists burst0",
             &["ibv_devices"],

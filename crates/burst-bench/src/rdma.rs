@@ -10,7 +10,7 @@ use burst_mem::{Access, MrKeys};
 use burst_transport::*;
 use burst_verbs::config::DeviceConfig;
 use burst_verbs::engine::{CompletionQueue, Context, CqId, Engine, QueuePair};
-use burst_verbs::QpInit;
+use burst_verbs::{QpInit, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 use crate::report::{Bw, Lat, Samples};
@@ -168,48 +168,24 @@ impl Side {
         }
         let mine = self.infos();
         for ((q, me), pe) in self.qps.iter().zip(&mine).zip(peer) {
-            let ah = self.ctx.create_ah(pe.gid).map_err(err("create_ah"))?;
-            let access = QpAccess {
+            let mut p = RcParams::new(Psn::new(me.psn), mtu);
+            p.access = QpAccess {
                 remote_write: true,
                 remote_read: true,
                 remote_atomic: true,
             };
-            let steps = [
-                QpAttr {
-                    state: Some(QpState::Init),
-                    pkey_index: Some(0),
-                    port: Some(1),
-                    access: Some(access),
-                    ..Default::default()
-                },
-                QpAttr {
-                    state: Some(QpState::Rtr),
-                    ah: Some(ah),
-                    path_mtu: Some(mtu),
-                    dest_qpn: Some(Qpn::new(pe.qpn).ok_or("bad QPN")?),
-                    rq_psn: Some(Psn::new(pe.psn)),
-                    max_dest_rd_atomic: Some(16),
-                    min_rnr_timer: Some(1),
-                    ..Default::default()
-                },
-                QpAttr {
-                    state: Some(QpState::Rts),
-                    sq_psn: Some(Psn::new(me.psn)),
-                    timeout: Some(14),
-                    retry_cnt: Some(7),
-                    rnr_retry: Some(7),
-                    max_rd_atomic: Some(16),
-                    ..Default::default()
-                },
-            ];
-            for a in steps {
-                q.modify(&a).map_err(err("modify_qp"))?;
-            }
+            p.min_rnr_timer = 1;
+            p.rd_atomic = 16;
+            let far = RcPeer {
+                gid: pe.gid,
+                qpn: Qpn::new(pe.qpn).ok_or("bad QPN")?,
+                psn: Psn::new(pe.psn),
+            };
+            q.connect_rc(&far, &p).map_err(err("connect"))?;
         }
         Ok(())
     }
 
-    /// The receive/target half of QP `qp`'s slot (what the peer writes).
     fn sge(&self, qp: usize, len: usize) -> Sge {
         Sge {
             addr: self.mr.addr + (qp * self.slot) as u64,

@@ -1041,6 +1041,16 @@ impl QueuePair {
             .modify_qp(self.rings.qpn, attr)?
             .map_err(CreateError::Verbs)
     }
+
+    /// Takes this RC QP from RESET to RTS towards `peer`
+    /// ([`crate::RcParams::transitions`]).
+    pub fn connect_rc(&self, peer: &crate::RcPeer, p: &crate::RcParams) -> Result<(), CreateError> {
+        let ah = self.ctx.create_ah(peer.gid)?;
+        for attr in p.transitions(ah, peer) {
+            self.modify(&attr)?;
+        }
+        Ok(())
+    }
 }
 
 /// A shared receive queue (typed handle).

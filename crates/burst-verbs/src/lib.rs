@@ -191,6 +191,50 @@ pub struct RcParams {
 }
 
 impl RcParams {
+    /// The three `modify_qp` calls that take an RC QP from RESET to RTS
+    /// towards `peer` (reached through address handle `ah`): INIT, RTR and
+    /// RTS with the attributes rdma-core requires for each.
+    ///
+    /// ```
+    /// use burst_verbs::{RcParams, RcPeer};
+    /// use burst_transport::QpState;
+    /// use burst_wire::{Mtu, Psn, Qpn};
+    /// let peer = RcPeer { gid: [0; 16], qpn: Qpn::new(0x12).unwrap(), psn: Psn::new(7) };
+    /// let [init, rtr, rts] = RcParams::new(Psn::new(1), Mtu::Mtu1024).transitions(0, &peer);
+    /// assert_eq!((init.state, rtr.state, rts.state), (Some(QpState::Init), Some(QpState::Rtr), Some(QpState::Rts)));
+    /// assert_eq!(rtr.rq_psn, Some(Psn::new(7)));
+    /// ```
+    pub fn transitions(&self, ah: u32, peer: &RcPeer) -> [QpAttr; 3] {
+        [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(self.access),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ah: Some(ah),
+                path_mtu: Some(self.mtu),
+                dest_qpn: Some(peer.qpn),
+                rq_psn: Some(peer.psn),
+                max_dest_rd_atomic: Some(self.rd_atomic),
+                min_rnr_timer: Some(self.min_rnr_timer),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(self.psn),
+                timeout: Some(self.timeout),
+                retry_cnt: Some(self.retry_cnt),
+                rnr_retry: Some(self.rnr_retry),
+                max_rd_atomic: Some(self.rd_atomic),
+                ..Default::default()
+            },
+        ]
+    }
+
     /// ibv_rc_pingpong's values with our starting PSN and path MTU.
     pub fn new(psn: Psn, mtu: Mtu) -> RcParams {
         RcParams {
@@ -587,41 +631,10 @@ impl Device {
     /// with the attributes each transition requires).
     pub fn connect_rc(&mut self, qpn: Qpn, peer: RcPeer, p: &RcParams) -> Result<(), VerbsError> {
         let ah = self.create_ah(peer.gid);
-        self.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                access: Some(p.access),
-                ..Default::default()
-            },
-        )?;
-        self.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rtr),
-                ah: Some(ah),
-                path_mtu: Some(p.mtu),
-                dest_qpn: Some(peer.qpn),
-                rq_psn: Some(peer.psn),
-                max_dest_rd_atomic: Some(p.rd_atomic),
-                min_rnr_timer: Some(p.min_rnr_timer),
-                ..Default::default()
-            },
-        )?;
-        self.modify_qp(
-            qpn,
-            &QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(p.psn),
-                timeout: Some(p.timeout),
-                retry_cnt: Some(p.retry_cnt),
-                rnr_retry: Some(p.rnr_retry),
-                max_rd_atomic: Some(p.rd_atomic),
-                ..Default::default()
-            },
-        )
+        for attr in p.transitions(ah, &peer) {
+            self.modify_qp(qpn, &attr)?;
+        }
+        Ok(())
     }
 
     /// `ibv_post_send`.

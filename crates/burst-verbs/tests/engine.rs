@@ -8,44 +8,26 @@ use std::time::{Duration, Instant};
 use burst_mem::Access;
 use burst_transport::*;
 use burst_verbs::engine::{Context, CqId, Engine};
+use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 fn connect(c: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn, my_psn: u32, peer_psn: u32) {
-    let ah = c.create_ah(peer_gid).unwrap();
-    let access = QpAccess {
+    let mut p = RcParams::new(Psn::new(my_psn), Mtu::Mtu4096);
+    p.access = QpAccess {
         remote_write: true,
         remote_read: true,
         remote_atomic: true,
     };
-    let steps = [
-        QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(access),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rtr),
-            ah: Some(ah),
-            path_mtu: Some(Mtu::Mtu4096),
-            dest_qpn: Some(peer_qpn),
-            rq_psn: Some(Psn::new(peer_psn)),
-            max_dest_rd_atomic: Some(8),
-            min_rnr_timer: Some(1),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(my_psn)),
-            timeout: Some(12),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(8),
-            ..Default::default()
-        },
-    ];
-    for a in steps {
+    p.min_rnr_timer = 1;
+    p.timeout = 12;
+    p.rd_atomic = 8;
+    let peer = RcPeer {
+        gid: peer_gid,
+        qpn: peer_qpn,
+        psn: Psn::new(peer_psn),
+    };
+    let ah = c.create_ah(peer_gid).unwrap();
+    for a in p.transitions(ah, &peer) {
         c.modify_qp(qpn, &a).unwrap().unwrap();
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use burst_mem::Access;
 use burst_transport::*;
 use burst_verbs::engine::{Context, CqId, Engine};
+use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 const LEN: usize = 1 << 20;
@@ -78,40 +79,19 @@ fn child_role() {
     let peer_psn: u32 = f[1].parse().unwrap();
     let peer_gid: std::net::Ipv6Addr = f[2].parse().unwrap();
     let (peer_rkey, peer_addr): (u32, u64) = (f[3].parse().unwrap(), f[4].parse().unwrap());
-    let ah = c.create_ah(peer_gid.octets()).unwrap();
-    let access = QpAccess {
+    let mut p = RcParams::new(Psn::new(psn), Mtu::Mtu4096);
+    p.access = QpAccess {
         remote_write: true,
         remote_read: true,
         remote_atomic: false,
     };
-    for a in [
-        QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            access: Some(access),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rtr),
-            ah: Some(ah),
-            path_mtu: Some(Mtu::Mtu4096),
-            dest_qpn: Some(peer_qpn),
-            rq_psn: Some(Psn::new(peer_psn)),
-            max_dest_rd_atomic: Some(1),
-            min_rnr_timer: Some(12),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(psn)),
-            timeout: Some(14),
-            retry_cnt: Some(7),
-            rnr_retry: Some(7),
-            max_rd_atomic: Some(1),
-            ..Default::default()
-        },
-    ] {
+    let peer = RcPeer {
+        gid: peer_gid.octets(),
+        qpn: peer_qpn,
+        psn: Psn::new(peer_psn),
+    };
+    let ah = c.create_ah(peer.gid).unwrap();
+    for a in p.transitions(ah, &peer) {
         c.modify_qp(qpn, &a).unwrap().unwrap();
     }
     let recv = RecvWr {
