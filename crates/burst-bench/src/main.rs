@@ -153,6 +153,9 @@ struct Cli {
     /// Work requests in flight per QP (bandwidth tests).
     #[arg(short = 't', long, default_value_t = 128)]
     tx_depth: u32,
+    /// Sleep on a completion channel instead of busy polling (burst).
+    #[arg(short = 'e', long)]
+    events: bool,
     /// This side's address.
     #[arg(long)]
     local: Option<IpAddr>,
@@ -180,7 +183,7 @@ impl Run {
     fn encode(&self) -> String {
         let p = &self.p;
         format!(
-            "HELLO {} {} {} {} {} {} {} {} {} {}",
+            "HELLO {} {} {} {} {} {} {} {} {} {} {}",
             self.test.name(),
             self.transport.name(),
             p.size,
@@ -190,12 +193,13 @@ impl Run {
             p.mtu.bytes(),
             p.tx_depth,
             p.inline,
-            u8::from(self.bidir)
+            u8::from(self.bidir),
+            u8::from(p.events)
         )
     }
     fn decode(l: &str) -> Option<Run> {
         let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() != 11 || f[0] != "HELLO" {
+        if f.len() != 12 || f[0] != "HELLO" {
             return None;
         }
         let ms: u64 = f[5].parse().ok()?;
@@ -210,6 +214,7 @@ impl Run {
                 mtu: Mtu::from_bytes(f[7].parse().ok()?)?,
                 tx_depth: f[8].parse().ok()?,
                 inline: f[9].parse().ok()?,
+                events: f[11] == "1",
             },
             bidir: f[10] == "1",
         })
@@ -470,6 +475,7 @@ fn params(cli: &Cli, test: Test, size: usize) -> Result<rdma::Params, String> {
         tx_depth: cli.tx_depth.max(1),
         mtu: Mtu::from_bytes(cli.mtu).ok_or(format!("MTU {} is not one of 256..4096", cli.mtu))?,
         inline: cli.inline,
+        events: cli.events,
     })
 }
 

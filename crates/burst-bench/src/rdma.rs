@@ -66,6 +66,8 @@ pub struct Params {
     pub tx_depth: u32,
     pub mtu: Mtu,
     pub inline: u32,
+    /// Wait for completions on a completion channel instead of busy polling.
+    pub events: bool,
 }
 
 /// One endpoint. Field order matters: the QPs and CQs go before the engine,
@@ -75,6 +77,9 @@ pub struct Side {
     pub scq: CompletionQueue,
     pub rcq: CompletionQueue,
     scq_id: CqId,
+    rcq_id: CqId,
+    /// The completion channel both CQs report to (event mode).
+    channel: Option<std::sync::Arc<burst_verbs::engine::CompChannel>>,
     pub ctx: Context,
     _engine: Engine,
     pub mr: MrKeys,
@@ -111,8 +116,16 @@ impl Side {
         let mr = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access(1 | 2 | 4 | 8)) }
             .map_err(err("reg_mr"))?;
         let depth = (p.tx_depth as usize * p.qps).max(1) * 2;
-        let scq_id = ctx.create_cq(depth);
-        let rcq_id = ctx.create_cq(depth);
+        let channel = if p.events {
+            Some(
+                ctx.create_comp_channel()
+                    .map_err(err("create_comp_channel"))?,
+            )
+        } else {
+            None
+        };
+        let scq_id = ctx.create_cq_with(depth, channel.clone());
+        let rcq_id = ctx.create_cq_with(depth, channel.clone());
         let mut qps = Vec::new();
         for _ in 0..p.qps {
             let mut init = QpInit::new(QpType::Rc, pd);
@@ -133,6 +146,8 @@ impl Side {
             scq,
             rcq,
             scq_id,
+            rcq_id,
+            channel,
             ctx,
             _engine: engine,
             mr,
@@ -211,19 +226,44 @@ impl Side {
         self.qps[qp].post_recv(&wr).map_err(err("post_recv"))
     }
 
-    /// A completion from `cq`, busy-polling (or blocking on events).
+    /// A completion from `cq`: busy polling, or in event mode the Verbs
+    /// loop (poll; arm with req_notify_cq; poll again for the race; sleep on
+    /// the channel's fd).
     fn wait(&self, cq: &CompletionQueue, deadline: Instant) -> Result<WorkCompletion, String> {
         loop {
-            if let Some(w) = cq.poll() {
-                if w.status != WcStatus::Success {
-                    return Err(format!("completion error {:?} (wr {})", w.status, w.wr_id));
-                }
+            if let Some(w) = self.next(cq)? {
                 return Ok(w);
             }
             if Instant::now() > deadline {
                 return Err("timed out waiting for a completion".into());
             }
         }
+    }
+
+    /// One completion if there is one; in event mode blocks up to 100 ms
+    /// for one.
+    fn next(&self, cq: &CompletionQueue) -> Result<Option<WorkCompletion>, String> {
+        let check = |w: WorkCompletion| {
+            if w.status != WcStatus::Success {
+                return Err(format!("completion error {:?} (wr {})", w.status, w.wr_id));
+            }
+            Ok(Some(w))
+        };
+        if let Some(w) = cq.poll() {
+            return check(w);
+        }
+        let Some(ch) = &self.channel else {
+            return Ok(None);
+        };
+        self.ctx
+            .req_notify_cq(cq.id())
+            .map_err(err("req_notify_cq"))?;
+        if let Some(w) = cq.poll() {
+            return check(w);
+        }
+        self.ctx.park();
+        let _ = ch.get_cq_event(Duration::from_millis(100));
+        Ok(None)
     }
 }
 
@@ -345,10 +385,7 @@ pub fn sink(s: &Side, p: &Params, stop: &AtomicBool) -> Result<u64, String> {
     }
     let mut got = 0;
     while !stop.load(Ordering::Acquire) {
-        if let Some(w) = s.rcq.poll() {
-            if w.status != WcStatus::Success {
-                return Err(format!("receive error {:?}", w.status));
-            }
+        if let Some(w) = s.next(&s.rcq)? {
             got += 1;
             s.post_recv(w.wr_id as usize, p.size)?;
         }
@@ -428,7 +465,7 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
     }
     pb.finish_and_clear();
     let half = matches!(test, Test::SendLat | Test::WriteLat);
-    let _ = s.scq_id;
+    let _ = (s.scq_id, s.rcq_id);
     Ok(h.lat(test.name(), "burst", len, half))
 }
 
@@ -466,9 +503,8 @@ pub fn pong(
     while !stop.load(Ordering::Acquire) {
         match test {
             Test::SendLat => {
-                let Some(w) = s.rcq.poll() else { continue };
-                if w.status != WcStatus::Success {
-                    return Err(format!("receive error {:?}", w.status));
+                if s.next(&s.rcq)?.is_none() {
+                    continue;
                 }
                 s.post_recv(0, len)?;
                 let mut wr = SendWr::new(i, SendOp::Send, vec![s.src(0, len)]);
