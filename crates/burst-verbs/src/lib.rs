@@ -331,6 +331,8 @@ pub struct Device {
     rx: Vec<PacketBuf>,
     tx: Vec<PacketBuf>,
     start: Instant,
+    /// When a packet last arrived (for the linger on close).
+    last_rx: Instant,
     port_mtu: Mtu,
     counters: DeviceCounters,
     /// Drop one outgoing packet in N on average (0 = never): loss tests.
@@ -378,6 +380,7 @@ impl Device {
             rx: (0..BURST).map(|_| PacketBuf::new()).collect(),
             tx: (0..BURST).map(|_| PacketBuf::new()).collect(),
             start: Instant::now(),
+            last_rx: Instant::now(),
             port_mtu,
             counters: DeviceCounters::default(),
             drop_every: 0,
@@ -720,6 +723,9 @@ impl Device {
             Ok(n) => n,
             Err(_) => return,
         };
+        if n > 0 {
+            self.last_rx = Instant::now();
+        }
         let local = self.port.local_addr();
         let mut mem = self.mrs.memory();
         for b in &self.rx[..n] {
@@ -801,11 +807,27 @@ impl Device {
     }
 }
 
+/// How long a closing device keeps answering a peer that was active in
+/// the last [`LINGER_IF_ACTIVE`] (like TCP's TIME_WAIT): if the last ACK is
+/// lost, the peer retransmits after its ACK timeout (67 ms at timeout 14)
+/// and would otherwise retry forever against a closed port.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
+/// See [`LINGER`].
+const LINGER_IF_ACTIVE: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Drop for Device {
     /// Sends the pending ACKs of the last receives (they leave a round after
-    /// the receive): a peer waiting for them would retry into RETRY_EXC_ERR.
+    /// the receive), then lingers briefly if a peer was just talking, to
+    /// re-ACK its retransmissions should that last ACK be lost.
     fn drop(&mut self) {
         self.flush();
+        if self.last_rx.elapsed() < LINGER_IF_ACTIVE {
+            let end = Instant::now() + LINGER;
+            while Instant::now() < end {
+                self.progress();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
     }
 }
 
