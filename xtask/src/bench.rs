@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -42,21 +42,14 @@ fn run_pair(env: &Env, test: &str, args: &[&str], port: u16) -> Result<Vec<Value
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("server: {e}"))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
     // Wait for the out-of-band listener.
-    loop {
-        let o = Command::new("ip")
-            .args(["netns", "exec", "burstbb1", "ss", "-Hltn"])
-            .output()
-            .map_err(|e| e.to_string())?;
-        if String::from_utf8_lossy(&o.stdout).contains(&format!(":{p} ")) {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = server.kill();
-            return Err("the server never listened".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if !dropin::wait_listen(Some("burstbb1"), port, Duration::from_secs(10)) {
+        // SIGTERM to `timeout` reaches burst-bench too (SIGKILL would not).
+        let _ = Command::new("kill")
+            .args(["-TERM", &server.id().to_string()])
+            .status();
+        let _ = server.wait();
+        return Err("the server never listened".into());
     }
     let out = Command::new("timeout")
         .args([
@@ -417,30 +410,34 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             format!("{:.2} ({:.2}-{:.2})", median(&v), lo, hi)
         }
     };
-    md.push_str(&format!(
-        "| RDMA WRITE 64 KiB, Gb/s | {} | {} | {} | {:.2} | {:.2} | >= 0.9 and >= 2 |\n",
-        cell("write_bw burst gbps"),
-        cell("write_bw raw-udp gbps"),
-        cell("write_bw tcp gbps"),
-        m("write_bw burst gbps") / m("write_bw raw-udp gbps"),
-        m("write_bw burst gbps") / m("write_bw tcp gbps"),
-    ));
-    md.push_str(&format!(
-        "| 64 B ping-pong half RTT p50, us | {} | {} | {} | {:.2} | {:.2} | <= 1.2 and <= 0.8 |\n",
-        cell("send_lat burst p50"),
-        cell("send_lat raw-udp p50"),
-        cell("send_lat tcp p50"),
-        m("send_lat burst p50") / m("send_lat raw-udp p50"),
-        m("send_lat burst p50") / m("send_lat tcp p50"),
-    ));
-    md.push_str(&format!(
-        "| 64 B ping-pong half RTT p99, us | {} | {} | {} | {:.2} | {:.2} | |\n\n",
-        cell("send_lat burst p99"),
-        cell("send_lat raw-udp p99"),
-        cell("send_lat tcp p99"),
-        m("send_lat burst p99") / m("send_lat raw-udp p99"),
-        m("send_lat burst p99") / m("send_lat tcp p99"),
-    ));
+    // (row title, summary key prefix, target)
+    let rows = [
+        (
+            "RDMA WRITE 64 KiB, Gb/s",
+            "write_bw",
+            "gbps",
+            ">= 0.9 and >= 2",
+        ),
+        (
+            "64 B ping-pong half RTT p50, us",
+            "send_lat",
+            "p50",
+            "<= 1.2 and <= 0.8",
+        ),
+        ("64 B ping-pong half RTT p99, us", "send_lat", "p99", ""),
+    ];
+    for (title, test, field, target) in rows {
+        let key = |t: &str| format!("{test} {t} {field}");
+        md.push_str(&format!(
+            "| {title} | {} | {} | {} | {:.2} | {:.2} | {target} |\n",
+            cell(&key("burst")),
+            cell(&key("raw-udp")),
+            cell(&key("tcp")),
+            m(&key("burst")) / m(&key("raw-udp")),
+            m(&key("burst")) / m(&key("tcp")),
+        ));
+    }
+    md.push('\n');
     md.push_str("Medians with min-max over the rounds. TCP: one stream of 64 KiB writes; request/response busy-polled (non-blocking socket). Raw UDP: the same datagrams through burst-io's port code with no transport, no ICRC and no placement (sender blasts, receiver counts).\n\n");
     md.push_str(
         "![bandwidth vs size](plots/bw-vs-size.svg)\n\n![latency CDF](plots/latency-cdf.svg)\n\n",

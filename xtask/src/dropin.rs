@@ -349,7 +349,7 @@ impl Run {
 }
 
 /// Waits until a TCP listener on `port` exists (in namespace `ns`, if any).
-fn wait_listen(ns: Option<&str>, port: u16, within: Duration) -> bool {
+pub fn wait_listen(ns: Option<&str>, port: u16, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         let mut c = match ns {

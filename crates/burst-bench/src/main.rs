@@ -520,7 +520,7 @@ fn drive(
 }
 
 /// Loopback: a server thread on LOOP_B, this thread the client on LOOP_A.
-fn loopback<T>(cli: &Cli, f: impl FnOnce(&mut Oob) -> Result<T, String>) -> Result<T, String> {
+fn loopback<T>(f: impl FnOnce(&mut Oob) -> Result<T, String>) -> Result<T, String> {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
     let addr = l.local_addr().map_err(|e| e.to_string())?;
     let local_b = LOOP_B;
@@ -533,7 +533,6 @@ fn loopback<T>(cli: &Cli, f: impl FnOnce(&mut Oob) -> Result<T, String>) -> Resu
         .map_err(|_| "server thread panicked".to_string())?;
     let r = r?;
     s?;
-    let _ = cli;
     Ok(r)
 }
 
@@ -542,7 +541,7 @@ fn main_job(cli: &Cli, fmt: Format) -> Result<(), String> {
     if fmt == Format::Text {
         println!("burst-bench: two endpoints on {LOOP_A} and {LOOP_B} (burst: RoCEv2 on UDP 4791), in one process; the same messages over the raw UDP port and kernel TCP in the same run");
     }
-    loopback(cli, |o| {
+    loopback(|o| {
         let mut bw = Vec::new();
         let mut lat = Vec::new();
         for t in [Transport::Burst, Transport::RawUdp, Transport::Tcp] {
@@ -611,9 +610,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         let _ = o.send("BYE");
         return r.map(|_| ());
     }
-    loopback(cli, |o| {
-        drive(cli, test, cli.transport, o, LOOP_A, LOOP_B, fmt).map(|_| ())
-    })
+    loopback(|o| drive(cli, test, cli.transport, o, LOOP_A, LOOP_B, fmt).map(|_| ()))
 }
 
 fn main() -> std::process::ExitCode {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use burst_mem::{Access, MrKeys};
 use burst_transport::*;
 use burst_verbs::config::DeviceConfig;
-use burst_verbs::engine::{CompletionQueue, Context, CqId, Engine, QueuePair};
+use burst_verbs::engine::{CompletionQueue, Context, Engine, QueuePair};
 use burst_verbs::{QpInit, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
@@ -76,8 +76,6 @@ pub struct Side {
     pub qps: Vec<QueuePair>,
     pub scq: CompletionQueue,
     pub rcq: CompletionQueue,
-    scq_id: CqId,
-    rcq_id: CqId,
     /// The completion channel both CQs report to (event mode).
     channel: Option<std::sync::Arc<burst_verbs::engine::CompChannel>>,
     pub ctx: Context,
@@ -145,8 +143,6 @@ impl Side {
             qps,
             scq,
             rcq,
-            scq_id,
-            rcq_id,
             channel,
             ctx,
             _engine: engine,
@@ -465,7 +461,6 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
     }
     pb.finish_and_clear();
     let half = matches!(test, Test::SendLat | Test::WriteLat);
-    let _ = (s.scq_id, s.rcq_id);
     Ok(h.lat(test.name(), "burst", len, half))
 }
 
@@ -493,7 +488,6 @@ pub fn pong(
     stop: &AtomicBool,
 ) -> Result<(), String> {
     let len = msg_len(test, p.size);
-    let far = Instant::now() + Duration::from_secs(3600);
     if test == Test::SendLat {
         for _ in 0..4 {
             s.post_recv(0, len)?;
@@ -540,7 +534,6 @@ pub fn pong(
             }
         }
         i += 1;
-        let _ = far;
     }
     Ok(())
 }

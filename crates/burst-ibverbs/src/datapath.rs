@@ -8,8 +8,8 @@
 
 use std::ffi::{c_int, c_void};
 
-use burst_transport::{QpType, RecvWr, SendOp, SendWr, Sge, UdDest, WorkCompletion};
-use burst_verbs::engine::PostError;
+use burst_transport::{QpType, SendOp, SendWr, Sge, UdDest, WorkCompletion};
+use burst_verbs::engine::{PostError, SendDesc, RING_MAX_INLINE, RING_MAX_SGE};
 use burst_wire::Qpn;
 
 use crate::abi::*;
@@ -49,31 +49,56 @@ unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Vec<Sge> {
         .collect()
 }
 
-/// Copies the bytes the SGEs name (inline sends: no key needed, the
-/// addresses are the application's own).
+/// Copies the bytes the SGEs name into `out` (inline sends: no key
+/// needed, the addresses are the application's own); `out` is their total.
+///
+/// # Safety
+/// Each SGE must name readable process memory.
+unsafe fn gather_into(list: &[Sge], out: &mut [u8]) {
+    let mut at = 0;
+    for s in list {
+        let n = s.length as usize;
+        if n > 0 {
+            // SAFETY: caller's contract.
+            let src = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, n) };
+            out[at..at + n].copy_from_slice(src);
+            at += n;
+        }
+    }
+}
+
+/// [`gather_into`] a new buffer (the `ibv_wr_*` path, which owns its WRs).
 ///
 /// # Safety
 /// Each SGE must name readable process memory.
 unsafe fn gather_inline(list: &[Sge]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(list.iter().map(|s| s.length as usize).sum());
-    for s in list {
-        if s.length > 0 {
-            // SAFETY: caller's contract.
-            out.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
-            });
-        }
-    }
+    let mut out = vec![0; list.iter().map(|s| s.length as usize).sum()];
+    // SAFETY: forwarded contract.
+    unsafe { gather_into(list, &mut out) };
     out
 }
 
-/// Builds a transport WR from an `ibv_send_wr`.
-fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
-    if w.num_sge < 0 || w.num_sge as u32 > q.cap.max_send_sge.max(1) {
+/// Posts one `ibv_send_wr`: its SGEs and inline bytes go through stack
+/// buffers straight into the ring entry (no allocation per WR).
+fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
+    let n = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
+    if n > q.cap.max_send_sge.max(1) as usize || n > RING_MAX_SGE || (n > 0 && w.sg_list.is_null())
+    {
         return Err(libc::EINVAL);
     }
-    // SAFETY: the WR's sg_list holds num_sge entries (caller's contract).
-    let list = unsafe { sges(w.sg_list, w.num_sge) };
+    let mut list = [Sge::default(); RING_MAX_SGE];
+    if n > 0 {
+        // SAFETY: the WR's sg_list holds num_sge entries (caller's contract).
+        let src = unsafe { std::slice::from_raw_parts(w.sg_list, n) };
+        for (d, e) in list.iter_mut().zip(src) {
+            *d = Sge {
+                addr: e.addr,
+                length: e.length,
+                lkey: e.lkey,
+            };
+        }
+    }
+    let list = &list[..n];
     let imm = u32::from_be(w.imm_data);
     let (addr, rkey) = (w.wr[0], w.wr[1] as u32);
     let op = match w.opcode {
@@ -110,30 +135,42 @@ fn send_wr(q: &Qp, w: &ibv_send_wr) -> Result<SendWr, c_int> {
             return Err(libc::EINVAL);
         }
     };
-    let mut wr = SendWr::new(w.wr_id, op, list);
-    wr.signaled = q.sq_sig_all || w.send_flags & SEND_SIGNALED != 0;
-    wr.fence = w.send_flags & SEND_FENCE != 0;
-    wr.solicited = w.send_flags & SEND_SOLICITED != 0;
-    if w.send_flags & SEND_INLINE != 0 {
-        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        if len > u64::from(q.cap.max_inline_data) {
+    let mut bytes = [0u8; RING_MAX_INLINE];
+    let inline = if w.send_flags & SEND_INLINE != 0 {
+        let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+        if len > u64::from(q.cap.max_inline_data) || len > RING_MAX_INLINE as u64 {
             return Err(libc::EINVAL);
         }
+        let out = &mut bytes[..len as usize];
         // SAFETY: inline SGEs name the application's readable buffers.
-        wr.inline_data = Some(unsafe { gather_inline(&wr.sg_list) });
-        wr.inline = true;
-    }
-    if q.qp_type == QpType::Ud {
+        unsafe { gather_into(list, out) };
+        Some(&*out)
+    } else {
+        None
+    };
+    let ud = if q.qp_type == QpType::Ud {
         let Some(ah) = ours!(Ah, w.wr[0] as usize as *mut ibv_ah) else {
             return Err(libc::EINVAL);
         };
-        wr.ud = Some(UdDest {
+        Some(UdDest {
             remote_qpn: Qpn::from_wire(w.wr[1] as u32),
             remote_qkey: (w.wr[1] >> 32) as u32,
             ah: ah.index,
-        });
-    }
-    Ok(wr)
+        })
+    } else {
+        None
+    };
+    let d = SendDesc {
+        wr_id: w.wr_id,
+        op,
+        sges: list,
+        signaled: q.sq_sig_all || w.send_flags & SEND_SIGNALED != 0,
+        fence: w.send_flags & SEND_FENCE != 0,
+        solicited: w.send_flags & SEND_SOLICITED != 0,
+        inline,
+        ud,
+    };
+    q.qp.post_send_desc(&d).map_err(errno_of)
 }
 
 /// `ops.post_send`.
@@ -150,7 +187,7 @@ pub(crate) unsafe extern "C" fn post_send(
         while !cur.is_null() {
             // SAFETY: a readable WR list (caller's contract).
             let w = unsafe { &*cur };
-            let r = send_wr(q, w).and_then(|t| q.qp.post_send(&t).map_err(errno_of));
+            let r = post_one(q, w);
             if let Err(e) = r {
                 if !bad.is_null() {
                     // SAFETY: writable out-pointer.
@@ -164,15 +201,24 @@ pub(crate) unsafe extern "C" fn post_send(
     })
 }
 
-fn recv_wr(w: &ibv_recv_wr, max_sge: u32) -> Result<RecvWr, c_int> {
-    if w.num_sge < 0 || w.num_sge as u32 > max_sge.max(1) {
+/// Copies a receive WR's SGEs into `out`; returns how many.
+fn recv_sges(w: &ibv_recv_wr, max_sge: u32, out: &mut [Sge; RING_MAX_SGE]) -> Result<usize, c_int> {
+    let n = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
+    if n > max_sge.max(1) as usize || n > RING_MAX_SGE || (n > 0 && w.sg_list.is_null()) {
         return Err(libc::EINVAL);
     }
-    Ok(RecvWr {
-        wr_id: w.wr_id,
+    if n > 0 {
         // SAFETY: the WR's sg_list holds num_sge entries (caller's contract).
-        sg_list: unsafe { sges(w.sg_list, w.num_sge) },
-    })
+        let src = unsafe { std::slice::from_raw_parts(w.sg_list, n) };
+        for (d, e) in out.iter_mut().zip(src) {
+            *d = Sge {
+                addr: e.addr,
+                length: e.length,
+                lkey: e.lkey,
+            };
+        }
+    }
+    Ok(n)
 }
 
 /// `ops.post_recv`.
@@ -193,7 +239,9 @@ pub(crate) unsafe extern "C" fn post_recv(
             let r = if on_srq {
                 Err(libc::EINVAL)
             } else {
-                recv_wr(w, q.cap.max_recv_sge).and_then(|r| q.qp.post_recv(&r).map_err(errno_of))
+                let mut list = [Sge::default(); RING_MAX_SGE];
+                recv_sges(w, q.cap.max_recv_sge, &mut list)
+                    .and_then(|n| q.qp.post_recv_sges(w.wr_id, &list[..n]).map_err(errno_of))
             };
             if let Err(e) = r {
                 if !bad.is_null() {
@@ -218,12 +266,13 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         let Some(s) = ours!(Srq, srq) else {
             return libc::EINVAL;
         };
-        let max_sge = s.attr.lock().unwrap_or_else(|e| e.into_inner()).max_sge;
         let mut cur = wr;
         while !cur.is_null() {
             // SAFETY: a readable WR list (caller's contract).
             let w = unsafe { &*cur };
-            let r = recv_wr(w, max_sge).and_then(|r| s.srq.post_recv(&r).map_err(errno_of));
+            let mut list = [Sge::default(); RING_MAX_SGE];
+            let r = recv_sges(w, s.max_sge, &mut list)
+                .and_then(|n| s.srq.post_recv_sges(w.wr_id, &list[..n]).map_err(errno_of));
             if let Err(e) = r {
                 if !bad.is_null() {
                     // SAFETY: writable out-pointer.

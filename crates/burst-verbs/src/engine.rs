@@ -77,6 +77,29 @@ impl SendWqe {
     }
 }
 
+/// A send work request that owns nothing: SGEs and inline bytes are
+/// borrowed and copied straight into the ring entry, so a caller that
+/// already has them (the C library) posts without allocating.
+#[derive(Debug, Clone, Copy)]
+pub struct SendDesc<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Operation and its remote fields.
+    pub op: burst_transport::SendOp,
+    /// Local SGEs (at most [`RING_MAX_SGE`]).
+    pub sges: &'a [Sge],
+    /// Generates a completion.
+    pub signaled: bool,
+    /// Waits for earlier READs/atomics.
+    pub fence: bool,
+    /// Solicited event.
+    pub solicited: bool,
+    /// Inline data, already captured (at most [`RING_MAX_INLINE`] bytes).
+    pub inline: Option<&'a [u8]>,
+    /// UD destination.
+    pub ud: Option<burst_transport::UdDest>,
+}
+
 /// Handle of a completion queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub u32);
@@ -885,41 +908,58 @@ impl Context {
     }
 
     fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
-        if wr.sg_list.len() > RING_MAX_SGE {
+        let mut captured = [0u8; RING_MAX_INLINE];
+        let inline = match wr.inline_data.as_deref() {
+            Some(d) => Some(d),
+            None if wr.inline => {
+                let len = burst_transport::sg_len(&wr.sg_list) as usize;
+                if len > RING_MAX_INLINE {
+                    return Err(PostError::Invalid);
+                }
+                let mem = self.shared.mrs.memory();
+                burst_transport::Memory::read_local(&mem, &wr.sg_list, 0, &mut captured[..len])
+                    .map_err(|_| PostError::Invalid)?;
+                Some(&captured[..len])
+            }
+            None => None,
+        };
+        self.push_send(
+            ring,
+            &SendDesc {
+                wr_id: wr.wr_id,
+                op: wr.op,
+                sges: &wr.sg_list,
+                signaled: wr.signaled,
+                fence: wr.fence,
+                solicited: wr.solicited,
+                inline,
+                ud: wr.ud,
+            },
+        )
+    }
+
+    /// Copies a send WR into the ring entry and rings the doorbell.
+    fn push_send(&self, ring: &QpRings, d: &SendDesc<'_>) -> Result<(), PostError> {
+        if d.sges.len() > RING_MAX_SGE || d.inline.is_some_and(|i| i.len() > RING_MAX_INLINE) {
             return Err(PostError::Invalid);
         }
         let mut e = SendWqe {
-            wr_id: wr.wr_id,
-            op: wr.op,
+            wr_id: d.wr_id,
+            op: d.op,
             sges: [Sge::default(); RING_MAX_SGE],
-            num_sge: wr.sg_list.len() as u8,
-            signaled: wr.signaled,
-            fence: wr.fence,
-            solicited: wr.solicited,
-            inline: wr.inline,
+            num_sge: d.sges.len() as u8,
+            signaled: d.signaled,
+            fence: d.fence,
+            solicited: d.solicited,
+            inline: d.inline.is_some(),
             inline_len: 0,
             inline_data: [0; RING_MAX_INLINE],
-            ud: wr.ud,
+            ud: d.ud,
         };
-        e.sges[..wr.sg_list.len()].copy_from_slice(&wr.sg_list);
-        if let Some(data) = wr.inline_data.as_deref() {
-            // Already captured by the caller (a C caller's inline SGEs need
-            // no registration, so only it can read them).
-            if data.len() > RING_MAX_INLINE {
-                return Err(PostError::Invalid);
-            }
-            e.inline = true;
+        e.sges[..d.sges.len()].copy_from_slice(d.sges);
+        if let Some(data) = d.inline {
             e.inline_data[..data.len()].copy_from_slice(data);
             e.inline_len = data.len() as u16;
-        } else if wr.inline {
-            let len = burst_transport::sg_len(&wr.sg_list) as usize;
-            if len > RING_MAX_INLINE {
-                return Err(PostError::Invalid);
-            }
-            let mem = self.shared.mrs.memory();
-            burst_transport::Memory::read_local(&mem, &wr.sg_list, 0, &mut e.inline_data[..len])
-                .map_err(|_| PostError::Invalid)?;
-            e.inline_len = len as u16;
         }
         ring.send.push(e).map_err(|_| PostError::Full)?;
         self.shared.doorbell.push(ring.qpn.value());
@@ -961,15 +1001,19 @@ impl Context {
 }
 
 fn recv_wqe(wr: &RecvWr) -> Result<RecvWqe, PostError> {
-    if wr.sg_list.len() > RING_MAX_SGE {
+    recv_wqe_parts(wr.wr_id, &wr.sg_list)
+}
+
+fn recv_wqe_parts(wr_id: u64, sges: &[Sge]) -> Result<RecvWqe, PostError> {
+    if sges.len() > RING_MAX_SGE {
         return Err(PostError::Invalid);
     }
     let mut e = RecvWqe {
-        wr_id: wr.wr_id,
+        wr_id,
         sges: [Sge::default(); RING_MAX_SGE],
-        num_sge: wr.sg_list.len() as u8,
+        num_sge: sges.len() as u8,
     };
-    e.sges[..wr.sg_list.len()].copy_from_slice(&wr.sg_list);
+    e.sges[..sges.len()].copy_from_slice(sges);
     Ok(e)
 }
 
@@ -1024,11 +1068,21 @@ impl QueuePair {
         self.ctx.post_send_to(&self.rings, wr)
     }
 
+    /// `ibv_post_send` from borrowed parts, without allocating.
+    pub fn post_send_desc(&self, d: &SendDesc<'_>) -> Result<(), PostError> {
+        self.ctx.push_send(&self.rings, d)
+    }
+
     /// `ibv_post_recv`.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
+        self.post_recv_sges(wr.wr_id, &wr.sg_list)
+    }
+
+    /// `ibv_post_recv` from borrowed SGEs, without allocating.
+    pub fn post_recv_sges(&self, wr_id: u64, sges: &[Sge]) -> Result<(), PostError> {
         self.rings
             .recv
-            .push(recv_wqe(wr)?)
+            .push(recv_wqe_parts(wr_id, sges)?)
             .map_err(|_| PostError::Full)?;
         self.ctx.shared.doorbell.push(self.rings.qpn.value());
         self.ctx.progress();
@@ -1075,7 +1129,14 @@ impl SharedReceiveQueue {
 
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
-        self.ring.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
+        self.post_recv_sges(wr.wr_id, &wr.sg_list)
+    }
+
+    /// `ibv_post_srq_recv` from borrowed SGEs, without allocating.
+    pub fn post_recv_sges(&self, wr_id: u64, sges: &[Sge]) -> Result<(), PostError> {
+        self.ring
+            .push(recv_wqe_parts(wr_id, sges)?)
+            .map_err(|_| PostError::Full)?;
         self.ctx.shared.doorbell.push(SRQ_DOORBELL | self.id.0);
         self.ctx.progress();
         Ok(())

@@ -532,10 +532,7 @@ impl Device {
     }
 
     fn srq_mut(&mut self, id: SrqId) -> Result<&mut Srq, VerbsError> {
-        self.srqs
-            .get_mut(id.0 as usize)
-            .and_then(Option::as_mut)
-            .ok_or(VerbsError::InvalidValue("no such SRQ"))
+        srq_in(&mut self.srqs, id)
     }
 
     /// `ibv_destroy_srq`: refused (EBUSY) while a QP still uses it.
@@ -551,9 +548,8 @@ impl Device {
 
     /// `ibv_post_srq_recv`.
     pub fn post_srq_recv(&mut self, id: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
-        let mrs = Arc::clone(&self.mrs);
-        let mem = mrs.memory();
-        self.srq_mut(id)?.post_recv(wr, &mem)
+        let mem = self.mrs.memory();
+        srq_in(&mut self.srqs, id)?.post_recv(wr, &mem)
     }
 
     /// `ibv_modify_srq`: `max_wr` resizes, `limit` arms the limit event.
@@ -601,16 +597,11 @@ impl Device {
     }
 
     fn qp_index(&self, qpn: Qpn) -> Result<usize, VerbsError> {
-        let i = qpn.value().wrapping_sub(FIRST_QPN) as usize;
-        match self.qps.get(i) {
-            Some(Some(_)) => Ok(i),
-            _ => Err(VerbsError::BadWr("no such QP")),
-        }
+        qp_index_in(&self.qps, qpn)
     }
 
     fn slot(&mut self, qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
-        let i = self.qp_index(qpn)?;
-        Ok(self.qps[i].as_mut().expect("qp_index checked"))
+        slot_in(&mut self.qps, qpn)
     }
 
     /// `ibv_modify_qp`.
@@ -649,16 +640,14 @@ impl Device {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
-        let mrs = Arc::clone(&self.mrs);
-        let mem = mrs.memory();
-        self.slot(qpn)?.qp.post_recv(wr, &mem)
+        let mem = self.mrs.memory();
+        slot_in(&mut self.qps, qpn)?.qp.post_recv(wr, &mem)
     }
 
     /// Posts without making progress (the engine batches progress itself).
     pub fn post_send_quiet(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        let mrs = Arc::clone(&self.mrs);
-        let mem = mrs.memory();
-        self.slot(qpn)?.qp.post_send(wr, &mem)
+        let mem = self.mrs.memory();
+        slot_in(&mut self.qps, qpn)?.qp.post_send(wr, &mem)
     }
 
     /// Takes a completion of `qpn` gathered by earlier progress.
@@ -743,8 +732,7 @@ impl Device {
                     continue;
                 }
             }
-            let qpn = pkt.bth().dest_qp().value();
-            let Some(Some(s)) = self.qps.get_mut(qpn.wrapping_sub(FIRST_QPN) as usize) else {
+            let Ok(s) = slot_in(&mut self.qps, pkt.bth().dest_qp()) else {
                 self.counters.no_qp += 1;
                 continue;
             };
@@ -805,6 +793,27 @@ impl Device {
             let _ = self.port.send_burst(&self.tx[..n]);
         }
     }
+}
+
+/// The slot of `qpn` (QPNs index the table from [`FIRST_QPN`]).
+fn qp_index_in(qps: &[Option<QpSlot>], qpn: Qpn) -> Result<usize, VerbsError> {
+    let i = qpn.value().wrapping_sub(FIRST_QPN) as usize;
+    match qps.get(i) {
+        Some(Some(_)) => Ok(i),
+        _ => Err(VerbsError::BadWr("no such QP")),
+    }
+}
+
+/// [`qp_index_in`], borrowed mutably (leaves the device's other fields free).
+fn slot_in(qps: &mut [Option<QpSlot>], qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
+    let i = qp_index_in(qps, qpn)?;
+    Ok(qps[i].as_mut().expect("qp_index_in checked"))
+}
+
+fn srq_in(srqs: &mut [Option<Srq>], id: SrqId) -> Result<&mut Srq, VerbsError> {
+    srqs.get_mut(id.0 as usize)
+        .and_then(Option::as_mut)
+        .ok_or(VerbsError::InvalidValue("no such SRQ"))
 }
 
 /// How long a closing device keeps answering a peer that was active in
