@@ -1,13 +1,13 @@
 //! The path's ceiling: the same frames through the same UDP port code
-//! (burst-io's `UdpPort`, recvmmsg/sendmmsg bursts), with no transport, no
-//! ICRC and no placement. A `size`-byte message is `ceil(size / mtu)`
+//! (burst-io's `UdpPort`: recvmmsg/sendmmsg bursts, GSO runs and GRO, as
+//! burst uses them), with no transport, no ICRC and no placement. A `size`-byte message is `ceil(size / mtu)`
 //! datagrams of the size RoCEv2 would send (BTH + RETH + payload + ICRC).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use burst_io::{PacketBuf, Port, UdpPort, BURST};
+use burst_io::{PacketBuf, Port, RxBatch, UdpPort, MAX_GSO_SEGMENTS};
 
 use crate::report::{Bw, Lat, Samples};
 
@@ -31,14 +31,16 @@ fn datagrams(size: usize, mtu: usize) -> Vec<usize> {
 
 /// Counts received bytes of payload until `stop`.
 pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &AtomicU64) {
-    let mut bufs: Vec<PacketBuf> = (0..BURST).map(|_| PacketBuf::new()).collect();
+    let mut rx = RxBatch::default();
     while !stop.load(Ordering::Acquire) {
-        if let Ok(n) = port.recv_burst(&mut bufs) {
-            let bytes: usize = bufs[..n]
-                .iter()
-                .map(|b| b.len.saturating_sub(OVERHEAD))
-                .sum();
-            got.fetch_add(bytes as u64, Ordering::Relaxed);
+        if let Ok(n) = port.recv_batch(&mut rx) {
+            if n > 0 {
+                let bytes: usize = rx
+                    .packets()
+                    .map(|(_, p)| p.len().saturating_sub(OVERHEAD))
+                    .sum();
+                got.fetch_add(bytes as u64, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -54,7 +56,9 @@ pub fn stream(
     duration: Option<Duration>,
     received: &AtomicU64,
 ) -> Result<Bw, String> {
-    let mut bufs: Vec<PacketBuf> = (0..BURST).map(|_| PacketBuf::new()).collect();
+    // As many packets per call as burst's engine sends per round.
+    const TX: usize = 4 * MAX_GSO_SEGMENTS;
+    let mut bufs: Vec<PacketBuf> = (0..TX).map(|_| PacketBuf::new()).collect();
     let plan = datagrams(size, mtu);
     let start = Instant::now();
     let mut sent_msgs = 0u64;
@@ -62,7 +66,7 @@ pub fn stream(
     while (duration.is_none() && sent_msgs < iters) || duration.is_some_and(|d| start.elapsed() < d)
     {
         let mut n = 0;
-        while n < BURST {
+        while n < TX {
             bufs[n].len = plan[k];
             bufs[n].peer = to;
             n += 1;
@@ -99,11 +103,11 @@ pub fn stream(
     })
 }
 
-fn recv_one(port: &mut UdpPort, bufs: &mut [PacketBuf], deadline: Instant) -> Result<(), String> {
+fn recv_one(port: &mut UdpPort, rx: &mut RxBatch, deadline: Instant) -> Result<usize, String> {
     loop {
-        match port.recv_burst(&mut bufs[..1]) {
-            Ok(1) => return Ok(()),
-            Ok(_) => {}
+        match port.recv_batch(rx) {
+            Ok(0) => {}
+            Ok(_) => return Ok(rx.packets().next().map_or(0, |(_, p)| p.len())),
             Err(e) => return Err(format!("raw-udp recv: {e}")),
         }
         if Instant::now() > deadline {
@@ -114,10 +118,16 @@ fn recv_one(port: &mut UdpPort, bufs: &mut [PacketBuf], deadline: Instant) -> Re
 
 /// Echoes single datagrams until `stop`.
 pub fn echo(mut port: UdpPort, stop: &AtomicBool) -> Result<(), String> {
-    let mut bufs: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
+    let mut rx = RxBatch::new(1);
+    let mut out: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
     while !stop.load(Ordering::Acquire) {
-        if let Ok(1) = port.recv_burst(&mut bufs) {
-            let _ = port.send_burst(&bufs);
+        if let Ok(1) = port.recv_batch(&mut rx) {
+            if let Some((peer, p)) = rx.packets().next() {
+                out[0].data[..p.len()].copy_from_slice(p);
+                out[0].len = p.len();
+                out[0].peer = peer;
+                let _ = port.send_burst(&out);
+            }
         }
     }
     Ok(())
@@ -132,6 +142,7 @@ pub fn pingpong(
     duration: Option<Duration>,
 ) -> Result<Lat, String> {
     let mut bufs: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
+    let mut rx = RxBatch::new(1);
     let mut h = Samples::new();
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120) + duration.unwrap_or_default();
@@ -142,7 +153,7 @@ pub fn pingpong(
         let t = Instant::now();
         port.send_burst(&bufs)
             .map_err(|e| format!("raw-udp send: {e}"))?;
-        recv_one(port, &mut bufs, deadline)?;
+        recv_one(port, &mut rx, deadline)?;
         h.record(t.elapsed().as_nanos() as u64 / 2);
         i += 1;
     }

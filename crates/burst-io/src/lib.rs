@@ -5,16 +5,26 @@
 //! default: a UDP socket bound to port 4791, batched with `recvmmsg` and
 //! `sendmmsg`, needing no privilege beyond the bind.
 //!
-//! The ICRC covers the IPv4 identification field, which a UDP socket lets the
-//! kernel choose. Linux sends ID 0 for DF-marked datagrams of an unconnected
-//! socket, so [`UdpPort`] sets `IP_PMTUDISC_DO` and computes the ICRC of what
-//! it sends with ID 0 ([`UdpPort::seal`]). On receive the ID is not visible
-//! through the socket: [`UdpPort::check_icrc`] verifies packets sent with
-//! ID 0 (burst peers); for others it solves for the ID: the CRC is affine in
-//! the 16 ID bits, so the stored ICRC is consistent with *some* ID exactly
-//! when `stored ^ icrc(ID=0)` lies in the span of the 16 bit-flip syndromes
-//! (precomputed once per packet length). That keeps 16 of the ICRC's 32 bits
-//! of protection against corruption for peers like RXE whose IP IDs count.
+//! **Segmentation offload.** Per-datagram system calls cap a UDP socket at
+//! about 0.7 M packets/s here, while the kernel moves 5 M segments/s when it
+//! segments and coalesces itself (`../shared/design/dataplane-notes.md`). So
+//! [`UdpPort`] sends each run of consecutive equal-length packets to one peer
+//! as one `UDP_SEGMENT` (GSO) message, and asks for `UDP_GRO` on receive:
+//! [`RxBatch`] hands out the coalesced datagrams segment by segment.
+//!
+//! **The IP ID.** The ICRC covers the IPv4 identification field, which a UDP
+//! socket lets the kernel choose. Linux sends ID 0 for a DF-marked datagram
+//! of an unconnected socket, and the segments of one GSO message get IDs
+//! 0, 1, 2, … (checked with a capture, docs/performance.md). So [`UdpPort`]
+//! sets `IP_PMTUDISC_DO` and [`UdpPort::seal_burst`] computes each packet's
+//! ICRC with its index in its GSO run as the ID; the runs are cut by one
+//! rule ([`gso_run`]) that sealing and sending share. On receive the ID is
+//! not visible through the socket: [`UdpPort::check_icrc`] verifies packets
+//! sent with ID 0 at full strength; for others it solves for the ID: the CRC
+//! is affine in the 16 ID bits, so the stored ICRC is consistent with *some*
+//! ID exactly when `stored ^ icrc(ID=0)` lies in the span of the 16 bit-flip
+//! syndromes (precomputed once per packet length). That keeps 16 of the
+//! ICRC's 32 bits of protection for peers like RXE whose IP IDs count.
 
 mod sys;
 
@@ -26,8 +36,19 @@ use burst_wire::{emit_ip_udp, icrc, IpRepr, UdpRepr, BTH_LEN, ICRC_LEN, ROCEV2_P
 /// Largest datagram a port buffer holds (jumbo frames with a 4096-byte MTU).
 pub const MAX_PACKET: usize = 9216;
 
-/// Most packets one burst call moves.
+/// Most packets (or, on receive, datagrams) one burst call moves.
 pub const BURST: usize = 32;
+
+/// Most segments of one GSO send (the kernel's `UDP_MAX_SEGMENTS` is 64 or
+/// 128 depending on the version; 64 is accepted by all).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+
+/// Most bytes of one GSO send: an IPv4 datagram's 65535 bytes less the
+/// IPv4 and UDP headers.
+pub const MAX_GSO_BYTES: usize = 65535 - 20 - 8;
+
+/// Size of a receive buffer of an [`RxBatch`]: one coalesced (GRO) datagram.
+pub const RX_BUF: usize = 65536;
 
 /// A packet buffer of a port's pool.
 pub struct PacketBuf {
@@ -70,10 +91,100 @@ impl std::fmt::Debug for PacketBuf {
 pub trait Port {
     /// The local address packets are sent from and received on.
     fn local_addr(&self) -> SocketAddr;
-    /// Receives up to `bufs.len()` packets without blocking; returns how many.
-    fn recv_burst(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize>;
-    /// Sends `bufs` (each to its `peer`); returns how many were sent.
+    /// Receives a burst of datagrams into `rx` without blocking (replacing
+    /// what it held); returns how many packets (segments) it now holds.
+    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize>;
+    /// Sends `bufs` (each to its `peer`); returns how many were sent, always
+    /// a whole number of GSO runs (see [`gso_run`]), so that a caller may
+    /// retry from there.
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize>;
+}
+
+/// How many packets from the start of `bufs` go out as one GSO message:
+/// the same peer, the same length except for a shorter last one, at most
+/// [`MAX_GSO_SEGMENTS`] and [`MAX_GSO_BYTES`]. With `gso` off every packet
+/// is its own message. Sealing and sending both cut runs with this one rule,
+/// since a packet's IP ID, which its ICRC covers, is its index in its run.
+pub fn gso_run(bufs: &[PacketBuf], gso: bool) -> usize {
+    let Some(first) = bufs.first() else {
+        return 0;
+    };
+    if !gso || first.len == 0 {
+        return 1;
+    }
+    let seg = first.len;
+    let max = MAX_GSO_SEGMENTS.min(MAX_GSO_BYTES / seg).max(1);
+    let mut n = 1;
+    while n < bufs.len().min(max) {
+        let b = &bufs[n];
+        if b.peer != first.peer || b.len > seg || b.len == 0 {
+            break;
+        }
+        n += 1;
+        if b.len < seg {
+            break; // a shorter segment ends the run
+        }
+    }
+    n
+}
+
+/// One received datagram of an [`RxBatch`]: `len` bytes from `peer`, made of
+/// `seg`-byte segments (the last may be shorter).
+#[derive(Debug, Clone, Copy)]
+struct RxMsg {
+    len: usize,
+    seg: usize,
+    peer: SocketAddr,
+}
+
+/// Receive buffers for [`Port::recv_batch`]: up to [`BURST`] datagrams of up
+/// to [`RX_BUF`] bytes, each possibly several coalesced packets (GRO), handed
+/// out packet by packet by [`RxBatch::packets`] without copying.
+pub struct RxBatch {
+    bufs: Vec<Box<[u8]>>,
+    msgs: Vec<RxMsg>,
+}
+
+impl RxBatch {
+    /// Buffers for `n` datagrams (at most [`BURST`] are used per call).
+    pub fn new(n: usize) -> RxBatch {
+        RxBatch {
+            bufs: (0..n.clamp(1, BURST))
+                .map(|_| vec![0u8; RX_BUF].into_boxed_slice())
+                .collect(),
+            msgs: Vec::with_capacity(n),
+        }
+    }
+
+    /// The packets received by the last call, in arrival order, each with
+    /// the address it came from.
+    pub fn packets(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> + '_ {
+        self.msgs
+            .iter()
+            .zip(&self.bufs)
+            .flat_map(|(m, b)| b[..m.len].chunks(m.seg.max(1)).map(move |p| (m.peer, p)))
+    }
+
+    /// Datagrams (system-level messages) the last call received.
+    pub fn datagrams(&self) -> usize {
+        self.msgs.len()
+    }
+
+    fn count(&self) -> usize {
+        self.msgs.iter().map(|m| m.len.div_ceil(m.seg.max(1))).sum()
+    }
+}
+
+impl Default for RxBatch {
+    fn default() -> Self {
+        RxBatch::new(BURST)
+    }
+}
+
+impl std::fmt::Debug for RxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RxBatch({} datagrams)", self.msgs.len())
+    }
 }
 
 /// Outcome of an ICRC check on a port that cannot see the IP header.
@@ -154,6 +265,8 @@ pub struct UdpPort {
     local: SocketAddr,
     /// Syndrome bases by ICRC input length (see [`UdpPort::check_icrc`]).
     id_bases: std::collections::HashMap<usize, IdBasis>,
+    /// Send runs of packets as one GSO message (`UDP_SEGMENT`).
+    gso: bool,
 }
 
 impl UdpPort {
@@ -182,19 +295,41 @@ impl UdpPort {
         sock.set_nonblocking(true)?;
         sys::set_df(&sock, ip.is_ipv4())?;
         sys::set_buffers(&sock, SOCKET_BUFFER);
+        // Coalesced receive is optional: without it each packet is its own
+        // datagram, which RxBatch handles the same way.
+        sys::set_udp_opt(&sock, libc::UDP_GRO, 1);
+        let gso = sys::gso_supported(&sock) && std::env::var_os("BURST_NO_GSO").is_none();
         let local = sock.local_addr()?;
         Ok(UdpPort {
             sock,
             local,
             id_bases: std::collections::HashMap::new(),
+            gso,
         })
     }
 
+    /// Whether sends use GSO (off where the kernel lacks `UDP_SEGMENT`, or
+    /// with `BURST_NO_GSO` set in the environment).
+    pub fn gso(&self) -> bool {
+        self.gso
+    }
+
+    /// Turns GSO off or back on (if the kernel supports it).
+    pub fn set_gso(&mut self, on: bool) {
+        self.gso = on && sys::gso_supported(&self.sock);
+    }
+
     /// The ICRC `ib` has when sent from `src` to `dst` as the kernel builds
-    /// the headers (IP ID 0, DF, UDP checksum 0).
-    fn pseudo(&self, src: SocketAddr, dst: SocketAddr, ib: &[u8]) -> Option<u32> {
+    /// the headers (IP ID `ip_id`, DF; the UDP checksum is masked anyway).
+    fn pseudo(&self, src: SocketAddr, dst: SocketAddr, ib: &[u8], ip_id: u16) -> Option<u32> {
         let ip = match (src.ip(), dst.ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::v4(s, d),
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let mut ip = IpRepr::v4(s, d);
+                if let IpRepr::V4(v) = &mut ip {
+                    v.ident = ip_id;
+                }
+                ip
+            }
             (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::v6(s, d),
             _ => return None,
         };
@@ -209,16 +344,43 @@ impl UdpPort {
         icrc::compute(&hdr[..ip_len], &hdr[ip_len..n], &ib[..ib.len() - ICRC_LEN]).ok()
     }
 
-    /// Computes and stores the ICRC of a transport packet about to be sent to
-    /// `dst` from this port (IP ID 0, as the kernel will send it).
+    /// Computes and stores the ICRC of a transport packet about to be sent
+    /// alone to `dst` from this port (IP ID 0, as the kernel will send it).
+    /// For bursts, use [`UdpPort::seal_burst`].
     pub fn seal(&self, dst: SocketAddr, ib: &mut [u8]) -> io::Result<()> {
+        self.seal_with_id(dst, ib, 0)
+    }
+
+    /// Seals every packet of a burst about to go to [`Port::send_burst`]
+    /// unchanged: the ID of each is its index in its GSO run. Stops at the
+    /// first packet that cannot be sealed (shorter than BTH + ICRC, or of
+    /// the other address family) and returns how many are sealed.
+    pub fn seal_burst(&self, bufs: &mut [PacketBuf]) -> usize {
+        let mut i = 0;
+        while i < bufs.len() {
+            let run = gso_run(&bufs[i..], self.gso);
+            for (k, b) in bufs[i..i + run].iter_mut().enumerate() {
+                let (peer, len) = (b.peer, b.len);
+                if self
+                    .seal_with_id(peer, &mut b.data[..len], k as u16)
+                    .is_err()
+                {
+                    return i + k;
+                }
+            }
+            i += run;
+        }
+        i
+    }
+
+    fn seal_with_id(&self, dst: SocketAddr, ib: &mut [u8], ip_id: u16) -> io::Result<()> {
         if ib.len() < BTH_LEN + ICRC_LEN {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "packet shorter than BTH + ICRC",
             ));
         }
-        let crc = self.pseudo(self.local, dst, ib).ok_or_else(|| {
+        let crc = self.pseudo(self.local, dst, ib, ip_id).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "address family mismatch")
         })?;
         let n = ib.len();
@@ -234,7 +396,7 @@ impl UdpPort {
         }
         let n = ib.len();
         let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
-        let Some(c0) = self.pseudo(src, self.local, ib) else {
+        let Some(c0) = self.pseudo(src, self.local, ib, 0) else {
             return IcrcCheck::Unverifiable;
         };
         if c0 == stored {
@@ -261,11 +423,12 @@ impl Port for UdpPort {
         self.local
     }
 
-    fn recv_burst(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
-        sys::recv_burst(&self.sock, bufs)
+    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
+        sys::recv_batch(&self.sock, rx)?;
+        Ok(rx.count())
     }
 
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
-        sys::send_burst(&self.sock, bufs)
+        sys::send_burst(&self.sock, bufs, self.gso)
     }
 }

@@ -1,12 +1,13 @@
 //! The libc calls of the UDP port: socket options and batched I/O
-//! (`recvmmsg`/`sendmmsg`), with the only `unsafe` of this crate.
+//! (`recvmmsg`/`sendmmsg` with GSO and GRO control messages), with the only
+//! `unsafe` of this crate.
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::AsRawFd;
 
-use crate::{PacketBuf, BURST, MAX_PACKET};
+use crate::{gso_run, PacketBuf, RxBatch, RxMsg, BURST, MAX_GSO_SEGMENTS};
 
 /// Sets "don't fragment" (PMTU discovery "do"): DF set, so Linux sends IP ID 0
 /// from an unconnected socket, which the ICRC needs to know.
@@ -41,6 +42,27 @@ pub(crate) fn set_df(sock: &UdpSocket, v4: bool) -> io::Result<()> {
     }
 }
 
+/// Sets a `SOL_UDP` option; returns whether the kernel took it.
+pub(crate) fn set_udp_opt(sock: &UdpSocket, name: libc::c_int, val: libc::c_int) -> bool {
+    set_int(sock, libc::SOL_UDP, name, val)
+}
+
+/// Whether the kernel knows `UDP_SEGMENT` (Linux 4.18+).
+pub(crate) fn gso_supported(sock: &UdpSocket) -> bool {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid fd, a pointer to a live c_int and its size.
+    unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        ) == 0
+    }
+}
+
 fn set_int(sock: &UdpSocket, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> bool {
     // SAFETY: a valid fd, a pointer to a live c_int and its exact size.
     unsafe {
@@ -68,13 +90,18 @@ pub(crate) fn set_buffers(sock: &UdpSocket, bytes: usize) {
     }
 }
 
-fn to_sockaddr(a: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
-    // SAFETY: sockaddr_storage is large and aligned enough for both families;
+/// Room for an IPv4 or IPv6 socket address: a `sockaddr_in6` (28 bytes)
+/// holds a `sockaddr_in` (16) too, with the family at the same offset; a
+/// quarter of `sockaddr_storage`, so zeroing one per message costs little.
+type SockAddr = libc::sockaddr_in6;
+
+fn to_sockaddr(a: &SocketAddr, out: &mut SockAddr) -> libc::socklen_t {
+    // SAFETY: a sockaddr_in6 is large and aligned enough for both families;
     // the writes stay within the struct.
     unsafe {
         match a {
             SocketAddr::V4(v) => {
-                let p = (out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                let p = (out as *mut SockAddr).cast::<libc::sockaddr_in>();
                 p.write(libc::sockaddr_in {
                     sin_family: libc::AF_INET as libc::sa_family_t,
                     sin_port: v.port().to_be(),
@@ -86,8 +113,7 @@ fn to_sockaddr(a: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::sockle
                 std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
             }
             SocketAddr::V6(v) => {
-                let p = (out as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
-                p.write(libc::sockaddr_in6 {
+                (out as *mut SockAddr).write(libc::sockaddr_in6 {
                     sin6_family: libc::AF_INET6 as libc::sa_family_t,
                     sin6_port: v.port().to_be(),
                     sin6_flowinfo: 0,
@@ -102,19 +128,19 @@ fn to_sockaddr(a: &SocketAddr, out: &mut libc::sockaddr_storage) -> libc::sockle
     }
 }
 
-fn from_sockaddr(s: &libc::sockaddr_storage) -> SocketAddr {
-    match i32::from(s.ss_family) {
+fn from_sockaddr(s: &SockAddr) -> SocketAddr {
+    match i32::from(s.sin6_family) {
         libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in.
-            let v = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            // SAFETY: the family says the storage holds a sockaddr_in, which
+            // is smaller than the storage and needs no stricter alignment.
+            let v = unsafe { &*(s as *const SockAddr).cast::<libc::sockaddr_in>() };
             SocketAddr::V4(SocketAddrV4::new(
                 Ipv4Addr::from(v.sin_addr.s_addr.to_ne_bytes()),
                 u16::from_be(v.sin_port),
             ))
         }
         libc::AF_INET6 => {
-            // SAFETY: the family says the storage holds a sockaddr_in6.
-            let v = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let v = s;
             SocketAddr::V6(SocketAddrV6::new(
                 Ipv6Addr::from(v.sin6_addr.s6_addr),
                 u16::from_be(v.sin6_port),
@@ -126,34 +152,45 @@ fn from_sockaddr(s: &libc::sockaddr_storage) -> SocketAddr {
     }
 }
 
-pub(crate) fn recv_burst(sock: &UdpSocket, bufs: &mut [PacketBuf]) -> io::Result<usize> {
-    let n = bufs.len().min(BURST);
-    if n == 0 {
-        return Ok(0);
-    }
-    // SAFETY: all-zero is a valid value for these plain C structs.
-    let mut addrs: [libc::sockaddr_storage; BURST] = unsafe { MaybeUninit::zeroed().assume_init() };
-    // SAFETY: as above.
-    let mut iovs: [libc::iovec; BURST] = unsafe { MaybeUninit::zeroed().assume_init() };
-    // SAFETY: as above.
-    let mut msgs: [libc::mmsghdr; BURST] = unsafe { MaybeUninit::zeroed().assume_init() };
+/// Room for one control message carrying an int (`CMSG_SPACE(4)` is 24 on
+/// 64-bit Linux), aligned for `cmsghdr`.
+type Control = [u64; 4];
+
+/// Receives up to [`BURST`] datagrams into `rx`, reading each one's GRO
+/// segment size from its control message.
+pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch) -> io::Result<()> {
+    rx.msgs.clear();
+    let n = rx.bufs.len().min(BURST);
+    // Only the first `n` entries are initialised and passed to the kernel;
+    // no zeroing of whole arrays per call (that showed in profiles).
+    // SAFETY: all-zero is a valid socket address (family AF_UNSPEC).
+    let mut addrs: [SockAddr; BURST] = unsafe { std::mem::zeroed() };
+    let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BURST];
+    let mut ctrl = [MaybeUninit::<Control>::uninit(); BURST];
+    let mut msgs = [MaybeUninit::<libc::mmsghdr>::uninit(); BURST];
     for i in 0..n {
-        iovs[i] = libc::iovec {
-            iov_base: bufs[i].data.as_mut_ptr().cast(),
-            iov_len: MAX_PACKET,
-        };
-        msgs[i].msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_storage).cast();
-        msgs[i].msg_hdr.msg_namelen =
-            std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
+        iovs[i].write(libc::iovec {
+            iov_base: rx.bufs[i].as_mut_ptr().cast(),
+            iov_len: rx.bufs[i].len(),
+        });
+        // SAFETY: all-zero is a valid mmsghdr; the pointers set below point
+        // at entries of the arrays above, which outlive the call.
+        let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        m.msg_hdr.msg_name = (&mut addrs[i] as *mut SockAddr).cast();
+        m.msg_hdr.msg_namelen = std::mem::size_of::<SockAddr>() as libc::socklen_t;
+        m.msg_hdr.msg_iov = iovs[i].as_mut_ptr();
+        m.msg_hdr.msg_iovlen = 1;
+        m.msg_hdr.msg_control = ctrl[i].as_mut_ptr().cast();
+        m.msg_hdr.msg_controllen = std::mem::size_of::<Control>() as _;
+        msgs[i].write(m);
     }
-    // SAFETY: `msgs[..n]` point at live iovecs over live buffers of
-    // MAX_PACKET bytes and at live address storage, all outliving the call.
+    // SAFETY: `msgs[..n]` are initialised and point at live iovecs over live
+    // buffers of their stated length, at live address storage and control
+    // buffers, all outliving the call.
     let got = unsafe {
         libc::recvmmsg(
             sock.as_raw_fd(),
-            msgs.as_mut_ptr(),
+            msgs.as_mut_ptr().cast(),
             n as libc::c_uint,
             libc::MSG_DONTWAIT,
             std::ptr::null_mut(),
@@ -162,63 +199,121 @@ pub(crate) fn recv_burst(sock: &UdpSocket, bufs: &mut [PacketBuf]) -> io::Result
     if got < 0 {
         let e = io::Error::last_os_error();
         return if e.kind() == io::ErrorKind::WouldBlock {
-            Ok(0)
+            Ok(())
         } else {
             Err(e)
         };
     }
-    let got = got as usize;
-    for i in 0..got {
-        bufs[i].len = msgs[i].msg_len as usize;
-        bufs[i].peer = from_sockaddr(&addrs[i]);
+    for i in 0..got as usize {
+        // SAFETY: initialised above; the kernel filled the first `got`.
+        let m = unsafe { msgs[i].assume_init_ref() };
+        let len = m.msg_len as usize;
+        // A datagram from an address too long for SockAddr (not IPv4/IPv6)
+        // is truncated, keeps an unknown family and maps to 0.0.0.0:0.
+        let peer = from_sockaddr(&addrs[i]);
+        rx.msgs.push(RxMsg {
+            len,
+            seg: gro_segment(&m.msg_hdr).unwrap_or(len),
+            peer,
+        });
     }
-    Ok(got)
+    Ok(())
 }
 
-pub(crate) fn send_burst(sock: &UdpSocket, bufs: &[PacketBuf]) -> io::Result<usize> {
+/// The `UDP_GRO` segment size in a received message's control data.
+fn gro_segment(h: &libc::msghdr) -> Option<usize> {
+    // SAFETY: `h` is a msghdr the kernel filled, whose control pointer and
+    // (updated) length describe live memory; the CMSG macros stay within it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(v).ok().filter(|&v| v > 0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
+}
+
+/// Sends `bufs`, each run of [`gso_run`] as one message (with a
+/// `UDP_SEGMENT` control message when it has several packets). Returns the
+/// packets of the messages the kernel took.
+pub(crate) fn send_burst(sock: &UdpSocket, bufs: &[PacketBuf], gso: bool) -> io::Result<usize> {
+    // Iovecs for one sendmmsg: BURST messages of up to MAX_GSO_SEGMENTS.
+    const IOVS: usize = 4 * MAX_GSO_SEGMENTS;
     let mut sent = 0;
     while sent < bufs.len() {
-        let chunk = &bufs[sent..(sent + BURST).min(bufs.len())];
-        // SAFETY: all-zero is a valid value for these plain C structs.
-        let mut addrs: [libc::sockaddr_storage; BURST] =
-            unsafe { MaybeUninit::zeroed().assume_init() };
-        // SAFETY: as above.
-        let mut iovs: [libc::iovec; BURST] = unsafe { MaybeUninit::zeroed().assume_init() };
-        // SAFETY: as above.
-        let mut msgs: [libc::mmsghdr; BURST] = unsafe { MaybeUninit::zeroed().assume_init() };
-        for (i, b) in chunk.iter().enumerate() {
-            let alen = to_sockaddr(&b.peer, &mut addrs[i]);
-            iovs[i] = libc::iovec {
-                iov_base: b.data.as_ptr() as *mut libc::c_void,
-                iov_len: b.len,
-            };
-            msgs[i].msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_storage).cast();
-            msgs[i].msg_hdr.msg_namelen = alen;
-            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
+        // SAFETY: all-zero is a valid socket address (family AF_UNSPEC).
+        let mut addrs: [SockAddr; BURST] = unsafe { std::mem::zeroed() };
+        let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); IOVS];
+        let mut ctrl = [MaybeUninit::<Control>::uninit(); BURST];
+        let mut msgs = [MaybeUninit::<libc::mmsghdr>::uninit(); BURST];
+        let mut runs = [0usize; BURST];
+        let (mut nmsg, mut niov, mut at) = (0, 0, sent);
+        while nmsg < BURST && at < bufs.len() {
+            let run = gso_run(&bufs[at..], gso);
+            if niov + run > IOVS {
+                break;
+            }
+            let first = &bufs[at];
+            let alen = to_sockaddr(&first.peer, &mut addrs[nmsg]);
+            for (k, b) in bufs[at..at + run].iter().enumerate() {
+                iovs[niov + k].write(libc::iovec {
+                    iov_base: b.data.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len,
+                });
+            }
+            // SAFETY: all-zero is a valid mmsghdr.
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_name = (&mut addrs[nmsg] as *mut SockAddr).cast();
+            m.msg_hdr.msg_namelen = alen;
+            m.msg_hdr.msg_iov = iovs[niov].as_mut_ptr();
+            m.msg_hdr.msg_iovlen = run;
+            if run > 1 {
+                let c = ctrl[nmsg].write([0; 4]);
+                m.msg_hdr.msg_control = c.as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE/LEN are pure arithmetic.
+                m.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
+                // SAFETY: the control buffer is 32 bytes, more than
+                // CMSG_SPACE(2) = 24; CMSG_FIRSTHDR returns its start.
+                unsafe {
+                    let h = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                    (*h).cmsg_level = libc::SOL_UDP;
+                    (*h).cmsg_type = libc::UDP_SEGMENT;
+                    (*h).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(h).cast::<u16>(), first.len as u16);
+                }
+            }
+            msgs[nmsg].write(m);
+            runs[nmsg] = run;
+            nmsg += 1;
+            niov += run;
+            at += run;
         }
-        // SAFETY: `msgs[..chunk.len()]` reference live buffers (only read by
-        // the kernel) and live addresses for the duration of the call.
+        // SAFETY: `msgs[..nmsg]` are initialised and reference live buffers
+        // (only read by the kernel), addresses and control data for the
+        // duration of the call.
         let rc = unsafe {
             libc::sendmmsg(
                 sock.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                chunk.len() as libc::c_uint,
+                msgs.as_mut_ptr().cast(),
+                nmsg as libc::c_uint,
                 libc::MSG_DONTWAIT,
             )
         };
         if rc < 0 {
             let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock && sent > 0 {
+            return if e.kind() == io::ErrorKind::WouldBlock || sent > 0 {
                 Ok(sent)
-            } else if e.kind() == io::ErrorKind::WouldBlock {
-                Ok(0)
             } else {
                 Err(e)
             };
         }
-        sent += rc as usize;
-        if (rc as usize) < chunk.len() {
+        let took = rc as usize;
+        sent += runs[..took].iter().sum::<usize>();
+        if took < nmsg {
             break;
         }
     }

@@ -19,6 +19,21 @@ fn packet(len: usize, psn: u32) -> Vec<u8> {
     b
 }
 
+/// Receives until `want` packets arrived (or 5 s passed): (peer, bytes) and
+/// the number of datagrams they came in.
+fn receive(port: &mut UdpPort, want: usize) -> (Vec<(SocketAddr, Vec<u8>)>, usize) {
+    let mut rx = RxBatch::default();
+    let (mut got, mut datagrams) = (Vec::new(), 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < want && Instant::now() < deadline {
+        let n = port.recv_batch(&mut rx).unwrap();
+        assert_eq!(rx.packets().count(), n);
+        datagrams += rx.datagrams();
+        got.extend(rx.packets().map(|(a, p)| (a, p.to_vec())));
+    }
+    (got, datagrams)
+}
+
 #[test]
 fn burst_send_receive_with_icrc_sealed_for_ip_id_0() {
     let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 77, 1));
@@ -34,30 +49,120 @@ fn burst_send_receive_with_icrc_sealed_for_ip_id_0() {
         p.peer = b.local_addr();
         a.seal(p.peer, &mut p.data[..p.len]).unwrap();
     }
+    // Lengths all differ: no GSO run has two packets, every ID is 0.
     assert_eq!(a.send_burst(&out).unwrap(), 40);
-    let mut got = Vec::new();
-    let mut rx: Vec<PacketBuf> = (0..BURST).map(|_| PacketBuf::new()).collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while got.len() < 40 && Instant::now() < deadline {
-        let n = b.recv_burst(&mut rx).unwrap();
-        for r in &rx[..n] {
-            assert_eq!(r.peer, a.local_addr());
-            assert_eq!(b.check_icrc(r.peer, r.bytes()), IcrcCheck::Ok);
-            got.push(r.bytes().to_vec());
-        }
-    }
+    let (got, _) = receive(&mut b, 40);
     assert_eq!(got.len(), 40);
-    for (i, g) in got.iter().enumerate() {
+    for (i, (peer, g)) in got.iter().enumerate() {
+        assert_eq!(*peer, a.local_addr());
+        assert_eq!(b.check_icrc(*peer, g), IcrcCheck::Ok);
         let p = burst_wire::IbPacket::new_checked(&g[..]).unwrap();
         assert_eq!(p.bth().psn().value(), i as u32);
         assert_eq!(p.payload_len(), i * 100);
     }
     // a corrupted packet does not verify for any IP ID
-    let mut bad = got[3].clone();
+    let mut bad = got[3].1.clone();
     bad[13] ^= 1;
     assert_eq!(b.check_icrc(a.local_addr(), &bad), IcrcCheck::Bad);
     // nothing pending: a non-blocking receive returns 0
-    assert_eq!(b.recv_burst(&mut rx).unwrap(), 0);
+    let mut rx = RxBatch::default();
+    assert_eq!(b.recv_batch(&mut rx).unwrap(), 0);
+    assert_eq!(rx.packets().count(), 0);
+}
+
+/// Runs of equal-length packets leave as one GSO message each and arrive
+/// coalesced (GRO); every packet's ICRC was sealed with its index in its run
+/// as the IP ID, which the receiver's solver recovers.
+#[test]
+fn gso_runs_arrive_coalesced_with_their_ip_ids() {
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 76, 1));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 76, 2));
+    let mut a = UdpPort::bind(a_ip).unwrap();
+    let mut b = UdpPort::bind(b_ip).unwrap();
+    assert!(a.gso(), "this kernel supports UDP_SEGMENT");
+    // 20 × 4096-byte payloads, a shorter one closing the run, then 79 of
+    // 1024 (cut by the 64 KiB limit).
+    let mut lens = vec![4096; 20];
+    lens.push(100);
+    lens.extend(std::iter::repeat_n(1024, 79));
+    let mut out: Vec<PacketBuf> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            let bytes = packet(len, i as u32);
+            let mut p = PacketBuf::new();
+            p.data[..bytes.len()].copy_from_slice(&bytes);
+            p.len = bytes.len();
+            p.peer = b.local_addr();
+            p
+        })
+        .collect();
+    let runs: Vec<usize> = {
+        let (mut v, mut i) = (Vec::new(), 0);
+        while i < out.len() {
+            let r = gso_run(&out[i..], true);
+            v.push(r);
+            i += r;
+        }
+        v
+    };
+    // 4112-byte packets: 15 fit in 65507 bytes; then 5 + the short one;
+    // 1040-byte packets: 62 fit, then the other 17.
+    assert_eq!(runs, vec![15, 6, 62, 17]);
+    assert_eq!(a.seal_burst(&mut out), 100);
+    assert_eq!(a.send_burst(&out).unwrap(), 100);
+    let (got, datagrams) = receive(&mut b, 100);
+    assert_eq!(got.len(), 100);
+    assert!(datagrams < 100, "GRO coalesced: {datagrams} datagrams");
+    let mut expect_ids = Vec::new();
+    for r in runs {
+        expect_ids.extend(0..r as u16);
+    }
+    for (i, (peer, g)) in got.iter().enumerate() {
+        let p = burst_wire::IbPacket::new_checked(&g[..]).unwrap();
+        assert_eq!(p.bth().psn().value(), i as u32);
+        assert_eq!(p.payload_len(), lens[i]);
+        let want = match expect_ids[i] {
+            0 => IcrcCheck::Ok,
+            id => IcrcCheck::OkWithId(id),
+        };
+        assert_eq!(b.check_icrc(*peer, g), want, "packet {i}");
+    }
+    // Without GSO every packet is its own datagram, sealed with ID 0.
+    a.set_gso(false);
+    assert_eq!(a.seal_burst(&mut out[..10]), 10);
+    assert_eq!(a.send_burst(&out[..10]).unwrap(), 10);
+    let (got, datagrams) = receive(&mut b, 10);
+    assert_eq!((got.len(), datagrams), (10, 10));
+    assert!(got
+        .iter()
+        .all(|(p, g)| b.check_icrc(*p, g) == IcrcCheck::Ok));
+}
+
+#[test]
+fn gso_run_rule() {
+    let peer_a = SocketAddr::from(([127, 0, 0, 1], 4791));
+    let peer_b = SocketAddr::from(([127, 0, 0, 2], 4791));
+    let bufs = |spec: &[(usize, SocketAddr)]| -> Vec<PacketBuf> {
+        spec.iter()
+            .map(|&(len, peer)| {
+                let mut p = PacketBuf::new();
+                p.len = len;
+                p.peer = peer;
+                p
+            })
+            .collect()
+    };
+    assert_eq!(gso_run(&[], true), 0);
+    let v = bufs(&[(100, peer_a), (100, peer_a), (100, peer_b)]);
+    assert_eq!(gso_run(&v, true), 2, "another peer starts a run");
+    assert_eq!(gso_run(&v, false), 1, "no GSO: one packet per message");
+    let v = bufs(&[(100, peer_a), (100, peer_a), (50, peer_a), (50, peer_a)]);
+    assert_eq!(gso_run(&v, true), 3, "a shorter packet closes the run");
+    let v = bufs(&[(100, peer_a), (200, peer_a)]);
+    assert_eq!(gso_run(&v, true), 1, "a longer packet starts a run");
+    let v = bufs(&vec![(10, peer_a); 100]);
+    assert_eq!(gso_run(&v, true), MAX_GSO_SEGMENTS);
 }
 
 #[test]

@@ -22,7 +22,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use burst_io::{IcrcCheck, PacketBuf, Port, UdpPort, BURST};
+use burst_io::{IcrcCheck, PacketBuf, Port, RxBatch, UdpPort, BURST, MAX_GSO_SEGMENTS};
 use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
 use burst_transport::{
     Qp, QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, Srq, VerbsError,
@@ -328,7 +328,7 @@ pub struct Device {
     /// Counters of destroyed QPs, kept for the device totals.
     destroyed: burst_transport::Counters,
     ahs: Vec<SocketAddr>,
-    rx: Vec<PacketBuf>,
+    rx: RxBatch,
     tx: Vec<PacketBuf>,
     start: Instant,
     /// When a packet last arrived (for the linger on close).
@@ -377,8 +377,9 @@ impl Device {
             srqs: Vec::new(),
             destroyed: burst_transport::Counters::default(),
             ahs: Vec::new(),
-            rx: (0..BURST).map(|_| PacketBuf::new()).collect(),
-            tx: (0..BURST).map(|_| PacketBuf::new()).collect(),
+            rx: RxBatch::new(BURST),
+            // A round sends up to a full GSO run per QP burst.
+            tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
             start: Instant::now(),
             last_rx: Instant::now(),
             port_mtu,
@@ -708,7 +709,7 @@ impl Device {
     }
 
     fn receive(&mut self, now: u64) {
-        let n = match self.port.recv_burst(&mut self.rx) {
+        let n = match self.port.recv_batch(&mut self.rx) {
             Ok(n) => n,
             Err(_) => return,
         };
@@ -717,13 +718,13 @@ impl Device {
         }
         let local = self.port.local_addr();
         let mut mem = self.mrs.memory();
-        for b in &self.rx[..n] {
+        for (peer, bytes) in self.rx.packets() {
             self.counters.rcvd_pkts += 1;
-            let Ok(pkt) = IbPacket::new_checked(b.bytes()) else {
+            let Ok(pkt) = IbPacket::new_checked(bytes) else {
                 self.counters.malformed += 1;
                 continue;
             };
-            match self.port.check_icrc(b.peer, b.bytes()) {
+            match self.port.check_icrc(peer, bytes) {
                 IcrcCheck::Ok => self.counters.icrc_verified += 1,
                 IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
                 IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
@@ -738,7 +739,7 @@ impl Device {
             };
             // Only UD receives carry a GRH area: don't build it for RC/UC.
             let grh = (pkt.info().transport == burst_wire::Transport::Ud)
-                .then(|| grh_for(b.peer.ip(), local.ip(), b.len));
+                .then(|| grh_for(peer.ip(), local.ip(), bytes.len()));
             match s
                 .srq
                 .and_then(|i| self.srqs.get_mut(i))
@@ -772,9 +773,6 @@ impl Device {
                 {
                     continue;
                 }
-                if self.port.seal(peer, &mut buf.data[..len]).is_err() {
-                    continue;
-                }
                 self.counters.sent_pkts += 1;
                 self.drop_rng ^= self.drop_rng << 13;
                 self.drop_rng ^= self.drop_rng >> 7;
@@ -790,10 +788,19 @@ impl Device {
             q.flush_unreliable();
         }
         if n > 0 {
-            let _ = self.port.send_burst(&self.tx[..n]);
+            // Sealed last: a packet's IP ID (in its ICRC) is its index in
+            // its GSO run, known once the burst is complete.
+            let n = self.port.seal_burst(&mut self.tx[..n]);
+            if let Err(e) = self.port.send_burst(&self.tx[..n]) {
+                // The transport retransmits what was lost.
+                tracing::debug!("send: {e}");
+            }
         }
     }
 }
+
+/// Packets one round sends at most: four GSO runs' worth.
+const TX_BURST: usize = 4 * MAX_GSO_SEGMENTS;
 
 /// The slot of `qpn` (QPNs index the table from [`FIRST_QPN`]).
 fn qp_index_in(qps: &[Option<QpSlot>], qpn: Qpn) -> Result<usize, VerbsError> {
