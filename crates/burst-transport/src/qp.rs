@@ -798,11 +798,19 @@ impl Qp {
     /// The next packet to send, if any: responses first (ACKs, NAKs, READ
     /// responses, atomic ACKs), then requests.
     pub fn poll_transmit(&mut self, now: Nanos) -> Option<Transmit<'_>> {
-        if !self.resp.out.is_empty() {
+        let request = self.next_request();
+        // Responder packets go first, except a lone coalesced ACK when a
+        // request is ready: the ACK is off the peer's critical path, while
+        // the request (often the reply to the message being ACKed) is on
+        // it. The two are in different PSN spaces, so their order is free.
+        let ack_last = request.is_some()
+            && self.resp.out.len() == 1
+            && matches!(self.resp.out.front(), Some(Out::Ack));
+        if !self.resp.out.is_empty() && !ack_last {
             self.counters.sent_pkts += 1;
             return self.poll_response();
         }
-        self.poll_request(now)
+        self.poll_request(request?, now)
     }
 
     fn credits(&self) -> Credits {
@@ -876,12 +884,14 @@ impl Qp {
         Some(Transmit { ib, payload, ah })
     }
 
-    fn poll_request(&mut self, now: Nanos) -> Option<Transmit<'_>> {
+    /// The send-queue index of the request packet that may go now, if any:
+    /// skips finished WQEs, then applies the admission rules (fence, READ
+    /// and atomic credits, the packet window).
+    fn next_request(&mut self) -> Option<usize> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return None;
         }
         let t = self.cfg.qp_type;
-        let mtu = self.attrs.mtu.bytes() as u64;
         // Skip over WQEs with nothing left to send.
         loop {
             let w = self.req.sq.get(self.req.send_idx)?;
@@ -894,27 +904,32 @@ impl Qp {
         let idx = self.req.send_idx;
         let inflight = self.req.una_psn.distance_to(self.req.next_psn).max(0) as u32;
         let window = self.cfg.max_inflight_packets;
-        {
-            let w = &self.req.sq[idx];
-            if w.first_psn.is_none() {
-                // Admission of a new WQE.
-                if self.state == QpState::Sqd {
+        let w = &self.req.sq[idx];
+        if w.first_psn.is_none() {
+            // Admission of a new WQE.
+            if self.state == QpState::Sqd {
+                return None;
+            }
+            if t == QpType::Rc {
+                let max_rd = u32::from(self.attrs.max_rd_atomic.max(1));
+                if w.wr.fence && self.req.rd_atomic_inflight > 0 {
                     return None;
                 }
-                if t == QpType::Rc {
-                    let max_rd = u32::from(self.attrs.max_rd_atomic.max(1));
-                    if w.wr.fence && self.req.rd_atomic_inflight > 0 {
-                        return None;
-                    }
-                    if w.wr.op.is_read_or_atomic() && self.req.rd_atomic_inflight >= max_rd {
-                        return None;
-                    }
-                    if inflight > 0 && inflight + w.npsn.min(window) > window {
-                        return None;
-                    }
+                if w.wr.op.is_read_or_atomic() && self.req.rd_atomic_inflight >= max_rd {
+                    return None;
+                }
+                if inflight > 0 && inflight + w.npsn.min(window) > window {
+                    return None;
                 }
             }
         }
+        Some(idx)
+    }
+
+    /// Builds the next packet of WQE `idx` (admitted by [`Qp::next_request`]).
+    fn poll_request(&mut self, idx: usize, now: Nanos) -> Option<Transmit<'_>> {
+        let t = self.cfg.qp_type;
+        let mtu = self.attrs.mtu.bytes() as u64;
         let timeout = self.ack_timeout_ns();
         let qkey_own = self.attrs.qkey;
         let (dest_qpn, own_ah, own_qpn) = (self.attrs.dest_qpn, self.attrs.ah, self.cfg.qpn);

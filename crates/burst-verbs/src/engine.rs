@@ -457,8 +457,9 @@ fn run(shared: &Shared) {
         let now = shared.epoch.elapsed().as_nanos() as u64;
         let app = shared.app_stepped.load(Ordering::Relaxed);
         if app != 0 && now.saturating_sub(app) < APP_ACTIVE_NS {
-            // An application thread is driving: don't compete for the core.
-            std::thread::sleep(Duration::from_micros(200));
+            // An application thread is driving: don't compete for the core
+            // (each wake-up preempts a polling thread on a small machine).
+            std::thread::sleep(Duration::from_micros(1000));
             continue;
         }
         let busy = match shared.core.try_lock() {
@@ -972,7 +973,11 @@ impl Context {
         let ring = self.ring(qpn)?;
         ring.recv.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
         self.shared.doorbell.push(qpn.value());
-        self.progress();
+        // No step: the WQE is taken at the next step (a post_send or a poll
+        // of an empty CQ). Stepping here would send the deferred ACK of the
+        // message just received alone, a system call before the reply the
+        // application is about to post and it could ride with (ping-pong:
+        // four sends per round trip instead of two).
         Ok(())
     }
 
@@ -1085,7 +1090,7 @@ impl QueuePair {
             .push(recv_wqe_parts(wr_id, sges)?)
             .map_err(|_| PostError::Full)?;
         self.ctx.shared.doorbell.push(self.rings.qpn.value());
-        self.ctx.progress();
+        // No step: see `Context::post_recv`.
         Ok(())
     }
 
@@ -1138,7 +1143,7 @@ impl SharedReceiveQueue {
             .push(recv_wqe_parts(wr_id, sges)?)
             .map_err(|_| PostError::Full)?;
         self.ctx.shared.doorbell.push(SRQ_DOORBELL | self.id.0);
-        self.ctx.progress();
+        // No step: see `Context::post_recv`.
         Ok(())
     }
 }
