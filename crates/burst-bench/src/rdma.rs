@@ -309,6 +309,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
     let end = p.duration.map(|d| start + d);
     let deadline = start + p.duration.unwrap_or(Duration::from_secs(0)) + Duration::from_secs(120);
     let pb = crate::report::progress(if end.is_some() { 0 } else { target * nq as u64 }, name);
+    let before = s.ctx.counters().map_err(err("counters"))?.qps;
     // In duration mode, stop posting at the end and count what the
     // signalled completions cover (unsignalled tail WRs are not waited for).
     let signalled = |posted: u64| -> u64 {
@@ -360,6 +361,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     let msgs: u64 = done.iter().sum();
+    let after = s.ctx.counters().map_err(err("counters"))?.qps;
     Ok(Bw {
         test: test.name().into(),
         transport: "burst".into(),
@@ -368,6 +370,8 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         gbps: msgs as f64 * len as f64 * 8.0 / secs / 1e9,
         mpps: msgs as f64 / secs / 1e6,
         secs,
+        retransmitted_pkts: after.retransmitted_pkts - before.retransmitted_pkts,
+        retransmits_started: after.retransmits_started - before.retransmits_started,
     })
 }
 

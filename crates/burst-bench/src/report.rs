@@ -20,6 +20,11 @@ pub struct Bw {
     pub mpps: f64,
     /// Wall time of the measurement, seconds.
     pub secs: f64,
+    /// burst only: packets the sender retransmitted and go-back-N rounds it
+    /// started (0 for TCP and raw UDP, which do not say).
+    pub retransmitted_pkts: u64,
+    /// See `retransmitted_pkts`.
+    pub retransmits_started: u64,
 }
 
 /// One latency result line, in microseconds.

@@ -93,6 +93,8 @@ pub fn stream(
         gbps: sent as f64 * size as f64 * 8.0 / secs / 1e9,
         mpps: sent as f64 / secs / 1e6,
         secs,
+        retransmitted_pkts: 0,
+        retransmits_started: 0,
     })
 }
 

@@ -463,7 +463,7 @@ fn run(shared: &Shared) {
             continue;
         }
         let busy = match shared.core.try_lock() {
-            Ok(mut core) => core.step(shared),
+            Ok(mut core) => core.step(shared, Round::Full),
             Err(_) => false,
         };
         if busy {
@@ -478,9 +478,10 @@ fn run(shared: &Shared) {
 }
 
 impl Core {
-    /// One round: control requests, doorbells, receive/timers/transmit,
-    /// completions into the CQ rings. Returns whether there was work.
-    fn step(&mut self, shared: &Shared) -> bool {
+    /// One round: control requests, doorbells, transmit (and, for a full
+    /// round, receive and timers), completions into the CQ rings. Returns
+    /// whether there was work.
+    fn step(&mut self, shared: &Shared, round: Round) -> bool {
         let Some(dev) = self.dev.as_mut() else {
             return false;
         };
@@ -540,7 +541,10 @@ impl Core {
                 }
             }
         }
-        dev.progress();
+        match round {
+            Round::Full => dev.progress(),
+            Round::Transmit => dev.transmit_now(),
+        }
         for id in dev.take_srq_limit_events() {
             shared.srq_events.push(id);
         }
@@ -566,6 +570,15 @@ impl Core {
         }
         busy
     }
+}
+
+/// What a step of the core does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Transmit, receive, timers.
+    Full,
+    /// Transmit only (after a post).
+    Transmit,
 }
 
 /// Puts a completion in a CQ ring and fires its event if it is armed.
@@ -722,6 +735,18 @@ impl Context {
     /// stepping it; returns whether there was work. Posting and polling
     /// call this, so an application that busy-polls drives its own I/O.
     pub fn progress(&self) -> bool {
+        self.step(Round::Full)
+    }
+
+    /// [`Context::progress`] without the receive: what posting a send does.
+    /// The reply to a request cannot have arrived yet, and a bandwidth test
+    /// that posts many WRs between polls would otherwise pay an empty
+    /// `recvmmsg` per WR; the next poll of an empty CQ receives.
+    fn progress_transmit(&self) -> bool {
+        self.step(Round::Transmit)
+    }
+
+    fn step(&self, round: Round) -> bool {
         let sh = &*self.shared;
         if sh.stop.load(Ordering::Acquire) {
             return false;
@@ -731,7 +756,7 @@ impl Context {
         };
         let now = sh.epoch.elapsed().as_nanos() as u64;
         sh.app_stepped.store(now.max(1), Ordering::Relaxed);
-        core.step(sh)
+        core.step(sh, round)
     }
 
     /// Creates a QP with its rings (depth `depth` each) and default sizes;
@@ -964,7 +989,7 @@ impl Context {
         }
         ring.send.push(e).map_err(|_| PostError::Full)?;
         self.shared.doorbell.push(ring.qpn.value());
-        self.progress();
+        self.progress_transmit();
         Ok(())
     }
 

@@ -694,18 +694,29 @@ impl Device {
                 s.qp.handle_timeout(now);
             }
         }
+        self.collect_completions();
+    }
+
+    /// Sends what is pending (the ACKs of the last receives, newly posted
+    /// requests) without receiving, and collects the completions that
+    /// sending alone produces (UC and UD sends).
+    pub fn transmit_now(&mut self) {
+        let now = self.now();
+        self.transmit(now);
+        self.collect_completions();
+    }
+
+    /// Sends what is pending without receiving: for a device about to close.
+    pub fn flush(&mut self) {
+        self.transmit_now();
+    }
+
+    fn collect_completions(&mut self) {
         for s in self.qps.iter_mut().flatten() {
             while let Some(wc) = s.qp.poll_completion() {
                 s.completions.push_back(wc);
             }
         }
-    }
-
-    /// Sends what is pending (the ACKs of the last receives) without
-    /// receiving: for a device about to close.
-    pub fn flush(&mut self) {
-        let now = self.now();
-        self.transmit(now);
     }
 
     fn receive(&mut self, now: u64) {
