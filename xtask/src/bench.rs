@@ -167,6 +167,124 @@ fn criterion(root: &Path) -> BTreeMap<String, f64> {
     out
 }
 
+/// One perftest figure from the lab VMs.
+struct VmFigure {
+    stack: &'static str,
+    test: &'static str,
+    round: usize,
+    value: f64,
+}
+
+/// RXE to RXE and burst to burst between the two lab VMs (`rxe-vm pair`,
+/// QEMU TCG, 1 vCPU each), alternating stacks round by round in one boot:
+/// each VM switches between kernel RXE and burst's drop-in libibverbs by
+/// loading or removing `rdma_rxe` (which frees UDP 4791). Figures: Debian's
+/// `ib_write_bw` 64 KiB (Gb/s) and `ib_send_lat` 2 B (typical, us).
+fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
+    let dir = dropin::build(root).ok_or("build of the drop-in library failed")?;
+    let lab = root.join("../shared/rxe-lab/rxe-vm");
+    let labnet = root.join("../shared/rxe-lab/labnet.py");
+    let labnet = labnet.canonicalize().unwrap_or(labnet);
+    let lib = dir.canonicalize().unwrap_or(dir);
+    let tests: [(&str, &str); 2] = [
+        ("write_bw", "ib_write_bw -F -s 65536 -n 200 --report_gbits"),
+        ("send_lat", "ib_send_lat -F -s 2 -n 500"),
+    ];
+    let stacks = [
+        (
+            "rxe",
+            "modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0 2>/dev/null; sleep 1",
+            "-d rxe0 -x $RXE_GID_INDEX",
+            "",
+        ),
+        (
+            "burst",
+            "rdma link delete rxe0 2>/dev/null; modprobe -r rdma_rxe",
+            "-d burst0 -x 0",
+            "BURST_ADDR=$RXE_IP",
+        ),
+    ];
+    let (mut server, mut client) = (String::new(), String::new());
+    let mut port = 24000u16;
+    for r in 1..=rounds {
+        for (stack, switch, dev, env) in stacks {
+            server.push_str(&format!("{switch}; "));
+            client.push_str(&format!("{switch}; "));
+            for (test, cmd) in tests {
+                port += 1;
+                let ld = if env.is_empty() {
+                    String::new()
+                } else {
+                    format!("{env} LD_LIBRARY_PATH={}", lib.display())
+                };
+                server.push_str(&format!(
+                    "{ld} timeout 120 {cmd} {dev} -p {port} >/dev/null 2>&1; "
+                ));
+                client.push_str(&format!(
+                    "/usr/bin/python3 {} synprobe $RXE_SERVER_IP {port} 120 >/dev/null 2>&1; {ld} timeout 120 {cmd} {dev} -p {port} $RXE_SERVER_IP 2>&1 | sed 's/^/VMBENCH {stack} {test} {r} /'; ",
+                    labnet.display()
+                ));
+            }
+        }
+    }
+    let _ = Command::new("bash").arg(&lab).arg("setup").status();
+    let out = Command::new("timeout")
+        .arg((600 + 300 * rounds).to_string())
+        .arg("bash")
+        .arg(&lab)
+        .args(["pair", "--", &server, "---", &client])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("rxe-vm pair: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut figs = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.split("VMBENCH ").nth(1) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() < 8 {
+            continue;
+        }
+        let Ok(round) = f[2].parse::<usize>() else {
+            continue;
+        };
+        // perftest's numbers row: bytes, iterations, then the figures.
+        let (Ok(bytes), Ok(_)) = (f[3].parse::<u64>(), f[4].parse::<u64>()) else {
+            continue;
+        };
+        let (test, value) = match (f[1], bytes) {
+            // #bytes #iterations BW-peak BW-average MsgRate
+            ("write_bw", 65536) => ("write_bw", f[6].parse::<f64>().ok()),
+            // #bytes #iterations t_min t_max t_typical ...
+            ("send_lat", 2) => ("send_lat", f[7].parse::<f64>().ok()),
+            _ => continue,
+        };
+        let stack = if f[0] == "rxe" { "rxe" } else { "burst" };
+        if let Some(value) = value {
+            figs.push(VmFigure {
+                stack,
+                test,
+                round,
+                value,
+            });
+        }
+    }
+    if figs.is_empty() {
+        return Err(format!(
+            "rxe-vm pair gave no figures (exit {:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
+    }
+    Ok(figs)
+}
+
 fn plot_bw(path: &Path, sweep: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(), String> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
@@ -246,15 +364,42 @@ fn plot_cdf(path: &Path, cdfs: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(),
     root.present().map_err(|e| e.to_string())
 }
 
-/// `cargo xtask bench [--rounds N] [--secs S] [--no-sweep]`.
+/// `cargo xtask bench [--rounds N] [--secs S] [--no-sweep] [--no-criterion]
+/// [--no-rxe]`.
 pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     let val = |f: &str| args.windows(2).find(|w| w[0] == f).map(|w| w[1].clone());
+    let has = |f: &str| args.iter().any(|a| a == f);
     let rounds: usize = val("--rounds")
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
     let secs = val("--secs").unwrap_or_else(|| "3".into());
-    let sweep_on = !args.iter().any(|a| a == "--no-sweep");
+    let sweep_on = !has("--no-sweep");
+    let mut errors = Vec::new();
+    if !has("--no-criterion")
+        && !step(
+            "criterion micro-benchmarks",
+            &mut cargo(
+                root,
+                &[
+                    "bench",
+                    "-p",
+                    "burst-wire",
+                    "-p",
+                    "burst-transport",
+                    "-p",
+                    "burst-dsa",
+                    "--",
+                    "--warm-up-time",
+                    "1",
+                    "--measurement-time",
+                    "3",
+                ],
+            ),
+        )
+    {
+        errors.push("criterion: cargo bench failed".to_string());
+    }
     if !step(
         "build burst-bench",
         &mut cargo(root, &["build", "--release", "-p", "burst-bench"]),
@@ -274,13 +419,17 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     }
     let started = chrono_now();
     let mut results: Vec<Value> = Vec::new();
-    let mut errors = Vec::new();
     let mut port = 26000u16;
     let bw_args = ["-s", "65536", "-D", &secs, "-m", "4096"];
     let lat_args = ["-s", "64", "-D", &secs, "-m", "4096"];
+    let lat_e_args = ["-s", "64", "-D", &secs, "-m", "4096", "-e"];
     for r in 0..rounds {
         for t in TRANSPORTS {
-            for (test, a) in [("write_bw", &bw_args[..]), ("send_lat", &lat_args[..])] {
+            for (test, a) in [
+                ("write_bw", &bw_args[..]),
+                ("send_lat", &lat_args[..]),
+                ("send_lat", &lat_e_args[..]),
+            ] {
                 port += 1;
                 let mut args: Vec<&str> = a.to_vec();
                 args.extend(["--transport", t]);
@@ -318,20 +467,60 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         }
     }
     dropin::veth_teardown();
+    let vm = if has("--no-rxe") {
+        Vec::new()
+    } else {
+        println!("xtask: bench RXE vs burst between the two lab VMs ({rounds} rounds)");
+        match rxe_pair(root, rounds) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(format!("RXE pair: {e}"));
+                Vec::new()
+            }
+        }
+    };
     // Summaries.
-    let pick = |test: &str, t: &str, field: &str| -> Vec<f64> {
+    let pick = |test: &str, t: &str, field: &str, events: bool| -> Vec<f64> {
         results
             .iter()
             .filter(|x| x["test"] == test && x["transport"] == t)
+            .filter(|x| x["events"].as_bool().unwrap_or(false) == events)
             .filter_map(|x| x[field].as_f64())
             .collect()
     };
     let mut summary = BTreeMap::new();
     for t in TRANSPORTS {
-        summary.insert(format!("write_bw {t} gbps"), pick("write_bw", t, "gbps"));
-        summary.insert(format!("send_lat {t} p50"), pick("send_lat", t, "p50"));
-        summary.insert(format!("send_lat {t} p99"), pick("send_lat", t, "p99"));
+        summary.insert(
+            format!("write_bw {t} gbps"),
+            pick("write_bw", t, "gbps", false),
+        );
+        summary.insert(
+            format!("send_lat {t} p50"),
+            pick("send_lat", t, "p50", false),
+        );
+        summary.insert(
+            format!("send_lat {t} p99"),
+            pick("send_lat", t, "p99", false),
+        );
+        summary.insert(
+            format!("send_lat_e {t} p50"),
+            pick("send_lat", t, "p50", true),
+        );
+        summary.insert(
+            format!("send_lat_e {t} p99"),
+            pick("send_lat", t, "p99", true),
+        );
     }
+    let vm_pick = |stack: &str, test: &str| -> Vec<f64> {
+        vm.iter()
+            .filter(|f| f.stack == stack && f.test == test)
+            .map(|f| f.value)
+            .collect()
+    };
+    let vm_json: Vec<Value> = vm
+        .iter()
+        .map(|f| json!({"stack": f.stack, "test": f.test, "round": f.round, "value": f.value}))
+        .collect();
     let m = |k: &str| median(summary.get(k).map_or(&[][..], |v| &v[..]));
     let record = json!({
         "started": started,
@@ -347,6 +536,11 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         "rounds": rounds,
         "results": results,
         "sweep": sweep,
+        "rxe_vm_pair": {
+            "path": "two QEMU TCG VMs (1 vCPU, 1 GiB each) on the lab bridge, link MTU 1500; emulated",
+            "commands": "ib_write_bw -F -s 65536 -n 200 --report_gbits (Gb/s, average); ib_send_lat -F -s 2 -n 500 (typical, us); RXE: -d rxe0; burst: -d burst0 with BURST_ADDR and LD_LIBRARY_PATH=target/dropin, rdma_rxe unloaded",
+            "figures": vm_json,
+        },
         "criterion_ns": criterion(root),
         "errors": errors,
     });
@@ -425,6 +619,8 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             "<= 1.2 and <= 0.8",
         ),
         ("64 B ping-pong half RTT p99, us", "send_lat", "p99", ""),
+        ("same, event-driven (-e) p50, us", "send_lat_e", "p50", ""),
+        ("same, event-driven (-e) p99, us", "send_lat_e", "p99", ""),
     ];
     for (title, test, field, target) in rows {
         let key = |t: &str| format!("{test} {t} {field}");
@@ -438,13 +634,37 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         ));
     }
     md.push('\n');
-    md.push_str("Medians with min-max over the rounds. TCP: one stream of 64 KiB writes; request/response busy-polled (non-blocking socket). Raw UDP: the same datagrams through burst-io's port code with no transport, no ICRC and no placement (sender blasts, receiver counts).\n\n");
+    md.push_str("Medians with min-max over the rounds. TCP: one stream of 64 KiB writes; request/response busy-polled (non-blocking socket), or with blocking sockets in the event-driven rows. Raw UDP: the same datagrams through burst-io's port code (GSO runs and GRO, as burst uses them) with no transport, no ICRC and no placement (sender blasts, receiver counts); event-driven: blocking in poll(2). burst event-driven: `-e`, completions through a completion channel (the thread sleeps in the kernel).\n\n");
+    if !vm.is_empty() {
+        md.push_str("## RXE vs burst between the two lab VMs (emulated)\n\nQEMU TCG, 1 vCPU and 1 GiB per VM, link MTU 1500 (RoCE MTU 1024), one boot of `../shared/rxe-lab/rxe-vm pair`; the stacks alternate round by round (each VM loads or unloads `rdma_rxe`). Debian's perftest binaries, unmodified: `ib_write_bw -F -s 65536 -n 200 --report_gbits` and `ib_send_lat -F -s 2 -n 500`; burst through its drop-in libibverbs. Emulated CPUs: the ratio compares the two stacks on the same slow machine, not real hardware.\n\n| figure | RXE to RXE | burst to burst | burst / RXE |\n|---|---|---|---|\n");
+        for (title, test) in [
+            ("RDMA WRITE 64 KiB, Gb/s", "write_bw"),
+            ("2 B SEND latency, typical, us", "send_lat"),
+        ] {
+            let (r, b) = (vm_pick("rxe", test), vm_pick("burst", test));
+            let c = |v: &[f64]| {
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    let (lo, hi) = range(v);
+                    format!("{:.4} ({:.4}-{:.4})", median(v), lo, hi)
+                }
+            };
+            md.push_str(&format!(
+                "| {title} | {} | {} | {:.2} |\n",
+                c(&r),
+                c(&b),
+                median(&b) / median(&r)
+            ));
+        }
+        md.push('\n');
+    }
     md.push_str(
         "![bandwidth vs size](plots/bw-vs-size.svg)\n\n![latency CDF](plots/latency-cdf.svg)\n\n",
     );
     let crit = criterion(root);
     if !crit.is_empty() {
-        md.push_str("## Criterion micro-benchmarks (last `cargo bench` results in target/criterion)\n\n| benchmark | mean |\n|---|---|\n");
+        md.push_str("## Criterion micro-benchmarks\n\n`cargo bench -p burst-wire -p burst-transport -p burst-dsa -- --warm-up-time 1 --measurement-time 3`, run by the harness first (unless `--no-criterion`: then the last results in target/criterion). Targets: transport work per 4 KiB packet <= 80 ns (`rc_write_stream_mtu4096/per_message_of_256_packets` / 256); ICRC <= 1.1x raw crc32fast (`write4096/icrc_only` vs `write4096/raw_crc32fast`); copy per 4 KiB: `copy/cpu_4096`.\n\n| benchmark | mean |\n|---|---|\n");
         for (k, ns) in &crit {
             md.push_str(&format!("| {k} | {ns:.1} ns |\n"));
         }

@@ -598,6 +598,69 @@ pub fn rxe(
     vm_serves: bool,
     base_port: u16,
 ) -> Vec<Outcome> {
+    rxe_run(root, dir, cases, eth_mtu, vm_serves, base_port, None)
+}
+
+/// The cases whose traffic `wire_check` captures: multi-packet messages
+/// from burst (GSO runs of 62 packets at MTU 1024) and from RXE.
+pub const WIRE: &[Case] = &[
+    pt("ib_write_bw 64 KiB", "ib_write_bw", "-F -s 65536 -n 20"),
+    pt("ib_send_bw 64 KiB -b", "ib_send_bw", "-F -s 65536 -n 20 -b"),
+];
+
+/// burst client -> RXE server with the VM's tap captured, then every
+/// captured packet's ICRC checked by the lab's independent `check-icrc.py`
+/// (scapy and its own annex A17 code) against the real IP headers: the
+/// proof that burst's GSO sends carry the IP IDs their ICRCs were sealed
+/// with.
+pub fn wire_check(root: &Path, dir: &Path, base_port: u16) -> Vec<Outcome> {
+    let out_dir = root.join("target/interop");
+    let _ = std::fs::create_dir_all(&out_dir);
+    let pcap = out_dir.join("burst-to-rxe.pcapng");
+    let _ = std::fs::remove_file(&pcap);
+    let mut v = rxe_run(root, dir, WIRE, "1500", true, base_port, Some(&pcap));
+    let check = root.join("../shared/rxe-lab/check-icrc.py");
+    let r = Command::new("python3")
+        .arg(&check)
+        .arg("--quiet")
+        .arg(&pcap)
+        .output();
+    let (ok, text) = match r {
+        Ok(o) => (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+        ),
+        Err(e) => (false, format!("check-icrc.py: {e}")),
+    };
+    let summary = text
+        .lines()
+        .find(|l| l.contains("SUMMARY"))
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let o = Outcome {
+        name: format!(
+            "ICRC of every captured burst<->RXE packet ({})",
+            pcap.strip_prefix(root).unwrap_or(&pcap).display()
+        ),
+        ok,
+        numbers: (!summary.is_empty()).then(|| summary.clone()),
+        why: if ok { String::new() } else { tail(&text) },
+    };
+    report(&o);
+    v.push(o);
+    v
+}
+
+fn rxe_run(
+    root: &Path,
+    dir: &Path,
+    cases: &[Case],
+    eth_mtu: &str,
+    vm_serves: bool,
+    base_port: u16,
+    capture: Option<&Path>,
+) -> Vec<Outcome> {
     let lab = root.join("../shared/rxe-lab/rxe-vm");
     let labnet = root.join("../shared/rxe-lab/labnet.py");
     let labnet = labnet.canonicalize().unwrap_or(labnet);
@@ -629,17 +692,25 @@ pub fn rxe(
         ));
     }
     let _ = Command::new("bash").arg(&lab).arg("setup").status();
-    let vm = match spawn(&[
-        "bash".into(),
-        lab.to_string_lossy().into_owned(),
-        "run".into(),
-        "--mtu".into(),
-        eth_mtu.into(),
-        "--timeout".into(),
-        (300 + 160 * cases.len()).to_string(),
-        "--".into(),
-        script,
-    ]) {
+    let vm = match spawn(
+        &[
+            "bash".into(),
+            lab.to_string_lossy().into_owned(),
+            "run".into(),
+            "--mtu".into(),
+            eth_mtu.into(),
+            "--timeout".into(),
+            (300 + 160 * cases.len()).to_string(),
+        ]
+        .into_iter()
+        .chain(
+            capture
+                .into_iter()
+                .flat_map(|p| ["--capture".into(), p.to_string_lossy().into_owned()]),
+        )
+        .chain(["--".into(), script])
+        .collect::<Vec<String>>(),
+    ) {
         Ok(v) => v,
         Err(e) => {
             return vec![Outcome {

@@ -527,6 +527,9 @@ fn dropin_rxe(
         all.extend(dropin::rxe(root, dir, cases_4096, "9000", true, 23400));
         all.extend(dropin::rxe(root, dir, cases_4096, "9000", false, 23500));
     }
+    if !cases.is_empty() {
+        all.extend(dropin::wire_check(root, dir, 23600));
+    }
     all
 }
 

@@ -153,7 +153,8 @@ struct Cli {
     /// Work requests in flight per QP (bandwidth tests).
     #[arg(short = 't', long, default_value_t = 128)]
     tx_depth: u32,
-    /// Sleep on a completion channel instead of busy polling (burst).
+    /// Event-driven instead of busy polling: burst sleeps on a completion
+    /// channel; TCP uses blocking sockets; raw UDP blocks in poll(2).
     #[arg(short = 'e', long)]
     events: bool,
     /// This side's address.
@@ -323,7 +324,7 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
             if run.test.is_bw() {
                 tcp::stream_sink(l)?;
             } else {
-                tcp::echo(l, run.p.size)?;
+                tcp::echo(l, run.p.size, run.p.events)?;
             }
             o.recv()?;
             o.send("COUNT 0")
@@ -332,13 +333,13 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
             let port_ = burst_io::UdpPort::bind(local).map_err(|e| e.to_string())?;
             let got = Arc::new(AtomicU64::new(0));
             let (st, g) = (Arc::clone(&stop), Arc::clone(&got));
-            let bw = run.test.is_bw();
+            let (bw, events) = (run.test.is_bw(), run.p.events);
             let h = std::thread::spawn(move || {
                 if bw {
                     rawudp::sink(port_, &st, &g);
                     Ok(())
                 } else {
-                    rawudp::echo(port_, &st)
+                    rawudp::echo(port_, &st, events)
                 }
             });
             o.send("READY")?;
@@ -409,7 +410,7 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
             let r = if run.test.is_bw() {
                 tcp::stream(to, p.size, p.iters, p.duration).map(Line::Bw)
             } else {
-                tcp::pingpong(to, p.size, p.iters, p.duration).map(Line::Lat)
+                tcp::pingpong(to, p.size, p.iters, p.duration, p.events).map(Line::Lat)
             };
             o.send("DONE")?;
             o.recv()?;
@@ -440,7 +441,7 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
                 b.mpps = bytes / p.size as f64 / b.secs / 1e6;
                 Ok(Line::Bw(b))
             } else {
-                let r = rawudp::pingpong(&mut udp, to, p.size, p.iters, p.duration);
+                let r = rawudp::pingpong(&mut udp, to, p.size, p.iters, p.duration, p.events);
                 o.send("DONE")?;
                 o.recv()?;
                 r.map(Line::Lat)

@@ -111,8 +111,17 @@ pub fn stream(
     })
 }
 
-fn recv_one(port: &mut UdpPort, rx: &mut RxBatch, deadline: Instant) -> Result<usize, String> {
+fn recv_one(
+    port: &mut UdpPort,
+    rx: &mut RxBatch,
+    deadline: Instant,
+    events: bool,
+) -> Result<usize, String> {
     loop {
+        if events {
+            port.wait_readable(Duration::from_millis(100))
+                .map_err(|e| format!("raw-udp poll: {e}"))?;
+        }
         match port.recv_batch(rx) {
             Ok(0) => {}
             Ok(_) => return Ok(rx.packets().next().map_or(0, |(_, p)| p.len())),
@@ -124,11 +133,19 @@ fn recv_one(port: &mut UdpPort, rx: &mut RxBatch, deadline: Instant) -> Result<u
     }
 }
 
-/// Echoes single datagrams until `stop`.
-pub fn echo(mut port: UdpPort, stop: &AtomicBool) -> Result<(), String> {
+/// Echoes single datagrams until `stop`, busy-polling or (`events`)
+/// blocking in poll(2).
+pub fn echo(mut port: UdpPort, stop: &AtomicBool, events: bool) -> Result<(), String> {
     let mut rx = RxBatch::new(1);
     let mut out: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
     while !stop.load(Ordering::Acquire) {
+        if events
+            && !port
+                .wait_readable(Duration::from_millis(100))
+                .unwrap_or(false)
+        {
+            continue;
+        }
         if let Ok(1) = port.recv_batch(&mut rx) {
             if let Some((peer, p)) = rx.packets().next() {
                 out[0].data[..p.len()].copy_from_slice(p);
@@ -141,13 +158,15 @@ pub fn echo(mut port: UdpPort, stop: &AtomicBool) -> Result<(), String> {
     Ok(())
 }
 
-/// Busy-polled ping-pong of one datagram of `size` + headers: half round trips.
+/// Ping-pong of one datagram of `size` + headers, busy-polled or
+/// (`events`) blocking in poll(2): half round trips.
 pub fn pingpong(
     port: &mut UdpPort,
     to: SocketAddr,
     size: usize,
     iters: u64,
     duration: Option<Duration>,
+    events: bool,
 ) -> Result<Lat, String> {
     let mut bufs: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
     let mut rx = RxBatch::new(1);
@@ -161,9 +180,9 @@ pub fn pingpong(
         let t = Instant::now();
         port.send_burst(&bufs)
             .map_err(|e| format!("raw-udp send: {e}"))?;
-        recv_one(port, &mut rx, deadline)?;
+        recv_one(port, &mut rx, deadline, events)?;
         h.record(t.elapsed().as_nanos() as u64 / 2);
         i += 1;
     }
-    Ok(h.lat("send_lat", "raw-udp", size, true))
+    Ok(h.lat("send_lat", "raw-udp", size, true, events))
 }

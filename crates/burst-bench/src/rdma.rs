@@ -465,7 +465,7 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
     }
     pb.finish_and_clear();
     let half = matches!(test, Test::SendLat | Test::WriteLat);
-    Ok(h.lat(test.name(), "burst", len, half))
+    Ok(h.lat(test.name(), "burst", len, half, s.channel.is_some()))
 }
 
 /// Spins until our buffer's byte `at` reads `v`, stepping the engine (the

@@ -53,6 +53,9 @@ pub struct Lat {
     /// Whether the figure is half a round trip (send/write) or a whole
     /// one (read/atomic), as perftest reports them.
     pub half_rtt: bool,
+    /// Event-driven (`-e`): burst waits on a completion channel, TCP and
+    /// raw UDP block in the kernel; otherwise every side busy-polls.
+    pub events: bool,
     /// (quantile, microseconds) points of the distribution, for CDF plots.
     pub cdf: Vec<(f64, f64)>,
 }
@@ -72,7 +75,14 @@ impl Samples {
     }
 
     /// The line for this histogram.
-    pub fn lat(&self, test: &str, transport: &str, bytes: usize, half_rtt: bool) -> Lat {
+    pub fn lat(
+        &self,
+        test: &str,
+        transport: &str,
+        bytes: usize,
+        half_rtt: bool,
+        events: bool,
+    ) -> Lat {
         let h = &self.0;
         let us = |ns: u64| ns as f64 / 1000.0;
         Lat {
@@ -87,6 +97,7 @@ impl Samples {
             max: us(h.max()),
             avg: h.mean() / 1000.0,
             half_rtt,
+            events,
             cdf: [
                 0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.995,
                 0.999, 0.9999, 1.0,

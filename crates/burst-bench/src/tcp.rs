@@ -1,7 +1,7 @@
 //! The same measurements over kernel TCP: a stream of `size`-byte writes,
-//! and a busy-polled request/response of `size` bytes (non-blocking socket,
-//! spinning on `read`), so that latency is compared like for like with a
-//! busy-polling RDMA stack.
+//! and a request/response of `size` bytes, busy-polled (non-blocking socket,
+//! spinning on `read`, like for like with a busy-polling RDMA stack) or, in
+//! event mode, with blocking sockets (the kernel wakes the thread).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -98,11 +98,11 @@ pub fn stream(
     })
 }
 
-/// The echoing end of the request/response test.
-pub fn echo(l: TcpListener, size: usize) -> Result<(), String> {
+/// The echoing end of the request/response test (blocking with `events`).
+pub fn echo(l: TcpListener, size: usize, events: bool) -> Result<(), String> {
     let (mut s, _) = l.accept().map_err(e("accept"))?;
     s.set_nodelay(true).map_err(e("nodelay"))?;
-    s.set_nonblocking(true).map_err(e("nonblocking"))?;
+    s.set_nonblocking(!events).map_err(e("nonblocking"))?;
     let mut b = vec![0u8; size];
     let far = Instant::now() + Duration::from_secs(3600);
     loop {
@@ -113,16 +113,18 @@ pub fn echo(l: TcpListener, size: usize) -> Result<(), String> {
     }
 }
 
-/// Busy-polled ping-pong of `size` bytes: half round trips.
+/// Ping-pong of `size` bytes, busy-polled or (`events`) blocking: half
+/// round trips.
 pub fn pingpong(
     to: SocketAddr,
     size: usize,
     iters: u64,
     duration: Option<Duration>,
+    events: bool,
 ) -> Result<Lat, String> {
     let mut s = TcpStream::connect(to).map_err(e("connect"))?;
     s.set_nodelay(true).map_err(e("nodelay"))?;
-    s.set_nonblocking(true).map_err(e("nonblocking"))?;
+    s.set_nonblocking(!events).map_err(e("nonblocking"))?;
     let mut b = vec![1u8; size];
     let mut h = Samples::new();
     let start = Instant::now();
@@ -135,5 +137,5 @@ pub fn pingpong(
         h.record(t.elapsed().as_nanos() as u64 / 2);
         i += 1;
     }
-    Ok(h.lat("send_lat", "tcp", size, true))
+    Ok(h.lat("send_lat", "tcp", size, true, events))
 }

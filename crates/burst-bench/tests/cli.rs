@@ -77,9 +77,21 @@ fn tcp_and_raw_udp_give_the_alternatives() {
         ]);
         assert!(ok, "{t}: {err}");
         assert!(field(out.lines().last().unwrap_or_default(), "gbps") > 0.0);
-        let (ok, out, err) = run(&["send_lat", "--transport", t, "-n", "200", "--json"]);
-        assert!(ok, "{t}: {err}");
-        assert!(field(out.lines().last().unwrap_or_default(), "p50") > 0.0);
+        for events in [false, true] {
+            let mut args = vec!["send_lat", "--transport", t, "-n", "200", "--json"];
+            if events {
+                args.push("-e");
+            }
+            let (ok, out, err) = run(&args);
+            assert!(ok, "{t} {args:?}: {err}");
+            let line = out.lines().last().unwrap_or_default();
+            assert!(field(line, "p50") > 0.0, "{line}");
+            assert_eq!(field(line, "iters"), 200.0, "{line}");
+            assert!(
+                line.contains(&format!("\"events\":{events}")),
+                "the mode is recorded: {line}"
+            );
+        }
     }
 }
 

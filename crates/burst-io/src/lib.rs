@@ -308,6 +308,13 @@ impl UdpPort {
         })
     }
 
+    /// Blocks until a datagram is waiting or `timeout` passes; returns
+    /// whether one is (for event-driven receivers; the port itself never
+    /// blocks).
+    pub fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        sys::wait_readable(&self.sock, timeout)
+    }
+
     /// Whether sends use GSO (off where the kernel lacks `UDP_SEGMENT`, or
     /// with `BURST_NO_GSO` set in the environment).
     pub fn gso(&self) -> bool {

@@ -152,6 +152,30 @@ fn from_sockaddr(s: &SockAddr) -> SocketAddr {
     }
 }
 
+/// poll(2) for readability.
+pub(crate) fn wait_readable(sock: &UdpSocket, timeout: std::time::Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one live pollfd, and its count.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    match rc {
+        rc if rc < 0 => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+        0 => Ok(false),
+        _ => Ok(p.revents & libc::POLLIN != 0),
+    }
+}
+
 /// Room for one control message carrying an int (`CMSG_SPACE(4)` is 24 on
 /// 64-bit Linux), aligned for `cmsghdr`.
 type Control = [u64; 4];
