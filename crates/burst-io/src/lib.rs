@@ -101,7 +101,8 @@ pub trait Port {
 }
 
 /// How many packets from the start of `bufs` go out as one GSO message:
-/// the same peer, the same length except for a shorter last one, at most
+/// the same peer, the same length except for a shorter last one after at
+/// least two, at most
 /// [`MAX_GSO_SEGMENTS`] and [`MAX_GSO_BYTES`]. With `gso` off every packet
 /// is its own message. Sealing and sending both cut runs with this one rule,
 /// since a packet's IP ID, which its ICRC covers, is its index in its run.
@@ -117,12 +118,16 @@ pub fn gso_run(bufs: &[PacketBuf], gso: bool) -> usize {
     let mut n = 1;
     while n < bufs.len().min(max) {
         let b = &bufs[n];
-        if b.peer != first.peer || b.len > seg || b.len == 0 {
+        // A shorter packet closes a run of two or more (a message's last
+        // packet), but does not join a lone packet: that pairs a reply with
+        // the ACK sent after it, and the peer would get the reply only
+        // together with the ACK (measured: ping-pong p50 +0.3 us on veth).
+        if b.peer != first.peer || b.len > seg || b.len == 0 || (b.len < seg && n < 2) {
             break;
         }
         n += 1;
         if b.len < seg {
-            break; // a shorter segment ends the run
+            break;
         }
     }
     n

@@ -161,6 +161,12 @@ fn gso_run_rule() {
     assert_eq!(gso_run(&v, true), 3, "a shorter packet closes the run");
     let v = bufs(&[(100, peer_a), (200, peer_a)]);
     assert_eq!(gso_run(&v, true), 1, "a longer packet starts a run");
+    let v = bufs(&[(100, peer_a), (20, peer_a)]);
+    assert_eq!(
+        gso_run(&v, true),
+        1,
+        "a shorter one does not join a lone packet"
+    );
     let v = bufs(&vec![(10, peer_a); 100]);
     assert_eq!(gso_run(&v, true), MAX_GSO_SEGMENTS);
 }
