@@ -9,7 +9,8 @@
 //!
 //! Own code rather than a generic helper because it sits on the per-packet hot
 //! path: the masked prefix (at most 88 bytes) is assembled on the stack so
-//! crc32fast sees two contiguous updates, and the payload is never copied.
+//! crc32fast sees two contiguous updates (one for a short packet, copied
+//! next to the prefix), and a long payload is never copied.
 
 use crate::bth::BTH_LEN;
 use crate::error::{check_len, Result};
@@ -18,6 +19,10 @@ use crate::Error;
 /// Longest IP header the ICRC code accepts (IPv4 with options).
 const MAX_IP_HEADER: usize = 60;
 const UDP_LEN: usize = 8;
+/// Stack buffer for the masked prefix (at most 88 bytes) and, for a short
+/// packet, what follows the BTH (see [`compute`]).
+const FUSED: usize = 128;
+const _: () = assert!(FUSED >= 8 + MAX_IP_HEADER + UDP_LEN + BTH_LEN);
 
 /// Computes the ICRC.
 ///
@@ -42,7 +47,7 @@ const UDP_LEN: usize = 8;
 pub fn compute(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u32> {
     check_len("UDP header", udp_header, UDP_LEN)?;
     check_len("BTH", ib, BTH_LEN)?;
-    let mut pre = [0u8; 8 + MAX_IP_HEADER + UDP_LEN + BTH_LEN];
+    let mut pre = [0u8; FUSED];
     pre[..8].fill(0xff);
     let ip_len = match ip_header.first().map(|b| b >> 4) {
         Some(4) => {
@@ -79,8 +84,18 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u32> {
     pre[at..at + BTH_LEN].copy_from_slice(&ib[..BTH_LEN]);
     pre[at + 4] = 0xff; // FECN, BECN, reserved
     at += BTH_LEN;
+    // A short packet joins the prefix in the stack buffer: one update
+    // instead of two (64 B SEND: 36 -> 30 ns). Longer ones are hashed in
+    // place: moving the split point changes the length of crc32fast's
+    // unaligned tail, and measured slower (4 KiB: 119 -> 135 ns).
+    let rest = &ib[BTH_LEN..];
     let mut h = crc32fast::Hasher::new();
-    h.update(&pre[..at]);
-    h.update(&ib[BTH_LEN..]);
+    if at + rest.len() <= FUSED {
+        pre[at..at + rest.len()].copy_from_slice(rest);
+        h.update(&pre[..at + rest.len()]);
+    } else {
+        h.update(&pre[..at]);
+        h.update(rest);
+    }
     Ok(h.finalize())
 }
