@@ -148,17 +148,38 @@ struct RxMsg {
 pub struct RxBatch {
     bufs: Vec<Box<[u8]>>,
     msgs: Vec<RxMsg>,
+    hdrs: Box<sys::RxHeaders>,
+    /// Datagrams to ask the next call for (see [`RxBatch::adapt`]).
+    want: usize,
 }
 
 impl RxBatch {
     /// Buffers for `n` datagrams (at most [`BURST`] are used per call).
     pub fn new(n: usize) -> RxBatch {
+        let mut bufs: Vec<Box<[u8]>> = (0..n.clamp(1, BURST))
+            .map(|_| vec![0u8; RX_BUF].into_boxed_slice())
+            .collect();
+        let hdrs = sys::RxHeaders::new(&mut bufs);
         RxBatch {
-            bufs: (0..n.clamp(1, BURST))
-                .map(|_| vec![0u8; RX_BUF].into_boxed_slice())
-                .collect(),
+            bufs,
             msgs: Vec::with_capacity(n),
+            hdrs,
+            want: 1,
         }
+    }
+
+    /// Sizes the next request from this one: the whole batch after a call
+    /// that filled what it asked for (more is probably queued), else one
+    /// datagram. Asking for many costs a failed attempt at the second when
+    /// only one is queued, the common case of a request/response exchange
+    /// (120 ns of a 0.9 us empty poll here); under load the batch grows at
+    /// once, and GRO packs many packets into each datagram anyway.
+    fn adapt(&mut self, asked: usize) {
+        self.want = if self.msgs.len() >= asked {
+            self.bufs.len().min(BURST)
+        } else {
+            1
+        };
     }
 
     /// The packets received by the last call, in arrival order, each with
@@ -436,7 +457,9 @@ impl Port for UdpPort {
     }
 
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
-        sys::recv_batch(&self.sock, rx)?;
+        let asked = rx.want;
+        sys::recv_batch(&self.sock, rx, asked)?;
+        rx.adapt(asked);
         Ok(rx.count())
     }
 

@@ -319,6 +319,8 @@ impl Engine {
         let mut dev = Device::open_with(ip, port_mtu, Arc::clone(&mrs))?;
         dev.set_drop_every(cfg.drop_every);
         let gid = dev.gid();
+        // One clock for the engine and the device: a step reads it once.
+        let epoch = dev.epoch();
         let (control, control_rx) = bounded(64);
         let shared = Arc::new(Shared {
             mrs,
@@ -334,7 +336,7 @@ impl Engine {
                 control_rx,
             }),
             app_stepped: std::sync::atomic::AtomicU64::new(0),
-            epoch: std::time::Instant::now(),
+            epoch,
         });
         let ctx = Context {
             shared: Arc::clone(&shared),
@@ -452,7 +454,7 @@ fn run(shared: &Shared) {
     // side (the target of READs or WRITEs) answers requests that come every
     // few microseconds without paying a sleep each time.
     const SPIN: Duration = Duration::from_millis(2);
-    let mut last_work = std::time::Instant::now();
+    let mut last_work = 0u64;
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.epoch.elapsed().as_nanos() as u64;
         let app = shared.app_stepped.load(Ordering::Relaxed);
@@ -463,12 +465,12 @@ fn run(shared: &Shared) {
             continue;
         }
         let busy = match shared.core.try_lock() {
-            Ok(mut core) => core.step(shared, Round::Full),
+            Ok(mut core) => core.step(shared, Round::Full, now),
             Err(_) => false,
         };
         if busy {
-            last_work = std::time::Instant::now();
-        } else if last_work.elapsed() > SPIN {
+            last_work = now;
+        } else if now.saturating_sub(last_work) > SPIN.as_nanos() as u64 {
             // Idle: back off so an idle engine does not burn a core.
             std::thread::sleep(Duration::from_micros(50));
         } else {
@@ -481,7 +483,8 @@ impl Core {
     /// One round: control requests, doorbells, transmit (and, for a full
     /// round, receive and timers), completions into the CQ rings. Returns
     /// whether there was work.
-    fn step(&mut self, shared: &Shared, round: Round) -> bool {
+    /// `now`: the device clock ([`Device::now`]; `shared.epoch` is its epoch).
+    fn step(&mut self, shared: &Shared, round: Round, now: u64) -> bool {
         let Some(dev) = self.dev.as_mut() else {
             return false;
         };
@@ -542,8 +545,8 @@ impl Core {
             }
         }
         match round {
-            Round::Full => dev.progress(),
-            Round::Transmit => dev.transmit_now(),
+            Round::Full => dev.progress_at(now),
+            Round::Transmit => dev.transmit_at(now),
         }
         for id in dev.take_srq_limit_events() {
             shared.srq_events.push(id);
@@ -756,7 +759,7 @@ impl Context {
         };
         let now = sh.epoch.elapsed().as_nanos() as u64;
         sh.app_stepped.store(now.max(1), Ordering::Relaxed);
-        core.step(sh, round)
+        core.step(sh, round, now)
     }
 
     /// Creates a QP with its rings (depth `depth` each) and default sizes;
