@@ -213,6 +213,19 @@ impl std::fmt::Debug for RxBatch {
     }
 }
 
+/// Waits for a [`UdpPort`]'s datagrams without receiving them (see
+/// [`UdpPort::readiness`]): lets an engine thread sleep until traffic comes.
+#[derive(Debug)]
+pub struct Readiness(UdpSocket);
+
+impl Readiness {
+    /// Blocks until a datagram is waiting or `timeout` passes; returns
+    /// whether one is.
+    pub fn wait(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        sys::wait_readable(&self.0, timeout)
+    }
+}
+
 /// Outcome of an ICRC check on a port that cannot see the IP header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IcrcCheck {
@@ -339,6 +352,12 @@ impl UdpPort {
     /// blocks).
     pub fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
         sys::wait_readable(&self.sock, timeout)
+    }
+
+    /// A handle that waits for this port's datagrams from another thread
+    /// (a duplicate of the socket), while the port itself is in use.
+    pub fn readiness(&self) -> io::Result<Readiness> {
+        Ok(Readiness(self.sock.try_clone()?))
     }
 
     /// Whether sends use GSO (off where the kernel lacks `UDP_SEGMENT`, or

@@ -234,14 +234,27 @@ struct Shared {
     /// with fewer cores than spinning threads the work then happens on the
     /// thread that wants it, not after a scheduler time slice.
     core: std::sync::Mutex<Core>,
-    /// When an application thread last stepped the core (ns since `epoch`).
+    /// When an application thread last polled: stepped the core in full,
+    /// receive included (device-clock ns; 0: never).
     app_stepped: std::sync::atomic::AtomicU64,
+    /// When an application thread last posted (a transmit-only step).
+    app_posted: std::sync::atomic::AtomicU64,
+    /// When the application's current polling streak began (its first full
+    /// step after a gap of [`APP_POLLING_NS`]).
+    app_streak: std::sync::atomic::AtomicU64,
     epoch: std::time::Instant,
 }
 
-/// How long after an application thread's last step the engine thread
-/// stays out of its way.
-const APP_ACTIVE_NS: u64 = 2_000_000;
+/// An application thread that stepped the core in full this recently is
+/// polling (a polling loop steps about every microsecond): the engine thread
+/// leaves the data plane to it.
+const APP_POLLING_NS: u64 = 3_000;
+
+/// An application thread that posted this recently is alive but may be
+/// spinning elsewhere (perftest's write_lat spins on memory), perhaps on the
+/// engine thread's core: the engine thread then waits for packets in the
+/// kernel instead of spinning, so that both get the core when they need it.
+const APP_POSTED_NS: u64 = 2_000_000;
 
 /// The data plane: the device and the completions waiting for CQ room.
 struct Core {
@@ -321,6 +334,7 @@ impl Engine {
         let gid = dev.gid();
         // One clock for the engine and the device: a step reads it once.
         let epoch = dev.epoch();
+        let ready = dev.readiness()?;
         let (control, control_rx) = bounded(64);
         let shared = Arc::new(Shared {
             mrs,
@@ -336,6 +350,8 @@ impl Engine {
                 control_rx,
             }),
             app_stepped: std::sync::atomic::AtomicU64::new(0),
+            app_posted: std::sync::atomic::AtomicU64::new(0),
+            app_streak: std::sync::atomic::AtomicU64::new(0),
             epoch,
         });
         let ctx = Context {
@@ -349,7 +365,7 @@ impl Engine {
             .spawn(move || {
                 let _span = tracing::info_span!("burst-engine", %ip).entered();
                 tracing::info!("engine started");
-                run(&shared);
+                run(&shared, &ready);
                 tracing::info!("engine stopped");
             })?;
         Ok(Engine {
@@ -448,20 +464,33 @@ fn control(dev: &mut Device, c: Control) {
     }
 }
 
-/// The engine thread: steps the core while no application thread does.
-fn run(shared: &Shared) {
-    // Spin for this long after the last work before sleeping: a passive
-    // side (the target of READs or WRITEs) answers requests that come every
-    // few microseconds without paying a sleep each time.
-    const SPIN: Duration = Duration::from_millis(2);
+/// The engine thread: steps the core while no application thread polls.
+///
+/// On a small machine the engine thread shares a core with the application
+/// thread, so it must neither spin while the application drives its own I/O
+/// nor sleep while the application waits on memory that only the engine
+/// writes (perftest's write_lat polls the CQ for a few microseconds, then
+/// spins on memory). So: while an application thread polls, it sleeps for a
+/// quarter of the polling streak so far (10 us to 1 ms: a long streak is a
+/// busy-polling application, a short one may stop any moment); otherwise it
+/// steps; idle, it spins (yielding) for 2 ms after the last work when no
+/// application thread is around (a passive target answers the next request
+/// without a wake-up), and else blocks until a packet arrives (the kernel
+/// wakes it at once, preempting a spinning application on the same core).
+fn run(shared: &Shared, ready: &burst_io::Readiness) {
+    const SPIN_NS: u64 = 2_000_000;
+    const MIN_SLEEP: Duration = Duration::from_micros(10);
+    const MAX_SLEEP: Duration = Duration::from_millis(1);
+    // Timers (retransmissions) are checked at least this often when idle.
+    const IDLE_WAIT: Duration = Duration::from_millis(1);
+    crate::thread::fine_timer_slack();
     let mut last_work = 0u64;
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.epoch.elapsed().as_nanos() as u64;
-        let app = shared.app_stepped.load(Ordering::Relaxed);
-        if app != 0 && now.saturating_sub(app) < APP_ACTIVE_NS {
-            // An application thread is driving: don't compete for the core
-            // (each wake-up preempts a polling thread on a small machine).
-            std::thread::sleep(Duration::from_micros(1000));
+        let polled = shared.app_stepped.load(Ordering::Relaxed);
+        if polled != 0 && now.saturating_sub(polled) < APP_POLLING_NS {
+            let streak = now.saturating_sub(shared.app_streak.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_nanos(streak / 4).clamp(MIN_SLEEP, MAX_SLEEP));
             continue;
         }
         let busy = match shared.core.try_lock() {
@@ -470,11 +499,14 @@ fn run(shared: &Shared) {
         };
         if busy {
             last_work = now;
-        } else if now.saturating_sub(last_work) > SPIN.as_nanos() as u64 {
-            // Idle: back off so an idle engine does not burn a core.
-            std::thread::sleep(Duration::from_micros(50));
+            continue;
+        }
+        let posted = shared.app_posted.load(Ordering::Relaxed);
+        let app_around = posted != 0 && now.saturating_sub(posted) < APP_POSTED_NS;
+        if !app_around && now.saturating_sub(last_work) < SPIN_NS {
+            std::thread::yield_now();
         } else {
-            std::hint::spin_loop();
+            let _ = ready.wait(IDLE_WAIT);
         }
     }
 }
@@ -544,10 +576,12 @@ impl Core {
                 }
             }
         }
-        match round {
+        // Packets moved count as work: a request received this round is
+        // answered (READ response, ACK) in the next round's transmit.
+        busy |= match round {
             Round::Full => dev.progress_at(now),
             Round::Transmit => dev.transmit_at(now),
-        }
+        };
         for id in dev.take_srq_limit_events() {
             shared.srq_events.push(id);
         }
@@ -732,6 +766,7 @@ impl Context {
     /// engine notices this thread stopped stepping.
     pub fn park(&self) {
         self.shared.app_stepped.store(0, Ordering::Relaxed);
+        self.shared.app_posted.store(0, Ordering::Relaxed);
     }
 
     /// Steps the data plane on the calling thread if no other thread is
@@ -754,11 +789,21 @@ impl Context {
         if sh.stop.load(Ordering::Acquire) {
             return false;
         }
+        // Recorded even when the engine thread holds the core: the thread
+        // is polling (or posting) all the same.
+        let now = sh.epoch.elapsed().as_nanos() as u64;
+        match round {
+            Round::Full => {
+                let prev = sh.app_stepped.swap(now.max(1), Ordering::Relaxed);
+                if now.saturating_sub(prev) >= APP_POLLING_NS {
+                    sh.app_streak.store(now, Ordering::Relaxed);
+                }
+            }
+            Round::Transmit => sh.app_posted.store(now.max(1), Ordering::Relaxed),
+        }
         let Ok(mut core) = sh.core.try_lock() else {
             return false;
         };
-        let now = sh.epoch.elapsed().as_nanos() as u64;
-        sh.app_stepped.store(now.max(1), Ordering::Relaxed);
         core.step(sh, round, now)
     }
 

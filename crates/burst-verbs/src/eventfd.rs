@@ -1,6 +1,6 @@
 //! An eventfd: the file descriptor behind a completion channel, readable
 //! when events are pending (so `poll()`-based applications can wait on it).
-//! The only `unsafe` of burst-verbs.
+//! With `thread.rs`, the only `unsafe` of burst-verbs (system calls).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

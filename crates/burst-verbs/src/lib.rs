@@ -15,6 +15,7 @@ pub mod config;
 pub mod engine;
 pub mod eventfd;
 pub mod netif;
+mod thread;
 
 use std::collections::VecDeque;
 use std::io;
@@ -681,6 +682,12 @@ impl Device {
         self.start.elapsed().as_nanos() as u64
     }
 
+    /// A handle that blocks until packets arrive, usable while the device
+    /// is in use on another thread.
+    pub fn readiness(&self) -> io::Result<burst_io::Readiness> {
+        self.port.readiness()
+    }
+
     /// The instant the device clock counts from.
     pub fn epoch(&self) -> Instant {
         self.start
@@ -693,36 +700,38 @@ impl Device {
     /// posts in answer to this round's completions (a ping-pong's ACK and
     /// reply then share one `sendmmsg`, and the peer reads both with one
     /// `recvmmsg`).
-    pub fn progress(&mut self) {
+    pub fn progress(&mut self) -> bool {
         let now = self.now();
-        self.progress_at(now);
+        self.progress_at(now)
     }
 
     /// [`Device::progress`] with the time read by the caller (one clock
     /// read per round: they cost 30 ns each in a VM and showed in profiles).
-    pub fn progress_at(&mut self, now: u64) {
-        self.transmit(now);
-        self.receive(now);
+    pub fn progress_at(&mut self, now: u64) -> bool {
+        let sent = self.transmit(now);
+        let received = self.receive(now);
         for s in self.qps.iter_mut().flatten() {
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 s.qp.handle_timeout(now);
             }
         }
         self.collect_completions();
+        sent + received > 0
     }
 
     /// Sends what is pending (the ACKs of the last receives, newly posted
     /// requests) without receiving, and collects the completions that
     /// sending alone produces (UC and UD sends).
-    pub fn transmit_now(&mut self) {
+    pub fn transmit_now(&mut self) -> bool {
         let now = self.now();
-        self.transmit_at(now);
+        self.transmit_at(now)
     }
 
     /// [`Device::transmit_now`] with the time read by the caller.
-    pub fn transmit_at(&mut self, now: u64) {
-        self.transmit(now);
+    pub fn transmit_at(&mut self, now: u64) -> bool {
+        let sent = self.transmit(now);
         self.collect_completions();
+        sent > 0
     }
 
     /// Sends what is pending without receiving: for a device about to close.
@@ -738,10 +747,11 @@ impl Device {
         }
     }
 
-    fn receive(&mut self, now: u64) {
+    /// Returns the packets received.
+    fn receive(&mut self, now: u64) -> usize {
         let n = match self.port.recv_batch(&mut self.rx) {
             Ok(n) => n,
-            Err(_) => return,
+            Err(_) => return 0,
         };
         if n > 0 {
             self.last_rx = now;
@@ -781,9 +791,11 @@ impl Device {
                 None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
             }
         }
+        n
     }
 
-    fn transmit(&mut self, now: u64) {
+    /// Returns the packets handed to the port.
+    fn transmit(&mut self, now: u64) -> usize {
         let mem = self.mrs.memory();
         let mut n = 0;
         for q in self.qps.iter_mut().flatten().map(|s| &mut s.qp) {
@@ -820,12 +832,13 @@ impl Device {
         if n > 0 {
             // Sealed last: a packet's IP ID (in its ICRC) is its index in
             // its GSO run, known once the burst is complete.
-            let n = self.port.seal_burst(&mut self.tx[..n]);
-            if let Err(e) = self.port.send_burst(&self.tx[..n]) {
+            let sealed = self.port.seal_burst(&mut self.tx[..n]);
+            if let Err(e) = self.port.send_burst(&self.tx[..sealed]) {
                 // The transport retransmits what was lost.
                 tracing::debug!("send: {e}");
             }
         }
+        n
     }
 }
 
