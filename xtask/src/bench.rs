@@ -444,6 +444,28 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             }
         }
     }
+    // burst's other perftest tests, once per round (no alternative exists
+    // for READ and atomics over TCP or raw UDP): regressions show here.
+    for r in 0..rounds {
+        for (test, a) in [
+            ("write_lat", &lat_args[..]),
+            ("read_lat", &lat_args[..]),
+            ("atomic_lat", &["-D", &secs][..]),
+            ("send_bw", &bw_args[..]),
+            ("read_bw", &bw_args[..]),
+            ("atomic_bw", &["-D", &secs][..]),
+        ] {
+            port += 1;
+            println!("xtask: bench round {} {test} over burst", r + 1);
+            match run_pair(&env, test, a, port) {
+                Ok(v) => results.extend(v.into_iter().map(|mut x| {
+                    x["round"] = json!(r + 1);
+                    x
+                })),
+                Err(e) => errors.push(e),
+            }
+        }
+    }
     let mut sweep: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     if sweep_on {
         for t in TRANSPORTS {
@@ -662,6 +684,44 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     md.push_str(
         "![bandwidth vs size](plots/bw-vs-size.svg)\n\n![latency CDF](plots/latency-cdf.svg)\n\n",
     );
+    md.push_str("## burst's other tests (veth pair, same run)\n\n| test | size | result (median, min-max) | p99 |\n|---|---|---|---|\n");
+    for test in [
+        "write_lat",
+        "read_lat",
+        "atomic_lat",
+        "send_bw",
+        "read_bw",
+        "atomic_bw",
+    ] {
+        let rows: Vec<&Value> = results
+            .iter()
+            .filter(|x| x["test"] == test && x["transport"] == "burst")
+            .collect();
+        let Some(first) = rows.first() else {
+            continue;
+        };
+        let bytes = first["bytes"].as_u64().unwrap_or(0);
+        let (field, unit) = if test.ends_with("_bw") {
+            ("gbps", "Gb/s")
+        } else if first["half_rtt"].as_bool().unwrap_or(false) {
+            ("p50", "us half RTT p50")
+        } else {
+            ("p50", "us RTT p50")
+        };
+        let v: Vec<f64> = rows.iter().filter_map(|x| x[field].as_f64()).collect();
+        let p99: Vec<f64> = rows.iter().filter_map(|x| x["p99"].as_f64()).collect();
+        let (lo, hi) = range(&v);
+        md.push_str(&format!(
+            "| {test} | {bytes} B | {:.2} ({lo:.2}-{hi:.2}) {unit} | {} |\n",
+            median(&v),
+            if p99.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.2} us", median(&p99))
+            }
+        ));
+    }
+    md.push('\n');
     let crit = criterion(root);
     if !crit.is_empty() {
         md.push_str("## Criterion micro-benchmarks\n\n`cargo bench -p burst-wire -p burst-transport -p burst-dsa -- --warm-up-time 1 --measurement-time 3`, run by the harness first (unless `--no-criterion`: then the last results in target/criterion). Targets: transport work per 4 KiB packet <= 80 ns (`rc_write_stream_mtu4096/per_message_of_256_packets` / 256); ICRC <= 1.1x raw crc32fast (`write4096/icrc_only` vs `write4096/raw_crc32fast`); copy per 4 KiB: `copy/cpu_4096`.\n\n| benchmark | mean |\n|---|---|\n");

@@ -532,9 +532,13 @@ fn loopback<T>(f: impl FnOnce(&mut Oob) -> Result<T, String>) -> Result<T, Strin
     let s = server
         .join()
         .map_err(|_| "server thread panicked".to_string())?;
-    let r = r?;
-    s?;
-    Ok(r)
+    match (r, s) {
+        (Ok(r), Ok(())) => Ok(r),
+        // The server's error is the cause when the client only saw it leave.
+        (Err(c), Err(s)) => Err(format!("{c}; server: {s}")),
+        (Err(c), Ok(())) => Err(c),
+        (Ok(_), Err(s)) => Err(format!("server: {s}")),
+    }
 }
 
 /// The main job: WRITE bandwidth and SEND latency, burst vs raw UDP vs TCP.

@@ -59,6 +59,7 @@ fn main() -> ExitCode {
         reorder,
         dup,
         corrupt,
+        ..
     } = o.faults;
     let (mut passed, mut failed) = (0u64, 0u64);
     for seed in first..first + seeds {

@@ -135,7 +135,16 @@ struct Requester {
     last_rewind: Option<Psn>,
     /// First PSN never transmitted: anything before it is a retransmission.
     sent_high: Psn,
+    /// Packets the requester lets be in flight now (0 until the first
+    /// loss: the configured maximum). A go-back halves it (a receiver whose
+    /// queue overflowed gets a smaller burst next time, instead of the same
+    /// overflow until the retry count runs out); acknowledged packets grow
+    /// it back by a sixteenth of their number (about 6% per round trip).
+    cwnd: u32,
 }
+
+/// The smallest packet window a go-back shrinks to.
+const MIN_WINDOW: u32 = 16;
 
 #[derive(Debug)]
 enum Out {
@@ -791,6 +800,16 @@ impl Qp {
         }
         self.req.send_idx = i;
         self.counters.retransmits_started += 1;
+        self.req.cwnd = (self.window() / 2).max(MIN_WINDOW);
+    }
+
+    /// The packet window now (see `Requester::cwnd`).
+    fn window(&self) -> u32 {
+        let max = self.cfg.max_inflight_packets.max(1);
+        match self.req.cwnd {
+            0 => max,
+            c => c.min(max),
+        }
     }
 
     // -------------------------------------------------------------- transmit
@@ -903,7 +922,7 @@ impl Qp {
         }
         let idx = self.req.send_idx;
         let inflight = self.req.una_psn.distance_to(self.req.next_psn).max(0) as u32;
-        let window = self.cfg.max_inflight_packets;
+        let window = self.window();
         let w = &self.req.sq[idx];
         if w.first_psn.is_none() {
             // Admission of a new WQE.
@@ -921,6 +940,14 @@ impl Qp {
                 if inflight > 0 && inflight + w.npsn.min(window) > window {
                     return None;
                 }
+            }
+        } else if t == QpType::Rc {
+            // Every packet of an admitted WQE (first sends and go-back
+            // resends alike) stays within the window of the oldest
+            // unacknowledged PSN.
+            let psn = w.first_psn.unwrap_or_default() + w.next_pkt;
+            if self.req.una_psn.distance_to(psn) >= window as i32 {
+                return None;
             }
         }
         Some(idx)
@@ -1190,6 +1217,11 @@ impl Qp {
         };
         if self.req.una_psn.distance_to(new_una) > 0 && new_una.distance_to(self.req.next_psn) >= 0
         {
+            let acked = self.req.una_psn.distance_to(new_una) as u32;
+            if self.req.cwnd != 0 {
+                self.req.cwnd =
+                    (self.req.cwnd + (acked / 16).max(1)).min(self.cfg.max_inflight_packets.max(1));
+            }
             self.req.una_psn = new_una;
             progress = true;
         }

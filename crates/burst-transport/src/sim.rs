@@ -245,6 +245,13 @@ pub struct Faults {
     pub dup: f64,
     /// Flip one bit (the ICRC catches it).
     pub corrupt: f64,
+    /// Packets a node's receive queue holds: a packet arriving while this
+    /// many are on the wire toward the node is dropped, as by a full socket
+    /// buffer (0: no limit).
+    pub rx_queue: usize,
+    /// The rate at which a node takes packets in, Gb/s (0: as fast as they
+    /// come): a receiver slower than the link builds a queue.
+    pub rx_gbps: u64,
 }
 
 /// Network statistics.
@@ -264,6 +271,8 @@ pub struct NetStats {
     pub bad_icrc: u64,
     /// Frames delivered to a QP.
     pub delivered: u64,
+    /// Frames dropped by a full receive queue ([`Faults::rx_queue`]).
+    pub overflowed: u64,
 }
 
 /// A frame on the wire: (arrival time, sequence, destination node, bytes).
@@ -505,6 +514,17 @@ impl World {
             self.stats.lost += 1;
             return;
         }
+        if f.rx_queue > 0
+            && self
+                .wire
+                .iter()
+                .filter(|Reverse((_, _, d, _))| *d == dst)
+                .count()
+                >= f.rx_queue
+        {
+            self.stats.overflowed += 1;
+            return;
+        }
         if self.rng.chance(f.corrupt) {
             self.stats.corrupted += 1;
             let i = self.rng.below(bytes.len() as u64) as usize;
@@ -522,7 +542,11 @@ impl World {
                 self.stats.reordered += u64::from(c == 0);
                 at += LINK_DELAY_NS * (1 + self.rng.below(20));
             } else {
-                at = at.max(self.fifo[dst] + 1);
+                let service = match f.rx_gbps {
+                    0 => 1,
+                    g => (bytes.len() as u64 * 8).div_ceil(g),
+                };
+                at = at.max(self.fifo[dst] + service);
                 self.fifo[dst] = at;
             }
             self.seq += 1;

@@ -133,6 +133,7 @@ fn workload_seeds_pass_under_faults() {
             reorder: 0.05,
             dup: 0.01,
             corrupt: 0.01,
+            ..Faults::default()
         },
         max_size: 256 * 1024,
         ops_per_pair: 24,
