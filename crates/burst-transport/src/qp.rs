@@ -941,10 +941,13 @@ impl Qp {
                     return None;
                 }
             }
-        } else if t == QpType::Rc {
+        } else if t == QpType::Rc && !w.wr.op.is_read_or_atomic() {
             // Every packet of an admitted WQE (first sends and go-back
             // resends alike) stays within the window of the oldest
-            // unacknowledged PSN.
+            // unacknowledged PSN. Not a READ's re-request: the oldest
+            // unacknowledged PSN stays at the READ's first one until its
+            // last response is in, so a re-request far into a large READ
+            // would wait forever.
             let psn = w.first_psn.unwrap_or_default() + w.next_pkt;
             if self.req.una_psn.distance_to(psn) >= window as i32 {
                 return None;
@@ -960,6 +963,7 @@ impl Qp {
         let timeout = self.ack_timeout_ns();
         let qkey_own = self.attrs.qkey;
         let (dest_qpn, own_ah, own_qpn) = (self.attrs.dest_qpn, self.attrs.ah, self.cfg.qpn);
+        let (window, una) = (self.window(), self.req.una_psn);
         let w = &mut self.req.sq[idx];
         if w.first_psn.is_none() {
             if t == QpType::Rc && w.wr.op.is_read_or_atomic() {
@@ -1049,7 +1053,13 @@ impl Qp {
                 let end = matches!(pos, Position::Last | Position::Only);
                 bth.opcode = request_opcode(t, &op, pos);
                 bth.solicited = end && w.wr.solicited;
-                bth.ack_req &= end;
+                // Also ask for an ACK on the last packet the window lets
+                // out: the sender stops there, and a responder only ACKs
+                // every few packets, or a duplicate that asks (after a
+                // go-back, resends below its expected PSN would otherwise
+                // draw no ACK and the retry count would run out).
+                let fills_window = una.distance_to(psn + 1) >= window as i32;
+                bth.ack_req &= end || fills_window;
                 ib = IbRepr::new(bth);
                 match op {
                     SendOp::Write { remote_addr, rkey }
