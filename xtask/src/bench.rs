@@ -516,27 +516,18 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             .collect()
     };
     let mut summary = BTreeMap::new();
+    // (summary key, test, field, event-driven)
+    let figures = [
+        ("write_bw", "write_bw", "gbps", false),
+        ("send_lat", "send_lat", "p50", false),
+        ("send_lat", "send_lat", "p99", false),
+        ("send_lat_e", "send_lat", "p50", true),
+        ("send_lat_e", "send_lat", "p99", true),
+    ];
     for t in TRANSPORTS {
-        summary.insert(
-            format!("write_bw {t} gbps"),
-            pick("write_bw", t, "gbps", false),
-        );
-        summary.insert(
-            format!("send_lat {t} p50"),
-            pick("send_lat", t, "p50", false),
-        );
-        summary.insert(
-            format!("send_lat {t} p99"),
-            pick("send_lat", t, "p99", false),
-        );
-        summary.insert(
-            format!("send_lat_e {t} p50"),
-            pick("send_lat", t, "p50", true),
-        );
-        summary.insert(
-            format!("send_lat_e {t} p99"),
-            pick("send_lat", t, "p99", true),
-        );
+        for (key, test, field, events) in figures {
+            summary.insert(format!("{key} {t} {field}"), pick(test, t, field, events));
+        }
     }
     let vm_pick = |stack: &str, test: &str| -> Vec<f64> {
         vm.iter()
