@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::dropin::median;
 use crate::{cargo, dropin, step};
 
 const TRANSPORTS: [&str; 3] = ["burst", "raw-udp", "tcp"];
@@ -112,16 +113,6 @@ fn commit(root: &Path) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    if s.is_empty() {
-        f64::NAN
-    } else {
-        s[s.len() / 2]
-    }
 }
 
 fn range(v: &[f64]) -> (f64, f64) {

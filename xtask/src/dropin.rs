@@ -805,7 +805,8 @@ pub struct Figure {
     pub unit: &'static str,
 }
 
-fn median(v: &[f64]) -> f64 {
+/// The median (upper middle; NaN for no values).
+pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     if s.is_empty() {

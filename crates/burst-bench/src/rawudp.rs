@@ -81,8 +81,7 @@ pub fn stream(
     let start = Instant::now();
     let mut sent_msgs = 0u64;
     let mut k = 0;
-    while (duration.is_none() && sent_msgs < iters) || duration.is_some_and(|d| start.elapsed() < d)
-    {
+    while crate::report::more(start, duration, sent_msgs, iters) {
         let mut n = 0;
         while n < TX {
             bufs[n].len = plan[k];
@@ -186,7 +185,7 @@ pub fn pingpong(
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120) + duration.unwrap_or_default();
     let mut i = 0;
-    while (duration.is_none() && i < iters) || duration.is_some_and(|d| start.elapsed() < d) {
+    while crate::report::more(start, duration, i, iters) {
         bufs[0].len = size + OVERHEAD - RETH; // a SEND: no RETH
         bufs[0].peer = to;
         let t = Instant::now();

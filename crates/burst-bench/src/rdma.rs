@@ -434,22 +434,8 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
             }
             Test::WriteLat => {
                 let v = (i as u8).wrapping_add(1);
-                // The last byte carries the iteration: the peer polls it.
-                let at = len - 1;
-                // The source's last byte carries the iteration; the peer
-                // polls the same byte of its target half.
-                // SAFETY: the byte is inside our registered buffer, which
-                // we own; the engine reads it when building the packet.
-                unsafe {
-                    std::ptr::write_volatile(s.buf.as_ptr().add(s.slot / 2 + at).cast_mut(), v)
-                };
-                let mut wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.src(0, len)]);
-                wr.signaled = i % 64 == 63;
-                if p.inline as usize >= len {
-                    wr.inline = true;
-                }
-                s.qps[0].post_send(&wr).map_err(err("post_send"))?;
-                wait_byte(s, at, v, deadline)?;
+                post_write_lat(test, s, peer, p, i, len, v)?;
+                wait_byte(s, len - 1, v, deadline)?;
                 h.record(t.elapsed().as_nanos() as u64 / 2);
                 while s.scq.poll().is_some() {}
             }
@@ -466,6 +452,26 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
     pb.finish_and_clear();
     let half = matches!(test, Test::SendLat | Test::WriteLat);
     Ok(h.lat(test.name(), "burst", len, half, s.channel.is_some()))
+}
+
+/// One write_lat message: the source's last byte carries the iteration `v`
+/// (the peer polls the same byte of its target half), then the WRITE.
+fn post_write_lat(
+    test: Test,
+    s: &Side,
+    peer: &[Info],
+    p: &Params,
+    i: u64,
+    len: usize,
+    v: u8,
+) -> Result<(), String> {
+    // SAFETY: the source half's last byte, inside our registered buffer,
+    // which we own; the engine reads it when building the packet.
+    unsafe { std::ptr::write_volatile(s.buf.as_ptr().add(s.slot / 2 + len - 1).cast_mut(), v) };
+    let mut wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.src(0, len)]);
+    wr.signaled = i % 64 == 63;
+    wr.inline = p.inline as usize >= len;
+    s.qps[0].post_send(&wr).map_err(err("post_send"))
 }
 
 /// Spins until our buffer's byte `at` reads `v`, stepping the engine (the
@@ -520,16 +526,7 @@ pub fn pong(
                     s.ctx.progress();
                     continue;
                 }
-                // SAFETY: the source half's last byte, in our buffer.
-                unsafe {
-                    std::ptr::write_volatile(s.buf.as_ptr().add(s.slot / 2 + at).cast_mut(), v)
-                };
-                let mut wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.src(0, len)]);
-                wr.signaled = i % 64 == 63;
-                if p.inline as usize >= len {
-                    wr.inline = true;
-                }
-                s.qps[0].post_send(&wr).map_err(err("post_send"))?;
+                post_write_lat(test, s, peer, p, i, len, v)?;
                 while s.scq.poll().is_some() {}
             }
             _ => {

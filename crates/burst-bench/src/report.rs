@@ -60,6 +60,20 @@ pub struct Lat {
     pub cdf: Vec<(f64, f64)>,
 }
 
+/// Whether a run of `iters` messages, or of `duration` when given, goes on
+/// after `done` messages since `start` (the rule of every test loop).
+pub fn more(
+    start: std::time::Instant,
+    duration: Option<std::time::Duration>,
+    done: u64,
+    iters: u64,
+) -> bool {
+    match duration {
+        Some(d) => start.elapsed() < d,
+        None => done < iters,
+    }
+}
+
 /// Latency samples in nanoseconds.
 pub struct Samples(Histogram<u64>);
 

@@ -75,7 +75,7 @@ pub fn stream(
     let msg = vec![7u8; size];
     let start = Instant::now();
     let mut sent = 0u64;
-    while (duration.is_none() && sent < iters) || duration.is_some_and(|d| start.elapsed() < d) {
+    while crate::report::more(start, duration, sent, iters) {
         s.write_all(&msg).map_err(e("write"))?;
         sent += 1;
     }
@@ -130,7 +130,7 @@ pub fn pingpong(
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120) + duration.unwrap_or_default();
     let mut i = 0;
-    while (duration.is_none() && i < iters) || duration.is_some_and(|d| start.elapsed() < d) {
+    while crate::report::more(start, duration, i, iters) {
         let t = Instant::now();
         spin_write(&mut s, &b, deadline)?;
         spin_read(&mut s, &mut b, deadline)?;
