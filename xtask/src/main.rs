@@ -11,12 +11,17 @@ use std::time::Instant;
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask interop [--quick] [--examples-only WORD]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
+       cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
        cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]...
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
-        1000 seeds of the transport simulation, and a time-boxed cargo-fuzz
-        run of burst-wire's parser
+        1000 seeds of the transport simulation on a fault grid and a 90 s
+        share of the whole-fault-space sweep, and a time-boxed cargo-fuzz
+        run of burst-wire's parser (cargo-fuzz installed on first use)
+sweep   the transport simulation over the whole fault space (default
+        10,000 seeds, each with its own loss, reordering, duplication,
+        corruption and receiver limits), on every core
 interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
         the unmodified ibv_rc_pingpong on RXE against burst's rc_pingpong,
         both roles, MTU 1024 and 4096, with and without loss; --quick runs
@@ -72,6 +77,128 @@ fn have_cargo_fuzz() -> bool {
         .unwrap_or(false)
 }
 
+/// cargo-fuzz is a crates.io tool, not a dependency: installed on first use
+/// so the README's test command runs the fuzz step it promises.
+fn ensure_cargo_fuzz() -> bool {
+    have_cargo_fuzz()
+        || step(
+            "install cargo-fuzz (first run only)",
+            Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]),
+        ) && have_cargo_fuzz()
+}
+
+/// Debian packages the lab steps build or run against: installed when
+/// missing and we are root, else a clear message naming them.
+fn ensure_debs(pkgs: &[&str]) -> bool {
+    let missing: Vec<&str> = pkgs
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg")
+                .args(["-s", p])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let root_user = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root_user {
+        eprintln!(
+            "xtask: missing Debian packages: {} (apt-get install them, or run as root)",
+            missing.join(" ")
+        );
+        return false;
+    }
+    println!(
+        "xtask: installing missing Debian packages: {}",
+        missing.join(" ")
+    );
+    step(
+        "apt-get update",
+        Command::new("apt-get").args(["update", "-qq"]),
+    ) && step(
+        "apt-get install",
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq"])
+            .args(&missing),
+    )
+}
+
+/// The transport simulation: `first..first+seeds`, either at one fault
+/// point (`faults` = loss, reorder, dup, corrupt) or, with `faults` `None`,
+/// drawn per seed over the whole fault space (`--sweep`); `secs` time-boxes it.
+fn sim(root: &Path, first: u64, seeds: u64, faults: Option<[&str; 4]>, secs: Option<u64>) -> bool {
+    let (first, seeds) = (first.to_string(), seeds.to_string());
+    let jobs = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .to_string();
+    let mut args = vec![
+        "run",
+        "--release",
+        "-q",
+        "-p",
+        "burst-transport",
+        "--example",
+        "sim",
+        "--",
+        "--first-seed",
+        &first,
+        "--seeds",
+        &seeds,
+        "--jobs",
+        &jobs,
+    ];
+    let secs = secs.map(|s| s.to_string());
+    if let Some(s) = &secs {
+        args.extend(["--secs", s]);
+    }
+    match &faults {
+        Some([loss, reorder, dup, corrupt]) => args.extend([
+            "--loss",
+            loss,
+            "--reorder",
+            reorder,
+            "--dup",
+            dup,
+            "--corrupt",
+            corrupt,
+        ]),
+        None => args.push("--sweep"),
+    }
+    step("sim", &mut cargo(root, &args))
+}
+
+/// `cargo xtask sweep`: the large simulation sweep over the whole fault space.
+fn sweep(args: &[String]) -> ExitCode {
+    let mut seeds = 10_000u64;
+    let mut first = 1u64;
+    let mut secs = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().and_then(|v| v.parse::<u64>().ok());
+        match (a.as_str(), v) {
+            ("--seeds", Some(v)) => seeds = v,
+            ("--first-seed", Some(v)) => first = v,
+            ("--secs", Some(v)) => secs = Some(v),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if sim(&root(), first, seeds, None, secs) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn test(args: &[String]) -> ExitCode {
     let root = root();
     let mut fuzz = true;
@@ -94,6 +221,7 @@ fn test(args: &[String]) -> ExitCode {
         }
     }
     let mut results: Vec<(&str, bool)> = Vec::new();
+    let mut skipped: Vec<&str> = Vec::new();
     results.push((
         "fmt",
         step("fmt", &mut cargo(&root, &["fmt", "--all", "--check"])),
@@ -180,39 +308,23 @@ fn test(args: &[String]) -> ExitCode {
         ("0.05", "0.05", "0.01", "0.01"),
         ("0.1", "0.1", "0.02", "0"),
     ];
-    for (i, (loss, reorder, dup, corrupt)) in grid.iter().enumerate() {
-        let first = (i * 250 + 1).to_string();
-        let mut c = cargo(
+    for (i, &(loss, reorder, dup, corrupt)) in grid.iter().enumerate() {
+        let ok = sim(
             &root,
-            &[
-                "run",
-                "--release",
-                "-q",
-                "-p",
-                "burst-transport",
-                "--example",
-                "sim",
-                "--",
-                "--first-seed",
-                &first,
-                "--seeds",
-                "250",
-                "--loss",
-                loss,
-                "--reorder",
-                reorder,
-                "--dup",
-                dup,
-                "--corrupt",
-                corrupt,
-            ],
+            i as u64 * 250 + 1,
+            250,
+            Some([loss, reorder, dup, corrupt]),
+            None,
         );
-        let ok = step("sim", &mut c);
         results.push(("sim (250 seeds)", ok));
     }
+    // A time-boxed share of the large sweep (`cargo xtask sweep`): seeds past
+    // the grid's, each with its own point of the whole fault space.
+    let ok = sim(&root, 100_001, 2_000, None, Some(90));
+    results.push(("sim sweep (whole fault space, 90 s box)", ok));
 
     if fuzz {
-        if have_cargo_fuzz() {
+        if ensure_cargo_fuzz() {
             // Stable rustc with RUSTC_BOOTSTRAP: the sanitizer flags cargo-fuzz
             // passes are nightly-only, and only the stable toolchain is
             // guaranteed on a fresh machine.
@@ -223,18 +335,24 @@ fn test(args: &[String]) -> ExitCode {
                 .args(["fuzz", "run", "parse", "--", &max, "-rss_limit_mb=2048"]);
             results.push(("fuzz (burst-wire parse)", step("fuzz", &mut c)));
         } else {
-            println!("xtask: cargo-fuzz is not installed: fuzz run skipped (.ci/run installs it)");
+            skipped.push("fuzz (cargo-fuzz could not be installed)");
         }
+    } else {
+        skipped.push("fuzz (--no-fuzz)");
     }
 
     let failed: Vec<&str> = results.iter().filter(|r| !r.1).map(|r| r.0).collect();
     if !failed.is_empty() {
         println!("xtask: failed steps: {}", failed.join(", "));
     }
+    if !skipped.is_empty() {
+        println!("xtask: skipped steps: {}", skipped.join(", "));
+    }
     println!(
-        "steps: {} passed, {} failed",
+        "steps: {} passed, {} failed, {} skipped",
         results.len() - failed.len(),
-        failed.len()
+        failed.len(),
+        skipped.len()
     );
     if failed.is_empty() {
         ExitCode::SUCCESS
@@ -345,6 +463,17 @@ fn interop(args: &[String]) -> ExitCode {
     let lab = root.join("../shared/rxe-lab/rxe-vm");
     if !lab.exists() {
         eprintln!("xtask interop: no RXE lab at {}", lab.display());
+        return ExitCode::FAILURE;
+    }
+    // rdma-target builds against the system libibverbs; the Debian tools
+    // run on burst's drop-in.
+    if !ensure_debs(&[
+        "libibverbs-dev",
+        "ibverbs-utils",
+        "perftest",
+        "iproute2",
+        "gcc",
+    ]) {
         return ExitCode::FAILURE;
     }
     // Set the lab up first: `wait-port` needs the namespace before the VM's
@@ -603,6 +732,7 @@ fn main() -> ExitCode {
         Some("interop") => interop(&args[1..]),
         Some("dropin") => dropin_cmd(&args[1..]),
         Some("bench") => bench::bench(&root(), &args[1..]),
+        Some("sweep") => sweep(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)

@@ -687,6 +687,11 @@ impl Qp {
 
     /// Runs expired timers.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        self.run_timers(now);
+        self.guard_outstanding(now);
+    }
+
+    fn run_timers(&mut self, now: Nanos) {
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
         }
@@ -710,6 +715,39 @@ impl Qp {
             self.rewind(una);
             self.req.timer = self.ack_timeout_ns().map(|d| now + d);
         }
+    }
+
+    /// The requester's liveness rule: an RC requester that may send and has
+    /// unacknowledged packets always waits on a timer (the ACK timeout, or
+    /// the RNR delay), or it could wait forever when its resends are held by
+    /// the window: the local ACK timeout guards every unacknowledged packet.
+    /// The RNR delay and the ACK timer never run together, so the end of an
+    /// RNR delay is where the ACK timer is armed again.
+    fn guard_outstanding(&mut self, now: Nanos) {
+        if self.outstanding_without_timer() {
+            self.req.timer = self.ack_timeout_ns().map(|d| now + d);
+        }
+    }
+
+    fn outstanding_without_timer(&self) -> bool {
+        self.cfg.qp_type == QpType::Rc
+            && matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.req.una_psn != self.req.next_psn
+            && self.req.timer.is_none()
+            && self.req.rnr_until.is_none()
+            && self.attrs.timeout != 0
+    }
+
+    /// Checks the invariants a correct QP holds between calls; the simulator
+    /// asserts them at every step. `Err` says which one is broken.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.outstanding_without_timer() {
+            return Err(format!(
+                "qp {:?}: unacknowledged packets (una {:?}, next {:?}) and no timer",
+                self.cfg.qpn, self.req.una_psn, self.req.next_psn
+            ));
+        }
+        Ok(())
     }
 
     /// Completes the oldest unfinished send WR with `status` and moves the QP
@@ -1266,7 +1304,9 @@ impl Qp {
                 }
                 Some(Syndrome::RnrNak(t)) => {
                     self.counters.rcvd_rnr_err += 1;
-                    let _ = self.ack_upto(now, psn - 1);
+                    // A READ or atomic before the NAKed PSN whose response is
+                    // missing is asked for again first.
+                    let lost = self.ack_upto(now, psn - 1);
                     if self.req.rnr_left == 0 {
                         self.counters.retry_rnr_exceeded_err += 1;
                         self.fail_front(WcStatus::RnrRetryExcErr);
@@ -1275,7 +1315,7 @@ impl Qp {
                             self.req.rnr_left -= 1;
                         }
                         self.req.last_rewind = None;
-                        self.rewind(psn);
+                        self.rewind(lost.unwrap_or(psn));
                         self.req.rnr_until = Some(now + u64::from(RnrTimer(t.0).micros()) * 1000);
                         self.req.timer = None;
                     }

@@ -322,6 +322,8 @@ pub struct World {
     /// packet is deliberately reordered.
     fifo: Vec<Nanos>,
     buf: Vec<u8>,
+    /// The first broken QP invariant [`World::run`] saw ([`Qp::check_invariants`]).
+    pub violation: Option<String>,
 }
 
 fn node_ip(n: usize) -> Ipv4Addr {
@@ -348,6 +350,7 @@ impl World {
             fifo: vec![0; nodes],
             link_free: vec![0; nodes],
             buf: vec![0; 8192],
+            violation: None,
         }
     }
 
@@ -618,6 +621,14 @@ impl World {
                 }
             }
             self.drain_completions();
+            if let Some(broken) = self
+                .qps
+                .iter()
+                .find_map(|(_, q)| q.check_invariants().err())
+            {
+                self.violation = Some(format!("at {} ns: {broken}", self.now));
+                return false;
+            }
             if done(self) {
                 return true;
             }
@@ -1015,6 +1026,9 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         .iter()
         .map(|(_, q)| q.counters().retransmitted_pkts)
         .sum();
+    if let Some(v) = &w.violation {
+        return Err(format!("seed {seed}: invariant broken {v}"));
+    }
     if !finished {
         let stuck: Vec<String> = w
             .qps

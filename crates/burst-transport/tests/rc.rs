@@ -569,3 +569,25 @@ fn a_full_receive_queue_shrinks_the_window() {
         c.retransmits_started
     );
 }
+
+/// Seeds that once left an RC requester in RTS with unacknowledged packets
+/// and no timer: an RNR NAK stopped the ACK timer, the RNR delay ended, and
+/// the go-back resend was held by the packet window, so nothing re-armed it.
+/// The simulator now also checks that invariant at every step.
+#[test]
+fn rnr_delay_end_rearms_the_ack_timer() {
+    use burst_transport::sim::{run_workload, WorkloadOptions};
+    let o = WorkloadOptions {
+        faults: Faults {
+            loss: 0.05,
+            reorder: 0.05,
+            dup: 0.01,
+            ..Faults::default()
+        },
+        ..WorkloadOptions::default()
+    };
+    for seed in [337, 1934, 4292] {
+        let s = run_workload(seed, &o).unwrap_or_else(|e| panic!("{e}"));
+        assert!(s.ops > 0 && s.retransmitted > 0, "seed {seed}: {s:?}");
+    }
+}
