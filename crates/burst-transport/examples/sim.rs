@@ -126,7 +126,7 @@ fn main() -> ExitCode {
                 if seed >= first + seeds {
                     break;
                 }
-                let mut o = o.clone();
+                let mut o = o;
                 if sweep {
                     o.faults = sweep_faults(seed, rx_limits);
                 }
