@@ -16,22 +16,32 @@
 //! socket lets the kernel choose. Linux sends ID 0 for a DF-marked datagram
 //! of an unconnected socket, and the segments of one GSO message get IDs
 //! 0, 1, 2, … (checked with a capture, docs/performance.md). So [`UdpPort`]
-//! sets `IP_PMTUDISC_DO` and [`UdpPort::seal_burst`] computes each packet's
-//! ICRC with its index in its GSO run as the ID; the runs are cut by one
-//! rule ([`gso_run`]) that sealing and sending share. On receive the ID is
-//! not visible through the socket: [`UdpPort::check_icrc`] verifies packets
-//! sent with ID 0 at full strength; for others it solves for the ID: the CRC
-//! is affine in the 16 ID bits, so the stored ICRC is consistent with *some*
-//! ID exactly when `stored ^ icrc(ID=0)` lies in the span of the 16 bit-flip
-//! syndromes (precomputed once per packet length). That keeps 16 of the
-//! ICRC's 32 bits of protection for peers like RXE whose IP IDs count.
+//! sets `IP_PMTUDISC_DO` and [`Port::assign_ip_ids`] gives each packet its
+//! index in its GSO run; the runs are cut by one rule ([`gso_run`]) that
+//! sealing and sending share. On receive the socket hides the ID
+//! ([`RxMeta::ip_id`] is `None`), and the caller's ICRC check solves for it
+//! (`burst_wire::icrc::Checker`). The ICRC itself, its pseudo-header and the
+//! solver are wire knowledge and live in burst-wire; a port only says which
+//! ID a packet carries.
+//!
+//! **Other ports.** [`SimPort`] is an in-memory network for tests and the
+//! simulator (seeded loss, reordering, duplication, corruption, delay, rate
+//! and queue limits, ECN marking); [`LossyPort`] wraps any port and drops a
+//! share of what it sends (loss tests on real sockets). AF_XDP and DPDK ports
+//! implement the same [`Port`] trait.
 
+mod lossy;
+mod sim;
 mod sys;
+
+pub use burst_wire::icrc::Check as IcrcCheck;
+pub use lossy::LossyPort;
+pub use sim::{SimFaults, SimNet, SimPort, SimStats};
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-use burst_wire::{emit_ip_udp, icrc, IpRepr, UdpRepr, BTH_LEN, ICRC_LEN, ROCEV2_PORT};
+use burst_wire::{icrc, BTH_LEN, ICRC_LEN, ROCEV2_PORT};
 
 /// Largest datagram a port buffer holds (jumbo frames with a 4096-byte MTU).
 pub const MAX_PACKET: usize = 9216;
@@ -58,6 +68,9 @@ pub struct PacketBuf {
     pub len: usize,
     /// Peer address (source on receive, destination on send).
     pub peer: SocketAddr,
+    /// The IPv4 identification the packet leaves with (set by
+    /// [`Port::assign_ip_ids`]; the ICRC covers it).
+    pub ip_id: u16,
 }
 
 impl PacketBuf {
@@ -67,6 +80,7 @@ impl PacketBuf {
             data: Box::new([0; MAX_PACKET]),
             len: 0,
             peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+            ip_id: 0,
         }
     }
     /// The bytes used.
@@ -87,17 +101,91 @@ impl std::fmt::Debug for PacketBuf {
     }
 }
 
-/// Burst receive and transmit of RoCEv2 transport packets.
+/// What a port knows of a received packet besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxMeta {
+    /// The sender's address (IP and UDP source port).
+    pub peer: SocketAddr,
+    /// The IPv4 identification, when the port sees IP headers (`None` for
+    /// a UDP socket, which hides it).
+    pub ip_id: Option<u16>,
+    /// The IP ECN bits (0 where the port cannot see them); 3 is CE, the
+    /// congestion mark DCQCN reacts to.
+    pub ecn: u8,
+}
+
+/// Burst receive and transmit of RoCEv2 transport packets (UDP payloads:
+/// BTH through ICRC). Implemented by every packet port (UDP socket,
+/// in-memory, AF_XDP, DPDK); the data-plane core is written against it.
+///
+/// ```
+/// use burst_io::{PacketBuf, Port, RxBatch, SimFaults, SimNet};
+/// let net = SimNet::new(1, SimFaults::default());
+/// let mut a = net.port("198.18.0.1:4791".parse().unwrap());
+/// let mut b = net.port("198.18.0.2:4791".parse().unwrap());
+/// let mut buf = PacketBuf::new();
+/// buf.data[..3].copy_from_slice(b"abc");
+/// buf.len = 3;
+/// buf.peer = b.local_addr();
+/// assert_eq!(a.send_burst(std::slice::from_mut(&mut buf)).unwrap(), 1);
+/// net.advance(1_000_000); // one millisecond of simulated time
+/// let mut rx = RxBatch::default();
+/// assert_eq!(b.recv_batch(&mut rx).unwrap(), 1);
+/// let (meta, bytes) = rx.frames().next().unwrap();
+/// assert_eq!((meta.peer, bytes), (a.local_addr(), &b"abc"[..]));
+/// ```
 pub trait Port {
     /// The local address packets are sent from and received on.
     fn local_addr(&self) -> SocketAddr;
     /// Receives a burst of datagrams into `rx` without blocking (replacing
     /// what it held); returns how many packets (segments) it now holds.
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize>;
+    /// Sets [`PacketBuf::ip_id`] of each packet of `bufs` to the ID it will
+    /// carry when sent by [`Port::send_burst`] exactly as it stands, so the
+    /// caller can seal the ICRC over it.
+    fn assign_ip_ids(&self, bufs: &mut [PacketBuf]);
     /// Sends `bufs` (each to its `peer`); returns how many were sent, always
     /// a whole number of GSO runs (see [`gso_run`]), so that a caller may
     /// retry from there.
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize>;
+    /// A handle that waits for this port's traffic from another thread, for
+    /// ports backed by a file descriptor.
+    fn readiness(&self) -> io::Result<Readiness> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this port has no readiness handle",
+        ))
+    }
+}
+
+impl<P: Port + ?Sized> Port for Box<P> {
+    fn local_addr(&self) -> SocketAddr {
+        (**self).local_addr()
+    }
+    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
+        (**self).recv_batch(rx)
+    }
+    fn assign_ip_ids(&self, bufs: &mut [PacketBuf]) {
+        (**self).assign_ip_ids(bufs)
+    }
+    fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
+        (**self).send_burst(bufs)
+    }
+    fn readiness(&self) -> io::Result<Readiness> {
+        (**self).readiness()
+    }
+}
+
+/// The IDs a UDP socket's packets get: each its index in its GSO run.
+fn gso_ip_ids(bufs: &mut [PacketBuf], gso: bool) {
+    let mut i = 0;
+    while i < bufs.len() {
+        let run = gso_run(&bufs[i..], gso);
+        for (k, b) in bufs[i..i + run].iter_mut().enumerate() {
+            b.ip_id = k as u16;
+        }
+        i += run;
+    }
 }
 
 /// How many packets from the start of `bufs` go out as one GSO message:
@@ -140,6 +228,8 @@ struct RxMsg {
     len: usize,
     seg: usize,
     peer: SocketAddr,
+    ip_id: Option<u16>,
+    ecn: u8,
 }
 
 /// Receive buffers for [`Port::recv_batch`]: up to [`BURST`] datagrams of up
@@ -191,6 +281,19 @@ impl RxBatch {
             .flat_map(|(m, b)| b[..m.len].chunks(m.seg.max(1)).map(move |p| (m.peer, p)))
     }
 
+    /// The packets received by the last call with what the port knows of
+    /// each ([`RxMeta`]).
+    pub fn frames(&self) -> impl Iterator<Item = (RxMeta, &[u8])> + '_ {
+        self.msgs.iter().zip(&self.bufs).flat_map(|(m, b)| {
+            let meta = RxMeta {
+                peer: m.peer,
+                ip_id: m.ip_id,
+                ecn: m.ecn,
+            };
+            b[..m.len].chunks(m.seg.max(1)).map(move |p| (meta, p))
+        })
+    }
+
     /// Datagrams (system-level messages) the last call received.
     pub fn datagrams(&self) -> usize {
         self.msgs.len()
@@ -226,74 +329,6 @@ impl Readiness {
     }
 }
 
-/// Outcome of an ICRC check on a port that cannot see the IP header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IcrcCheck {
-    /// Verified with IP ID 0 (full 32-bit check).
-    Ok,
-    /// Consistent with the given IPv4 ID (16-bit strength: the ID is solved
-    /// for, not known).
-    OkWithId(u16),
-    /// Wrong for every possible IP ID: drop the packet.
-    Bad,
-    /// Cannot be checked (IPv6 peer with a non-matching flow label, or a
-    /// packet too short to hold an ICRC).
-    Unverifiable,
-}
-
-/// The 16 ICRC syndromes of flipping each IPv4 ID bit, for one ICRC input
-/// length, reduced to a basis for solving.
-#[derive(Debug, Clone, Default)]
-struct IdBasis {
-    /// (vector, combination of ID bits producing it), distinct pivots.
-    rows: Vec<(u32, u16)>,
-}
-
-impl IdBasis {
-    /// `n`: bytes the ICRC covers; the IPv4 ID sits at bytes 12..14 of that
-    /// input (after the 8 bytes standing for the LRH).
-    fn new(n: usize) -> IdBasis {
-        let zero = vec![0u8; n];
-        let z = crc32fast::hash(&zero);
-        let mut e = zero;
-        let mut b = IdBasis::default();
-        for bit in 0..16u16 {
-            let (byte, mask) = (12 + usize::from(1 - bit / 8), 1u8 << (bit % 8));
-            e[byte] ^= mask;
-            let v = crc32fast::hash(&e) ^ z;
-            e[byte] ^= mask;
-            b.insert(v, 1 << bit);
-        }
-        b
-    }
-
-    fn insert(&mut self, mut v: u32, mut m: u16) {
-        for &(r, rm) in &self.rows {
-            if v & (1 << (31 - r.leading_zeros())) != 0 {
-                v ^= r;
-                m ^= rm;
-            }
-        }
-        if v != 0 {
-            self.rows.push((v, m));
-            // Highest pivot first, so each reduction step only touches lower bits.
-            self.rows.sort_by_key(|r| r.0.leading_zeros());
-        }
-    }
-
-    /// The ID whose syndrome is `d`, if any.
-    fn solve(&self, mut d: u32) -> Option<u16> {
-        let mut m = 0u16;
-        for &(r, rm) in &self.rows {
-            if d & (1 << (31 - r.leading_zeros())) != 0 {
-                d ^= r;
-                m ^= rm;
-            }
-        }
-        (d == 0).then_some(m)
-    }
-}
-
 /// Socket buffer size asked for (see `sys::set_buffers`).
 pub const SOCKET_BUFFER: usize = 16 << 20;
 
@@ -302,8 +337,8 @@ pub const SOCKET_BUFFER: usize = 16 << 20;
 pub struct UdpPort {
     sock: UdpSocket,
     local: SocketAddr,
-    /// Syndrome bases by ICRC input length (see [`UdpPort::check_icrc`]).
-    id_bases: std::collections::HashMap<usize, IdBasis>,
+    /// ICRC checking with the IP ID solved for (see [`UdpPort::check_icrc`]).
+    icrc: icrc::Checker,
     /// Send runs of packets as one GSO message (`UDP_SEGMENT`).
     gso: bool,
 }
@@ -342,7 +377,7 @@ impl UdpPort {
         Ok(UdpPort {
             sock,
             local,
-            id_bases: std::collections::HashMap::new(),
+            icrc: icrc::Checker::new(),
             gso,
         })
     }
@@ -352,12 +387,6 @@ impl UdpPort {
     /// blocks).
     pub fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
         sys::wait_readable(&self.sock, timeout)
-    }
-
-    /// A handle that waits for this port's datagrams from another thread
-    /// (a duplicate of the socket), while the port itself is in use.
-    pub fn readiness(&self) -> io::Result<Readiness> {
-        Ok(Readiness(self.sock.try_clone()?))
     }
 
     /// Whether sends use GSO (off where the kernel lacks `UDP_SEGMENT`, or
@@ -371,103 +400,55 @@ impl UdpPort {
         self.gso = on && sys::gso_supported(&self.sock);
     }
 
-    /// The ICRC `ib` has when sent from `src` to `dst` as the kernel builds
-    /// the headers (IP ID `ip_id`, DF; the UDP checksum is masked anyway).
-    fn pseudo(&self, src: SocketAddr, dst: SocketAddr, ib: &[u8], ip_id: u16) -> Option<u32> {
-        let ip = match (src.ip(), dst.ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let mut ip = IpRepr::v4(s, d);
-                if let IpRepr::V4(v) = &mut ip {
-                    v.ident = ip_id;
-                }
-                ip
-            }
-            (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::v6(s, d),
-            _ => return None,
-        };
-        let udp = UdpRepr {
-            src_port: src.port(),
-            dst_port: dst.port(),
-            checksum: 0,
-        };
-        let mut hdr = [0u8; 48];
-        let n = emit_ip_udp(&ip, &udp, 8 + ib.len(), &mut hdr).ok()?;
-        let ip_len = ip.header_len();
-        icrc::compute(&hdr[..ip_len], &hdr[ip_len..n], &ib[..ib.len() - ICRC_LEN]).ok()
-    }
-
     /// Computes and stores the ICRC of a transport packet about to be sent
     /// alone to `dst` from this port (IP ID 0, as the kernel will send it).
     /// For bursts, use [`UdpPort::seal_burst`].
     pub fn seal(&self, dst: SocketAddr, ib: &mut [u8]) -> io::Result<()> {
-        self.seal_with_id(dst, ib, 0)
+        seal(self.local, dst, ib, 0)
     }
 
     /// Seals every packet of a burst about to go to [`Port::send_burst`]
-    /// unchanged: the ID of each is its index in its GSO run. Stops at the
+    /// unchanged ([`Port::assign_ip_ids`], then [`seal`] each). Stops at the
     /// first packet that cannot be sealed (shorter than BTH + ICRC, or of
     /// the other address family) and returns how many are sealed.
     pub fn seal_burst(&self, bufs: &mut [PacketBuf]) -> usize {
-        let mut i = 0;
-        while i < bufs.len() {
-            let run = gso_run(&bufs[i..], self.gso);
-            for (k, b) in bufs[i..i + run].iter_mut().enumerate() {
-                let (peer, len) = (b.peer, b.len);
-                if self
-                    .seal_with_id(peer, &mut b.data[..len], k as u16)
-                    .is_err()
-                {
-                    return i + k;
-                }
-            }
-            i += run;
-        }
-        i
+        self.assign_ip_ids(bufs);
+        seal_all(self.local, bufs)
     }
 
-    fn seal_with_id(&self, dst: SocketAddr, ib: &mut [u8], ip_id: u16) -> io::Result<()> {
-        if ib.len() < BTH_LEN + ICRC_LEN {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "packet shorter than BTH + ICRC",
-            ));
-        }
-        let crc = self.pseudo(self.local, dst, ib, ip_id).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "address family mismatch")
-        })?;
-        let n = ib.len();
-        ib[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
-        Ok(())
-    }
-
-    /// Checks the ICRC of a packet received from `src`: exactly when the
-    /// sender used IP ID 0, else by solving for the ID (IPv4).
+    /// Checks the ICRC of a packet received from `src` on this port: the
+    /// socket hides the IP ID, so it is solved for (IPv4).
     pub fn check_icrc(&mut self, src: SocketAddr, ib: &[u8]) -> IcrcCheck {
-        if ib.len() < BTH_LEN + ICRC_LEN {
-            return IcrcCheck::Unverifiable;
-        }
-        let n = ib.len();
-        let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
-        let Some(c0) = self.pseudo(src, self.local, ib, 0) else {
-            return IcrcCheck::Unverifiable;
-        };
-        if c0 == stored {
-            return IcrcCheck::Ok;
-        }
-        if !src.is_ipv4() {
-            return IcrcCheck::Unverifiable;
-        }
-        // 8 bytes for the LRH, 20 IPv4, 8 UDP, then BTH..pad.
-        let len = 8 + 20 + 8 + n - ICRC_LEN;
-        let basis = self
-            .id_bases
-            .entry(len)
-            .or_insert_with(|| IdBasis::new(len));
-        match basis.solve(stored ^ c0) {
-            Some(id) => IcrcCheck::OkWithId(id),
-            None => IcrcCheck::Bad,
+        self.icrc.check(src, self.local, ib, None)
+    }
+}
+
+/// Computes and stores the ICRC of transport packet `ib` (BTH through
+/// ICRC) sent from `src` to `dst` with IPv4 identification `ip_id`.
+pub fn seal(src: SocketAddr, dst: SocketAddr, ib: &mut [u8], ip_id: u16) -> io::Result<()> {
+    if ib.len() < BTH_LEN + ICRC_LEN {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "packet shorter than BTH + ICRC",
+        ));
+    }
+    let crc = icrc::for_udp_payload(src, dst, ib, ip_id)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let n = ib.len();
+    ib[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// [`seal`] for each packet of `bufs` (with its [`PacketBuf::ip_id`]),
+/// sent from `src`; returns how many were sealed before the first failure.
+pub fn seal_all(src: SocketAddr, bufs: &mut [PacketBuf]) -> usize {
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let (peer, len, id) = (b.peer, b.len, b.ip_id);
+        if seal(src, peer, &mut b.data[..len], id).is_err() {
+            return i;
         }
     }
+    bufs.len()
 }
 
 impl Port for UdpPort {
@@ -482,7 +463,15 @@ impl Port for UdpPort {
         Ok(rx.count())
     }
 
+    fn assign_ip_ids(&self, bufs: &mut [PacketBuf]) {
+        gso_ip_ids(bufs, self.gso);
+    }
+
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
         sys::send_burst(&self.sock, bufs, self.gso)
+    }
+
+    fn readiness(&self) -> io::Result<Readiness> {
+        Ok(Readiness(self.sock.try_clone()?))
     }
 }

@@ -266,6 +266,8 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
             len,
             seg: gro_segment(&m.msg_hdr).unwrap_or(len),
             peer: from_sockaddr(&h.addrs[i]),
+            ip_id: None,
+            ecn: 0,
         });
     }
     Ok(())

@@ -329,8 +329,7 @@ impl Engine {
     pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
         let (ip, port_mtu) = (cfg.addr, cfg.mtu);
         let mrs = Arc::new(MrTable::new());
-        let mut dev = Device::open_with(ip, port_mtu, Arc::clone(&mrs))?;
-        dev.set_drop_every(cfg.drop_every);
+        let dev = Device::open_lossy(ip, port_mtu, Arc::clone(&mrs), cfg.drop_every)?;
         let gid = dev.gid();
         // One clock for the engine and the device: a step reads it once.
         let epoch = dev.epoch();

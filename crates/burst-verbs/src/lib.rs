@@ -29,6 +29,7 @@ use burst_transport::{
     Qp, QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, Srq, VerbsError,
     WorkCompletion,
 };
+use burst_wire::icrc;
 use burst_wire::{IbPacket, Mtu, Psn, Qpn, ROCEV2_PORT};
 
 /// Device-wide counters (names after RXE's where one exists).
@@ -43,8 +44,8 @@ pub struct DeviceCounters {
     /// Received packets whose ICRC matched once the sender's IPv4 ID was
     /// solved for (16-bit strength; RXE and RNICs count IDs).
     pub icrc_id_solved: u64,
-    /// Received packets whose ICRC could not be checked (IPv6 peers whose
-    /// ICRC does not match the header burst reconstructs).
+    /// Received packets whose ICRC could not be checked (too short to hold
+    /// one, or an address family other than the device's).
     pub icrc_unverified: u64,
     /// Received packets dropped for a bad ICRC.
     pub icrc_errors: u64,
@@ -52,8 +53,6 @@ pub struct DeviceCounters {
     pub malformed: u64,
     /// Packets for no QP of this device.
     pub no_qp: u64,
-    /// Outgoing packets dropped by the test drop option.
-    pub test_dropped: u64,
     /// The transport counters of every QP, live and destroyed, summed
     /// (retransmissions, NAKs by kind, RNR events, duplicates, out-of-sequence).
     pub qps: burst_transport::Counters,
@@ -317,10 +316,16 @@ struct QpSlot {
     srq: Option<usize>,
 }
 
-/// A burst RDMA device on one IP address.
-#[derive(Debug)]
-pub struct Device {
-    port: UdpPort,
+/// The port a [`Device`] has unless told otherwise: any port, chosen when
+/// the device opens (a UDP socket, the same behind a [`burst_io::LossyPort`]
+/// for loss tests, an in-memory [`burst_io::SimPort`], AF_XDP later).
+pub type AnyPort = Box<dyn Port + Send>;
+
+/// A burst RDMA device on one IP address, over packet port `P`.
+pub struct Device<P: Port = AnyPort> {
+    port: P,
+    /// ICRC checking, with the IP ID solved for where the port hides it.
+    icrc: icrc::Checker,
     mrs: Arc<MrTable>,
     /// Indexed by QPN - FIRST_QPN: O(1) lookup per packet and per post.
     qps: Vec<Option<QpSlot>>,
@@ -337,11 +342,17 @@ pub struct Device {
     last_rx: u64,
     port_mtu: Mtu,
     counters: DeviceCounters,
-    /// Drop one outgoing packet in N on average (0 = never): loss tests.
-    drop_every: u64,
-    /// xorshift state of the drop decision: random, not periodic, because a
-    /// periodic drop can line up with a go-back-N window forever.
-    drop_rng: u64,
+}
+
+impl<P: Port> std::fmt::Debug for Device<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("addr", &self.port.local_addr())
+            .field("port_mtu", &self.port_mtu)
+            .field("qps", &self.qps.iter().flatten().count())
+            .field("counters", &self.counters)
+            .finish()
+    }
 }
 
 /// A GID as RoCE v2 uses it: the IPv6 address, or the IPv4-mapped one.
@@ -371,8 +382,42 @@ impl Device {
     /// Opens a device whose memory regions live in `mrs` (shared with an
     /// engine's front-end, which registers memory without a round trip).
     pub fn open_with(ip: IpAddr, port_mtu: Mtu, mrs: Arc<MrTable>) -> io::Result<Device> {
-        Ok(Device {
-            port: UdpPort::bind(ip)?,
+        Device::open_lossy(ip, port_mtu, mrs, 0)
+    }
+
+    /// [`Device::open_with`], dropping one sent packet in `drop_every` at
+    /// random (0: none) through a [`burst_io::LossyPort`]: loss tests.
+    pub fn open_lossy(
+        ip: IpAddr,
+        port_mtu: Mtu,
+        mrs: Arc<MrTable>,
+        drop_every: u64,
+    ) -> io::Result<Device> {
+        let udp = UdpPort::bind(ip)?;
+        let port: AnyPort = match drop_every {
+            0 => Box::new(udp),
+            n => Box::new(burst_io::LossyPort::new(udp, n)),
+        };
+        Ok(Device::with_port(port, port_mtu, mrs))
+    }
+}
+
+impl<P: Port> Device<P> {
+    /// A device over `port` (its address is the device's), with active MTU
+    /// `port_mtu` and memory regions in `mrs`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use burst_io::{SimFaults, SimNet};
+    /// let net = SimNet::new(1, SimFaults::default());
+    /// let port = net.port("198.18.0.1:4791".parse().unwrap());
+    /// let dev = burst_verbs::Device::with_port(port, burst_wire::Mtu::Mtu4096, Arc::default());
+    /// assert_eq!(dev.query_gid(0).unwrap()[12..], [198, 18, 0, 1]);
+    /// ```
+    pub fn with_port(port: P, port_mtu: Mtu, mrs: Arc<MrTable>) -> Device<P> {
+        Device {
+            port,
+            icrc: icrc::Checker::new(),
             mrs,
             qps: Vec::new(),
             free_qps: VecDeque::new(),
@@ -386,9 +431,12 @@ impl Device {
             last_rx: 0,
             port_mtu,
             counters: DeviceCounters::default(),
-            drop_every: 0,
-            drop_rng: 0x2545_f491_4f6c_dd1d,
-        })
+        }
+    }
+
+    /// The packet port.
+    pub fn port(&self) -> &P {
+        &self.port
     }
 
     /// The device's RoCE v2 GID (index 0 here).
@@ -419,11 +467,6 @@ impl Device {
             c.qps.accumulate(s.qp.counters());
         }
         c
-    }
-
-    /// Drops outgoing packets with probability 1/`n` (0 disables): for loss tests.
-    pub fn set_drop_every(&mut self, n: u64) {
-        self.drop_every = n;
     }
 
     /// Allocates a protection domain.
@@ -682,6 +725,16 @@ impl Device {
         self.start.elapsed().as_nanos() as u64
     }
 
+    /// The earliest transport timer of any QP (device-clock ns): when
+    /// [`Device::progress_at`] must next run if no packet comes first.
+    pub fn next_timeout(&self) -> Option<u64> {
+        self.qps
+            .iter()
+            .flatten()
+            .filter_map(|s| s.qp.poll_timeout())
+            .min()
+    }
+
     /// A handle that blocks until packets arrive, usable while the device
     /// is in use on another thread.
     pub fn readiness(&self) -> io::Result<burst_io::Readiness> {
@@ -758,13 +811,14 @@ impl Device {
         }
         let local = self.port.local_addr();
         let mut mem = self.mrs.memory();
-        for (peer, bytes) in self.rx.packets() {
+        for (meta, bytes) in self.rx.frames() {
+            let peer = meta.peer;
             self.counters.rcvd_pkts += 1;
             let Ok(pkt) = IbPacket::new_checked(bytes) else {
                 self.counters.malformed += 1;
                 continue;
             };
-            match self.port.check_icrc(peer, bytes) {
+            match self.icrc.check(peer, local, bytes, meta.ip_id) {
                 IcrcCheck::Ok => self.counters.icrc_verified += 1,
                 IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
                 IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
@@ -779,7 +833,8 @@ impl Device {
             };
             // Only UD receives carry a GRH area: don't build it for RC/UC.
             let grh = (pkt.info().transport == burst_wire::Transport::Ud)
-                .then(|| grh_for(peer.ip(), local.ip(), bytes.len()));
+                .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
+                .flatten();
             match s
                 .srq
                 .and_then(|i| self.srqs.get_mut(i))
@@ -816,13 +871,6 @@ impl Device {
                     continue;
                 }
                 self.counters.sent_pkts += 1;
-                self.drop_rng ^= self.drop_rng << 13;
-                self.drop_rng ^= self.drop_rng >> 7;
-                self.drop_rng ^= self.drop_rng << 17;
-                if self.drop_every > 0 && self.drop_rng % self.drop_every == 0 {
-                    self.counters.test_dropped += 1;
-                    continue;
-                }
                 buf.len = len;
                 buf.peer = peer;
                 n += 1;
@@ -830,9 +878,10 @@ impl Device {
             q.flush_unreliable();
         }
         if n > 0 {
-            // Sealed last: a packet's IP ID (in its ICRC) is its index in
-            // its GSO run, known once the burst is complete.
-            let sealed = self.port.seal_burst(&mut self.tx[..n]);
+            // Sealed last: a packet's IP ID (in its ICRC) may depend on the
+            // whole burst (a UDP socket's GSO runs).
+            self.port.assign_ip_ids(&mut self.tx[..n]);
+            let sealed = burst_io::seal_all(self.port.local_addr(), &mut self.tx[..n]);
             if let Err(e) = self.port.send_burst(&self.tx[..sealed]) {
                 // The transport retransmits what was lost.
                 tracing::debug!("send: {e}");
@@ -874,7 +923,7 @@ const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
 /// See [`LINGER`].
 const LINGER_IF_ACTIVE: std::time::Duration = std::time::Duration::from_millis(100);
 
-impl Drop for Device {
+impl<P: Port> Drop for Device<P> {
     /// Sends the pending ACKs of the last receives (they leave a round after
     /// the receive), then lingers briefly if a peer was just talking, to
     /// re-ACK its retransmissions should that last ACK be lost.
@@ -890,31 +939,4 @@ impl Drop for Device {
             }
         }
     }
-}
-
-/// The 40-byte GRH area of a UD receive buffer for a packet from `src` to
-/// `dst` of `len` UDP payload bytes (IPv4: 20 zero bytes and an IPv4 header).
-fn grh_for(src: IpAddr, dst: IpAddr, len: usize) -> [u8; 40] {
-    let mut g = [0u8; 40];
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = &mut g[20..];
-            h[0] = 0x45;
-            h[2..4].copy_from_slice(&((20 + 8 + len) as u16).to_be_bytes());
-            h[6] = 0x40;
-            h[8] = 64;
-            h[9] = 17;
-            h[12..16].copy_from_slice(&s.octets());
-            h[16..20].copy_from_slice(&d.octets());
-        }
-        (s, d) => {
-            g[0] = 0x60;
-            g[4..6].copy_from_slice(&((8 + len) as u16).to_be_bytes());
-            g[6] = 17;
-            g[7] = 64;
-            g[8..24].copy_from_slice(&gid_of(s));
-            g[24..40].copy_from_slice(&gid_of(d));
-        }
-    }
-    g
 }

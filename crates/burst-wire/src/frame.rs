@@ -547,6 +547,40 @@ impl FrameRepr {
     }
 }
 
+/// The 40-byte GRH area of a UD receive buffer (see [`RoceFrame::ud_grh`])
+/// for a packet of `ib_len` bytes (BTH through ICRC) that came from `src` to
+/// `dst`, for ports that see only the UDP payload: the IP header a host
+/// stack builds for it (IPv4 after 20 zero bytes, or IPv6). `None` when the
+/// address families differ.
+///
+/// ```
+/// use std::net::IpAddr;
+/// let g = burst_wire::ud_grh_for("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap(), 48).unwrap();
+/// assert_eq!(g[20] >> 4, 4);
+/// assert_eq!(&g[32..36], &[198, 18, 0, 1]);
+/// ```
+pub fn ud_grh_for(
+    src: std::net::IpAddr,
+    dst: std::net::IpAddr,
+    ib_len: usize,
+) -> Option<[u8; GRH_LEN]> {
+    use std::net::IpAddr;
+    let ip = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::v4(s, d),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::v6(s, d),
+        _ => return None,
+    };
+    let mut hdr = [0u8; IPV6_LEN + UDP_LEN];
+    let udp = UdpRepr::new(ROCEV2_PORT);
+    emit_ip_udp(&ip, &udp, UDP_LEN + ib_len, &mut hdr).ok()?;
+    let mut g = [0u8; GRH_LEN];
+    match ip {
+        IpRepr::V4(_) => g[20..].copy_from_slice(&hdr[..IPV4_LEN]),
+        IpRepr::V6(_) => g.copy_from_slice(&hdr[..IPV6_LEN]),
+    }
+    Some(g)
+}
+
 /// Writes the IP and UDP headers of a RoCEv2 datagram whose UDP length
 /// (header included) is `udp_len` into `out` (IP header length + 8 bytes);
 /// returns the bytes written. The one place header layout lives: frames use

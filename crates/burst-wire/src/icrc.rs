@@ -12,9 +12,12 @@
 //! crc32fast sees two contiguous updates (one for a short packet, copied
 //! next to the prefix), and a long payload is never copied.
 
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
 use crate::bth::BTH_LEN;
 use crate::error::{check_len, Result};
-use crate::Error;
+use crate::{emit_ip_udp, Error, IpRepr, UdpRepr, ICRC_LEN};
 
 /// Longest IP header the ICRC code accepts (IPv4 with options).
 const MAX_IP_HEADER: usize = 60;
@@ -98,4 +101,226 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u32> {
         h.update(rest);
     }
     Ok(h.finalize())
+}
+
+/// The ICRC of a transport packet `ib` (BTH through ICRC; the ICRC bytes
+/// themselves are not read) carried in a UDP datagram from `src` to `dst`,
+/// with the IP and UDP headers a host stack builds for it: IPv4 with DF and
+/// identification `ip_id`, or IPv6 (`ip_id` unused). This is the pseudo
+/// header a port that sees only UDP payloads (a socket) needs; the variant
+/// fields are masked anyway, so TTL, TOS, flow label and checksums need not
+/// be known.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// let src: SocketAddr = "198.18.0.1:49152".parse().unwrap();
+/// let dst: SocketAddr = "198.18.0.2:4791".parse().unwrap();
+/// let ib = [0x11u8, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1, 0x1f, 0, 0, 1, 0, 0, 0, 0];
+/// let a = burst_wire::icrc::for_udp_payload(src, dst, &ib, 0).unwrap();
+/// let b = burst_wire::icrc::for_udp_payload(src, dst, &ib, 1).unwrap();
+/// assert_ne!(a, b); // the IPv4 identification is covered
+/// ```
+pub fn for_udp_payload(src: SocketAddr, dst: SocketAddr, ib: &[u8], ip_id: u16) -> Result<u32> {
+    check_len("BTH + ICRC", ib, BTH_LEN + ICRC_LEN)?;
+    let ip = match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = IpRepr::v4(s, d);
+            if let IpRepr::V4(v) = &mut ip {
+                v.ident = ip_id;
+            }
+            ip
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::v6(s, d),
+        _ => return Err(Error::BadIpHeader("address families differ")),
+    };
+    let udp = UdpRepr {
+        src_port: src.port(),
+        dst_port: dst.port(),
+        checksum: 0,
+    };
+    let mut hdr = [0u8; 48];
+    let n = emit_ip_udp(&ip, &udp, UDP_LEN + ib.len(), &mut hdr)?;
+    let ip_len = ip.header_len();
+    compute(&hdr[..ip_len], &hdr[ip_len..n], &ib[..ib.len() - ICRC_LEN])
+}
+
+/// Outcome of an ICRC check ([`Checker::check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Verified at full strength (the IP ID was known, or IPv6).
+    Ok,
+    /// Consistent with the given IPv4 ID, which was not known but solved for
+    /// (16 bits of the ICRC's protection are spent on finding it).
+    OkWithId(u16),
+    /// Wrong: drop the packet.
+    Bad,
+    /// Cannot be checked (too short to hold an ICRC, or mixed families).
+    Unverifiable,
+}
+
+/// Most packet lengths whose ID syndromes [`Checker`] keeps (one small basis
+/// each); past it the cache starts over.
+pub const MAX_CACHED_LENGTHS: usize = 512;
+
+/// Most peers whose IP ID habits [`Checker`] remembers; past it the table
+/// starts over.
+pub const MAX_TRACKED_PEERS: usize = 4096;
+
+/// The IDs a burst peer's UDP port gives its packets: the index in a GSO
+/// run, below this (burst-io's `MAX_GSO_SEGMENTS`).
+pub const GSO_ID_RANGE: u16 = 64;
+
+/// Packets with ID 0 a peer must have sent, with no ID ever at or above
+/// [`GSO_ID_RANGE`], before [`Checker`] holds it to that range. A burst
+/// peer starts every GSO run and every lone packet at 0; a peer whose IDs
+/// count passes 0 once in 65,536 packets, and leaves the range long before.
+const PEER_LEARN: u32 = 16;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct PeerIds {
+    zeros: u32,
+    max_id: u16,
+}
+
+/// ICRC checking for packets whose IPv4 identification may be unknown (a
+/// UDP socket does not show it). The CRC is affine in the 16 ID bits, so the
+/// stored ICRC is consistent with *some* ID exactly when
+/// `stored ^ icrc(ID = 0)` lies in the span of the 16 bit-flip syndromes,
+/// precomputed once per packet length. A peer seen to use only the IDs of
+/// burst's GSO runs (below [`GSO_ID_RANGE`]) is then held to them, which
+/// gives back 10 of the 16 bits; a peer whose IDs count (RXE, RNICs) keeps
+/// the 16-bit check. Both tables are bounded.
+#[derive(Debug, Default)]
+pub struct Checker {
+    bases: HashMap<usize, IdBasis>,
+    peers: HashMap<SocketAddr, PeerIds>,
+}
+
+impl Checker {
+    /// An empty checker.
+    pub fn new() -> Checker {
+        Checker::default()
+    }
+
+    /// Checks `ib` (BTH through ICRC) received from `src` on `dst`; `ip_id`
+    /// is the IPv4 identification when the port saw it.
+    ///
+    /// ```
+    /// use burst_wire::icrc::{for_udp_payload, Check, Checker};
+    /// let src = "198.18.0.1:49152".parse().unwrap();
+    /// let dst = "198.18.0.2:4791".parse().unwrap();
+    /// let mut ib = vec![0x11u8, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1, 0x1f, 0, 0, 1, 0, 0, 0, 0];
+    /// let crc = for_udp_payload(src, dst, &ib, 7).unwrap();
+    /// ib[16..].copy_from_slice(&crc.to_le_bytes());
+    /// let mut c = Checker::new();
+    /// assert_eq!(c.check(src, dst, &ib, Some(7)), Check::Ok);
+    /// assert_eq!(c.check(src, dst, &ib, None), Check::OkWithId(7));
+    /// assert_eq!(c.check(src, dst, &ib, Some(8)), Check::Bad);
+    /// ```
+    pub fn check(
+        &mut self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        ib: &[u8],
+        ip_id: Option<u16>,
+    ) -> Check {
+        let n = ib.len();
+        if n < BTH_LEN + ICRC_LEN {
+            return Check::Unverifiable;
+        }
+        let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
+        let Ok(c0) = for_udp_payload(src, dst, ib, ip_id.unwrap_or(0)) else {
+            return Check::Unverifiable;
+        };
+        if c0 == stored {
+            self.note(src, 0);
+            return Check::Ok;
+        }
+        // IPv6 masks every field a host may vary; a known ID is final.
+        if !src.is_ipv4() || ip_id.is_some() {
+            return Check::Bad;
+        }
+        // 8 bytes for the LRH, 20 IPv4, 8 UDP, then BTH..pad.
+        let len = 8 + 20 + UDP_LEN + n - ICRC_LEN;
+        if self.bases.len() >= MAX_CACHED_LENGTHS && !self.bases.contains_key(&len) {
+            self.bases.clear();
+        }
+        let basis = self.bases.entry(len).or_insert_with(|| IdBasis::new(len));
+        let Some(id) = basis.solve(stored ^ c0) else {
+            return Check::Bad;
+        };
+        let p = self.peers.get(&src).copied().unwrap_or_default();
+        if p.zeros >= PEER_LEARN && p.max_id < GSO_ID_RANGE && id >= GSO_ID_RANGE {
+            return Check::Bad;
+        }
+        self.note(src, id);
+        Check::OkWithId(id)
+    }
+
+    fn note(&mut self, src: SocketAddr, id: u16) {
+        if self.peers.len() >= MAX_TRACKED_PEERS && !self.peers.contains_key(&src) {
+            self.peers.clear();
+        }
+        let p = self.peers.entry(src).or_default();
+        p.zeros = p.zeros.saturating_add(u32::from(id == 0));
+        p.max_id = p.max_id.max(id);
+    }
+
+    /// Lengths and peers currently cached (both bounded).
+    pub fn cached(&self) -> (usize, usize) {
+        (self.bases.len(), self.peers.len())
+    }
+}
+
+/// The 16 ICRC syndromes of flipping each IPv4 ID bit, for one ICRC input
+/// length, reduced to a basis for solving.
+#[derive(Debug, Clone, Default)]
+struct IdBasis {
+    /// (vector, combination of ID bits producing it), distinct pivots.
+    rows: Vec<(u32, u16)>,
+}
+
+impl IdBasis {
+    /// `n`: bytes the ICRC covers; the IPv4 ID sits at bytes 12..14 of that
+    /// input (after the 8 bytes standing for the LRH).
+    fn new(n: usize) -> IdBasis {
+        let zero = vec![0u8; n];
+        let z = crc32fast::hash(&zero);
+        let mut e = zero;
+        let mut b = IdBasis::default();
+        for bit in 0..16u16 {
+            let (byte, mask) = (12 + usize::from(1 - bit / 8), 1u8 << (bit % 8));
+            e[byte] ^= mask;
+            let v = crc32fast::hash(&e) ^ z;
+            e[byte] ^= mask;
+            b.insert(v, 1 << bit);
+        }
+        b
+    }
+
+    fn insert(&mut self, mut v: u32, mut m: u16) {
+        for &(r, rm) in &self.rows {
+            if v & (1 << (31 - r.leading_zeros())) != 0 {
+                v ^= r;
+                m ^= rm;
+            }
+        }
+        if v != 0 {
+            self.rows.push((v, m));
+            // Highest pivot first, so each reduction step only touches lower bits.
+            self.rows.sort_by_key(|r| r.0.leading_zeros());
+        }
+    }
+
+    /// The ID whose syndrome is `d`, if any.
+    fn solve(&self, mut d: u32) -> Option<u16> {
+        let mut m = 0u16;
+        for &(r, rm) in &self.rows {
+            if d & (1 << (31 - r.leading_zeros())) != 0 {
+                d ^= r;
+                m ^= rm;
+            }
+        }
+        (d == 0).then_some(m)
+    }
 }

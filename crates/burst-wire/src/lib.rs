@@ -60,8 +60,8 @@ pub use ext::{
     NakCode, Reth, RethRepr, RnrTimer, Syndrome,
 };
 pub use frame::{
-    emit_ip_udp, parse_verified, EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, RoceFrame,
-    UdpRepr, VlanTag, GRH_LEN, ROCEV2_PORT,
+    emit_ip_udp, parse_verified, ud_grh_for, EthRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr,
+    RoceFrame, UdpRepr, VlanTag, GRH_LEN, ROCEV2_PORT,
 };
 pub use opcode::{HeaderSet, Mtu, Opcode, OpcodeInfo, Operation, Position, Transport};
 pub use packet::{IbPacket, IbRepr, CNP_RESERVED_LEN, ICRC_LEN};

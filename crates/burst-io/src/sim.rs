@@ -1,0 +1,364 @@
+//! An in-memory network of ports: the simulator's and the tests' wire.
+//!
+//! A [`SimNet`] carries packets between [`SimPort`]s by address, on a clock
+//! the caller advances, through seeded faults: loss, reordering,
+//! duplication, bit corruption, link delay and jitter, a sender link rate, a
+//! receiver rate and queue limit (drops when full, as a socket buffer does),
+//! and ECN marking when a receiver's queue passes a threshold (the switch
+//! behaviour DCQCN reacts to). Everything is a function of the seed and the
+//! calls made, so a failing run replays exactly.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{PacketBuf, Port, RxBatch, RxMsg};
+
+/// Faults and limits of a [`SimNet`]. Probabilities are per packet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimFaults {
+    /// Drop.
+    pub loss: f64,
+    /// Delay by up to 20 extra link delays (overtaken by later packets).
+    pub reorder: f64,
+    /// Deliver twice.
+    pub dup: f64,
+    /// Flip one bit (the receiver's ICRC check catches it).
+    pub corrupt: f64,
+    /// One-way delay, ns.
+    pub delay_ns: u64,
+    /// Random extra delay in `0..jitter_ns` (FIFO order kept), ns.
+    pub jitter_ns: u64,
+    /// Each sender's link rate, Gb/s (0: unlimited).
+    pub link_gbps: u64,
+    /// Each receiver's rate, Gb/s (0: as fast as packets come).
+    pub rx_gbps: u64,
+    /// Packets a receiver's queue holds; more are dropped (0: no limit).
+    pub rx_queue: usize,
+    /// Mark CE (ECN 3) on packets that find at least this many queued ahead
+    /// of them at the receiver (0: never).
+    pub ecn_threshold: usize,
+    /// Hide the IP ID from receivers, as a UDP socket does (the receiver
+    /// must solve for it); else [`crate::RxMeta::ip_id`] carries it.
+    pub hide_ip_id: bool,
+}
+
+impl Default for SimFaults {
+    fn default() -> Self {
+        SimFaults {
+            loss: 0.0,
+            reorder: 0.0,
+            dup: 0.0,
+            corrupt: 0.0,
+            delay_ns: 2_000,
+            jitter_ns: 200,
+            link_gbps: 100,
+            rx_gbps: 0,
+            rx_queue: 0,
+            ecn_threshold: 0,
+            hide_ip_id: false,
+        }
+    }
+}
+
+/// What a [`SimNet`] did with the packets it was given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Packets handed to the network.
+    pub sent: u64,
+    /// Dropped by loss.
+    pub lost: u64,
+    /// Duplicated.
+    pub duplicated: u64,
+    /// Delayed out of order.
+    pub reordered: u64,
+    /// Corrupted (one bit flipped).
+    pub corrupted: u64,
+    /// Dropped by a full receive queue.
+    pub overflowed: u64,
+    /// Marked CE.
+    pub ecn_marked: u64,
+    /// Sent to an address no port has.
+    pub unroutable: u64,
+    /// Handed to a receiving port.
+    pub delivered: u64,
+}
+
+struct Frame {
+    at: u64,
+    seq: u64,
+    src: SocketAddr,
+    bytes: Vec<u8>,
+    ip_id: u16,
+    ecn: u8,
+}
+
+impl PartialEq for Frame {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Frame {}
+impl PartialOrd for Frame {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Frame {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+#[derive(Default)]
+struct Receiver {
+    queue: BinaryHeap<Reverse<Frame>>,
+    /// Last in-order arrival: links are FIFO unless a packet is reordered.
+    fifo: u64,
+}
+
+struct Inner {
+    now: u64,
+    rng: u64,
+    seq: u64,
+    faults: SimFaults,
+    stats: SimStats,
+    rx: HashMap<SocketAddr, Receiver>,
+    link_free: HashMap<SocketAddr, u64>,
+}
+
+impl Inner {
+    /// splitmix64.
+    fn next(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn send(&mut self, src: SocketAddr, dst: SocketAddr, bytes: &[u8], ip_id: u16) {
+        self.stats.sent += 1;
+        let f = self.faults;
+        // Serialisation on the sender's link.
+        let depart = match f.link_gbps {
+            0 => self.now,
+            g => {
+                let free = self.link_free.entry(src).or_insert(0);
+                let d = (*free).max(self.now);
+                *free = d + (bytes.len() as u64 * 8).div_ceil(g);
+                d
+            }
+        };
+        if self.chance(f.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        let Some(queued) = self.rx.get(&dst).map(|r| r.queue.len()) else {
+            self.stats.unroutable += 1;
+            return;
+        };
+        if f.rx_queue > 0 && queued >= f.rx_queue {
+            self.stats.overflowed += 1;
+            return;
+        }
+        let mut bytes = bytes.to_vec();
+        if self.chance(f.corrupt) && !bytes.is_empty() {
+            self.stats.corrupted += 1;
+            let i = self.below(bytes.len() as u64) as usize;
+            bytes[i] ^= 1 << self.below(8);
+        }
+        let ecn = if f.ecn_threshold > 0 && queued >= f.ecn_threshold {
+            self.stats.ecn_marked += 1;
+            3
+        } else {
+            0
+        };
+        let copies = if self.chance(f.dup) {
+            self.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for c in 0..copies {
+            let mut at = depart + f.delay_ns + self.below(f.jitter_ns.max(1));
+            let reorder = c > 0 || self.chance(f.reorder);
+            if reorder {
+                self.stats.reordered += u64::from(c == 0);
+                at += f.delay_ns.max(1) * (1 + self.below(20));
+            }
+            self.seq += 1;
+            let seq = self.seq;
+            let r = self.rx.get_mut(&dst).expect("checked above");
+            if !reorder {
+                let service = match f.rx_gbps {
+                    0 => 1,
+                    g => (bytes.len() as u64 * 8).div_ceil(g),
+                };
+                at = at.max(r.fifo + service);
+                r.fifo = at;
+            }
+            r.queue.push(Reverse(Frame {
+                at,
+                seq,
+                src,
+                bytes: bytes.clone(),
+                ip_id,
+                ecn,
+            }));
+        }
+    }
+}
+
+/// An in-memory network shared by its [`SimPort`]s (cheap to clone: all
+/// clones are the same network).
+#[derive(Clone)]
+pub struct SimNet(Arc<Mutex<Inner>>);
+
+impl std::fmt::Debug for SimNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.lock();
+        write!(f, "SimNet(t={} ns, {:?})", g.now, g.stats)
+    }
+}
+
+impl SimNet {
+    /// A network with faults drawn from `seed`, at time 0.
+    pub fn new(seed: u64, faults: SimFaults) -> SimNet {
+        SimNet(Arc::new(Mutex::new(Inner {
+            now: 0,
+            rng: seed ^ 0x5851_f42d_4c95_7f2d,
+            seq: 0,
+            faults,
+            stats: SimStats::default(),
+            rx: HashMap::new(),
+            link_free: HashMap::new(),
+        })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind: keep going.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A port on `addr` (replacing any port that had it).
+    pub fn port(&self, addr: SocketAddr) -> SimPort {
+        self.lock().rx.insert(addr, Receiver::default());
+        SimPort {
+            net: self.clone(),
+            addr,
+            next_id: AtomicU16::new(0),
+        }
+    }
+
+    /// The network's time, ns.
+    pub fn now(&self) -> u64 {
+        self.lock().now
+    }
+
+    /// Moves the clock to `t` (never backwards).
+    pub fn set_now(&self, t: u64) {
+        let mut g = self.lock();
+        g.now = g.now.max(t);
+    }
+
+    /// Moves the clock forward by `ns`.
+    pub fn advance(&self, ns: u64) {
+        let mut g = self.lock();
+        g.now += ns;
+    }
+
+    /// When the next packet arrives anywhere, if one is on the way.
+    pub fn next_arrival(&self) -> Option<u64> {
+        let g = self.lock();
+        g.rx.values()
+            .filter_map(|r| r.queue.peek().map(|Reverse(f)| f.at))
+            .min()
+    }
+
+    /// Changes the faults from now on.
+    pub fn set_faults(&self, faults: SimFaults) {
+        self.lock().faults = faults;
+    }
+
+    /// What the network did so far.
+    pub fn stats(&self) -> SimStats {
+        self.lock().stats
+    }
+}
+
+/// A [`Port`] on a [`SimNet`]. Its IP IDs count up per packet (as RXE's and
+/// RNICs' do), which a receiver that hides them must solve for.
+#[derive(Debug)]
+pub struct SimPort {
+    net: SimNet,
+    addr: SocketAddr,
+    next_id: AtomicU16,
+}
+
+impl SimPort {
+    /// The network this port is on.
+    pub fn net(&self) -> &SimNet {
+        &self.net
+    }
+}
+
+impl Port for SimPort {
+    fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
+        rx.msgs.clear();
+        let mut g = self.net.lock();
+        let (now, hide, max) = (g.now, g.faults.hide_ip_id, rx.bufs.len());
+        let mut got = 0;
+        while rx.msgs.len() < max {
+            let r = g.rx.get_mut(&self.addr).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotConnected, "port removed from its SimNet")
+            })?;
+            if r.queue.peek().is_none_or(|Reverse(f)| f.at > now) {
+                break;
+            }
+            let Some(Reverse(f)) = r.queue.pop() else {
+                break;
+            };
+            let i = rx.msgs.len();
+            let len = f.bytes.len().min(rx.bufs[i].len());
+            rx.bufs[i][..len].copy_from_slice(&f.bytes[..len]);
+            rx.msgs.push(RxMsg {
+                len,
+                seg: len.max(1),
+                peer: f.src,
+                ip_id: (!hide).then_some(f.ip_id),
+                ecn: f.ecn,
+            });
+            got += 1;
+        }
+        g.stats.delivered += got as u64;
+        Ok(got)
+    }
+
+    fn assign_ip_ids(&self, bufs: &mut [PacketBuf]) {
+        for b in bufs {
+            b.ip_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
+        let mut g = self.net.lock();
+        for b in bufs {
+            g.send(self.addr, b.peer, b.bytes(), b.ip_id);
+        }
+        Ok(bufs.len())
+    }
+}

@@ -1,0 +1,143 @@
+//! The in-memory port and the lossy wrapper.
+
+use std::net::SocketAddr;
+
+use burst_io::{LossyPort, PacketBuf, Port, RxBatch, SimFaults, SimNet, SimPort};
+
+fn addr(i: u8) -> SocketAddr {
+    SocketAddr::from(([198, 18, 0, i], 4791))
+}
+
+fn bufs(n: usize, to: SocketAddr) -> Vec<PacketBuf> {
+    (0..n)
+        .map(|i| {
+            let mut b = PacketBuf::new();
+            b.data[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            b.len = 100;
+            b.peer = to;
+            b
+        })
+        .collect()
+}
+
+fn drain(p: &mut SimPort) -> Vec<(burst_io::RxMeta, Vec<u8>)> {
+    let mut rx = RxBatch::default();
+    let mut got = Vec::new();
+    loop {
+        let n = p.recv_batch(&mut rx).unwrap();
+        if n == 0 {
+            return got;
+        }
+        got.extend(rx.frames().map(|(m, b)| (m, b.to_vec())));
+    }
+}
+
+fn seq(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+
+#[test]
+fn a_clean_network_delivers_in_order_after_the_delay() {
+    let net = SimNet::new(1, SimFaults::default());
+    let mut a = net.port(addr(1));
+    let mut b = net.port(addr(2));
+    let mut out = bufs(100, b.local_addr());
+    a.assign_ip_ids(&mut out);
+    assert_eq!(a.send_burst(&out).unwrap(), 100);
+    assert!(
+        drain(&mut b).is_empty(),
+        "nothing arrives before the link delay"
+    );
+    net.advance(1_000_000);
+    let got = drain(&mut b);
+    assert_eq!(got.len(), 100);
+    for (i, (m, bytes)) in got.iter().enumerate() {
+        assert_eq!(seq(bytes), i as u32);
+        assert_eq!(m.peer, a.local_addr());
+        assert_eq!(m.ip_id, Some(i as u16), "IDs count per packet");
+    }
+    assert_eq!(net.stats().delivered, 100);
+}
+
+#[test]
+fn faults_are_applied_and_counted() {
+    let f = SimFaults {
+        loss: 0.1,
+        reorder: 0.1,
+        dup: 0.05,
+        corrupt: 0.05,
+        hide_ip_id: true,
+        ..SimFaults::default()
+    };
+    let net = SimNet::new(7, f);
+    let mut a = net.port(addr(1));
+    let mut b = net.port(addr(2));
+    let out = bufs(2000, b.local_addr());
+    a.send_burst(&out).unwrap();
+    net.advance(10_000_000_000);
+    let got = drain(&mut b);
+    let s = net.stats();
+    assert!(
+        s.lost > 100 && s.duplicated > 50 && s.reordered > 100 && s.corrupted > 50,
+        "{s:?}"
+    );
+    assert_eq!(got.len() as u64, 2000 - s.lost + s.duplicated);
+    assert!(
+        got.iter().all(|(m, _)| m.ip_id.is_none()),
+        "IDs hidden as by a socket"
+    );
+    assert!(
+        got.windows(2).any(|w| seq(&w[1].1) < seq(&w[0].1)),
+        "some reordering"
+    );
+}
+
+#[test]
+fn a_slow_receiver_overflows_and_marks_ecn() {
+    let f = SimFaults {
+        rx_gbps: 1,
+        rx_queue: 64,
+        ecn_threshold: 16,
+        ..SimFaults::default()
+    };
+    let net = SimNet::new(3, f);
+    let mut a = net.port(addr(1));
+    let mut b = net.port(addr(2));
+    a.send_burst(&bufs(200, b.local_addr())).unwrap();
+    net.advance(1_000_000_000);
+    let got = drain(&mut b);
+    let s = net.stats();
+    assert_eq!(s.overflowed, 200 - 64);
+    assert_eq!(got.len(), 64);
+    assert_eq!(got.iter().filter(|(m, _)| m.ecn == 3).count(), 64 - 16);
+    assert_eq!(s.ecn_marked, 64 - 16);
+}
+
+#[test]
+fn unknown_destinations_are_counted_not_delivered() {
+    let net = SimNet::new(1, SimFaults::default());
+    let mut a = net.port(addr(1));
+    a.send_burst(&bufs(3, addr(9))).unwrap();
+    assert_eq!(net.stats().unroutable, 3);
+}
+
+#[test]
+fn the_lossy_wrapper_drops_a_share_and_keeps_ids_consistent() {
+    let net = SimNet::new(1, SimFaults::default());
+    let mut a = LossyPort::new(net.port(addr(1)), 10);
+    let mut b = net.port(addr(2));
+    let mut out = bufs(1000, b.local_addr());
+    a.assign_ip_ids(&mut out);
+    assert_eq!(a.send_burst(&out).unwrap(), 1000);
+    net.advance(1_000_000_000);
+    let got = drain(&mut b);
+    assert!(a.dropped() > 50 && a.dropped() < 200, "{}", a.dropped());
+    assert_eq!(got.len() as u64, 1000 - a.dropped());
+    for (m, bytes) in &got {
+        // The ID each kept packet was sealed with is the one it carries.
+        assert_eq!(m.ip_id, Some(out[seq(bytes) as usize].ip_id));
+    }
+    let mut none = LossyPort::new(net.port(addr(3)), 0);
+    none.send_burst(&bufs(100, b.local_addr())).unwrap();
+    assert_eq!(none.dropped(), 0);
+}
