@@ -34,6 +34,10 @@ pub struct SimFaults {
     pub jitter_ns: u64,
     /// Each sender's link rate, Gb/s (0: unlimited).
     pub link_gbps: u64,
+    /// The most a sender's link queues, ns of transmission: past it
+    /// [`Port::send_burst`] takes no more (returns a short count, as a full
+    /// socket buffer does), so the sender holds its packets (0: no limit).
+    pub tx_queue_ns: u64,
     /// Each receiver's rate, Gb/s (0: as fast as packets come).
     pub rx_gbps: u64,
     /// Packets a receiver's queue holds; more are dropped (0: no limit).
@@ -56,6 +60,7 @@ impl Default for SimFaults {
             delay_ns: 2_000,
             jitter_ns: 200,
             link_gbps: 100,
+            tx_queue_ns: 20_000,
             rx_gbps: 0,
             rx_queue: 0,
             ecn_threshold: 0,
@@ -144,6 +149,17 @@ impl Inner {
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
+    }
+
+    /// Whether `src`'s link queue is full ([`SimFaults::tx_queue_ns`]).
+    fn tx_full(&self, src: SocketAddr) -> bool {
+        let f = self.faults;
+        f.link_gbps > 0
+            && f.tx_queue_ns > 0
+            && self
+                .link_free
+                .get(&src)
+                .is_some_and(|&t| t > self.now + f.tx_queue_ns)
     }
 
     fn send(&mut self, src: SocketAddr, dst: SocketAddr, bytes: &[u8], ip_id: u16) {
@@ -285,6 +301,21 @@ impl SimNet {
             .min()
     }
 
+    /// The next time something changes: a packet arrives, or a full send
+    /// queue ([`SimFaults::tx_queue_ns`]) takes packets again.
+    pub fn next_event(&self) -> Option<u64> {
+        let arrival = self.next_arrival();
+        let g = self.lock();
+        let limit = g.faults.tx_queue_ns;
+        let unblock = g
+            .link_free
+            .values()
+            .filter(|&&t| limit > 0 && t > g.now + limit)
+            .map(|&t| t - limit)
+            .min();
+        arrival.into_iter().chain(unblock).min()
+    }
+
     /// Changes the faults from now on.
     pub fn set_faults(&self, faults: SimFaults) {
         self.lock().faults = faults;
@@ -356,7 +387,10 @@ impl Port for SimPort {
 
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
         let mut g = self.net.lock();
-        for b in bufs {
+        for (i, b) in bufs.iter().enumerate() {
+            if g.tx_full(self.addr) {
+                return Ok(i);
+            }
             g.send(self.addr, b.peer, b.bytes(), b.ip_id);
         }
         Ok(bufs.len())

@@ -30,7 +30,7 @@
 
 mod raw;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use burst_dsa::CpuCopy;
@@ -131,6 +131,9 @@ pub struct MrTable {
     slots: RwLock<Vec<Slot>>,
     free: Mutex<Vec<u32>>,
     next_pd: AtomicU32,
+    /// State of the key-byte generator of a [`MrTable::seeded`] table (0:
+    /// key bytes from the system's entropy source).
+    key_seed: AtomicU64,
 }
 
 fn random_byte() -> u8 {
@@ -149,6 +152,28 @@ impl MrTable {
     /// An empty table.
     pub fn new() -> MrTable {
         MrTable::default()
+    }
+
+    /// An empty table whose key bytes come from `seed` rather than the
+    /// entropy source: a simulation that registers the same way gets the
+    /// same keys, so a failing seed replays.
+    pub fn seeded(seed: u64) -> MrTable {
+        let t = MrTable::default();
+        t.key_seed.store(seed | 1, Ordering::Relaxed);
+        t
+    }
+
+    fn key_byte(&self) -> u8 {
+        if self.key_seed.load(Ordering::Relaxed) == 0 {
+            return random_byte();
+        }
+        // xorshift64 (the state is never 0: seeded odd, xorshift keeps it nonzero).
+        let mut x = self.key_seed.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.key_seed.store(x, Ordering::Relaxed);
+        (x >> 32) as u8
     }
 
     /// Allocates a protection domain.
@@ -190,7 +215,7 @@ impl MrTable {
         };
         let slot = &mut slots[index];
         // A new key byte on every registration: a stale key never matches.
-        let mut byte = random_byte();
+        let mut byte = self.key_byte();
         if byte == slot.key_byte {
             byte = byte.wrapping_add(1);
         }

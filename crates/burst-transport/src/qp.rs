@@ -738,6 +738,19 @@ impl Qp {
             && self.attrs.timeout != 0
     }
 
+    /// One line with the QP's state, both sides' summaries and its counters
+    /// (for reports of a stuck run).
+    pub fn describe(&self) -> String {
+        format!(
+            "qp {} state {:?}: requester {}; responder {}; {:?}",
+            self.qpn(),
+            self.state(),
+            self.requester_summary(),
+            self.responder_summary(),
+            self.counters()
+        )
+    }
+
     /// Checks the invariants a correct QP holds between calls; the simulator
     /// asserts them at every step. `Err` says which one is broken.
     pub fn check_invariants(&self) -> Result<(), String> {

@@ -15,6 +15,7 @@ pub mod config;
 pub mod engine;
 pub mod eventfd;
 pub mod netif;
+pub mod sim;
 mod thread;
 
 use std::collections::VecDeque;
@@ -336,12 +337,20 @@ pub struct Device<P: Port = AnyPort> {
     ahs: Vec<SocketAddr>,
     rx: RxBatch,
     tx: Vec<PacketBuf>,
+    /// Sealed packets at the front of `tx` that the port had no room for
+    /// (a full socket buffer): sent before anything new is taken from the
+    /// QPs, so a slow port holds the transport back instead of losing what
+    /// it already handed out.
+    tx_held: usize,
     start: Instant,
     /// When a packet last arrived (for the linger on close).
     /// When a packet last arrived (ns on the device clock, [`Device::now`]).
     last_rx: u64,
     port_mtu: Mtu,
     counters: DeviceCounters,
+    /// Linger on drop to re-ACK a peer's retransmissions ([`LINGER`]): on
+    /// real networks only, where the device clock is the wall clock.
+    linger: bool,
 }
 
 impl<P: Port> std::fmt::Debug for Device<P> {
@@ -398,7 +407,9 @@ impl Device {
             0 => Box::new(udp),
             n => Box::new(burst_io::LossyPort::new(udp, n)),
         };
-        Ok(Device::with_port(port, port_mtu, mrs))
+        let mut dev = Device::with_port(port, port_mtu, mrs);
+        dev.linger = true;
+        Ok(dev)
     }
 }
 
@@ -427,10 +438,12 @@ impl<P: Port> Device<P> {
             rx: RxBatch::new(BURST),
             // A round sends up to a full GSO run per QP burst.
             tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
+            tx_held: 0,
             start: Instant::now(),
             last_rx: 0,
             port_mtu,
             counters: DeviceCounters::default(),
+            linger: false,
         }
     }
 
@@ -719,6 +732,26 @@ impl<P: Port> Device<P> {
         self.qps[i].as_ref().map(|s| (s.qp.state(), *s.qp.config()))
     }
 
+    /// Send work requests of a QP not yet completed.
+    pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
+        let i = self.qp_index(qpn).ok()?;
+        self.qps[i].as_ref().map(|s| s.qp.send_queue_len())
+    }
+
+    /// Checks every QP's invariants (`burst_transport::Qp::check_invariants`):
+    /// the simulator asserts them after every step.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.qps
+            .iter()
+            .flatten()
+            .try_for_each(|s| s.qp.check_invariants())
+    }
+
+    /// One line per QP with its state and counters (for reports).
+    pub fn describe_qps(&self) -> Vec<String> {
+        self.qps.iter().flatten().map(|s| s.qp.describe()).collect()
+    }
+
     /// The device clock: nanoseconds since the device opened (the time base
     /// of the transport's timers).
     pub fn now(&self) -> u64 {
@@ -851,6 +884,13 @@ impl<P: Port> Device<P> {
 
     /// Returns the packets handed to the port.
     fn transmit(&mut self, now: u64) -> usize {
+        let mut sent = 0;
+        if self.tx_held > 0 {
+            sent = self.send_held(self.tx_held);
+            if self.tx_held > 0 {
+                return sent;
+            }
+        }
         let mem = self.mrs.memory();
         let mut n = 0;
         for q in self.qps.iter_mut().flatten().map(|s| &mut s.qp) {
@@ -882,12 +922,26 @@ impl<P: Port> Device<P> {
             // whole burst (a UDP socket's GSO runs).
             self.port.assign_ip_ids(&mut self.tx[..n]);
             let sealed = burst_io::seal_all(self.port.local_addr(), &mut self.tx[..n]);
-            if let Err(e) = self.port.send_burst(&self.tx[..sealed]) {
-                // The transport retransmits what was lost.
-                tracing::debug!("send: {e}");
-            }
+            sent += self.send_held(sealed);
         }
-        n
+        sent
+    }
+
+    /// Sends the first `n` (sealed) packets of `tx`; keeps what the port
+    /// refused at the front of `tx` for the next round (the port takes
+    /// whole GSO runs, so the IDs of the rest stay right).
+    fn send_held(&mut self, n: usize) -> usize {
+        let took = match self.port.send_burst(&self.tx[..n]) {
+            Ok(k) => k.min(n),
+            Err(e) => {
+                // Not a full queue: the transport retransmits what is lost.
+                tracing::debug!("send: {e}");
+                n
+            }
+        };
+        self.tx[..n].rotate_left(took);
+        self.tx_held = n - took;
+        took
     }
 }
 
@@ -929,7 +983,8 @@ impl<P: Port> Drop for Device<P> {
     /// re-ACK its retransmissions should that last ACK be lost.
     fn drop(&mut self) {
         self.flush();
-        if self.last_rx > 0
+        if self.linger
+            && self.last_rx > 0
             && self.now().saturating_sub(self.last_rx) < LINGER_IF_ACTIVE.as_nanos() as u64
         {
             let end = Instant::now() + LINGER;

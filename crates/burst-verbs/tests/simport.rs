@@ -81,7 +81,7 @@ impl Pair {
             }
             // Idle: jump to the next packet arrival or timer.
             let next = [
-                self.net.next_arrival(),
+                self.net.next_event(),
                 self.a.next_timeout(),
                 self.b.next_timeout(),
             ]

@@ -15,6 +15,8 @@ use std::net::Ipv4Addr;
 
 use burst_wire::{FrameRepr, IpRepr, Mtu, Psn, Qpn, RoceFrame, UdpRepr};
 
+pub mod cli;
+
 use crate::memory::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess};
 use crate::*;
 
@@ -410,49 +412,12 @@ impl World {
         };
         for (me, peer) in ends {
             let t = self.qps[me].1.config().qp_type;
-            let access = QpAccess {
-                remote_write: true,
-                remote_read: true,
-                remote_atomic: true,
-            };
-            let mut init = QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                ..Default::default()
-            };
-            if t == QpType::Ud {
-                init.qkey = Some(0x1111_1111);
-            } else {
-                init.access = Some(access);
+            let my_psn = peer.map_or(Psn::new(0), |p| p.1);
+            let peer =
+                peer.map(|(p, _, peer_psn)| (self.qps[p].0 as u32, self.qps[p].1.qpn(), peer_psn));
+            for attr in connect_attrs(t, mtu, my_psn, peer) {
+                self.qps[me].1.modify(&attr)?;
             }
-            self.qps[me].1.modify(&init)?;
-            let mut rtr = QpAttr {
-                state: Some(QpState::Rtr),
-                ..Default::default()
-            };
-            let mut rts = QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(peer.map_or(Psn::new(0), |p| p.1)),
-                ..Default::default()
-            };
-            if let Some((p, _my_psn, peer_psn)) = peer {
-                let (pnode, ref pqp) = self.qps[p];
-                rtr.ah = Some(pnode as u32);
-                rtr.path_mtu = Some(mtu);
-                rtr.dest_qpn = Some(pqp.qpn());
-                rtr.rq_psn = Some(peer_psn);
-                if t == QpType::Rc {
-                    rtr.max_dest_rd_atomic = Some(8);
-                    rtr.min_rnr_timer = Some(1);
-                    rts.timeout = Some(9);
-                    rts.retry_cnt = Some(7);
-                    rts.rnr_retry = Some(7);
-                    rts.max_rd_atomic = Some(8);
-                }
-            }
-            self.qps[me].1.modify(&rtr)?;
-            self.qps[me].1.modify(&rts)?;
         }
         Ok(())
     }
@@ -754,10 +719,202 @@ struct Posted {
     opcode: WcOpcode,
 }
 
-/// Runs one seeded workload and checks it; `Err` says what went wrong.
+/// Two nodes, their QPs and memory, and a network between them: what
+/// [`run_workload_on`] drives. [`World`] is the transport model; the real
+/// data plane over an in-memory port implements it too (burst-verbs), so
+/// one workload and one checker exercise both. QPs and nodes are indices;
+/// memory keys serve as both lkey and rkey.
+pub trait Fabric {
+    /// Adds a QP in RESET on `node`; returns its index.
+    fn add_qp(&mut self, node: usize, qp_type: QpType, mtu: Mtu) -> usize;
+    /// Connects QPs `a` and `b` (RC/UC) with [`connect_attrs`], or moves a
+    /// UD QP to RTS when `b` is `None`.
+    fn connect(
+        &mut self,
+        a: usize,
+        b: Option<usize>,
+        mtu: Mtu,
+        psn_a: Psn,
+        psn_b: Psn,
+    ) -> Result<(), VerbsError>;
+    /// The node QP `qp` lives on.
+    fn node_of(&self, qp: usize) -> usize;
+    /// QP `qp`'s number.
+    fn qpn(&self, qp: usize) -> Qpn;
+    /// QP `qp`'s state.
+    fn qp_state(&self, qp: usize) -> QpState;
+    /// The address handle on node `from` that reaches node `to`.
+    fn ah(&mut self, from: usize, to: usize) -> u32;
+    /// Registers `len` zeroed bytes with every right on `node`; returns
+    /// (key, address).
+    fn register(&mut self, node: usize, len: usize) -> (u32, u64);
+    /// A registered region's bytes.
+    fn bytes(&self, node: usize, key: u32) -> &[u8];
+    /// A registered region's bytes, mutable.
+    fn bytes_mut(&mut self, node: usize, key: u32) -> &mut [u8];
+    /// Posts a send work request to QP `qp`.
+    fn post_send(&mut self, qp: usize, wr: SendWr) -> Result<(), VerbsError>;
+    /// Posts a receive work request to QP `qp`.
+    fn post_recv(&mut self, qp: usize, wr: RecvWr) -> Result<(), VerbsError>;
+    /// Runs until `done` holds (checked after every step; it may post more
+    /// work) or simulated time passes `deadline`, or a QP invariant breaks;
+    /// returns whether `done` held.
+    fn run(&mut self, deadline: Nanos, done: &mut dyn FnMut(&mut Self) -> bool) -> bool;
+    /// Completions polled from QP `qp` so far (the caller drains them).
+    fn completions(&mut self, qp: usize) -> &mut VecDeque<WorkCompletion>;
+    /// Send WRs of QP `qp` not yet completed.
+    fn send_queue_len(&self, qp: usize) -> usize;
+    /// Simulated time.
+    fn now(&self) -> Nanos;
+    /// Network statistics.
+    fn net_stats(&self) -> NetStats;
+    /// Retransmitted packets over all QPs.
+    fn retransmitted(&self) -> u64;
+    /// One line per QP with its state, for a stuck run's report.
+    fn describe_qps(&self) -> Vec<String>;
+    /// The first broken QP invariant [`Fabric::run`] saw.
+    fn violation(&self) -> Option<String>;
+}
+
+/// The INIT, RTR and RTS attributes [`Fabric::connect`] uses: for RC/UC
+/// `peer` is (address handle, peer QPN, peer's first PSN) and `my_psn` the
+/// local one; UD QPs (`peer` `None`) get Q_Key 0x11111111.
+pub fn connect_attrs(
+    qp_type: QpType,
+    mtu: Mtu,
+    my_psn: Psn,
+    peer: Option<(u32, Qpn, Psn)>,
+) -> [QpAttr; 3] {
+    let mut init = QpAttr {
+        state: Some(QpState::Init),
+        pkey_index: Some(0),
+        port: Some(1),
+        ..Default::default()
+    };
+    if qp_type == QpType::Ud {
+        init.qkey = Some(0x1111_1111);
+    } else {
+        init.access = Some(QpAccess {
+            remote_write: true,
+            remote_read: true,
+            remote_atomic: true,
+        });
+    }
+    let mut rtr = QpAttr {
+        state: Some(QpState::Rtr),
+        ..Default::default()
+    };
+    let mut rts = QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(peer.map_or(Psn::new(0), |_| my_psn)),
+        ..Default::default()
+    };
+    if let Some((ah, dest_qpn, peer_psn)) = peer {
+        rtr.ah = Some(ah);
+        rtr.path_mtu = Some(mtu);
+        rtr.dest_qpn = Some(dest_qpn);
+        rtr.rq_psn = Some(peer_psn);
+        if qp_type == QpType::Rc {
+            rtr.max_dest_rd_atomic = Some(8);
+            rtr.min_rnr_timer = Some(1);
+            rts.timeout = Some(9);
+            rts.retry_cnt = Some(7);
+            rts.rnr_retry = Some(7);
+            rts.max_rd_atomic = Some(8);
+        }
+    }
+    [init, rtr, rts]
+}
+
+impl Fabric for World {
+    fn add_qp(&mut self, node: usize, qp_type: QpType, mtu: Mtu) -> usize {
+        World::add_qp(self, node, qp_type, mtu)
+    }
+    fn connect(
+        &mut self,
+        a: usize,
+        b: Option<usize>,
+        mtu: Mtu,
+        psn_a: Psn,
+        psn_b: Psn,
+    ) -> Result<(), VerbsError> {
+        World::connect(self, a, b, mtu, psn_a, psn_b)
+    }
+    fn node_of(&self, qp: usize) -> usize {
+        self.qps[qp].0
+    }
+    fn qpn(&self, qp: usize) -> Qpn {
+        self.qps[qp].1.qpn()
+    }
+    fn qp_state(&self, qp: usize) -> QpState {
+        self.qps[qp].1.state()
+    }
+    fn ah(&mut self, _from: usize, to: usize) -> u32 {
+        to as u32
+    }
+    fn register(&mut self, node: usize, len: usize) -> (u32, u64) {
+        self.mems[node].register(1, len, Access::ALL)
+    }
+    fn bytes(&self, node: usize, key: u32) -> &[u8] {
+        self.mems[node].bytes(key)
+    }
+    fn bytes_mut(&mut self, node: usize, key: u32) -> &mut [u8] {
+        self.mems[node].bytes_mut(key)
+    }
+    fn post_send(&mut self, qp: usize, wr: SendWr) -> Result<(), VerbsError> {
+        let (node, q) = &mut self.qps[qp];
+        q.post_send(wr, &self.mems[*node])
+    }
+    fn post_recv(&mut self, qp: usize, wr: RecvWr) -> Result<(), VerbsError> {
+        let (node, q) = &mut self.qps[qp];
+        q.post_recv(wr, &self.mems[*node])
+    }
+    fn run(&mut self, deadline: Nanos, done: &mut dyn FnMut(&mut Self) -> bool) -> bool {
+        World::run(self, deadline, |w| done(w))
+    }
+    fn completions(&mut self, qp: usize) -> &mut VecDeque<WorkCompletion> {
+        &mut self.completions[qp]
+    }
+    fn send_queue_len(&self, qp: usize) -> usize {
+        self.qps[qp].1.send_queue_len()
+    }
+    fn now(&self) -> Nanos {
+        self.now
+    }
+    fn net_stats(&self) -> NetStats {
+        self.stats
+    }
+    fn retransmitted(&self) -> u64 {
+        self.qps
+            .iter()
+            .map(|(_, q)| q.counters().retransmitted_pkts)
+            .sum()
+    }
+    fn describe_qps(&self) -> Vec<String> {
+        self.qps.iter().map(|(_, q)| q.describe()).collect()
+    }
+    fn violation(&self) -> Option<String> {
+        self.violation.clone()
+    }
+}
+
+/// Runs one seeded workload over the transport model [`World`] and checks
+/// it; `Err` says what went wrong.
 pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
-    let mut rng = Rng::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mut w = World::new(seed, 2, o.faults);
+    run_workload_on(&mut w, seed, o)
+}
+
+/// Runs one seeded workload over two-node fabric `w` (the transport model
+/// [`World`], or the real data plane over an in-memory port) and checks
+/// that every message arrived once, intact, in order, with the completions
+/// the spec demands; `Err` says what went wrong.
+pub fn run_workload_on<F: Fabric>(
+    w: &mut F,
+    seed: u64,
+    o: &WorkloadOptions,
+) -> Result<Summary, String> {
+    let mut rng = Rng::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mtu = Mtu::ALL[rng.below(5) as usize];
     let mut pairs = Vec::new();
     for _ in 0..o.rc_pairs {
@@ -789,19 +946,19 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         pairs.push((a, b, QpType::Ud));
     }
 
-    let pd = 1;
     let mut summary = Summary::default();
     let mut plans: Vec<Plan> = Vec::new();
     // Receives held back until the requesters are under way, to exercise RNR.
     let mut held: VecDeque<(usize, RecvWr)> = VecDeque::new();
     let mut wr_id = 0u64;
     for &(a, b, t) in &pairs {
-        let b_node = w.qps[b].0;
-        let b_qpn = w.qps[b].1.qpn();
+        let b_node = w.node_of(b);
+        let b_qpn = w.qpn(b);
+        let b_ah = w.ah(w.node_of(a), b_node);
         let mut posted = Vec::new();
         let mut recvs = Vec::new();
         // One atomic counter per pair on the responder.
-        let (ctr, ctr_va) = w.mems[1].register(pd, 8, Access::ALL);
+        let (ctr, ctr_va) = w.register(1, 8);
         let mut model = 0u64;
         let n = if t == QpType::Rc {
             o.ops_per_pair
@@ -830,8 +987,8 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
             let signaled = rng.below(4) != 0 || t != QpType::Rc;
             let inline = size <= 64 && kind < 4 && rng.chance(0.5);
             // Source/destination buffer on the requester, split into up to 3 SGEs.
-            let (lkey, laddr) = w.mems[0].register(pd, size.max(8), Access::ALL);
-            fill(&mut rng, &mut w.mems[0].bytes_mut(lkey)[..size]);
+            let (lkey, laddr) = w.register(0, size.max(8));
+            fill(&mut rng, &mut w.bytes_mut(0, lkey)[..size]);
             let mut sges = Vec::new();
             let mut off = 0usize;
             let parts = 1 + rng.below(3) as usize;
@@ -848,7 +1005,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                 });
                 off += len;
             }
-            let data_hash = hash(&w.mems[0].bytes(lkey)[..size]);
+            let data_hash = hash(&w.bytes(0, lkey)[..size]);
             let imm = rng.next_u64() as u32;
             let (op, expect) = match kind {
                 0 | 1 => {
@@ -863,7 +1020,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     )
                 }
                 2 | 3 => {
-                    let (rk, rva) = w.mems[b_node].register(pd, size.max(1), Access::ALL);
+                    let (rk, rva) = w.register(b_node, size.max(1));
                     let imm = (kind == 3).then_some(imm);
                     let op = match imm {
                         Some(imm) => SendOp::WriteWithImm {
@@ -887,9 +1044,9 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     )
                 }
                 4 | 5 => {
-                    let (rk, rva) = w.mems[1].register(pd, size.max(1), Access::ALL);
-                    fill(&mut rng, &mut w.mems[1].bytes_mut(rk)[..size]);
-                    let h = hash(&w.mems[1].bytes(rk)[..size]);
+                    let (rk, rva) = w.register(1, size.max(1));
+                    fill(&mut rng, &mut w.bytes_mut(1, rk)[..size]);
+                    let h = hash(&w.bytes(1, rk)[..size]);
                     (
                         SendOp::Read {
                             remote_addr: rva,
@@ -952,7 +1109,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                 wr.ud = Some(UdDest {
                     remote_qpn: b_qpn,
                     remote_qkey: 0x1111_1111,
-                    ah: b_node as u32,
+                    ah: b_ah,
                 });
             }
             let consumes_recv = matches!(
@@ -966,7 +1123,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                 } else {
                     UNRELIABLE_MAX + 40
                 };
-                let (rk, ra) = w.mems[1].register(pd, cap, Access::ALL);
+                let (rk, ra) = w.register(1, cap);
                 recvs.push((wr_id, rk));
                 let rwr = RecvWr {
                     wr_id,
@@ -979,18 +1136,14 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                 // Post the receives up front, except (on some pairs) a tail
                 // posted later, in order, to exercise RNR NAKs.
                 if !hold_tail || i < n / 2 {
-                    let (node, qp) = &mut w.qps[b];
-                    qp.post_recv(rwr, &w.mems[*node])
-                        .map_err(|e| format!("post_recv: {e}"))?;
+                    w.post_recv(b, rwr).map_err(|e| format!("post_recv: {e}"))?;
                 } else {
                     held.push_back((b, rwr));
                 }
             }
             let opcode = wr.op.wc_opcode();
             {
-                let (node, qp) = &mut w.qps[a];
-                qp.post_send(wr, &w.mems[*node])
-                    .map_err(|e| format!("post_send: {e}"))?;
+                w.post_send(a, wr).map_err(|e| format!("post_send: {e}"))?;
             }
             posted.push(Posted {
                 wr_id,
@@ -1002,48 +1155,30 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         plans.push((a, b, t, posted, recvs));
     }
 
-    let finished = w.run(o.deadline, |w| {
-        if w.now > 50_000 {
+    let finished = w.run(o.deadline, &mut |w: &mut F| {
+        if w.now() > 50_000 {
             while let Some((b, r)) = held.pop_front() {
-                let (node, qp) = &mut w.qps[b];
-                let _ = qp.post_recv(r, &w.mems[*node]);
+                let _ = w.post_recv(b, r);
             }
         }
         plans.iter().all(|(a, b, t, posted, recvs)| {
             let sends = posted.iter().filter(|p| p.signaled).count();
-            let got_send = w.completions[*a].len() >= sends && w.qps[*a].1.send_queue_len() == 0;
+            let got_send = w.completions(*a).len() >= sends && w.send_queue_len(*a) == 0;
             let got_recv = match t {
-                QpType::Rc => w.completions[*b].len() >= recvs.len(),
+                QpType::Rc => w.completions(*b).len() >= recvs.len(),
                 _ => true,
             };
             got_send && got_recv
         })
     });
-    summary.sim_ns = w.now;
-    summary.net = w.stats;
-    summary.retransmitted = w
-        .qps
-        .iter()
-        .map(|(_, q)| q.counters().retransmitted_pkts)
-        .sum();
-    if let Some(v) = &w.violation {
+    summary.sim_ns = w.now();
+    summary.net = w.net_stats();
+    summary.retransmitted = w.retransmitted();
+    if let Some(v) = w.violation() {
         return Err(format!("seed {seed}: invariant broken {v}"));
     }
     if !finished {
-        let stuck: Vec<String> = w
-            .qps
-            .iter()
-            .map(|(_, q)| {
-                format!(
-                    "qp {} state {:?}: requester {}; responder {}; {:?}",
-                    q.qpn(),
-                    q.state(),
-                    q.requester_summary(),
-                    q.responder_summary(),
-                    q.counters()
-                )
-            })
-            .collect();
+        let stuck = w.describe_qps();
         return Err(format!(
             "seed {seed}: not finished by {} ns (stuck QPs: {})",
             o.deadline,
@@ -1056,7 +1191,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         let reliable = *t == QpType::Rc;
         // Requester completions: signaled ones, in posting order, all successful.
         let want: Vec<&Posted> = posted.iter().filter(|p| p.signaled).collect();
-        let got: Vec<WorkCompletion> = w.completions[*a].drain(..).collect();
+        let got: Vec<WorkCompletion> = w.completions(*a).drain(..).collect();
         if got.len() != want.len() {
             return Err(format!(
                 "seed {seed}: {t:?} requester got {} completions, want {}",
@@ -1075,7 +1210,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         // Responder completions: the receives in order; on UC/UD the
         // messages delivered are a subsequence of those sent (lost messages
         // leave their receive WQE to the next one).
-        let rwcs: Vec<WorkCompletion> = w.completions[*b].drain(..).collect();
+        let rwcs: Vec<WorkCompletion> = w.completions(*b).drain(..).collect();
         let expected_recv: Vec<&Posted> = posted
             .iter()
             .filter(|p| {
@@ -1108,7 +1243,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     wc.opcode == WcOpcode::Recv
                         && wc.byte_len as usize == len + off
                         && wc.imm_data == imm
-                        && hash(&w.mems[1].bytes(rkey)[off..off + len]) == h
+                        && hash(&w.bytes(1, rkey)[off..off + len]) == h
                 }
                 Expect::Write { imm, len, .. } => {
                     wc.opcode == WcOpcode::RecvRdmaWithImm
@@ -1130,7 +1265,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     ));
                 };
                 ud_seen.push(i);
-                if !wc.grh || wc.src_qp != w.qps[*a].1.qpn() {
+                if !wc.grh || wc.src_qp != w.qpn(*a) {
                     return Err(format!(
                         "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
                     ));
@@ -1154,7 +1289,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     ));
                 }
             }
-            if *t == QpType::Ud && (!wc.grh || wc.src_qp != w.qps[*a].1.qpn()) {
+            if *t == QpType::Ud && (!wc.grh || wc.src_qp != w.qpn(*a)) {
                 return Err(format!(
                     "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
                 ));
@@ -1175,7 +1310,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     len,
                     ..
                 } if reliable => {
-                    if hash(&w.mems[1].bytes(region)[..len]) != h {
+                    if hash(&w.bytes(1, region)[..len]) != h {
                         return Err(format!("seed {seed}: WRITE wr {} data differs", p.wr_id));
                     }
                     summary.bytes += len as u64;
@@ -1185,15 +1320,14 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
                     hash: h,
                     len,
                 } => {
-                    if hash(&w.mems[0].bytes(local)[..len]) != h {
+                    if hash(&w.bytes(0, local)[..len]) != h {
                         return Err(format!("seed {seed}: READ wr {} data differs", p.wr_id));
                     }
                     summary.bytes += len as u64;
                 }
                 Expect::Atomic { local, orig } => {
-                    let v = u64::from_ne_bytes(
-                        w.mems[0].bytes(local)[..8].try_into().unwrap_or_default(),
-                    );
+                    let v =
+                        u64::from_ne_bytes(w.bytes(0, local)[..8].try_into().unwrap_or_default());
                     if v != orig {
                         return Err(format!(
                             "seed {seed}: atomic wr {} returned {v:#x}, want {orig:#x}",
@@ -1206,12 +1340,12 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
             }
             summary.ops += 1;
         }
-        for (_, q) in [&w.qps[*a], &w.qps[*b]] {
-            if q.state() != QpState::Rts {
+        for q in [*a, *b] {
+            if w.qp_state(q) != QpState::Rts {
                 return Err(format!(
                     "seed {seed}: QP {} ended in {:?}",
-                    q.qpn(),
-                    q.state()
+                    w.qpn(q),
+                    w.qp_state(q)
                 ));
             }
         }

@@ -1,0 +1,173 @@
+//! The command line of the simulation examples: one seeded, checked
+//! workload per seed, over a fault point or (`--sweep`) the whole fault
+//! space.
+//!
+//! ```text
+//! --seeds N --loss P --reorder P --dup P [--corrupt P] [--seed S] [--ops N] [--max-size BYTES]
+//! --sweep [--rx-limits] --seeds N [--first-seed S] [--secs S] [--jobs J] [-v]
+//! ```
+//!
+//! `--sweep` draws each seed's faults from the seed itself, over the whole
+//! fault space (loss 0-10%, reordering 0-10%, duplication 0-2%, corruption
+//! 0-1%), so one run covers the space instead of one point of it;
+//! `--rx-limits` adds, for a quarter of the seeds, a receiver slower than the
+//! link with a bounded queue (the overrun case congestion control is for).
+//! `--secs` stops starting new seeds after that many seconds (the closing
+//! line says how many ran); `--jobs` runs seeds on that many threads.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{Faults, Rng, Summary, WorkloadOptions};
+
+/// The faults of seed `seed` in a sweep: a function of the seed alone, so a
+/// failure replays from its seed and the printed faults.
+fn sweep_faults(seed: u64, rx_limits: bool) -> Faults {
+    let mut r = Rng::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let unit = |r: &mut Rng| (r.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    // Rounded so the replay line reproduces the same probabilities.
+    let round = |p: f64| (p * 1e4).round() / 1e4;
+    let mut f = Faults {
+        loss: round(unit(&mut r) * 0.10),
+        reorder: round(unit(&mut r) * 0.10),
+        dup: round(unit(&mut r) * 0.02),
+        corrupt: round(unit(&mut r) * 0.01),
+        ..Faults::default()
+    };
+    if rx_limits && r.below(4) == 0 {
+        f.rx_gbps = [10, 25, 50][r.below(3) as usize];
+        f.rx_queue = [64, 256, 1024][r.below(3) as usize];
+    }
+    f
+}
+
+fn replay_line(example: &str, seed: u64, o: &WorkloadOptions) -> String {
+    let f = o.faults;
+    let mut s = format!(
+        "cargo run --release {example} -- --seed {seed} --loss {} --reorder {} --dup {} --corrupt {} --ops {} --max-size {}",
+        f.loss, f.reorder, f.dup, f.corrupt, o.ops_per_pair, o.max_size
+    );
+    if f.rx_gbps != 0 || f.rx_queue != 0 {
+        s += &format!(" --rx-gbps {} --rx-queue {}", f.rx_gbps, f.rx_queue);
+    }
+    s
+}
+
+/// The simulation command line (see the `sim` examples of burst-transport
+/// and burst-verbs): parses `std::env::args`, runs `run` per seed (on
+/// `--jobs` threads), prints a replay line per failure and the closing
+/// `N passed, M failed` line. `example` names the example in replay lines
+/// (`-p CRATE --example sim`).
+pub fn main_with(
+    example: &str,
+    run: fn(u64, &WorkloadOptions) -> Result<Summary, String>,
+) -> ExitCode {
+    let mut seeds = 100u64;
+    let mut first = 1u64;
+    let mut o = WorkloadOptions::default();
+    let mut verbose = false;
+    let mut sweep = false;
+    let mut rx_limits = false;
+    let mut secs: Option<f64> = None;
+    let mut jobs = 1usize;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    let num = |i: usize| -> f64 {
+        args.get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                eprintln!("sim: {} needs a number", args[i]);
+                std::process::exit(2)
+            })
+    };
+    while i < args.len() {
+        match args[i].as_str() {
+            "--seeds" => seeds = num(i) as u64,
+            "--seed" => {
+                first = num(i) as u64;
+                seeds = 1;
+            }
+            "--first-seed" => first = num(i) as u64,
+            "--loss" => o.faults.loss = num(i),
+            "--reorder" => o.faults.reorder = num(i),
+            "--dup" => o.faults.dup = num(i),
+            "--corrupt" => o.faults.corrupt = num(i),
+            "--rx-gbps" => o.faults.rx_gbps = num(i) as u64,
+            "--rx-queue" => o.faults.rx_queue = num(i) as usize,
+            "--ops" => o.ops_per_pair = num(i) as usize,
+            "--max-size" => o.max_size = num(i) as usize,
+            "--secs" => secs = Some(num(i)),
+            "--jobs" => jobs = (num(i) as usize).max(1),
+            "--sweep" | "--rx-limits" | "-v" | "--verbose" => {
+                match args[i].as_str() {
+                    "--sweep" => sweep = true,
+                    "--rx-limits" => rx_limits = true,
+                    _ => verbose = true,
+                }
+                i += 1;
+                continue;
+            }
+            other => {
+                eprintln!("sim: unknown argument {other}");
+                return ExitCode::from(2);
+            }
+        }
+        i += 2;
+    }
+    let start = Instant::now();
+    let budget = secs.map(Duration::from_secs_f64);
+    let next = AtomicU64::new(first);
+    let (passed, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+    let out = Mutex::new(());
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                if budget.is_some_and(|b| start.elapsed() >= b) {
+                    break;
+                }
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= first + seeds {
+                    break;
+                }
+                let mut o = o;
+                if sweep {
+                    o.faults = sweep_faults(seed, rx_limits);
+                }
+                let res = run(seed, &o);
+                let _guard = out.lock().unwrap_or_else(|e| e.into_inner());
+                match res {
+                    Ok(s) => {
+                        passed.fetch_add(1, Ordering::Relaxed);
+                        if verbose {
+                            println!(
+                                "seed {seed}: ok, {} ops, {} bytes, {:.3} ms simulated, {} frames ({} lost, {} dup, {} reordered, {} corrupt, {} overflowed), {} retransmitted",
+                                s.ops, s.bytes, s.sim_ns as f64 / 1e6, s.net.sent, s.net.lost, s.net.duplicated, s.net.reordered, s.net.corrupted, s.net.overflowed, s.retransmitted
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        println!("FAIL {e}");
+                        println!("  replay: {}", replay_line(example, seed, &o));
+                    }
+                }
+            });
+        }
+    });
+    let (passed, failed) = (passed.into_inner(), failed.into_inner());
+    if passed + failed < seeds {
+        println!(
+            "sim: time box of {:.0} s reached after {} of {seeds} seeds",
+            secs.unwrap_or(0.0),
+            passed + failed
+        );
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,326 @@
+//! The real data-plane core under the transport simulator's workload.
+//!
+//! [`CoreFabric`] is two [`Device`]s over an in-memory [`SimNet`]: the same
+//! demux, ICRC sealing and checking (with the IP ID hidden on half the
+//! seeds, as a UDP socket hides it), UD GRH, memory registration and
+//! access checks (burst-mem) and copies that burst runs on a real network,
+//! driven on simulated time by `burst_transport::sim::run_workload_on`. So
+//! the seed sweep checks what ships, not a model of it.
+//!
+//! ```
+//! use burst_transport::sim::{Faults, WorkloadOptions};
+//! let o = WorkloadOptions {
+//!     faults: Faults { loss: 0.02, ..Faults::default() },
+//!     ops_per_pair: 8,
+//!     max_size: 64 << 10,
+//!     ..WorkloadOptions::default()
+//! };
+//! let s = burst_verbs::sim::run_workload(3, &o).unwrap();
+//! assert!(s.ops > 0);
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use burst_io::{SimFaults, SimNet, SimPort};
+use burst_mem::{Access, MrTable, Pd};
+use burst_transport::sim::{
+    connect_attrs, run_workload_on, Fabric, NetStats, Summary, WorkloadOptions, LINK_DELAY_NS,
+    LINK_GBPS,
+};
+use burst_transport::{Nanos, QpState, QpType, RecvWr, SendWr, VerbsError, WorkCompletion};
+use burst_wire::{Mtu, Psn, Qpn};
+
+use crate::{Device, QpInit};
+
+/// Every access right (local write, remote write, read, atomic).
+const ALL: Access = Access(1 | 2 | 4 | 8);
+
+/// Two [`Device`]s over a [`SimNet`], as a [`Fabric`].
+pub struct CoreFabric {
+    // Declared first so the devices (which hold registrations of the
+    // regions below) drop before the regions' memory is freed.
+    devs: Vec<Device<SimPort>>,
+    net: SimNet,
+    pds: Vec<Pd>,
+    /// (node, QPN) of each QP index.
+    qps: Vec<(usize, Qpn)>,
+    completions: Vec<VecDeque<WorkCompletion>>,
+    /// Registered memory per node, by key (lkey = rkey: every right).
+    regions: Vec<HashMap<u32, Box<[u8]>>>,
+    /// Each device's memory-region table (seeded keys).
+    mrs: Vec<Arc<MrTable>>,
+    ahs: HashMap<(usize, usize), u32>,
+    now: Nanos,
+    violation: Option<String>,
+}
+
+impl std::fmt::Debug for CoreFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CoreFabric(t={} ns, {:?})", self.now, self.devs)
+    }
+}
+
+/// The address of node `n`.
+fn node_addr(n: usize) -> SocketAddr {
+    SocketAddr::from(([198, 18, 0, 10 + n as u8], burst_wire::ROCEV2_PORT))
+}
+
+impl CoreFabric {
+    /// `nodes` devices on a network with `faults`; `hide_ip_id` makes the
+    /// ports hide IP IDs as UDP sockets do (the ICRC check then solves for
+    /// them).
+    pub fn new(seed: u64, nodes: usize, faults: SimFaults) -> CoreFabric {
+        let net = SimNet::new(seed, faults);
+        // Seeded keys and (in `register`) addresses chosen here rather than
+        // by the allocator: a seed replays exactly.
+        let mrs: Vec<Arc<MrTable>> = (0..nodes)
+            .map(|n| Arc::new(MrTable::seeded(seed ^ (n as u64 + 1) << 40)))
+            .collect();
+        let devs: Vec<Device<SimPort>> = mrs
+            .iter()
+            .enumerate()
+            .map(|(n, m)| Device::with_port(net.port(node_addr(n)), Mtu::Mtu4096, Arc::clone(m)))
+            .collect();
+        CoreFabric {
+            mrs,
+            pds: devs.iter().map(|d| d.alloc_pd()).collect(),
+            regions: (0..nodes).map(|_| HashMap::new()).collect(),
+            devs,
+            net,
+            qps: Vec::new(),
+            completions: Vec::new(),
+            ahs: HashMap::new(),
+            now: 0,
+            violation: None,
+        }
+    }
+
+    /// The devices.
+    pub fn devices(&self) -> &[Device<SimPort>] {
+        &self.devs
+    }
+
+    /// The network.
+    pub fn net(&self) -> &SimNet {
+        &self.net
+    }
+}
+
+impl Fabric for CoreFabric {
+    fn add_qp(&mut self, node: usize, qp_type: QpType, _mtu: Mtu) -> usize {
+        let init = QpInit::new(qp_type, self.pds[node]);
+        let qpn = self.devs[node]
+            .create_qp_with(&init)
+            .expect("default sizes are within the device limits");
+        self.qps.push((node, qpn));
+        self.completions.push(VecDeque::new());
+        self.qps.len() - 1
+    }
+
+    fn connect(
+        &mut self,
+        a: usize,
+        b: Option<usize>,
+        mtu: Mtu,
+        psn_a: Psn,
+        psn_b: Psn,
+    ) -> Result<(), VerbsError> {
+        let ends = match b {
+            Some(b) => vec![(a, Some((b, psn_a, psn_b))), (b, Some((a, psn_b, psn_a)))],
+            None => vec![(a, None)],
+        };
+        for (me, peer) in ends {
+            let (node, qpn) = self.qps[me];
+            let t = self.devs[node]
+                .query_qp(qpn)
+                .map(|(_, c)| c.qp_type)
+                .ok_or(VerbsError::BadWr("no such QP"))?;
+            let my_psn = peer.map_or(Psn::new(0), |p| p.1);
+            let peer = match peer {
+                Some((p, _, peer_psn)) => {
+                    let (pnode, pqpn) = self.qps[p];
+                    Some((self.ah(node, pnode), pqpn, peer_psn))
+                }
+                None => None,
+            };
+            for attr in connect_attrs(t, mtu, my_psn, peer) {
+                self.devs[node].modify_qp(qpn, &attr)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn node_of(&self, qp: usize) -> usize {
+        self.qps[qp].0
+    }
+
+    fn qpn(&self, qp: usize) -> Qpn {
+        self.qps[qp].1
+    }
+
+    fn qp_state(&self, qp: usize) -> QpState {
+        let (node, qpn) = self.qps[qp];
+        self.devs[node]
+            .query_qp(qpn)
+            .map_or(QpState::Err, |(s, _)| s)
+    }
+
+    fn ah(&mut self, from: usize, to: usize) -> u32 {
+        let gid = self.devs[to].gid();
+        let dev = &mut self.devs[from];
+        *self
+            .ahs
+            .entry((from, to))
+            .or_insert_with(|| dev.create_ah(gid))
+    }
+
+    fn register(&mut self, node: usize, len: usize) -> (u32, u64) {
+        let mut buf = vec![0u8; len.max(1)].into_boxed_slice();
+        // Remote addresses as the transport model's: 4 GiB apart per region.
+        let iova = 0x1000_0000_0000 + (self.regions[node].len() as u64 + 1) * 0x1_0000_0000;
+        // SAFETY: the buffer is kept in `regions` (a boxed slice: moving the
+        // box does not move the bytes) until the fabric drops, after the
+        // devices that hold the registration (field order).
+        let keys = unsafe {
+            self.mrs[node]
+                .register(self.pds[node], buf.as_mut_ptr(), len.max(1), iova, ALL)
+                .expect("registration within the device's limits")
+        };
+        self.regions[node].insert(keys.lkey, buf);
+        (keys.lkey, keys.addr)
+    }
+
+    fn bytes(&self, node: usize, key: u32) -> &[u8] {
+        &self.regions[node][&key]
+    }
+
+    fn bytes_mut(&mut self, node: usize, key: u32) -> &mut [u8] {
+        self.regions[node]
+            .get_mut(&key)
+            .expect("a key register returned")
+    }
+
+    fn post_send(&mut self, qp: usize, wr: SendWr) -> Result<(), VerbsError> {
+        let (node, qpn) = self.qps[qp];
+        self.devs[node].post_send_quiet(qpn, wr)
+    }
+
+    fn post_recv(&mut self, qp: usize, wr: RecvWr) -> Result<(), VerbsError> {
+        let (node, qpn) = self.qps[qp];
+        self.devs[node].post_recv(qpn, wr)
+    }
+
+    fn run(&mut self, deadline: Nanos, done: &mut dyn FnMut(&mut Self) -> bool) -> bool {
+        loop {
+            self.net.set_now(self.now);
+            let mut moved = false;
+            for d in &mut self.devs {
+                moved |= d.progress_at(self.now);
+            }
+            for (i, &(node, qpn)) in self.qps.iter().enumerate() {
+                while let Some(wc) = self.devs[node].take_completion(qpn) {
+                    self.completions[i].push_back(wc);
+                }
+            }
+            if let Some(e) = self.devs.iter().find_map(|d| d.check_invariants().err()) {
+                self.violation = Some(format!("at {} ns: {e}", self.now));
+                return false;
+            }
+            if done(self) {
+                return true;
+            }
+            if moved {
+                continue;
+            }
+            let next = self
+                .devs
+                .iter()
+                .filter_map(|d| d.next_timeout())
+                .chain(self.net.next_event())
+                .min();
+            let Some(next) = next else {
+                return done(self);
+            };
+            self.now = next.max(self.now + 1);
+            if self.now > deadline {
+                return false;
+            }
+        }
+    }
+
+    fn completions(&mut self, qp: usize) -> &mut VecDeque<WorkCompletion> {
+        &mut self.completions[qp]
+    }
+
+    fn send_queue_len(&self, qp: usize) -> usize {
+        let (node, qpn) = self.qps[qp];
+        self.devs[node].send_queue_len(qpn).unwrap_or(0)
+    }
+
+    fn now(&self) -> Nanos {
+        self.now
+    }
+
+    fn net_stats(&self) -> NetStats {
+        let s = self.net.stats();
+        let refused: u64 = self
+            .devs
+            .iter()
+            .map(|d| {
+                let c = d.counters();
+                c.icrc_errors + c.malformed
+            })
+            .sum();
+        NetStats {
+            sent: s.sent,
+            lost: s.lost,
+            duplicated: s.duplicated,
+            reordered: s.reordered,
+            corrupted: s.corrupted,
+            bad_icrc: refused,
+            delivered: s.delivered,
+            overflowed: s.overflowed,
+        }
+    }
+
+    fn retransmitted(&self) -> u64 {
+        self.devs
+            .iter()
+            .map(|d| d.counters().qps.retransmitted_pkts)
+            .sum()
+    }
+
+    fn describe_qps(&self) -> Vec<String> {
+        self.devs.iter().flat_map(|d| d.describe_qps()).collect()
+    }
+
+    fn violation(&self) -> Option<String> {
+        self.violation.clone()
+    }
+}
+
+/// Runs one seeded workload through two real devices over a [`SimNet`]
+/// with the faults of `o` (the IP ID hidden from receivers on odd seeds)
+/// and checks it, as `burst_transport::sim::run_workload` does over the
+/// transport model.
+pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
+    let f = o.faults;
+    let faults = SimFaults {
+        loss: f.loss,
+        reorder: f.reorder,
+        dup: f.dup,
+        corrupt: f.corrupt,
+        delay_ns: LINK_DELAY_NS,
+        jitter_ns: 200,
+        link_gbps: LINK_GBPS,
+        tx_queue_ns: 20_000,
+        rx_gbps: f.rx_gbps,
+        rx_queue: f.rx_queue,
+        ecn_threshold: 0,
+        hide_ip_id: seed % 2 == 1,
+    };
+    let mut fab = CoreFabric::new(seed, 2, faults);
+    run_workload_on(&mut fab, seed, o)
+}
