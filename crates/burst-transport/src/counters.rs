@@ -42,6 +42,9 @@ pub struct Counters {
     pub retransmitted_pkts: u64,
     /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).
     pub dropped_pkts: u64,
+    /// Duplicate READ or atomic requests not answered: outside the last
+    /// `max_dest_rd_atomic` READ/atomic requests the responder keeps.
+    pub dup_rd_atomic_dropped: u64,
 }
 
 impl Counters {
@@ -66,5 +69,6 @@ impl Counters {
         self.retransmits_started += o.retransmits_started;
         self.retransmitted_pkts += o.retransmitted_pkts;
         self.dropped_pkts += o.dropped_pkts;
+        self.dup_rd_atomic_dropped += o.dup_rd_atomic_dropped;
     }
 }

@@ -154,6 +154,26 @@ enum Out {
     Read(ReadJob),
 }
 
+/// A READ or atomic request the responder executed, kept to answer its
+/// duplicates.
+#[derive(Debug, Clone, Copy)]
+enum RdResource {
+    Read { first_psn: Psn, npkts: u32 },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+impl RdResource {
+    fn contains(&self, psn: Psn) -> bool {
+        match *self {
+            RdResource::Read { first_psn, npkts } => {
+                let d = first_psn.distance_to(psn);
+                d >= 0 && (d as u32) < npkts
+            }
+            RdResource::Atomic { psn: p, .. } => p == psn,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct ReadJob {
     rkey: u32,
@@ -188,7 +208,9 @@ struct Responder {
     /// A NAK (sequence or RNR) is outstanding: stay quiet until the gap fills.
     nak_outstanding: bool,
     out: VecDeque<Out>,
-    atomic_cache: VecDeque<(Psn, u64)>,
+    /// The last `max_dest_rd_atomic` READ and atomic requests executed: all
+    /// a duplicate of one may be answered from (RXE's responder resources).
+    resources: VecDeque<RdResource>,
     unacked_pkts: u32,
     /// The last ACK psn put in `out`, to coalesce.
     ack_psn: Psn,
@@ -1652,7 +1674,12 @@ impl Qp {
                 }
             }
             Operation::RdmaReadRequest => {
-                if self.resp.cur_recv.is_some() || self.resp.cur_write.is_some() {
+                // No responder resources: READ and atomics are invalid
+                // requests here (as RXE answers them).
+                if self.resp.cur_recv.is_some()
+                    || self.resp.cur_write.is_some()
+                    || self.attrs.max_dest_rd_atomic == 0
+                {
                     self.nak(NakCode::InvalidRequest);
                     return;
                 }
@@ -1675,6 +1702,10 @@ impl Qp {
                 }
                 let npkts = ceil_div(len, mtu as u64).max(1) as u32;
                 epsn_step = npkts;
+                self.keep_resource(RdResource::Read {
+                    first_psn: psn,
+                    npkts,
+                });
                 self.resp.out.push_back(Out::Read(ReadJob {
                     rkey: r.rkey(),
                     va: r.virtual_address(),
@@ -1686,7 +1717,10 @@ impl Qp {
                 self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                if self.resp.cur_recv.is_some() || self.resp.cur_write.is_some() {
+                if self.resp.cur_recv.is_some()
+                    || self.resp.cur_write.is_some()
+                    || self.attrs.max_dest_rd_atomic == 0
+                {
                     self.nak(NakCode::InvalidRequest);
                     return;
                 }
@@ -1709,10 +1743,7 @@ impl Qp {
                 };
                 match mem.atomic(pd, a.rkey(), a.virtual_address(), op) {
                     Ok(orig) => {
-                        self.resp.atomic_cache.push_back((psn, orig));
-                        while self.resp.atomic_cache.len() > usize::from(MAX_RD_ATOMIC) * 2 {
-                            self.resp.atomic_cache.pop_front();
-                        }
+                        self.keep_resource(RdResource::Atomic { psn, orig });
                         self.resp.out.push_back(Out::AtomicAck { psn, orig });
                         self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
                     }
@@ -1757,15 +1788,50 @@ impl Qp {
         ));
     }
 
+    /// Keeps an executed READ/atomic for its duplicates: the last
+    /// `max_dest_rd_atomic` only, the oldest replaced first.
+    fn keep_resource(&mut self, r: RdResource) {
+        let max = usize::from(self.attrs.max_dest_rd_atomic.max(1));
+        while self.resp.resources.len() >= max {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(r);
+    }
+
     fn rc_duplicate(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) {
         self.counters.duplicate_request += 1;
         let psn = pkt.bth().psn();
-        match pkt.info().operation {
+        let op = pkt.info().operation;
+        let resource = self
+            .resp
+            .resources
+            .iter()
+            .find(|r| r.contains(psn))
+            .copied();
+        if matches!(
+            op,
+            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        ) && resource.is_none()
+        {
+            // Older than the last max_dest_rd_atomic READ/atomic requests
+            // (or never executed): nothing to answer from, so a peer cannot
+            // make the responder replay arbitrary history.
+            self.counters.dup_rd_atomic_dropped += 1;
+            return;
+        }
+        match op {
             Operation::RdmaReadRequest => {
                 // Replay by reading memory again (the spec lets a duplicate
-                // READ return current data), from the requested PSN on.
+                // READ return current data), from the requested PSN to the
+                // end of the original READ at most.
                 let Some(r) = pkt.reth() else { return };
-                let len = u64::from(r.dma_length());
+                let Some(RdResource::Read { first_psn, npkts }) = resource else {
+                    self.counters.dup_rd_atomic_dropped += 1;
+                    return;
+                };
+                let left = (npkts - first_psn.distance_to(psn) as u32) as u64;
+                let mtu = self.attrs.mtu.bytes() as u64;
+                let len = u64::from(r.dma_length()).min(left * mtu);
                 if !self.attrs.access.remote_read
                     || (len > 0
                         && mem
@@ -1780,7 +1846,6 @@ impl Qp {
                 {
                     return;
                 }
-                let mtu = self.attrs.mtu.bytes() as u64;
                 let npkts = ceil_div(len, mtu).max(1) as u32;
                 // The new request supersedes what older streams would still
                 // send from `psn` on: drop those, cut those that reach it.
@@ -1808,8 +1873,8 @@ impl Qp {
                 }));
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                // Never execute twice: answer from the cache of results.
-                if let Some(&(_, orig)) = self.resp.atomic_cache.iter().find(|(p, _)| *p == psn) {
+                // Never execute twice: answer from the kept result.
+                if let Some(RdResource::Atomic { psn, orig }) = resource {
                     self.resp.out.push_back(Out::AtomicAck { psn, orig });
                 }
             }

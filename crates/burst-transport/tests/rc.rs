@@ -1,8 +1,8 @@
 //! RC scenarios, one behaviour each, over the simulator's world.
 
-use burst_transport::sim::{Access, Faults, World};
+use burst_transport::sim::{connect_attrs, Access, Faults, World};
 use burst_transport::*;
-use burst_wire::{Mtu, Psn};
+use burst_wire::{Mtu, Opcode, Psn};
 
 struct Pair {
     w: World,
@@ -590,4 +590,102 @@ fn rnr_delay_end_rearms_the_ack_timer() {
         let s = run_workload(seed, &o).unwrap_or_else(|e| panic!("{e}"));
         assert!(s.ops > 0 && s.retransmitted > 0, "seed {seed}: {s:?}");
     }
+}
+
+/// A duplicate READ is answered only while it is one of the last
+/// `max_dest_rd_atomic` READ/atomic requests (8 here): an older one (a
+/// stale duplicate, or a peer replaying history) costs nothing.
+#[test]
+fn duplicate_reads_are_replayed_only_within_the_responder_resources() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 5);
+    p.w.sent_log = Some(Vec::new());
+    let (rk, ra) = p.buf(1, 10 * 2048, 3);
+    let (lk, la) = p.buf(0, 10 * 2048, 0);
+    for i in 0..10u64 {
+        p.post_send(SendWr::new(
+            i,
+            SendOp::Read {
+                remote_addr: ra + i * 2048,
+                rkey: rk,
+            },
+            vec![Sge {
+                addr: la + i * 2048,
+                length: 2048,
+                lkey: lk,
+            }],
+        ));
+    }
+    let (wa, _) = p.run(10, 0);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    let reads: Vec<Vec<u8>> =
+        p.w.sent_log
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(dst, b)| *dst == 1 && b.len() > 28 && b[28] == Opcode::RC_RDMA_READ_REQUEST.0)
+            .map(|(_, b)| b)
+            .collect();
+    assert_eq!(reads.len(), 10, "one request per READ, no loss");
+    let b = p.b;
+    let sent_before = p.w.qps[b].1.counters().sent_pkts;
+    // The first READ is no longer among the last 8: dropped, counted.
+    for _ in 0..3 {
+        p.w.inject(1, reads[0].clone());
+    }
+    p.w.run(1_000_000, |_| false);
+    let c = *p.w.qps[b].1.counters();
+    assert_eq!(c.dup_rd_atomic_dropped, 3);
+    assert_eq!(c.sent_pkts, sent_before, "nothing replayed");
+    // The last one still is: replayed (2 response packets), not executed twice.
+    p.w.inject(1, reads[9].clone());
+    p.w.run(1_000_000, |_| false);
+    let c = *p.w.qps[b].1.counters();
+    assert_eq!(c.dup_rd_atomic_dropped, 3);
+    assert_eq!(c.sent_pkts, sent_before + 2);
+    assert_eq!(c.duplicate_request, 4);
+    // The requester takes the replayed responses as duplicates: no new
+    // completion, the QP stays in RTS.
+    assert!(p.w.completions[p.a].is_empty());
+    assert_eq!(p.w.qps[p.a].1.state(), QpState::Rts);
+}
+
+/// With no responder resources (max_dest_rd_atomic 0), a READ is an invalid
+/// request, as RXE answers it: the requester completes with REM_INV_REQ.
+#[test]
+fn a_read_without_responder_resources_is_an_invalid_request() {
+    let mut w = World::new(7, 2, Faults::default());
+    let a = w.add_qp(0, QpType::Rc, Mtu::Mtu1024);
+    let b = w.add_qp(1, QpType::Rc, Mtu::Mtu1024);
+    let (qa, qb) = (w.qps[a].1.qpn(), w.qps[b].1.qpn());
+    for (me, ah, peer) in [(a, 1, qb), (b, 0, qa)] {
+        let mut attrs = connect_attrs(
+            QpType::Rc,
+            Mtu::Mtu1024,
+            Psn::new(5),
+            Some((ah, peer, Psn::new(5))),
+        );
+        if me == b {
+            attrs[1].max_dest_rd_atomic = Some(0);
+        }
+        for attr in attrs {
+            w.qps[me].1.modify(&attr).unwrap();
+        }
+    }
+    let mut p = Pair { w, a, b };
+    let (rk, ra) = p.buf(1, 64, 3);
+    let (lk, la) = p.buf(0, 64, 0);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Read {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        vec![Sge {
+            addr: la,
+            length: 64,
+            lkey: lk,
+        }],
+    ));
+    let (wa, _) = p.run(1, 0);
+    assert_eq!(wa[0].status, WcStatus::RemInvReqErr, "{wa:?}");
 }

@@ -326,6 +326,9 @@ pub struct World {
     buf: Vec<u8>,
     /// The first broken QP invariant [`World::run`] saw ([`Qp::check_invariants`]).
     pub violation: Option<String>,
+    /// Every frame sent, as (destination node, bytes), when `Some`: tests
+    /// that replay a frame ([`World::inject`]) turn it on.
+    pub sent_log: Option<Vec<(usize, Vec<u8>)>>,
 }
 
 fn node_ip(n: usize) -> Ipv4Addr {
@@ -353,12 +356,21 @@ impl World {
             link_free: vec![0; nodes],
             buf: vec![0; 8192],
             violation: None,
+            sent_log: None,
         }
     }
 
     /// Drops the next `count` packets with `opcode` (targeted fault injection).
     pub fn drop_next(&mut self, opcode: burst_wire::Opcode, count: u32) {
         self.drops.push((opcode, count));
+    }
+
+    /// Puts `bytes` (a whole IP frame, as in [`World::sent_log`]) on the
+    /// wire toward `node` now, as a duplicate the network made.
+    pub fn inject(&mut self, node: usize, bytes: Vec<u8>) {
+        self.seq += 1;
+        self.wire
+            .push(Reverse((self.now + LINK_DELAY_NS, self.seq, node, bytes)));
     }
 
     /// Adds a QP on `node`; returns its index.
@@ -467,6 +479,9 @@ impl World {
                     continue;
                 }
                 let bytes = self.buf[..len].to_vec();
+                if let Some(log) = &mut self.sent_log {
+                    log.push((dst, bytes.clone()));
+                }
                 self.link_free[node] = self.now + (len as u64 * 8).div_ceil(LINK_GBPS);
                 self.send(dst, bytes);
             }
