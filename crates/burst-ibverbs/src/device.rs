@@ -34,10 +34,13 @@ pub(crate) struct Ctx {
     pub dev: *const Dev,
     pub engine: Arc<Engine>,
     pub ctx: Context,
-    /// Readable when async events are pending (never, yet: see get_async_event).
+    /// Readable while async events are pending: a duplicate of the
+    /// engine's event descriptor (see `Context::async_fd`).
     pub async_fd: std::os::fd::OwnedFd,
     /// SRQ handle → `ibv_srq` pointer, for async events.
     pub srqs: Mutex<HashMap<u32, usize>>,
+    /// QPN → `ibv_qp` pointer, for async events.
+    pub qps: Mutex<HashMap<u32, usize>>,
 }
 
 // SAFETY: the raw pointers in the C structs are only read by the
@@ -195,6 +198,20 @@ fn engine_for(d: &Dev) -> std::io::Result<Arc<Engine>> {
     Ok(e)
 }
 
+/// The errno for an error opening a device: the OS's when it has one, else
+/// the one its kind stands for (burst's messages wrap the OS error).
+fn errno_of(e: &std::io::Error) -> libc::c_int {
+    use std::io::ErrorKind as K;
+    e.raw_os_error().unwrap_or(match e.kind() {
+        K::AddrInUse => libc::EADDRINUSE,
+        K::AddrNotAvailable => libc::EADDRNOTAVAIL,
+        K::PermissionDenied => libc::EACCES,
+        K::NotFound => libc::ENODEV,
+        K::InvalidInput => libc::EINVAL,
+        _ => libc::EIO,
+    })
+}
+
 unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
     guard("ibv_open_device", ptr::null_mut(), || {
         let Some(d) = dev_of(device) else {
@@ -206,18 +223,20 @@ unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
             Err(e) => {
                 // Address in use, not on this host, permission denied: say so.
                 eprintln!("burst: cannot open {}: {e}", d.cfg.name);
-                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                set_errno(errno_of(&e));
                 return ptr::null_mut();
             }
         };
-        let async_fd = match burst_verbs::eventfd::EventFd::new() {
-            Ok(fd) => std::os::fd::OwnedFd::from(fd),
+        let ctx = engine.context();
+        // The context's own descriptor for the engine's events (closing it
+        // with the context leaves the engine's).
+        let async_fd = match ctx.async_fd().try_clone_to_owned() {
+            Ok(fd) => fd,
             Err(e) => {
                 set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
                 return ptr::null_mut();
             }
         };
-        let ctx = engine.context();
         // SAFETY: verbs_context is plain data (pointers and integers).
         let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
         vctx.sz = size_of::<verbs_context>();
@@ -244,6 +263,7 @@ unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
             ctx,
             async_fd,
             srqs: Mutex::new(HashMap::new()),
+            qps: Mutex::new(HashMap::new()),
         });
         let p = Box::into_raw(b);
         tracing::info!(device = %d.cfg.name, addr = %d.cfg.addr, "device opened");
@@ -640,3 +660,28 @@ core::arch::global_asm!(
     ".symver {0}, verbs_allow_disassociate_destroy@@IBVERBS_PRIVATE_34",
     sym verbs_allow_disassociate_destroy,
 );
+
+#[cfg(test)]
+mod tests {
+    use super::errno_of;
+
+    #[test]
+    fn a_taken_address_is_eaddrinuse_not_eio() {
+        let held = std::net::UdpSocket::bind("127.0.84.1:4791").unwrap();
+        let Err(e) = burst_verbs::engine::Engine::start(
+            held.local_addr().unwrap().ip(),
+            burst_wire::Mtu::Mtu1024,
+        ) else {
+            panic!("the port is taken");
+        };
+        assert_eq!(errno_of(&e), libc::EADDRINUSE);
+        let msg = e.to_string();
+        assert!(msg.contains("BURST_ADDR"), "says what to change: {msg}");
+        let e = std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "x");
+        assert_eq!(errno_of(&e), libc::EADDRNOTAVAIL);
+        assert_eq!(
+            errno_of(&std::io::Error::from_raw_os_error(libc::EPERM)),
+            libc::EPERM
+        );
+    }
+}

@@ -12,12 +12,11 @@ use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use burst_mem::Access;
 use burst_transport::{QpAccess, QpAttr, QpState, QpType};
 use burst_verbs::engine::{CompChannel, CompletionQueue, CqId, QueuePair, SharedReceiveQueue};
-use burst_verbs::{QpCaps, QpInit, MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use burst_verbs::{AsyncEvent, QpCaps, QpInit, MAX_INLINE, MAX_QP_WR, MAX_SGE};
 use burst_wire::{Mtu, Psn, Qpn};
 
 use crate::abi::*;
@@ -655,7 +654,8 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
         cap: out_cap,
         ..Default::default()
     };
-    boxed(Qp {
+    let qpn = qp.qpn().value();
+    let out = boxed(Qp {
         raw,
         qp,
         qp_type,
@@ -664,8 +664,12 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
         extended,
         shadow: Mutex::new(shadow),
         wr: Mutex::new(Default::default()),
-    })
-    .cast()
+    });
+    c.qps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(qpn, out as usize);
+    out.cast()
 }
 
 unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
@@ -748,6 +752,10 @@ unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Err(e) = c.ctx.destroy_qp(q.qp.qpn()) {
             return e.errno();
         }
+        c.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&q.qp.qpn().value());
         for cq in [q.raw.qp_base.send_cq, q.raw.qp_base.recv_cq] {
             if let Some(cq) = ours!(Cq, cq) {
                 cq.users.fetch_sub(1, Ordering::AcqRel);
@@ -1102,7 +1110,40 @@ export!("ibv_create_ah_from_wc", "IBVERBS_1.1", create_ah_from_wc);
 
 // --------------------------------------------------------------- events
 
+// `enum ibv_event_type`.
+const EVENT_QP_FATAL: u32 = 1;
+const EVENT_DEVICE_FATAL: u32 = 8;
 const EVENT_SRQ_LIMIT_REACHED: u32 = 15;
+
+/// The `ibv_async_event` for `ev`, or `None` when its object is gone (a QP
+/// or SRQ destroyed since).
+fn async_event_of(c: &Ctx, ev: AsyncEvent) -> Option<ibv_async_event> {
+    let lookup = |m: &Mutex<HashMap<u32, usize>>, k: u32| {
+        m.lock().unwrap_or_else(|e| e.into_inner()).get(&k).copied()
+    };
+    Some(match ev {
+        AsyncEvent::SrqLimitReached(id) => {
+            let p = lookup(&c.srqs, id.0)?;
+            if let Some(s) = ours!(Srq, p as *mut ibv_srq) {
+                // The limit disarms when it fires.
+                s.attr.lock().unwrap_or_else(|e| e.into_inner()).srq_limit = 0;
+            }
+            ibv_async_event {
+                element: p as *mut c_void,
+                event_type: EVENT_SRQ_LIMIT_REACHED,
+            }
+        }
+        AsyncEvent::QpFatal(qpn) => ibv_async_event {
+            element: lookup(&c.qps, qpn.value())? as *mut c_void,
+            event_type: EVENT_QP_FATAL,
+        },
+        AsyncEvent::DeviceFatal => ibv_async_event {
+            // The union's `port_num` / `element` is unused for this event.
+            element: ptr::null_mut(),
+            event_type: EVENT_DEVICE_FATAL,
+        },
+    })
+}
 
 unsafe extern "C" fn get_async_event(
     context: *mut ibv_context,
@@ -1113,43 +1154,47 @@ unsafe extern "C" fn get_async_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        let fd = c.vctx.context.async_fd;
-        // SAFETY: fcntl on the context's own fd.
-        let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+        // The descriptor is readable while events are pending: read it as
+        // rdma-core does (blocking unless the application made it
+        // non-blocking), one count per event.
         loop {
-            if let Some(id) = c.ctx.take_srq_event() {
-                let p = c
-                    .srqs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&id.0)
-                    .copied();
-                if let Some(p) = p {
-                    if let Some(s) = ours!(Srq, p as *mut ibv_srq) {
-                        // The limit disarms when it fires.
-                        s.attr.lock().unwrap_or_else(|e| e.into_inner()).srq_limit = 0;
-                    }
-                    // SAFETY: a writable ibv_async_event.
-                    unsafe {
-                        *event = ibv_async_event {
-                            element: p as *mut c_void,
-                            event_type: EVENT_SRQ_LIMIT_REACHED,
-                        };
-                    }
-                    return 0;
-                }
-                continue;
-            }
-            if nonblocking {
+            let Some(ev) = c.ctx.read_async_event() else {
                 set_errno(libc::EAGAIN);
                 return -1;
+            };
+            if let Some(e) = async_event_of(c, ev) {
+                // SAFETY: a writable ibv_async_event (caller's contract).
+                unsafe { *event = e };
+                return 0;
             }
-            // Events are rare; a short sleep keeps this off the CPU.
-            std::thread::sleep(Duration::from_millis(1));
         }
     })
 }
 export!("ibv_get_async_event", "IBVERBS_1.1", get_async_event);
 
-unsafe extern "C" fn ack_async_event(_event: *mut ibv_async_event) {}
+/// Counts the event in its object's `events_completed`, as rdma-core does
+/// (applications and destroy paths read it).
+unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
+    guard("ibv_ack_async_event", (), || {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: an event filled by get_async_event (caller's contract).
+        let e = unsafe { &*event };
+        match e.event_type {
+            EVENT_QP_FATAL if !e.element.is_null() => {
+                let q = e.element.cast::<ibv_qp>();
+                // SAFETY: `element` is the live QP of ours the event named;
+                // written through a raw pointer, as C owns the struct.
+                unsafe { (*q).events_completed = (*q).events_completed.wrapping_add(1) };
+            }
+            EVENT_SRQ_LIMIT_REACHED if !e.element.is_null() => {
+                let s = e.element.cast::<ibv_srq>();
+                // SAFETY: as above, for the SRQ the event named.
+                unsafe { (*s).events_completed = (*s).events_completed.wrapping_add(1) };
+            }
+            _ => {}
+        }
+    })
+}
 export!("ibv_ack_async_event", "IBVERBS_1.1", ack_async_event);

@@ -26,7 +26,9 @@ use burst_transport::{
 use burst_wire::{Mtu, Qpn};
 
 use crate::config::{Config, ConfigError, DeviceConfig};
-use crate::{Device, DeviceAttr, DeviceCounters, PortAttr, QpInit, SrqId, FIRST_QPN};
+use crate::{
+    contain, AsyncEvent, Device, DeviceAttr, DeviceCounters, PortAttr, QpInit, SrqId, FIRST_QPN,
+};
 
 /// SGEs a ring entry holds.
 pub const RING_MAX_SGE: usize = 8;
@@ -154,6 +156,43 @@ impl CompChannel {
     }
 }
 
+/// The asynchronous events of an engine and the descriptor that is readable
+/// while some are pending (one count per event, as a completion channel's).
+#[derive(Debug)]
+struct AsyncEvents {
+    fd: crate::eventfd::EventFd,
+    queue: SegQueue<AsyncEvent>,
+}
+
+impl AsyncEvents {
+    fn new() -> std::io::Result<AsyncEvents> {
+        Ok(AsyncEvents {
+            fd: crate::eventfd::EventFd::new()?,
+            queue: SegQueue::new(),
+        })
+    }
+
+    fn push(&self, ev: AsyncEvent) {
+        // Queued before the signal, so a reader woken by it finds it.
+        self.queue.push(ev);
+        self.fd.signal();
+    }
+
+    fn try_take(&self) -> Option<AsyncEvent> {
+        if self.fd.drain() {
+            return self.queue.pop();
+        }
+        None
+    }
+
+    fn read(&self) -> Option<AsyncEvent> {
+        if self.fd.read() {
+            return self.queue.pop();
+        }
+        None
+    }
+}
+
 /// A completion queue: a ring, and its notification state.
 #[derive(Debug)]
 struct Cq {
@@ -216,6 +255,10 @@ enum Control {
     Counters {
         reply: Sender<DeviceCounters>,
     },
+    DebugPanicFor {
+        qpn: Option<Qpn>,
+        reply: Sender<()>,
+    },
 }
 
 struct Shared {
@@ -225,8 +268,8 @@ struct Shared {
     rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
     srqs: std::sync::RwLock<Vec<Option<Arc<ArrayQueue<RecvWqe>>>>>,
     cqs: std::sync::RwLock<Vec<Arc<Cq>>>,
-    /// SRQ limit events not yet taken by the application.
-    srq_events: SegQueue<SrqId>,
+    /// Asynchronous events not yet taken by the application.
+    events: AsyncEvents,
     stop: AtomicBool,
     /// The data plane's state. The engine thread steps it, and so does an
     /// application thread that finds it free while it waits for work
@@ -299,6 +342,28 @@ pub enum OpenError {
     Io(#[from] std::io::Error),
 }
 
+/// `e` (from opening `cfg`'s port) with what to change in its message; the
+/// kind stays, so callers still map it to an errno (`EADDRINUSE`, ...).
+fn with_remedy(e: std::io::Error, cfg: &DeviceConfig) -> std::io::Error {
+    use std::io::ErrorKind;
+    let remedy = match e.kind() {
+        ErrorKind::AddrInUse => format!(
+            "UDP port {} on {} is taken (another burst process, kernel RXE on this address, \
+             or another RoCEv2 stack): give device {} another address of this host \
+             (BURST_ADDR, or its addr in BURST_CONFIG), or stop what holds the port",
+            burst_wire::ROCEV2_PORT,
+            cfg.addr,
+            cfg.name
+        ),
+        ErrorKind::AddrNotAvailable => format!(
+            "{} is not an address of this host: set BURST_ADDR (or BURST_IFACE) to one",
+            cfg.addr
+        ),
+        _ => return e,
+    };
+    std::io::Error::new(e.kind(), format!("{e}; {remedy}"))
+}
+
 /// The configured devices (`ibv_get_device_list`): see [`crate::config`].
 pub fn device_list() -> Result<Vec<DeviceConfig>, ConfigError> {
     Ok(Config::from_env()?.devices)
@@ -329,7 +394,8 @@ impl Engine {
     pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
         let (ip, port_mtu) = (cfg.addr, cfg.mtu);
         let mrs = Arc::new(MrTable::new());
-        let dev = Device::open_lossy(ip, port_mtu, Arc::clone(&mrs), cfg.drop_every)?;
+        let dev = Device::open_lossy(ip, port_mtu, Arc::clone(&mrs), cfg.drop_every)
+            .map_err(|e| with_remedy(e, cfg))?;
         let gid = dev.gid();
         // One clock for the engine and the device: a step reads it once.
         let epoch = dev.epoch();
@@ -341,7 +407,7 @@ impl Engine {
             rings: std::sync::RwLock::new(Vec::new()),
             srqs: std::sync::RwLock::new(Vec::new()),
             cqs: std::sync::RwLock::new(Vec::new()),
-            srq_events: SegQueue::new(),
+            events: AsyncEvents::new()?,
             stop: AtomicBool::new(false),
             core: std::sync::Mutex::new(Core {
                 dev: Some(dev),
@@ -460,6 +526,10 @@ fn control(dev: &mut Device, c: Control) {
         Control::Counters { reply } => {
             let _ = reply.send(dev.counters());
         }
+        Control::DebugPanicFor { qpn, reply } => {
+            dev.debug_panic_on_packet_for(qpn);
+            let _ = reply.send(());
+        }
     }
 }
 
@@ -512,7 +582,7 @@ fn run(shared: &Shared, ready: &burst_io::Readiness) {
             continue;
         };
         backoff = MIN_SLEEP;
-        let busy = core.step(shared, Round::Full, now);
+        let busy = core.step_contained(shared, Round::Full, now);
         drop(core);
         if busy {
             last_work = now;
@@ -529,6 +599,28 @@ fn run(shared: &Shared, ready: &burst_io::Readiness) {
 }
 
 impl Core {
+    /// [`Core::step`], with a fault contained: the device's own guards
+    /// catch faults inside its QPs and its port; one in the engine's code
+    /// around them (doorbells, rings, completion delivery) fails every QP
+    /// ([`AsyncEvent::DeviceFatal`]) and is logged, and the next step runs
+    /// as usual. The panic never unwinds through the core's lock, so the
+    /// lock is not poisoned and the data plane never silently stops.
+    fn step_contained(&mut self, shared: &Shared, round: Round, now: u64) -> bool {
+        match contain(|| self.step(shared, round, now)) {
+            Ok(busy) => busy,
+            Err(msg) => {
+                tracing::error!("internal fault in the engine: {msg}");
+                if let Some(dev) = self.dev.as_mut() {
+                    dev.fail_all(&msg);
+                    for ev in dev.take_async_events() {
+                        shared.events.push(ev);
+                    }
+                }
+                true
+            }
+        }
+    }
+
     /// One round: control requests, doorbells, transmit (and, for a full
     /// round, receive and timers), completions into the CQ rings. Returns
     /// whether there was work.
@@ -599,8 +691,8 @@ impl Core {
             Round::Full => dev.progress_at(now),
             Round::Transmit => dev.transmit_at(now),
         };
-        for id in dev.take_srq_limit_events() {
-            shared.srq_events.push(id);
+        for ev in dev.take_async_events() {
+            shared.events.push(ev);
         }
         // Completions into the CQ rings, in order per CQ.
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
@@ -820,7 +912,7 @@ impl Context {
             return false;
         };
         sh.app_stepping.store(true, Ordering::Relaxed);
-        let busy = core.step(sh, round, now);
+        let busy = core.step_contained(sh, round, now);
         drop(core);
         // Stamped again at the end: a step may take a while (a 64 KiB send
         // is ~10 us), and the gap the engine thread measures is the one
@@ -969,9 +1061,28 @@ impl Context {
         .map_err(CreateError::Verbs)
     }
 
-    /// The next SRQ whose limit event fired (`IBV_EVENT_SRQ_LIMIT_REACHED`).
-    pub fn take_srq_event(&self) -> Option<SrqId> {
-        self.shared.srq_events.pop()
+    /// The next asynchronous event, if one is pending (never blocks).
+    pub fn take_async_event(&self) -> Option<AsyncEvent> {
+        self.shared.events.try_take()
+    }
+
+    /// `ibv_get_async_event` exactly: reads the event descriptor (blocking
+    /// unless the application made it non-blocking) and returns its event.
+    pub fn read_async_event(&self) -> Option<AsyncEvent> {
+        self.shared.events.read()
+    }
+
+    /// The descriptor that is readable while asynchronous events are
+    /// pending (the context's `async_fd`).
+    pub fn async_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.shared.events.fd)
+    }
+
+    /// Test support for fault containment (see
+    /// [`Device::debug_panic_on_packet_for`]).
+    #[doc(hidden)]
+    pub fn debug_panic_on_packet_for(&self, qpn: Option<Qpn>) -> Result<(), PostError> {
+        self.call(|reply| Control::DebugPanicFor { qpn, reply })
     }
 
     /// Creates an address handle for a GID.

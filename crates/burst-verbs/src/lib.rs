@@ -59,6 +59,34 @@ pub struct DeviceCounters {
     pub qps: burst_transport::Counters,
 }
 
+/// An asynchronous event (`ibv_async_event`): something that happened to a
+/// QP, SRQ or the device outside any work request's completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The SRQ's posted receives fell below its limit, which disarms
+    /// (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    SrqLimitReached(SrqId),
+    /// The QP hit an error no completion can report (here: a fault inside
+    /// burst while handling it) and is now in the error state, its work
+    /// requests flushed (`IBV_EVENT_QP_FATAL`).
+    QpFatal(Qpn),
+    /// The device failed outside any one QP: every QP is in the error state
+    /// (`IBV_EVENT_DEVICE_FATAL`).
+    DeviceFatal,
+}
+
+/// Runs `f`; a panic inside it becomes `Err` with its message (the data
+/// plane contains its faults instead of unwinding into the application or
+/// stopping the device: see [`Device::progress_at`]).
+pub fn contain<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into())
+    })
+}
+
 /// Most QPs (and SRQs) per device.
 pub const MAX_QP: u32 = 1 << 16;
 /// Most work requests per queue.
@@ -351,6 +379,11 @@ pub struct Device<P: Port = AnyPort> {
     /// Linger on drop to re-ACK a peer's retransmissions ([`LINGER`]): on
     /// real networks only, where the device clock is the wall clock.
     linger: bool,
+    /// Asynchronous events not yet taken ([`Device::take_async_events`]).
+    events: Vec<AsyncEvent>,
+    /// Test support: the QPN whose next packet makes the device panic
+    /// ([`Device::debug_panic_on_packet_for`]).
+    panic_for: Option<Qpn>,
 }
 
 impl<P: Port> std::fmt::Debug for Device<P> {
@@ -444,12 +477,19 @@ impl<P: Port> Device<P> {
             port_mtu,
             counters: DeviceCounters::default(),
             linger: false,
+            events: Vec::new(),
+            panic_for: None,
         }
     }
 
     /// The packet port.
     pub fn port(&self) -> &P {
         &self.port
+    }
+
+    /// The packet port, mutable (tests reach a wrapper port's knobs).
+    pub fn port_mut(&mut self) -> &mut P {
+        &mut self.port
     }
 
     /// The device's RoCE v2 GID (index 0 here).
@@ -637,18 +677,6 @@ impl<P: Port> Device<P> {
         Ok((s.max_wr(), s.max_sge(), s.limit()))
     }
 
-    /// SRQs whose limit event fired since the last call (async events
-    /// `IBV_EVENT_SRQ_LIMIT_REACHED`).
-    pub fn take_srq_limit_events(&mut self) -> Vec<SrqId> {
-        let mut out = Vec::new();
-        for (i, s) in self.srqs.iter_mut().enumerate() {
-            if s.as_mut().is_some_and(Srq::take_limit_event) {
-                out.push(SrqId(i as u32));
-            }
-        }
-        out
-    }
-
     /// Creates an address handle for a peer's GID; returns its index.
     pub fn create_ah(&mut self, gid: [u8; 16]) -> u32 {
         self.ahs.push(SocketAddr::new(ip_of_gid(gid), ROCEV2_PORT));
@@ -793,16 +821,112 @@ impl<P: Port> Device<P> {
 
     /// [`Device::progress`] with the time read by the caller (one clock
     /// read per round: they cost 30 ns each in a VM and showed in profiles).
+    ///
+    /// A panic while handling one QP (its packets, timers or transmit)
+    /// moves that QP to the error state, flushing its work requests, and
+    /// raises [`AsyncEvent::QpFatal`]; one outside any QP (the port, the
+    /// demux) fails every QP and raises [`AsyncEvent::DeviceFatal`]. Either
+    /// way it is logged, the caller does not unwind, and the device keeps
+    /// serving its other QPs.
     pub fn progress_at(&mut self, now: u64) -> bool {
+        match contain(|| self.progress_inner(now)) {
+            Ok(moved) => moved,
+            Err(msg) => {
+                self.device_fatal(&msg);
+                true
+            }
+        }
+    }
+
+    fn progress_inner(&mut self, now: u64) -> bool {
         let sent = self.transmit(now);
         let received = self.receive(now);
-        for s in self.qps.iter_mut().flatten() {
+        for i in 0..self.qps.len() {
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
-                s.qp.handle_timeout(now);
+                if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
+                    self.qp_fatal(i, &msg);
+                }
             }
         }
         self.collect_completions();
         sent + received > 0
+    }
+
+    /// Contains a fault of the QP in slot `i`: error state (flushing its
+    /// WRs), [`AsyncEvent::QpFatal`], a log line.
+    fn qp_fatal(&mut self, i: usize, msg: &str) {
+        let Some(s) = self.qps[i].as_mut() else {
+            return;
+        };
+        let qpn = s.qp.qpn();
+        tracing::error!(
+            qpn = qpn.value(),
+            "internal fault handling QP {qpn}: {msg}; QP moved to the error state"
+        );
+        let to_err = QpAttr {
+            state: Some(QpState::Err),
+            ..Default::default()
+        };
+        if contain(|| s.qp.modify(&to_err)).is_err() {
+            // Its state is beyond flushing: keep the QP number, in error.
+            let mut fresh = Qp::new(*s.qp.config());
+            let _ = fresh.modify(&to_err);
+            s.qp = fresh;
+            tracing::error!(
+                qpn = qpn.value(),
+                "QP {qpn}'s work requests could not be flushed"
+            );
+        }
+        while let Some(wc) = s.qp.poll_completion() {
+            s.completions.push_back(wc);
+        }
+        self.events.push(AsyncEvent::QpFatal(qpn));
+    }
+
+    /// Fails the device after a fault outside any one QP (for an engine
+    /// around it): every QP to the error state, [`AsyncEvent::DeviceFatal`].
+    pub fn fail_all(&mut self, msg: &str) {
+        self.device_fatal(msg);
+    }
+
+    /// Contains a fault outside any one QP: every QP to the error state,
+    /// [`AsyncEvent::DeviceFatal`].
+    fn device_fatal(&mut self, msg: &str) {
+        tracing::error!(
+            "internal fault in the data plane: {msg}; every QP moved to the error state"
+        );
+        self.tx_held = 0;
+        for i in 0..self.qps.len() {
+            if self.qps[i]
+                .as_ref()
+                .is_some_and(|s| s.qp.state() != QpState::Err)
+            {
+                self.qp_fatal(i, msg);
+            }
+        }
+        self.events.push(AsyncEvent::DeviceFatal);
+    }
+
+    /// Takes the asynchronous events raised since the last call (SRQ limits,
+    /// contained faults), oldest first.
+    pub fn take_async_events(&mut self) -> Vec<AsyncEvent> {
+        for (i, s) in self.srqs.iter_mut().enumerate() {
+            if s.as_mut().is_some_and(Srq::take_limit_event) {
+                self.events
+                    .push(AsyncEvent::SrqLimitReached(SrqId(i as u32)));
+            }
+        }
+        std::mem::take(&mut self.events)
+    }
+
+    /// Test support for fault containment: the next packet for `qpn` makes
+    /// the data plane panic while handling it (`None`: never).
+    #[doc(hidden)]
+    pub fn debug_panic_on_packet_for(&mut self, qpn: Option<Qpn>) {
+        self.panic_for = qpn;
     }
 
     /// Sends what is pending (the ACKs of the last receives, newly posted
@@ -844,6 +968,7 @@ impl<P: Port> Device<P> {
         }
         let local = self.port.local_addr();
         let mut mem = self.mrs.memory();
+        let mut faulted: Vec<(usize, String)> = Vec::new();
         for (meta, bytes) in self.rx.frames() {
             let peer = meta.peer;
             self.counters.rcvd_pkts += 1;
@@ -860,24 +985,38 @@ impl<P: Port> Device<P> {
                     continue;
                 }
             }
-            let Ok(s) = slot_in(&mut self.qps, pkt.bth().dest_qp()) else {
+            let qpn = pkt.bth().dest_qp();
+            let Ok(i) = qp_index_in(&self.qps, qpn) else {
                 self.counters.no_qp += 1;
+                continue;
+            };
+            let Some(s) = self.qps[i].as_mut() else {
                 continue;
             };
             // Only UD receives carry a GRH area: don't build it for RC/UC.
             let grh = (pkt.info().transport == burst_wire::Transport::Ud)
                 .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
                 .flatten();
-            match s
+            let srq = s
                 .srq
                 .and_then(|i| self.srqs.get_mut(i))
-                .and_then(Option::as_mut)
-            {
-                Some(srq) => {
-                    s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
+                .and_then(Option::as_mut);
+            let inject = self.panic_for == Some(qpn);
+            let handled = contain(|| {
+                assert!(!inject, "fault injected for QP {qpn}");
+                match srq {
+                    Some(srq) => {
+                        s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
+                    }
+                    None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
                 }
-                None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
+            });
+            if let Err(msg) = handled {
+                faulted.push((i, msg));
             }
+        }
+        for (i, msg) in faulted {
+            self.qp_fatal(i, &msg);
         }
         n
     }
@@ -893,29 +1032,47 @@ impl<P: Port> Device<P> {
         }
         let mem = self.mrs.memory();
         let mut n = 0;
-        for q in self.qps.iter_mut().flatten().map(|s| &mut s.qp) {
-            while n < self.tx.len() {
-                let Some(t) = q.poll_transmit(now) else { break };
-                let Some(&peer) = self.ahs.get(t.ah as usize) else {
-                    continue;
-                };
-                let len = t.ib.buffer_len();
-                let buf = &mut self.tx[n];
-                if len > buf.data.len() || t.ib.emit(&mut buf.data[..len]).is_err() {
-                    continue;
+        let mut faulted: Vec<(usize, String)> = Vec::new();
+        for (i, slot) in self.qps.iter_mut().enumerate() {
+            let Some(q) = slot.as_mut().map(|s| &mut s.qp) else {
+                continue;
+            };
+            let (tx, ahs, counters) = (&mut self.tx, &self.ahs, &mut self.counters);
+            let start = n;
+            let filled = contain(|| {
+                let mut n = start;
+                while n < tx.len() {
+                    let Some(t) = q.poll_transmit(now) else { break };
+                    let Some(&peer) = ahs.get(t.ah as usize) else {
+                        continue;
+                    };
+                    let len = t.ib.buffer_len();
+                    let buf = &mut tx[n];
+                    if len > buf.data.len() || t.ib.emit(&mut buf.data[..len]).is_err() {
+                        continue;
+                    }
+                    let at = t.ib.header_len();
+                    if t.gather(&mem, &mut buf.data[at..at + t.ib.payload_len])
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    counters.sent_pkts += 1;
+                    buf.len = len;
+                    buf.peer = peer;
+                    n += 1;
                 }
-                let at = t.ib.header_len();
-                if t.gather(&mem, &mut buf.data[at..at + t.ib.payload_len])
-                    .is_err()
-                {
-                    continue;
-                }
-                self.counters.sent_pkts += 1;
-                buf.len = len;
-                buf.peer = peer;
-                n += 1;
+                q.flush_unreliable();
+                n
+            });
+            match filled {
+                Ok(k) => n = k,
+                // What this QP built before its fault is not sent.
+                Err(msg) => faulted.push((i, msg)),
             }
-            q.flush_unreliable();
+        }
+        for (i, msg) in faulted {
+            self.qp_fatal(i, &msg);
         }
         if n > 0 {
             // Sealed last: a packet's IP ID (in its ICRC) may depend on the

@@ -209,3 +209,90 @@ fn ipv6_icrc_is_verified_and_a_mismatch_is_dropped() {
     let refused = ca.icrc_errors + cb.icrc_errors + ca.malformed + cb.malformed;
     assert!(refused <= s.corrupted);
 }
+
+/// A port that panics on receive once armed: a fault outside any QP.
+struct FaultyPort {
+    inner: SimPort,
+    armed: bool,
+}
+
+impl burst_io::Port for FaultyPort {
+    fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr()
+    }
+    fn recv_batch(&mut self, rx: &mut burst_io::RxBatch) -> std::io::Result<usize> {
+        assert!(!self.armed, "fault injected in the port");
+        self.inner.recv_batch(rx)
+    }
+    fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
+        self.inner.assign_ip_ids(bufs)
+    }
+    fn send_burst(&mut self, bufs: &[burst_io::PacketBuf]) -> std::io::Result<usize> {
+        self.inner.send_burst(bufs)
+    }
+}
+
+#[test]
+fn a_fault_outside_any_qp_fails_the_device_not_the_caller() {
+    use burst_verbs::AsyncEvent;
+    let net = SimNet::new(1, SimFaults::default());
+    let port = FaultyPort {
+        inner: net.port("198.18.0.1:4791".parse().unwrap()),
+        armed: false,
+    };
+    let mut d = Device::with_port(port, Mtu::Mtu1024, Arc::new(MrTable::new()));
+    let pd = d.alloc_pd();
+    let q1 = d.create_qp(QpType::Rc, pd);
+    let q2 = d.create_qp(QpType::Ud, pd);
+    for q in [q1, q2] {
+        d.modify_qp(
+            q,
+            &QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                qkey: (q == q2).then_some(1),
+                access: (q == q1).then_some(QpAccess::default()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    let mut buf = vec![0u8; 64];
+    // SAFETY: `buf` outlives the device (dropped at the end of the test).
+    let k = unsafe { d.reg_mr(pd, buf.as_mut_ptr(), 64, ALL).unwrap() };
+    let sge = vec![Sge {
+        addr: k.addr,
+        length: 64,
+        lkey: k.lkey,
+    }];
+    d.post_recv(
+        q1,
+        RecvWr {
+            wr_id: 5,
+            sg_list: sge,
+        },
+    )
+    .unwrap();
+    assert!(!d.progress_at(1));
+    d.port_mut().armed = true;
+    // The caller does not unwind; every QP fails, with its WRs flushed.
+    d.progress_at(2);
+    assert_eq!(
+        d.take_async_events(),
+        [
+            AsyncEvent::QpFatal(q1),
+            AsyncEvent::QpFatal(q2),
+            AsyncEvent::DeviceFatal
+        ]
+    );
+    for q in [q1, q2] {
+        assert_eq!(d.query_qp(q).unwrap().0, QpState::Err);
+    }
+    let wc = d.take_completion(q1).expect("the receive is flushed");
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
+    // The device still answers (no poisoned state): disarmed, it steps again.
+    d.port_mut().armed = false;
+    d.progress_at(3);
+    assert!(d.take_async_events().is_empty());
+}
