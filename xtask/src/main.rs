@@ -18,8 +18,9 @@ test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
         1000 seeds of the simulation through the real data plane on a
         fault grid (and 400 of the transport model), a 90 s share of the
-        whole-fault-space sweep, and a time-boxed cargo-fuzz
-        run of burst-wire's parser (cargo-fuzz installed on first use)
+        whole-fault-space sweep, and time-boxed cargo-fuzz runs of
+        burst-wire's parser and of the data plane's receive path
+        (cargo-fuzz installed on first use)
 sweep   the simulation through the real data plane over the whole fault
         space (default 10,000 seeds, each with its own loss, reordering,
         duplication and corruption), on every core
@@ -347,12 +348,19 @@ fn test(args: &[String]) -> ExitCode {
             // Stable rustc with RUSTC_BOOTSTRAP: the sanitizer flags cargo-fuzz
             // passes are nightly-only, and only the stable toolchain is
             // guaranteed on a fresh machine.
+            // The codec's parser, and the data plane's receive path (frames
+            // into a live device: burst-verbs' RxHarness), each time-boxed.
             let max = format!("-max_total_time={fuzz_secs}");
-            let mut c = Command::new("cargo");
-            c.current_dir(root.join("crates/burst-wire"))
-                .env("RUSTC_BOOTSTRAP", "1")
-                .args(["fuzz", "run", "parse", "--", &max, "-rss_limit_mb=2048"]);
-            results.push(("fuzz (burst-wire parse)", step("fuzz", &mut c)));
+            for (krate, target, name) in [
+                ("burst-wire", "parse", "fuzz (burst-wire parse)"),
+                ("burst-verbs", "rx", "fuzz (burst-verbs receive path)"),
+            ] {
+                let mut c = Command::new("cargo");
+                c.current_dir(root.join("crates").join(krate))
+                    .env("RUSTC_BOOTSTRAP", "1")
+                    .args(["fuzz", "run", target, "--", &max, "-rss_limit_mb=2048"]);
+                results.push((name, step("fuzz", &mut c)));
+            }
         } else {
             skipped.push("fuzz (cargo-fuzz could not be installed)");
         }

@@ -278,7 +278,7 @@ impl RxBatch {
         self.msgs
             .iter()
             .zip(&self.bufs)
-            .flat_map(|(m, b)| b[..m.len].chunks(m.seg.max(1)).map(move |p| (m.peer, p)))
+            .flat_map(|(m, b)| segments(&b[..m.len], m.seg).map(move |p| (m.peer, p)))
     }
 
     /// The packets received by the last call with what the port knows of
@@ -290,7 +290,7 @@ impl RxBatch {
                 ip_id: m.ip_id,
                 ecn: m.ecn,
             };
-            b[..m.len].chunks(m.seg.max(1)).map(move |p| (meta, p))
+            segments(&b[..m.len], m.seg).map(move |p| (meta, p))
         })
     }
 
@@ -300,8 +300,19 @@ impl RxBatch {
     }
 
     fn count(&self) -> usize {
-        self.msgs.iter().map(|m| m.len.div_ceil(m.seg.max(1))).sum()
+        self.msgs
+            .iter()
+            .map(|m| m.len.div_ceil(m.seg.max(1)).max(1))
+            .sum()
     }
+}
+
+/// The packets of one received datagram: `seg`-byte segments, the last
+/// possibly shorter; an empty datagram is one empty packet (counted and
+/// refused by the caller, not lost).
+fn segments(d: &[u8], seg: usize) -> impl Iterator<Item = &[u8]> {
+    let empty = d.is_empty().then_some(d);
+    d.chunks(seg.max(1)).chain(empty)
 }
 
 impl Default for RxBatch {

@@ -839,20 +839,24 @@ impl<P: Port> Device<P> {
     }
 
     fn progress_inner(&mut self, now: u64) -> bool {
-        let sent = self.transmit(now);
-        let received = self.receive(now);
+        // Expired timers first: a retransmission they start leaves in this
+        // round's transmit, not a round (or, idle, a whole timeout) later.
+        let mut fired = 0;
         for i in 0..self.qps.len() {
             let Some(s) = self.qps[i].as_mut() else {
                 continue;
             };
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
+                fired += 1;
                 if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
                     self.qp_fatal(i, &msg);
                 }
             }
         }
+        let sent = self.transmit(now);
+        let received = self.receive(now);
         self.collect_completions();
-        sent + received > 0
+        sent + received + fired > 0
     }
 
     /// Contains a fault of the QP in slot `i`: error state (flushing its

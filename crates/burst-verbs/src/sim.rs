@@ -324,3 +324,263 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
     let mut fab = CoreFabric::new(seed, 2, faults);
     run_workload_on(&mut fab, seed, o)
 }
+
+/// Bytes of guard memory on each side of the harness's registered region.
+const GUARD: usize = 4096;
+/// The harness's registered region.
+const REGION: usize = 64 << 10;
+/// The canary byte the guard memory holds.
+const CANARY: u8 = 0xa5;
+
+/// The receive path under arbitrary input: a [`Device`] with live RC, UC
+/// and UD QPs (receives posted, memory registered inside guard memory)
+/// takes frames from a peer on a [`SimNet`]. Used by the `rx` fuzz target
+/// (`crates/burst-verbs/fuzz`) and by tests; [`RxHarness::check`] states
+/// what must hold after any input.
+pub struct RxHarness {
+    dev: Device<SimPort>,
+    peer: SimPort,
+    net: SimNet,
+    /// Guard, region, guard; only the middle is registered.
+    mem: Box<[u8]>,
+    rkey: u32,
+    va: u64,
+    qpns: [Qpn; 3],
+    now: Nanos,
+    frames: u64,
+    /// Contained faults (QP or device fatal events): bugs all the same.
+    faults: Vec<crate::AsyncEvent>,
+}
+
+impl std::fmt::Debug for RxHarness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RxHarness({} frames, {:?})", self.frames, self.dev)
+    }
+}
+
+impl Default for RxHarness {
+    fn default() -> Self {
+        RxHarness::new()
+    }
+}
+
+impl RxHarness {
+    /// A device at 198.18.0.2 with an RC and a UC QP connected to QPN
+    /// 0x100 at 198.18.0.1 (first PSN 0) and a UD QP (Q_Key 0x11111111),
+    /// eight receives posted on each, and 64 KiB registered with every right.
+    pub fn new() -> RxHarness {
+        let net = SimNet::new(1, SimFaults::default());
+        let peer = net.port(node_addr(0));
+        let mrs = Arc::new(MrTable::seeded(1));
+        let mut dev = Device::with_port(net.port(node_addr(1)), Mtu::Mtu1024, Arc::clone(&mrs));
+        let pd = dev.alloc_pd();
+        let mut mem = vec![CANARY; GUARD + REGION + GUARD].into_boxed_slice();
+        mem[GUARD..GUARD + REGION].fill(0);
+        // SAFETY: `mem` is kept (boxed: its bytes never move) until the
+        // harness drops, after the device (field order).
+        let keys = unsafe {
+            mrs.register(pd, mem.as_mut_ptr().add(GUARD), REGION, 0x10_0000, ALL)
+                .expect("a fresh table registers")
+        };
+        let peer_gid = crate::gid_of(node_addr(0).ip());
+        let ah = dev.create_ah(peer_gid);
+        let mut qpns = [Qpn::default(); 3];
+        for (i, t) in [QpType::Rc, QpType::Uc, QpType::Ud].into_iter().enumerate() {
+            let qpn = dev.create_qp(t, pd);
+            let peer =
+                (t != QpType::Ud).then(|| (ah, Qpn::new(0x100).unwrap_or_default(), Psn::new(0)));
+            for attr in connect_attrs(t, Mtu::Mtu1024, Psn::new(0), peer) {
+                dev.modify_qp(qpn, &attr)
+                    .expect("a valid connection sequence");
+            }
+            for r in 0..8u64 {
+                let wr = RecvWr {
+                    wr_id: r,
+                    sg_list: vec![burst_transport::Sge {
+                        addr: keys.addr + r * 4096,
+                        length: 4096,
+                        lkey: keys.lkey,
+                    }],
+                };
+                dev.post_recv(qpn, wr).expect("room for eight receives");
+            }
+            qpns[i] = qpn;
+        }
+        RxHarness {
+            dev,
+            peer,
+            net,
+            mem,
+            rkey: keys.rkey,
+            va: keys.addr,
+            qpns,
+            now: 0,
+            frames: 0,
+            faults: Vec::new(),
+        }
+    }
+
+    /// Feeds `data`, read as records `[kind, len_lo, len_hi, bytes...]`:
+    /// an even `kind` sends `bytes` as a frame as they are; an odd one
+    /// builds a valid packet of opcode `Opcode::ALL[kind / 2 % n]` for the
+    /// QP of its transport (addresses and keys inside the registered
+    /// region), XORs `bytes` over it and seals its ICRC, so mutations reach
+    /// the transport past the ICRC check. The device steps after each.
+    pub fn feed(&mut self, data: &[u8]) {
+        let mut rest = data;
+        while rest.len() >= 3 {
+            let kind = rest[0];
+            let len = (usize::from(rest[1]) | usize::from(rest[2]) << 8).min(rest.len() - 3);
+            let bytes = &rest[3..3 + len];
+            rest = &rest[3 + len..];
+            let frame = if kind % 2 == 0 {
+                bytes.to_vec()
+            } else {
+                self.mutated(kind / 2, bytes)
+            };
+            self.send(&frame);
+        }
+        // Let timers and responses run out.
+        for _ in 0..4 {
+            self.step(1_000_000);
+        }
+    }
+
+    fn mutated(&self, pick: u8, mask: &[u8]) -> Vec<u8> {
+        let all = burst_wire::Opcode::ALL;
+        let op = all[usize::from(pick) % all.len()];
+        let Some(info) = op.info() else {
+            return mask.to_vec();
+        };
+        let qpn = match info.transport {
+            burst_wire::Transport::Rc => self.qpns[0],
+            burst_wire::Transport::Uc => self.qpns[1],
+            _ => self.qpns[2],
+        };
+        let mut ib = burst_wire::IbRepr::new(burst_wire::BthRepr::new(op, qpn, Psn::new(0)));
+        let h = info.headers;
+        use burst_wire::HeaderSet;
+        if h.contains(HeaderSet::DETH) {
+            ib.deth = Some(burst_wire::DethRepr {
+                qkey: 0x1111_1111,
+                src_qp: Qpn::new(0x100).unwrap_or_default(),
+            });
+        }
+        if h.contains(HeaderSet::RETH) {
+            ib.reth = Some(burst_wire::RethRepr {
+                virtual_address: self.va + 512,
+                rkey: self.rkey,
+                dma_length: 256,
+            });
+        }
+        if h.contains(HeaderSet::ATOMIC_ETH) {
+            ib.atomic_eth = Some(burst_wire::AtomicEthRepr {
+                virtual_address: self.va + 4096,
+                rkey: self.rkey,
+                swap_add: 1,
+                compare: 0,
+            });
+        }
+        if h.contains(HeaderSet::AETH) {
+            ib.aeth = Some(burst_wire::AethRepr {
+                syndrome: burst_wire::Syndrome::from_byte(0x1f),
+                msn: 0,
+            });
+        }
+        if h.contains(HeaderSet::ATOMIC_ACK_ETH) {
+            ib.atomic_ack = Some(7);
+        }
+        if h.contains(HeaderSet::IMM_DT) {
+            ib.imm = Some(0x1234);
+        }
+        if h.contains(HeaderSet::IETH) {
+            ib.ieth = Some(self.rkey);
+        }
+        ib.payload_len = if info.has_payload { 256 } else { 0 };
+        let mut buf = vec![0u8; ib.buffer_len()];
+        if ib.emit(&mut buf).is_err() {
+            return mask.to_vec();
+        }
+        let covered = buf.len().saturating_sub(burst_wire::ICRC_LEN);
+        for (b, m) in buf[..covered].iter_mut().zip(mask) {
+            *b ^= m;
+        }
+        buf
+    }
+
+    fn send(&mut self, frame: &[u8]) {
+        let mut b = burst_io::PacketBuf::new();
+        let n = frame.len().min(b.data.len());
+        b.data[..n].copy_from_slice(&frame[..n]);
+        b.len = n;
+        b.peer = self.dev.port().local_addr();
+        use burst_io::Port;
+        self.peer.assign_ip_ids(std::slice::from_mut(&mut b));
+        // Seal what can be sealed: too short a frame goes as it is.
+        let _ = burst_io::seal(self.peer.local_addr(), b.peer, &mut b.data[..n], b.ip_id);
+        if self.peer.send_burst(std::slice::from_ref(&b)).unwrap_or(0) == 1 {
+            self.frames += 1;
+        }
+        self.step(10_000);
+    }
+
+    fn step(&mut self, dt: Nanos) {
+        use burst_io::Port;
+        self.now += dt;
+        self.net.set_now(self.now);
+        self.dev.progress_at(self.now);
+        let fatal = self
+            .dev
+            .take_async_events()
+            .into_iter()
+            .filter(|e| !matches!(e, crate::AsyncEvent::SrqLimitReached(_)));
+        self.faults.extend(fatal);
+        // Whatever the device answers is read and dropped.
+        let mut rx = burst_io::RxBatch::new(4);
+        while self.peer.recv_batch(&mut rx).is_ok_and(|n| n > 0) {}
+    }
+
+    /// What must hold after any input: no fault inside the data plane (a
+    /// contained panic still fails the check), no byte outside the
+    /// registered region changed, and the counters account for every frame (each one
+    /// was malformed, refused by its ICRC, for no QP, or handled by a QP).
+    pub fn check(&self) -> Result<(), String> {
+        if !self.faults.is_empty() {
+            return Err(format!(
+                "faults contained (bugs all the same): {:?}",
+                self.faults
+            ));
+        }
+        let (lo, hi) = (&self.mem[..GUARD], &self.mem[GUARD + REGION..]);
+        if let Some(i) = lo.iter().chain(hi).position(|&b| b != CANARY) {
+            return Err(format!(
+                "guard byte {i} outside the registered region was written"
+            ));
+        }
+        let c = self.dev.counters();
+        if c.rcvd_pkts != self.frames {
+            return Err(format!(
+                "{} frames sent, {} received",
+                self.frames, c.rcvd_pkts
+            ));
+        }
+        let accounted = c.malformed + c.icrc_errors + c.no_qp + c.qps.rcvd_pkts;
+        if accounted != c.rcvd_pkts {
+            return Err(format!(
+                "{} frames received, {accounted} accounted for: {c:?}",
+                c.rcvd_pkts
+            ));
+        }
+        Ok(())
+    }
+
+    /// Frames fed so far.
+    pub fn frames(&self) -> u64 {
+        self.frames
+    }
+
+    /// The device's counters.
+    pub fn counters(&self) -> crate::DeviceCounters {
+        self.dev.counters()
+    }
+}
