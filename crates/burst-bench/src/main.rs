@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use burst_wire::Mtu;
+use burst_verbs::wire::Mtu;
 use clap::{Parser, ValueEnum};
 
 use report::{Bw, Format, Lat};
@@ -330,7 +330,7 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
             o.send("COUNT 0")
         }
         Transport::RawUdp => {
-            let port_ = burst_io::UdpPort::bind(local).map_err(|e| e.to_string())?;
+            let port_ = burst_verbs::ports::UdpPort::bind(local).map_err(|e| e.to_string())?;
             let got = Arc::new(AtomicU64::new(0));
             let (st, g) = (Arc::clone(&stop), Arc::clone(&got));
             let (bw, events) = (run.test.is_bw(), run.p.events);
@@ -417,11 +417,11 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
             r
         }
         Transport::RawUdp => {
-            let mut udp = burst_io::UdpPort::bind(local).map_err(|e| e.to_string())?;
+            let mut udp = burst_verbs::ports::UdpPort::bind(local).map_err(|e| e.to_string())?;
             if o.recv()? != "READY" {
                 return Err("server not ready".into());
             }
-            let to = SocketAddr::new(server, burst_wire::ROCEV2_PORT);
+            let to = SocketAddr::new(server, burst_verbs::wire::ROCEV2_PORT);
             if run.test.is_bw() {
                 let counted = AtomicU64::new(0);
                 let mut b = rawudp::stream(

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use burst_io::{PacketBuf, Port, RxBatch, UdpPort, MAX_GSO_SEGMENTS};
+use burst_verbs::ports::{PacketBuf, Port, RxBatch, UdpPort, MAX_GSO_SEGMENTS};
 
 use crate::report::{Bw, Lat, Samples};
 

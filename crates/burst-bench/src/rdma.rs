@@ -6,12 +6,12 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use burst_mem::{Access, MrKeys};
-use burst_transport::*;
 use burst_verbs::config::DeviceConfig;
 use burst_verbs::engine::{CompletionQueue, Context, Engine, QueuePair};
+use burst_verbs::mem::{Access, MrKeys};
+use burst_verbs::transport::*;
+use burst_verbs::wire::{Mtu, Psn, Qpn};
 use burst_verbs::{QpInit, RcParams, RcPeer};
-use burst_wire::{Mtu, Psn, Qpn};
 
 use crate::report::{Bw, Lat, Samples};
 use crate::Test;

@@ -8,9 +8,9 @@
 
 use std::ffi::{c_int, c_void};
 
-use burst_transport::{QpType, SendOp, SendWr, Sge, UdDest, WorkCompletion};
 use burst_verbs::engine::{PostError, SendDesc, RING_MAX_INLINE, RING_MAX_SGE};
-use burst_wire::Qpn;
+use burst_verbs::transport::{QpType, SendOp, SendWr, Sge, UdDest, WorkCompletion};
+use burst_verbs::wire::Qpn;
 
 use crate::abi::*;
 use crate::device::ctx_of;

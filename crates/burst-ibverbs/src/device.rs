@@ -670,7 +670,7 @@ mod tests {
         let held = std::net::UdpSocket::bind("127.0.84.1:4791").unwrap();
         let Err(e) = burst_verbs::engine::Engine::start(
             held.local_addr().unwrap().ip(),
-            burst_wire::Mtu::Mtu1024,
+            burst_verbs::wire::Mtu::Mtu1024,
         ) else {
             panic!("the port is taken");
         };

@@ -13,11 +13,11 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use burst_mem::Access;
-use burst_transport::{QpAccess, QpAttr, QpState, QpType};
 use burst_verbs::engine::{CompChannel, CompletionQueue, CqId, QueuePair, SharedReceiveQueue};
+use burst_verbs::mem::Access;
+use burst_verbs::transport::{QpAccess, QpAttr, QpState, QpType};
+use burst_verbs::wire::{Mtu, Psn, Qpn};
 use burst_verbs::{AsyncEvent, QpCaps, QpInit, MAX_INLINE, MAX_QP_WR, MAX_SGE};
-use burst_wire::{Mtu, Psn, Qpn};
 
 use crate::abi::*;
 use crate::device::{ctx_of, Ctx, MAX_CQE};
@@ -67,7 +67,7 @@ fn ctx_from<'a>(context: *mut ibv_context) -> Option<&'a Ctx> {
 #[repr(C)]
 pub(crate) struct Pd {
     pub raw: ibv_pd,
-    pub pd: burst_mem::Pd,
+    pub pd: burst_verbs::mem::Pd,
 }
 
 unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
@@ -897,7 +897,7 @@ unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
             // Initiator depth: perftest sets the *peer's* device maximum
             // here (RXE reports 128). Issuing fewer READs/atomics at once
             // than allowed is always safe, so clamp instead of refusing.
-            t.max_rd_atomic = Some(a.max_rd_atomic.min(burst_transport::MAX_RD_ATOMIC));
+            t.max_rd_atomic = Some(a.max_rd_atomic.min(burst_verbs::transport::MAX_RD_ATOMIC));
         }
         if on(M_MIN_RNR_TIMER) {
             t.min_rnr_timer = Some(a.min_rnr_timer);

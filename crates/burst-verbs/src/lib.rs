@@ -13,6 +13,20 @@
 
 pub mod config;
 pub mod engine;
+
+/// The crates burst-verbs composes, for users that reach below the Verbs
+/// API (a port benchmark, a packet tool): one dependency brings them all,
+/// in the versions burst-verbs was built with.
+pub use {burst_io as ports, burst_mem as mem, burst_transport as transport, burst_wire as wire};
+
+// The Verbs vocabulary, re-exported: an application or the C library
+// names every type of the API through burst-verbs.
+pub use burst_mem::{Access, MrKeys, Pd, RegError};
+pub use burst_transport::{
+    QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, VerbsError,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+pub use burst_wire::{Mtu, Psn, Qpn};
 pub mod eventfd;
 pub mod netif;
 pub mod sim;
@@ -25,13 +39,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burst_io::{IcrcCheck, PacketBuf, Port, RxBatch, UdpPort, BURST, MAX_GSO_SEGMENTS};
-use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
-use burst_transport::{
-    Qp, QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, Srq, VerbsError,
-    WorkCompletion,
-};
+use burst_mem::MrTable;
+use burst_transport::{Qp, Srq};
 use burst_wire::icrc;
-use burst_wire::{IbPacket, Mtu, Psn, Qpn, ROCEV2_PORT};
+use burst_wire::{IbPacket, ROCEV2_PORT};
 
 /// Device-wide counters (names after RXE's where one exists).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -866,6 +877,9 @@ impl<P: Port> Device<P> {
             return;
         };
         let qpn = s.qp.qpn();
+        // A QP already failed raises no second event (a fault that repeats
+        // on every packet for it would flood the event queue).
+        let first = s.qp.state() != QpState::Err;
         tracing::error!(
             qpn = qpn.value(),
             "internal fault handling QP {qpn}: {msg}; QP moved to the error state"
@@ -887,7 +901,9 @@ impl<P: Port> Device<P> {
         while let Some(wc) = s.qp.poll_completion() {
             s.completions.push_back(wc);
         }
-        self.events.push(AsyncEvent::QpFatal(qpn));
+        if first {
+            self.events.push(AsyncEvent::QpFatal(qpn));
+        }
     }
 
     /// Fails the device after a fault outside any one QP (for an engine

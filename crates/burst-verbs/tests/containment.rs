@@ -12,10 +12,14 @@ use burst_verbs::engine::{Context, CqId, Engine};
 use burst_verbs::{AsyncEvent, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
-fn connect(c: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn) {
+/// `fast_fail`: a 1 ms ACK timeout and one retry, so a QP whose peer is
+/// gone fails quickly; else the defaults (robust on a loaded machine).
+fn connect(c: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn, fast_fail: bool) {
     let mut p = RcParams::new(Psn::new(1), Mtu::Mtu1024);
-    p.timeout = 8;
-    p.retry_cnt = 1;
+    if fast_fail {
+        p.timeout = 8;
+        p.retry_cnt = 1;
+    }
     let peer = RcPeer {
         gid: peer_gid,
         qpn: peer_qpn,
@@ -57,15 +61,15 @@ fn a_fault_handling_one_qp_fails_that_qp_only() {
     let (a, b) = (ea.context(), eb.context());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
-    let mk = || {
+    let mk = |fast_fail| {
         let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 16).unwrap();
         let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 16).unwrap();
-        connect(&a, qa, b.gid(), qb);
-        connect(&b, qb, a.gid(), qa);
+        connect(&a, qa, b.gid(), qb, fast_fail);
+        connect(&b, qb, a.gid(), qa, fast_fail);
         (qa, qb)
     };
-    let (qa1, qb1) = mk();
-    let (qa2, qb2) = mk();
+    let (qa1, qb1) = mk(true);
+    let (qa2, qb2) = mk(false);
     let mut sbuf = vec![9u8; 64];
     let mut rbuf = vec![0u8; 512];
     // SAFETY: both buffers outlive the engines (dropped first below).

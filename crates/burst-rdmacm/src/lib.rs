@@ -1,3 +1,0 @@
-//! C-ABI drop-in for rdma-core's librdmacm.so.1
-//!
-//! Not implemented yet: this crate is a placeholder in the workspace layout.
