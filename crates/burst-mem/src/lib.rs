@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use burst_dsa::CpuCopy;
+use burst_transport::memory::{check_invalidate, check_remote_access, RemoteRegion};
 use burst_transport::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess, Sge};
 
 pub use raw::Region;
@@ -281,6 +282,21 @@ impl MrTable {
     }
 }
 
+/// What the shared remote-access check (`burst_transport::memory`) sees of
+/// a registered region.
+fn remote_region(r: &Region) -> RemoteRegion {
+    let a = r.access();
+    RemoteRegion {
+        pd: r.pd(),
+        iova: r.iova(),
+        len: r.len(),
+        remote_write: a.contains(Access::REMOTE_WRITE),
+        remote_read: a.contains(Access::REMOTE_READ),
+        remote_atomic: a.contains(Access::REMOTE_ATOMIC),
+        invalidatable: false,
+    }
+}
+
 /// [`Memory`] over an [`MrTable`], copying through the copy engine.
 #[derive(Debug)]
 pub struct TableMemory<'a> {
@@ -338,20 +354,8 @@ impl Memory for TableMemory<'_> {
         len: u64,
         access: RemoteAccess,
     ) -> Result<(), MemError> {
-        let (r, _) = self.table.find(rkey, va, len)?;
-        if r.pd() != pd {
-            return Err(MemError::PdMismatch);
-        }
-        let need = match access {
-            RemoteAccess::Write => Access::REMOTE_WRITE,
-            RemoteAccess::Read => Access::REMOTE_READ,
-            RemoteAccess::Atomic => Access::REMOTE_ATOMIC,
-        };
-        if r.access().contains(need) {
-            Ok(())
-        } else {
-            Err(MemError::NoAccess)
-        }
+        let r = self.table.lookup(rkey).ok_or(MemError::BadKey(rkey))?;
+        check_remote_access(&remote_region(&r), pd, va, len, access).map(|_| ())
     }
 
     fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
@@ -380,11 +384,8 @@ impl Memory for TableMemory<'_> {
 
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
         // Memory windows and fast-registered MRs are what SEND WITH
-        // INVALIDATE targets; plain MRs cannot be invalidated remotely.
+        // INVALIDATE targets; an MR of ibv_reg_mr is never invalidatable.
         let r = self.table.lookup(rkey).ok_or(MemError::BadKey(rkey))?;
-        if r.pd() != pd {
-            return Err(MemError::PdMismatch);
-        }
-        Err(MemError::NoAccess)
+        check_invalidate(&remote_region(&r), pd)
     }
 }

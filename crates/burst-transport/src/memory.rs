@@ -82,6 +82,84 @@ pub trait Memory {
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError>;
 }
 
+/// What a remote access is checked against: a region (memory region, or a
+/// memory window later) as a key names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Its protection domain.
+    pub pd: u32,
+    /// First remote address (the IOVA of an MR).
+    pub iova: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// REMOTE_WRITE granted.
+    pub remote_write: bool,
+    /// REMOTE_READ granted.
+    pub remote_read: bool,
+    /// REMOTE_ATOMIC granted.
+    pub remote_atomic: bool,
+    /// Whether SEND WITH INVALIDATE may invalidate its key: memory windows
+    /// and fast-registered MRs, never an MR of `ibv_reg_mr` (as RXE).
+    pub invalidatable: bool,
+}
+
+/// The one remote-access check every [`Memory`] applies once the key has
+/// named a live region `r`: protection domain, bounds, rights, and for
+/// atomics 8-byte alignment (IBA 9.7.5.1.1: the responder validates R_Key,
+/// PD, address range and access rights before any side effect). Returns
+/// the offset of `va` in the region.
+///
+/// ```
+/// use burst_transport::memory::{check_remote_access, MemError, RemoteAccess, RemoteRegion};
+/// let r = RemoteRegion { pd: 1, iova: 0x1000, len: 64, remote_write: true, remote_read: false,
+///     remote_atomic: true, invalidatable: false };
+/// assert_eq!(check_remote_access(&r, 1, 0x1010, 16, RemoteAccess::Write), Ok(0x10));
+/// assert_eq!(check_remote_access(&r, 2, 0x1010, 16, RemoteAccess::Write), Err(MemError::PdMismatch));
+/// assert_eq!(check_remote_access(&r, 1, 0x1038, 16, RemoteAccess::Write), Err(MemError::OutOfBounds));
+/// assert_eq!(check_remote_access(&r, 1, 0x1000, 8, RemoteAccess::Read), Err(MemError::NoAccess));
+/// assert_eq!(check_remote_access(&r, 1, 0x1004, 8, RemoteAccess::Atomic), Err(MemError::Misaligned));
+/// ```
+pub fn check_remote_access(
+    r: &RemoteRegion,
+    pd: u32,
+    va: u64,
+    len: u64,
+    access: RemoteAccess,
+) -> Result<u64, MemError> {
+    if r.pd != pd {
+        return Err(MemError::PdMismatch);
+    }
+    let off = va.checked_sub(r.iova).ok_or(MemError::OutOfBounds)?;
+    if off.checked_add(len).is_none_or(|end| end > r.len) {
+        return Err(MemError::OutOfBounds);
+    }
+    let granted = match access {
+        RemoteAccess::Write => r.remote_write,
+        RemoteAccess::Read => r.remote_read,
+        RemoteAccess::Atomic => r.remote_atomic,
+    };
+    if !granted {
+        return Err(MemError::NoAccess);
+    }
+    if access == RemoteAccess::Atomic && va % 8 != 0 {
+        return Err(MemError::Misaligned);
+    }
+    Ok(off)
+}
+
+/// The one check of a SEND WITH INVALIDATE's key against the region it
+/// names: same protection domain, and a kind of region that may be
+/// invalidated ([`RemoteRegion::invalidatable`]).
+pub fn check_invalidate(r: &RemoteRegion, pd: u32) -> Result<(), MemError> {
+    if r.pd != pd {
+        return Err(MemError::PdMismatch);
+    }
+    if !r.invalidatable {
+        return Err(MemError::NoAccess);
+    }
+    Ok(())
+}
+
 /// Walks `len` bytes starting `offset` bytes into the concatenation of an SGE
 /// list, calling `f(sge, address, done, n)` for each piece: `n` bytes at
 /// `address` within `sge`, which are bytes `done..done + n` of the walk.

@@ -500,7 +500,9 @@ fn completions_in_posting_order_with_unsignaled_wrs() {
 fn send_with_invalidate_revokes_the_rkey() {
     let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
     let (k, a) = p.buf(0, 64, 1);
-    let (vk, va) = p.buf(1, 64, 0); // the region the peer will invalidate
+    // The region the peer will invalidate: a fast-registered MR or window
+    // (a plain MR cannot be invalidated: see the next test).
+    let (vk, va) = p.w.mems[1].register_invalidatable(1, 64, Access::ALL);
     let (rk, ra) = p.buf(1, 64, 0);
     p.post_recv(RecvWr {
         wr_id: 3,
@@ -688,4 +690,23 @@ fn a_read_without_responder_resources_is_an_invalid_request() {
     ));
     let (wa, _) = p.run(1, 0);
     assert_eq!(wa[0].status, WcStatus::RemInvReqErr, "{wa:?}");
+}
+
+/// SEND WITH INVALIDATE naming a plain MR's rkey (as `ibv_reg_mr` makes
+/// them) is refused, as RXE and burst-mem refuse it, through the one shared
+/// check: the receive completes with REM_INV_REQ_ERR and the sender is NAKed.
+#[test]
+fn send_with_invalidate_of_a_plain_mr_is_an_invalid_request() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let (k, a) = p.buf(0, 64, 1);
+    let (vk, _) = p.buf(1, 64, 0);
+    let (rk, ra) = p.buf(1, 64, 0);
+    p.post_recv(RecvWr {
+        wr_id: 3,
+        sg_list: sge(rk, ra, 64),
+    });
+    p.post_send(SendWr::new(1, SendOp::SendWithInv(vk), sge(k, a, 64)));
+    let (s, r) = p.run(1, 1);
+    assert_eq!(s[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(r[0].status, WcStatus::RemInvReqErr);
 }

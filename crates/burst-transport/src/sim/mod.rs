@@ -17,7 +17,10 @@ use burst_wire::{FrameRepr, IpRepr, Mtu, Psn, Qpn, RoceFrame, UdpRepr};
 
 pub mod cli;
 
-use crate::memory::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess};
+use crate::memory::{
+    check_invalidate, check_remote_access, walk_sges, AtomicOp, MemError, Memory, RemoteAccess,
+    RemoteRegion,
+};
 use crate::*;
 
 /// splitmix64: small, fast, and good enough for fault injection.
@@ -77,6 +80,24 @@ struct Region {
     data: Vec<u8>,
     access: Access,
     valid: bool,
+    /// A fast-registered MR or memory window (SEND WITH INVALIDATE may
+    /// invalidate it), not a plain MR.
+    invalidatable: bool,
+}
+
+impl Region {
+    /// What the shared remote-access check sees of it.
+    fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            pd: self.pd,
+            iova: self.addr,
+            len: self.data.len() as u64,
+            remote_write: self.access.remote_write,
+            remote_read: self.access.remote_read,
+            remote_atomic: self.access.remote_atomic,
+            invalidatable: self.invalidatable,
+        }
+    }
 }
 
 /// A node's memory: regions with one key serving as both lkey and rkey.
@@ -100,8 +121,20 @@ impl SimMemory {
                 data: vec![0; len],
                 access,
                 valid: true,
+                invalidatable: false,
             },
         );
+        (key, addr)
+    }
+
+    /// [`SimMemory::register`] as a region SEND WITH INVALIDATE may
+    /// invalidate (a fast-registered MR or memory window; a plain MR may
+    /// not be, as in burst-mem and RXE).
+    pub fn register_invalidatable(&mut self, pd: u32, len: usize, access: Access) -> (u32, u64) {
+        let (key, addr) = self.register(pd, len, access);
+        if let Some(r) = self.regions.get_mut(&key) {
+            r.invalidatable = true;
+        }
         (key, addr)
     }
     /// A region's bytes.
@@ -118,6 +151,14 @@ impl SimMemory {
     pub fn bytes_mut(&mut self, key: u32) -> &mut [u8] {
         &mut self.regions.get_mut(&key).expect("registered").data
     }
+    /// The live region `key` names.
+    fn live(&self, key: u32) -> Result<&Region, MemError> {
+        self.regions
+            .get(&key)
+            .filter(|r| r.valid)
+            .ok_or(MemError::BadKey(key))
+    }
+
     fn range(&self, key: u32, va: u64, len: u64) -> Result<(&Region, usize), MemError> {
         let r = self
             .regions
@@ -176,20 +217,8 @@ impl Memory for SimMemory {
         len: u64,
         access: RemoteAccess,
     ) -> Result<(), MemError> {
-        let (r, _) = self.range(rkey, va, len)?;
-        if r.pd != pd {
-            return Err(MemError::PdMismatch);
-        }
-        let ok = match access {
-            RemoteAccess::Write => r.access.remote_write,
-            RemoteAccess::Read => r.access.remote_read,
-            RemoteAccess::Atomic => r.access.remote_atomic,
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(MemError::NoAccess)
-        }
+        let r = self.live(rkey)?;
+        check_remote_access(&r.remote(), pd, va, len, access).map(|_| ())
     }
     fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
         let (r, off) = self.range(rkey, va, out.len() as u64)?;
@@ -203,9 +232,6 @@ impl Memory for SimMemory {
     }
     fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
         self.check_remote(pd, rkey, va, 8, RemoteAccess::Atomic)?;
-        if va % 8 != 0 {
-            return Err(MemError::Misaligned);
-        }
         let (_, off) = self.range(rkey, va, 8)?;
         let cell = &mut self.bytes_mut(rkey)[off..off + 8];
         let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| MemError::OutOfBounds)?);
@@ -223,15 +249,10 @@ impl Memory for SimMemory {
         Ok(orig)
     }
     fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        let r = self
-            .regions
-            .get_mut(&rkey)
-            .filter(|r| r.valid)
-            .ok_or(MemError::BadKey(rkey))?;
-        if r.pd != pd {
-            return Err(MemError::PdMismatch);
+        check_invalidate(&self.live(rkey)?.remote(), pd)?;
+        if let Some(r) = self.regions.get_mut(&rkey) {
+            r.valid = false;
         }
-        r.valid = false;
         Ok(())
     }
 }
