@@ -493,7 +493,7 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     current(qpx, |q, w| {
-        w.sg_list = vec![Sge { addr, length, lkey }];
+        w.sg_list = burst_verbs::transport::SgList::from_slice(&[Sge { addr, length, lkey }]);
         finish_inline(q, w)
     });
 }
@@ -504,7 +504,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const
             return Err(libc::EINVAL);
         }
         // SAFETY: the caller's list holds n SGEs.
-        w.sg_list = unsafe { sges(list, n as c_int) };
+        w.sg_list = unsafe { sges(list, n as c_int) }.into();
         finish_inline(q, w)
     });
 }
@@ -543,7 +543,7 @@ fn set_inline(q: &Qp, w: &mut SendWr, bufs: &[(u64, usize)]) -> Result<(), c_int
         .collect();
     // SAFETY: the application's buffers, readable (its contract).
     w.inline_data = Some(unsafe { gather_inline(&list) });
-    w.sg_list = list;
+    w.sg_list = list.into();
     w.inline = true;
     Ok(())
 }

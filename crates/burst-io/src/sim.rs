@@ -223,11 +223,17 @@ impl Inner {
                 at = at.max(r.fifo + service);
                 r.fifo = at;
             }
+            // The last copy takes the bytes; a duplicate gets a clone.
+            let bytes = if c + 1 == copies {
+                std::mem::take(&mut bytes)
+            } else {
+                bytes.clone()
+            };
             r.queue.push(Reverse(Frame {
                 at,
                 seq,
                 src,
-                bytes: bytes.clone(),
+                bytes,
                 ip_id,
                 ecn,
             }));

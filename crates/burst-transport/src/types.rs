@@ -118,8 +118,10 @@ pub struct SendWr {
     pub wr_id: u64,
     /// Operation.
     pub op: SendOp,
-    /// Local buffers (gathered for sends and writes, scattered for reads and atomics).
-    pub sg_list: Vec<Sge>,
+    /// Local buffers (gathered for sends and writes, scattered for reads and
+    /// atomics), held inline up to [`SG_INLINE`] entries: posting a work
+    /// request allocates nothing.
+    pub sg_list: SgList,
     /// IBV_SEND_INLINE: the data is captured when posted.
     pub inline: bool,
     /// IBV_SEND_SIGNALED: generate a completion on success.
@@ -135,13 +137,28 @@ pub struct SendWr {
     pub inline_data: Option<Vec<u8>>,
 }
 
+/// SGEs a [`SendWr`] holds without a heap allocation (what a burst ring
+/// entry holds, and more than any RNIC's usual `max_sge` for sends).
+pub const SG_INLINE: usize = 8;
+
+/// The scatter/gather list of a [`SendWr`]: a vector that keeps up to
+/// [`SG_INLINE`] entries inline (`From<Vec<Sge>>`, `from_slice`, and
+/// `Deref<Target = [Sge]>` as a `Vec` would).
+pub type SgList = smallvec::SmallVec<[Sge; SG_INLINE]>;
+
 impl SendWr {
     /// A signaled work request with no flags.
-    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
+    ///
+    /// ```
+    /// use burst_transport::{SendOp, SendWr, Sge};
+    /// let wr = SendWr::new(7, SendOp::Send, vec![Sge { addr: 0x1000, length: 64, lkey: 1 }]);
+    /// assert!(!wr.sg_list.spilled(), "held inline, no heap allocation");
+    /// ```
+    pub fn new(wr_id: u64, op: SendOp, sg_list: impl Into<SgList>) -> SendWr {
         SendWr {
             wr_id,
             op,
-            sg_list,
+            sg_list: sg_list.into(),
             inline: false,
             signaled: true,
             fence: false,

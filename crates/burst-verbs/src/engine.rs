@@ -65,7 +65,7 @@ impl SendWqe {
         let mut wr = SendWr::new(
             self.wr_id,
             self.op,
-            self.sges[..usize::from(self.num_sge)].to_vec(),
+            burst_transport::SgList::from_slice(&self.sges[..usize::from(self.num_sge)]),
         );
         wr.signaled = self.signaled;
         wr.fence = self.fence;
@@ -153,6 +153,44 @@ impl CompChannel {
             return self.events.pop();
         }
         None
+    }
+}
+
+/// The MPSC doorbell queue: posting threads push the QPN (or SRQ) whose ring
+/// has new entries, the engine pops them. Bounded, so ringing never
+/// allocates (an unbounded segment queue allocated a block every 31
+/// pushes); a doorbell that finds the queue full sets a flag that makes the
+/// engine visit every ring once, so no posted WQE waits forever.
+#[derive(Debug)]
+struct Doorbells {
+    queue: ArrayQueue<u32>,
+    overflow: AtomicBool,
+}
+
+impl Doorbells {
+    /// Doorbells the queue holds: far more than posts between two engine
+    /// rounds.
+    const DEPTH: usize = 1 << 16;
+
+    fn new() -> Doorbells {
+        Doorbells {
+            queue: ArrayQueue::new(Doorbells::DEPTH),
+            overflow: AtomicBool::new(false),
+        }
+    }
+
+    fn ring(&self, bell: u32) {
+        if self.queue.push(bell).is_err() {
+            self.overflow.store(true, Ordering::Release);
+        }
+    }
+
+    fn pop(&self) -> Option<u32> {
+        self.queue.pop()
+    }
+
+    fn take_overflow(&self) -> bool {
+        self.overflow.swap(false, Ordering::AcqRel)
     }
 }
 
@@ -263,7 +301,7 @@ enum Control {
 
 struct Shared {
     mrs: Arc<MrTable>,
-    doorbell: SegQueue<u32>,
+    doorbell: Doorbells,
     /// Indexed by QPN - FIRST_QPN.
     rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
     srqs: std::sync::RwLock<Vec<Option<Arc<ArrayQueue<RecvWqe>>>>>,
@@ -403,7 +441,7 @@ impl Engine {
         let (control, control_rx) = bounded(64);
         let shared = Arc::new(Shared {
             mrs,
-            doorbell: SegQueue::new(),
+            doorbell: Doorbells::new(),
             rings: std::sync::RwLock::new(Vec::new()),
             srqs: std::sync::RwLock::new(Vec::new()),
             cqs: std::sync::RwLock::new(Vec::new()),
@@ -635,8 +673,16 @@ impl Core {
             busy = true;
             control(dev, c);
         }
-        // Doorbells: move posted WQEs from the rings into the transport.
-        while let Some(bell) = shared.doorbell.pop() {
+        // Doorbells: move posted WQEs from the rings into the transport. A
+        // doorbell lost to a full queue is made up by visiting every ring.
+        let mut missed: Vec<u32> = Vec::new();
+        if shared.doorbell.take_overflow() {
+            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+            missed.extend(rings.iter().flatten().map(|r| r.qpn.value()));
+            let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
+            missed.extend((0..srqs.len() as u32).map(|i| SRQ_DOORBELL | i));
+        }
+        while let Some(bell) = shared.doorbell.pop().or_else(|| missed.pop()) {
             busy = true;
             if bell & SRQ_DOORBELL != 0 {
                 let id = SrqId(bell & !SRQ_DOORBELL);
@@ -1171,7 +1217,7 @@ impl Context {
             e.inline_len = data.len() as u16;
         }
         ring.send.push(e).map_err(|_| PostError::Full)?;
-        self.shared.doorbell.push(ring.qpn.value());
+        self.shared.doorbell.ring(ring.qpn.value());
         self.progress_transmit();
         Ok(())
     }
@@ -1180,7 +1226,7 @@ impl Context {
     pub fn post_recv(&self, qpn: Qpn, wr: &RecvWr) -> Result<(), PostError> {
         let ring = self.ring(qpn)?;
         ring.recv.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
-        self.shared.doorbell.push(qpn.value());
+        self.shared.doorbell.ring(qpn.value());
         // No step: the WQE is taken at the next step (a post_send or a poll
         // of an empty CQ). Stepping here would send the deferred ACK of the
         // message just received alone, a system call before the reply the
@@ -1297,7 +1343,7 @@ impl QueuePair {
             .recv
             .push(recv_wqe_parts(wr_id, sges)?)
             .map_err(|_| PostError::Full)?;
-        self.ctx.shared.doorbell.push(self.rings.qpn.value());
+        self.ctx.shared.doorbell.ring(self.rings.qpn.value());
         // No step: see `Context::post_recv`.
         Ok(())
     }
@@ -1350,7 +1396,7 @@ impl SharedReceiveQueue {
         self.ring
             .push(recv_wqe_parts(wr_id, sges)?)
             .map_err(|_| PostError::Full)?;
-        self.ctx.shared.doorbell.push(SRQ_DOORBELL | self.id.0);
+        self.ctx.shared.doorbell.ring(SRQ_DOORBELL | self.id.0);
         // No step: see `Context::post_recv`.
         Ok(())
     }

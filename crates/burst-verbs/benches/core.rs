@@ -1,0 +1,142 @@
+//! Data-plane cost per packet: the whole core, not only the transport. Two
+//! `Device`s over the in-memory port move an RDMA WRITE stream at path MTU
+//! 4096 with real memory registration: the sender builds headers, gathers
+//! the payload from registered memory and seals the ICRC; the receiver
+//! checks the ICRC, demuxes, checks the rkey and places the payload; ACKs
+//! flow back. `SimNet` adds its own copy per packet (the frame is queued
+//! as bytes) and one more into the receive batch, so this is an upper
+//! bound of what a zero-copy port would cost. Throughput is in packets.
+//!
+//! `cargo bench -p burst-verbs --bench core` (next to it:
+//! `cargo bench -p burst-transport --bench transport`, protocol only)
+
+use std::sync::Arc;
+
+use burst_verbs::ports::{SimFaults, SimNet, SimPort};
+use burst_verbs::{
+    Access, Device, MrKeys, Mtu, Psn, QpAccess, QpType, RcParams, RcPeer, SendOp, SendWr, Sge,
+    WcStatus,
+};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+const PKTS: usize = 64;
+const MTU: usize = 4096;
+
+struct Pair {
+    a: Device<SimPort>,
+    b: Device<SimPort>,
+    net: SimNet,
+    qa: burst_verbs::Qpn,
+    src: MrKeys,
+    dst: MrKeys,
+    now: u64,
+    _bufs: (Vec<u8>, Vec<u8>),
+}
+
+fn pair() -> Pair {
+    // No link rate or send-queue limit: the bench times the CPU work.
+    let faults = SimFaults {
+        link_gbps: 0,
+        tx_queue_ns: 0,
+        jitter_ns: 1,
+        delay_ns: 1,
+        ..SimFaults::default()
+    };
+    let net = SimNet::new(1, faults);
+    let dev = |ip: &str| {
+        let port = net.port(format!("{ip}:4791").parse().unwrap());
+        Device::with_port(port, Mtu::Mtu4096, Arc::default())
+    };
+    let (mut a, mut b) = (dev("198.18.0.1"), dev("198.18.0.2"));
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let qa = a.create_qp(QpType::Rc, pa);
+    let qb = b.create_qp(QpType::Rc, pb);
+    let mut p = RcParams::new(Psn::new(0), Mtu::Mtu4096);
+    p.access = QpAccess {
+        remote_write: true,
+        remote_read: true,
+        remote_atomic: true,
+    };
+    let (ga, gb) = (a.gid(), b.gid());
+    a.connect_rc(
+        qa,
+        RcPeer {
+            gid: gb,
+            qpn: qb,
+            psn: Psn::new(0),
+        },
+        &p,
+    )
+    .unwrap();
+    b.connect_rc(
+        qb,
+        RcPeer {
+            gid: ga,
+            qpn: qa,
+            psn: Psn::new(0),
+        },
+        &p,
+    )
+    .unwrap();
+    let mut sbuf = vec![7u8; PKTS * MTU];
+    let mut dbuf = vec![0u8; PKTS * MTU];
+    let all = Access(1 | 2 | 4 | 8);
+    // SAFETY: the buffers move into the Pair, which drops the devices first
+    // (field order): the heap bytes stay put and outlive the registrations.
+    let (src, dst) = unsafe {
+        (
+            a.reg_mr(pa, sbuf.as_mut_ptr(), sbuf.len(), all).unwrap(),
+            b.reg_mr(pb, dbuf.as_mut_ptr(), dbuf.len(), all).unwrap(),
+        )
+    };
+    Pair {
+        a,
+        b,
+        net,
+        qa,
+        src,
+        dst,
+        now: 0,
+        _bufs: (sbuf, dbuf),
+    }
+}
+
+impl Pair {
+    /// One signaled WRITE of `PKTS` packets, driven to its completion.
+    fn write(&mut self) {
+        let wr = SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: self.dst.addr,
+                rkey: self.dst.rkey,
+            },
+            vec![Sge {
+                addr: self.src.addr,
+                length: (PKTS * MTU) as u32,
+                lkey: self.src.lkey,
+            }],
+        );
+        self.a.post_send_quiet(self.qa, wr).unwrap();
+        loop {
+            self.now += 1_000;
+            self.net.set_now(self.now);
+            self.a.progress_at(self.now);
+            self.b.progress_at(self.now);
+            if let Some(wc) = self.a.take_completion(self.qa) {
+                assert_eq!(wc.status, WcStatus::Success);
+                return;
+            }
+        }
+    }
+}
+
+fn core(c: &mut Criterion) {
+    let mut g = c.benchmark_group("core");
+    g.throughput(Throughput::Elements(PKTS as u64));
+    let mut p = pair();
+    g.bench_function("rc_write_4k_per_packet", |b| b.iter(|| p.write()));
+    g.finish();
+}
+
+criterion_group!(benches, core);
+criterion_main!(benches);
