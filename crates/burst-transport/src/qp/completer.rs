@@ -1,0 +1,276 @@
+//! The completer (IBA ch. 9.7, response handling; RXE's `rxe_comp.c`):
+//! ACKs, NAKs, READ responses and atomic ACKs retire sent packets, place
+//! READ data and atomic results, and complete work requests strictly in
+//! posting order. An ACK of PSN n implicitly acknowledges every earlier
+//! PSN except READ and atomic requests whose responses are missing, which
+//! are asked for again; a PSN sequence error NAK goes back to its PSN; any
+//! other NAK fails the oldest work request and moves the QP to the error
+//! state.
+
+use super::*;
+
+impl Qp {
+    /// Completes the oldest unfinished send WR with `status` and moves the QP
+    /// to the error state (which flushes the rest).
+    pub(super) fn fail_front(&mut self, status: WcStatus) {
+        if let Some(w) = self.req.sq.iter_mut().find(|w| !w.done) {
+            w.done = true;
+            w.status = status;
+        }
+        self.complete_in_order();
+        self.enter_error();
+    }
+
+    pub(super) fn complete_in_order(&mut self) {
+        // Every PSN of a finished WQE is acknowledged, even when the
+        // finishing response (an atomic ACK, the last READ response) came
+        // while an older READ was still missing data.
+        let floor = self
+            .req
+            .sq
+            .iter()
+            .find(|w| !w.done)
+            .map_or(self.req.next_psn, |w| {
+                w.first_psn.unwrap_or(self.req.next_psn)
+            });
+        if self.req.una_psn.distance_to(floor) > 0 {
+            self.req.una_psn = floor;
+            if floor == self.req.next_psn {
+                self.req.timer = None;
+            }
+        }
+        let qpn = self.cfg.qpn;
+        while self.req.sq.front().is_some_and(|w| w.done) {
+            let Some(w) = self.req.sq.pop_front() else {
+                break;
+            };
+            self.req.send_idx = self.req.send_idx.saturating_sub(1);
+            if w.first_psn.is_some() && w.wr.op.is_read_or_atomic() && w.status == WcStatus::Success
+            {
+                self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
+            }
+            if w.status != WcStatus::Success || w.wr.signaled {
+                self.completions.push_back(WorkCompletion {
+                    wr_id: w.wr.wr_id,
+                    status: w.status,
+                    opcode: w.wr.op.wc_opcode(),
+                    byte_len: if matches!(w.wr.op, SendOp::Read { .. }) || w.wr.op.is_atomic() {
+                        w.len as u32
+                    } else {
+                        0
+                    },
+                    imm_data: None,
+                    invalidated_rkey: None,
+                    qp_num: qpn,
+                    src_qp: Qpn::default(),
+                    grh: false,
+                });
+            }
+            if w.status != WcStatus::Success && self.state != QpState::Err {
+                self.enter_error();
+                return;
+            }
+        }
+    }
+
+    /// Marks everything up to and including `psn` acknowledged.
+    pub(super) fn ack_upto(&mut self, now: Nanos, psn: Psn) -> Option<Psn> {
+        let mut lost_response = None;
+        let mut progress = false;
+        for w in self.req.sq.iter_mut() {
+            let (Some(_first), Some(last)) = (w.first_psn, w.last_psn()) else {
+                break;
+            };
+            if w.done {
+                continue;
+            }
+            if last.distance_to(psn) < 0 {
+                break;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                // The responder went past a READ/atomic whose response we
+                // lack: ask again from the first missing PSN.
+                if lost_response.is_none() {
+                    lost_response = Some(w.first_psn.unwrap_or_default() + w.read_got);
+                }
+                continue;
+            }
+            if lost_response.is_none() {
+                w.done = true;
+                progress = true;
+            }
+        }
+        // The oldest unacknowledged PSN never passes a READ or atomic whose
+        // response is missing, so the retransmit timer keeps guarding it.
+        let new_una = match lost_response {
+            Some(l) if l.distance_to(psn + 1) > 0 => l,
+            _ => psn + 1,
+        };
+        if self.req.una_psn.distance_to(new_una) > 0 && new_una.distance_to(self.req.next_psn) >= 0
+        {
+            let acked = self.req.una_psn.distance_to(new_una) as u32;
+            if self.req.cwnd != 0 {
+                self.req.cwnd =
+                    (self.req.cwnd + (acked / 16).max(1)).min(self.cfg.max_inflight_packets.max(1));
+            }
+            self.req.una_psn = new_una;
+            progress = true;
+        }
+        if progress {
+            self.req.retry_left = self.attrs.retry_cnt;
+            self.req.rnr_left = self.attrs.rnr_retry;
+            self.req.timer = (self.req.una_psn != self.req.next_psn)
+                .then(|| self.ack_timeout_ns().map(|d| now + d))
+                .flatten();
+        }
+        lost_response
+    }
+
+    pub(super) fn handle_response(
+        &mut self,
+        now: Nanos,
+        pkt: &IbPacket<&[u8]>,
+        mem: &mut impl Memory,
+    ) {
+        if self.cfg.qp_type != QpType::Rc {
+            return;
+        }
+        let psn = pkt.bth().psn();
+        // Responses for PSNs never sent are ghosts.
+        if psn.distance_to(self.req.next_psn) <= 0 || self.req.una_psn.distance_to(psn) < -(1 << 22)
+        {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        let syndrome = pkt.aeth().map(|a| Syndrome::from_byte(a.syndrome()));
+        match pkt.info().operation {
+            Operation::Acknowledge => match syndrome {
+                Some(Syndrome::Ack(_)) => {
+                    if let Some(p) = self.ack_upto(now, psn) {
+                        self.rewind(p);
+                    }
+                }
+                Some(Syndrome::RnrNak(t)) => {
+                    self.counters.rcvd_rnr_err += 1;
+                    // A READ or atomic before the NAKed PSN whose response is
+                    // missing is asked for again first.
+                    let lost = self.ack_upto(now, psn - 1);
+                    if self.req.rnr_left == 0 {
+                        self.counters.retry_rnr_exceeded_err += 1;
+                        self.fail_front(WcStatus::RnrRetryExcErr);
+                    } else {
+                        if self.req.rnr_left != 7 {
+                            self.req.rnr_left -= 1;
+                        }
+                        self.req.last_rewind = None;
+                        self.rewind(lost.unwrap_or(psn));
+                        self.req.rnr_until = Some(now + u64::from(RnrTimer(t.0).micros()) * 1000);
+                        self.req.timer = None;
+                    }
+                }
+                Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                    self.counters.rcvd_seq_err += 1;
+                    let lost = self.ack_upto(now, psn - 1);
+                    self.rewind(lost.unwrap_or(psn));
+                }
+                Some(Syndrome::Nak(code)) => {
+                    self.counters.rcvd_err_nak += 1;
+                    let _ = self.ack_upto(now, psn - 1);
+                    let status = match code {
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                        _ => WcStatus::RemInvReqErr,
+                    };
+                    self.fail_front(status);
+                }
+                _ => self.counters.dropped_pkts += 1,
+            },
+            Operation::AtomicAcknowledge => {
+                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+                    return;
+                };
+                if !self.req.sq[i].wr.op.is_atomic() || self.req.sq[i].done {
+                    return;
+                }
+                let _ = self.ack_upto(now, psn - 1);
+                let orig = pkt.atomic_ack_eth().map_or(0, |a| a.original());
+                let w = &mut self.req.sq[i];
+                let res = mem.write_local(&w.wr.sg_list, 0, &orig.to_ne_bytes());
+                w.done = true;
+                w.status = if res.is_ok() {
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                };
+                let _ = self.ack_upto(now, psn);
+            }
+            Operation::RdmaReadResponse => {
+                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+                    return;
+                };
+                let mtu = self.attrs.mtu.bytes() as u64;
+                let w = &self.req.sq[i];
+                if !matches!(w.wr.op, SendOp::Read { .. }) || w.done {
+                    return;
+                }
+                let first = w.first_psn.unwrap_or_default();
+                let expected = first + w.read_got;
+                let d = expected.distance_to(psn);
+                if d < 0 {
+                    return; // duplicate response
+                }
+                if d > 0 {
+                    self.counters.rcvd_seq_err += 1;
+                    self.rewind(expected);
+                    return;
+                }
+                let k = w.read_got;
+                let pos = pkt.info().position;
+                let last = k + 1 == w.npsn;
+                let len_ok = match pos {
+                    Some(Position::Only) => last && pkt.payload_len() as u64 == w.len,
+                    Some(Position::First) => k == 0 && !last && pkt.payload_len() as u64 == mtu,
+                    Some(Position::Middle) => k > 0 && !last && pkt.payload_len() as u64 == mtu,
+                    Some(Position::Last) => {
+                        k > 0 && last && pkt.payload_len() as u64 == w.len - u64::from(k) * mtu
+                    }
+                    None => false,
+                };
+                if !len_ok {
+                    // A response of the wrong shape: after a re-request the
+                    // responder restarts with FIRST/ONLY, which is fine when
+                    // it lines up with what we still miss.
+                    let restart = matches!(pos, Some(Position::First | Position::Only))
+                        && pkt.payload_len() as u64 <= w.len - u64::from(k) * mtu;
+                    if !restart {
+                        self.counters.dropped_pkts += 1;
+                        return;
+                    }
+                }
+                if k == 0 || matches!(pos, Some(Position::First | Position::Only)) {
+                    let _ = self.ack_upto(now, first - 1);
+                }
+                let w = &mut self.req.sq[i];
+                if mem
+                    .write_local(&w.wr.sg_list, u64::from(k) * mtu, pkt.payload())
+                    .is_err()
+                {
+                    w.done = true;
+                    w.status = WcStatus::LocProtErr;
+                } else {
+                    w.read_got += 1;
+                    if w.read_got >= w.npsn {
+                        w.done = true;
+                    }
+                }
+                let _ = self.ack_upto(now, psn);
+            }
+            _ => {}
+        }
+        self.req.last_rewind = self
+            .req
+            .last_rewind
+            .filter(|r| self.req.una_psn.distance_to(*r) >= 0);
+        self.complete_in_order();
+    }
+}

@@ -1,0 +1,863 @@
+//! One queue pair: the QP state machine, the requester (send queue) and the
+//! responder (receive queue) of RC, UC and UD, driven quinn-style by posted
+//! work, received packets and time.
+
+mod completer;
+mod requester;
+mod responder;
+mod unreliable;
+
+use std::collections::VecDeque;
+
+use burst_wire::{
+    AethRepr, AtomicEthRepr, BthRepr, Credits, DethRepr, IbPacket, IbRepr, Mtu, NakCode, Opcode,
+    Operation, Position, Psn, Qpn, RethRepr, RnrTimer, Syndrome, Transport,
+};
+
+use crate::counters::Counters;
+use crate::memory::{AtomicOp, MemError, Memory, RemoteAccess};
+use crate::types::*;
+use crate::{Srq, VerbsError};
+
+/// Payload of a packet to transmit: a reference to where the bytes are, never
+/// a copy. Its length is the packet's `ib.payload_len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// No payload.
+    None,
+    /// Bytes at `offset` of a local SGE list (SEND and WRITE data).
+    Local {
+        /// The work request's SGEs.
+        sges: &'a [Sge],
+        /// Byte offset into their concatenation.
+        offset: u64,
+    },
+    /// Inline data captured when the work request was posted.
+    Inline(&'a [u8]),
+    /// Bytes of remote-accessible memory (READ responses), already checked.
+    Remote {
+        /// Region key.
+        rkey: u32,
+        /// Address.
+        va: u64,
+    },
+}
+
+/// A packet the caller must build and send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit<'a> {
+    /// Transport headers (the caller adds Ethernet/IP/UDP and the ICRC).
+    pub ib: IbRepr,
+    /// Where the payload is.
+    pub payload: Payload<'a>,
+    /// The caller's address handle of the destination.
+    pub ah: u32,
+}
+
+impl Transmit<'_> {
+    /// Gathers the payload into `out` (exactly `ib.payload_len` bytes).
+    pub fn gather(&self, mem: &impl Memory, out: &mut [u8]) -> Result<(), MemError> {
+        match self.payload {
+            Payload::None => Ok(()),
+            Payload::Local { sges, offset } => mem.read_local(sges, offset, out),
+            Payload::Inline(d) => {
+                out.copy_from_slice(&d[..out.len()]);
+                Ok(())
+            }
+            Payload::Remote { rkey, va } => mem.read_remote(rkey, va, out),
+        }
+    }
+}
+
+/// Attributes set by `modify`.
+#[derive(Debug, Clone, Copy)]
+struct Attrs {
+    access: QpAccess,
+    qkey: u32,
+    ah: u32,
+    mtu: Mtu,
+    dest_qpn: Qpn,
+    max_dest_rd_atomic: u8,
+    min_rnr_timer: u8,
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    max_rd_atomic: u8,
+}
+
+/// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted.
+pub const MAX_RD_ATOMIC: u8 = 16;
+
+#[derive(Debug)]
+struct SendWqe {
+    wr: SendWr,
+    inline: Vec<u8>,
+    len: u64,
+    first_psn: Option<Psn>,
+    /// PSNs the operation uses (READ: its response packets).
+    npsn: u32,
+    /// Next packet (index from `first_psn`) to (re)transmit.
+    next_pkt: u32,
+    /// READ response packets placed so far.
+    read_got: u32,
+    done: bool,
+    status: WcStatus,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Option<Psn> {
+        self.first_psn.map(|p| p + (self.npsn - 1))
+    }
+    fn contains(&self, psn: Psn) -> bool {
+        self.first_psn.is_some_and(|f| {
+            let d = f.distance_to(psn);
+            d >= 0 && (d as u32) < self.npsn
+        })
+    }
+    /// Bound of `next_pkt`: PSN index past the last one to (re)send. A READ
+    /// request covers all its response PSNs; an atomic uses one.
+    fn request_pkts(&self) -> u32 {
+        if self.wr.op.is_atomic() {
+            1
+        } else {
+            self.npsn
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Requester {
+    sq: VecDeque<SendWqe>,
+    next_psn: Psn,
+    una_psn: Psn,
+    send_idx: usize,
+    rd_atomic_inflight: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    timer: Option<Nanos>,
+    rnr_until: Option<Nanos>,
+    /// PSN of the last go-back, so a burst of duplicates does not rewind twice.
+    last_rewind: Option<Psn>,
+    /// First PSN never transmitted: anything before it is a retransmission.
+    sent_high: Psn,
+    /// Packets the requester lets be in flight now (0 until the first
+    /// loss: the configured maximum). A go-back halves it (a receiver whose
+    /// queue overflowed gets a smaller burst next time, instead of the same
+    /// overflow until the retry count runs out); acknowledged packets grow
+    /// it back by a sixteenth of their number (about 6% per round trip).
+    cwnd: u32,
+}
+
+/// The smallest packet window a go-back shrinks to.
+const MIN_WINDOW: u32 = 16;
+
+#[derive(Debug)]
+enum Out {
+    Ack,
+    Nak(Syndrome, Psn),
+    AtomicAck { psn: Psn, orig: u64 },
+    Read(ReadJob),
+}
+
+/// A READ or atomic request the responder executed, kept to answer its
+/// duplicates.
+#[derive(Debug, Clone, Copy)]
+enum RdResource {
+    Read { first_psn: Psn, npkts: u32 },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+impl RdResource {
+    fn contains(&self, psn: Psn) -> bool {
+        match *self {
+            RdResource::Read { first_psn, npkts } => {
+                let d = first_psn.distance_to(psn);
+                d >= 0 && (d as u32) < npkts
+            }
+            RdResource::Atomic { psn: p, .. } => p == psn,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ReadJob {
+    rkey: u32,
+    va: u64,
+    len: u64,
+    first_psn: Psn,
+    npkts: u32,
+    next_pkt: u32,
+}
+
+#[derive(Debug)]
+struct RecvInProgress {
+    wr: RecvWr,
+    offset: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct WriteInProgress {
+    rkey: u32,
+    va: u64,
+    remaining: u64,
+    total: u64,
+}
+
+#[derive(Debug, Default)]
+struct Responder {
+    epsn: Psn,
+    msn: u32,
+    rq: VecDeque<RecvWr>,
+    cur_recv: Option<RecvInProgress>,
+    cur_write: Option<WriteInProgress>,
+    /// A NAK (sequence or RNR) is outstanding: stay quiet until the gap fills.
+    nak_outstanding: bool,
+    out: VecDeque<Out>,
+    /// The last `max_dest_rd_atomic` READ and atomic requests executed: all
+    /// a duplicate of one may be answered from (RXE's responder resources).
+    resources: VecDeque<RdResource>,
+    unacked_pkts: u32,
+    /// The last ACK psn put in `out`, to coalesce.
+    ack_psn: Psn,
+}
+
+/// A queue pair's transport state.
+#[derive(Debug)]
+pub struct Qp {
+    cfg: QpConfig,
+    state: QpState,
+    attrs: Attrs,
+    req: Requester,
+    resp: Responder,
+    completions: VecDeque<WorkCompletion>,
+    counters: Counters,
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+impl Qp {
+    /// A QP in the RESET state.
+    pub fn new(cfg: QpConfig) -> Qp {
+        Qp {
+            cfg,
+            state: QpState::Reset,
+            attrs: Attrs {
+                access: QpAccess::default(),
+                qkey: 0,
+                ah: 0,
+                mtu: cfg.port_mtu,
+                dest_qpn: Qpn::default(),
+                max_dest_rd_atomic: 0,
+                min_rnr_timer: 0,
+                timeout: 0,
+                retry_cnt: 0,
+                rnr_retry: 0,
+                max_rd_atomic: 0,
+            },
+            req: Requester::default(),
+            resp: Responder::default(),
+            completions: VecDeque::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.cfg.qpn
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// Creation-time configuration.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+    /// Counters, named after RXE's.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    /// Path MTU in use.
+    pub fn mtu(&self) -> Mtu {
+        self.attrs.mtu
+    }
+    /// A one-line summary of the requester's state, for diagnostics.
+    pub fn requester_summary(&self) -> String {
+        let r = &self.req;
+        let head: Vec<String> =
+            r.sq.iter()
+                .take(3)
+                .map(|w| {
+                    format!(
+                        "[{:?} first={:?} npsn={} next={} got={} done={}]",
+                        w.wr.op.wc_opcode(),
+                        w.first_psn,
+                        w.npsn,
+                        w.next_pkt,
+                        w.read_got,
+                        w.done
+                    )
+                })
+                .collect();
+        format!(
+            "send_idx={} next_psn={:?} una={:?} timer={:?} rnr_until={:?} rd_inflight={} sq={} {}",
+            r.send_idx,
+            r.next_psn,
+            r.una_psn,
+            r.timer,
+            r.rnr_until,
+            r.rd_atomic_inflight,
+            r.sq.len(),
+            head.join(" ")
+        )
+    }
+
+    /// A one-line summary of the responder's state, for diagnostics.
+    pub fn responder_summary(&self) -> String {
+        let r = &self.resp;
+        format!(
+            "epsn={:?} msn={} nak_outstanding={} out={} rq={} recv_in_progress={} write_in_progress={}",
+            r.epsn, r.msn, r.nak_outstanding, r.out.len(), r.rq.len(), r.cur_recv.is_some(), r.cur_write.is_some()
+        )
+    }
+
+    /// Send work requests posted and not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.req.sq.len()
+    }
+    /// Receive work requests posted and not yet consumed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.resp.rq.len() + usize::from(self.resp.cur_recv.is_some())
+    }
+
+    // ---------------------------------------------------------------- modify
+
+    /// `ibv_modify_qp`: moves the QP to `attr.state` with the attributes the
+    /// transition requires and allows (the table of the IB spec that
+    /// rdma-core's `ibv_modify_qp` and the kernel's `ib_modify_qp_is_ok` apply).
+    pub fn modify(&mut self, attr: &QpAttr) -> Result<(), VerbsError> {
+        use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
+        let to = attr.state.ok_or(VerbsError::MissingAttr("IBV_QP_STATE"))?;
+        let t = self.cfg.qp_type;
+        let from = self.state;
+        // (required, optional) attribute names for the transition
+        let (req, opt): (&[&str], &[&str]) = match (from, to, t) {
+            (_, Reset, _) | (_, QpState::Err, _) => (&[], &[]),
+            (Reset, Init, QpType::Ud) => (&["pkey_index", "port", "qkey"], &[]),
+            (Reset, Init, _) => (&["pkey_index", "port", "access"], &[]),
+            (Init, Init, QpType::Ud) => (&[], &["pkey_index", "port", "qkey"]),
+            (Init, Init, _) => (&[], &["pkey_index", "port", "access"]),
+            (Init, Rtr, QpType::Rc) => (
+                &[
+                    "ah",
+                    "path_mtu",
+                    "dest_qpn",
+                    "rq_psn",
+                    "max_dest_rd_atomic",
+                    "min_rnr_timer",
+                ],
+                &["access", "pkey_index"],
+            ),
+            (Init, Rtr, QpType::Uc) => (
+                &["ah", "path_mtu", "dest_qpn", "rq_psn"],
+                &["access", "pkey_index"],
+            ),
+            (Init, Rtr, QpType::Ud) => (&[], &["pkey_index", "qkey"]),
+            (Rtr, Rts, QpType::Rc) => (
+                &[
+                    "sq_psn",
+                    "timeout",
+                    "retry_cnt",
+                    "rnr_retry",
+                    "max_rd_atomic",
+                ],
+                &["access", "min_rnr_timer"],
+            ),
+            (Rtr, Rts, QpType::Uc) => (&["sq_psn"], &["access"]),
+            (Rtr, Rts, QpType::Ud) => (&["sq_psn"], &["qkey"]),
+            (Rts | Sqd, Rts, QpType::Rc) => (
+                &[],
+                &[
+                    "access",
+                    "min_rnr_timer",
+                    "timeout",
+                    "retry_cnt",
+                    "rnr_retry",
+                    "max_rd_atomic",
+                ],
+            ),
+            (Rts | Sqd, Rts, QpType::Uc) => (&[], &["access"]),
+            (Rts | Sqd, Rts, QpType::Ud) => (&[], &["qkey"]),
+            (Sqe, Rts, QpType::Uc) => (&[], &["access"]),
+            (Sqe, Rts, QpType::Ud) => (&[], &["qkey"]),
+            (Rts, Sqd, _) | (Sqd, Sqd, _) => (&[], &[]),
+            _ => return Err(VerbsError::InvalidState(from)),
+        };
+        let given: [(&str, bool); 15] = [
+            ("pkey_index", attr.pkey_index.is_some()),
+            ("port", attr.port.is_some()),
+            ("access", attr.access.is_some()),
+            ("qkey", attr.qkey.is_some()),
+            ("ah", attr.ah.is_some()),
+            ("path_mtu", attr.path_mtu.is_some()),
+            ("dest_qpn", attr.dest_qpn.is_some()),
+            ("rq_psn", attr.rq_psn.is_some()),
+            ("max_dest_rd_atomic", attr.max_dest_rd_atomic.is_some()),
+            ("min_rnr_timer", attr.min_rnr_timer.is_some()),
+            ("sq_psn", attr.sq_psn.is_some()),
+            ("timeout", attr.timeout.is_some()),
+            ("retry_cnt", attr.retry_cnt.is_some()),
+            ("rnr_retry", attr.rnr_retry.is_some()),
+            ("max_rd_atomic", attr.max_rd_atomic.is_some()),
+        ];
+        if to != Reset && to != QpState::Err {
+            for r in req {
+                if !given.iter().any(|(n, g)| n == r && *g) {
+                    return Err(VerbsError::MissingAttr(r));
+                }
+            }
+            for (n, g) in given {
+                if g && !req.contains(&n) && !opt.contains(&n) {
+                    return Err(VerbsError::UnexpectedAttr(n));
+                }
+            }
+        }
+        if attr.port.is_some_and(|p| p != 1) {
+            return Err(VerbsError::InvalidValue("port"));
+        }
+        let check = |v: Option<u8>, max: u8, name| match v {
+            Some(x) if x > max => Err(VerbsError::InvalidValue(name)),
+            _ => Ok(()),
+        };
+        check(attr.timeout, 31, "timeout")?;
+        check(attr.retry_cnt, 7, "retry_cnt")?;
+        check(attr.rnr_retry, 7, "rnr_retry")?;
+        check(attr.min_rnr_timer, 31, "min_rnr_timer")?;
+        check(attr.max_rd_atomic, MAX_RD_ATOMIC, "max_rd_atomic")?;
+        check(attr.max_dest_rd_atomic, MAX_RD_ATOMIC, "max_dest_rd_atomic")?;
+
+        let a = &mut self.attrs;
+        if let Some(v) = attr.access {
+            a.access = v;
+        }
+        if let Some(v) = attr.qkey {
+            a.qkey = v;
+        }
+        if let Some(v) = attr.ah {
+            a.ah = v;
+        }
+        if let Some(v) = attr.path_mtu {
+            a.mtu = v;
+        }
+        if let Some(v) = attr.dest_qpn {
+            a.dest_qpn = v;
+        }
+        if let Some(v) = attr.max_dest_rd_atomic {
+            a.max_dest_rd_atomic = v;
+        }
+        if let Some(v) = attr.min_rnr_timer {
+            a.min_rnr_timer = v;
+        }
+        if let Some(v) = attr.timeout {
+            a.timeout = v;
+        }
+        if let Some(v) = attr.retry_cnt {
+            a.retry_cnt = v;
+            self.req.retry_left = v;
+        }
+        if let Some(v) = attr.rnr_retry {
+            a.rnr_retry = v;
+            self.req.rnr_left = v;
+        }
+        if let Some(v) = attr.max_rd_atomic {
+            a.max_rd_atomic = v;
+        }
+        if let Some(p) = attr.rq_psn {
+            self.resp.epsn = p;
+            self.resp.ack_psn = p - 1;
+        }
+        if let Some(p) = attr.sq_psn {
+            self.req.next_psn = p;
+            self.req.una_psn = p;
+            self.req.sent_high = p;
+        }
+        match to {
+            Reset => {
+                self.req = Requester::default();
+                self.resp = Responder::default();
+                self.completions.clear();
+            }
+            QpState::Err => self.enter_error(),
+            _ => {}
+        }
+        self.state = to;
+        Ok(())
+    }
+
+    fn enter_error(&mut self) {
+        self.state = QpState::Err;
+        let qpn = self.cfg.qpn;
+        for w in self.req.sq.drain(..) {
+            if !w.done || w.status != WcStatus::Success || w.wr.signaled {
+                let status = if w.done {
+                    w.status
+                } else {
+                    WcStatus::WrFlushErr
+                };
+                self.completions.push_back(WorkCompletion {
+                    wr_id: w.wr.wr_id,
+                    status,
+                    opcode: w.wr.op.wc_opcode(),
+                    byte_len: 0,
+                    imm_data: None,
+                    invalidated_rkey: None,
+                    qp_num: qpn,
+                    src_qp: Qpn::default(),
+                    grh: false,
+                });
+            }
+        }
+        self.req.send_idx = 0;
+        self.req.timer = None;
+        self.req.rnr_until = None;
+        let cur = self.resp.cur_recv.take().map(|r| r.wr);
+        // WQEs of a shared receive queue stay with the SRQ (which is lent to
+        // this QP while one of its packets is handled); only the one this QP
+        // had started is flushed.
+        let own = if self.cfg.srq {
+            Vec::new()
+        } else {
+            self.resp.rq.drain(..).collect()
+        };
+        for wr in cur.into_iter().chain(own) {
+            self.completions.push_back(recv_wc(
+                qpn,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            ));
+        }
+        self.resp.cur_write = None;
+        // Responses already owed (NAKs) still go out; READ data does not.
+        self.resp.out.retain(|o| !matches!(o, Out::Read(_)));
+    }
+
+    // ------------------------------------------------------------------ post
+
+    /// `ibv_post_send`. Inline data is captured from `mem` now.
+    pub fn post_send(&mut self, mut wr: SendWr, mem: &impl Memory) -> Result<(), VerbsError> {
+        let t = self.cfg.qp_type;
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => {
+                return Err(VerbsError::InvalidState(self.state))
+            }
+            _ => {}
+        }
+        if self.req.sq.len() >= self.cfg.max_send_wr as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sg_list.len() > self.cfg.max_sge as usize {
+            return Err(VerbsError::TooManySge);
+        }
+        let len = sg_len(&wr.sg_list);
+        let allowed = match (t, &wr.op) {
+            (QpType::Rc, _) => true,
+            (QpType::Uc, op) => !op.is_read_or_atomic() && !matches!(op, SendOp::SendWithInv(_)),
+            (QpType::Ud, SendOp::Send | SendOp::SendWithImm(_)) => true,
+            _ => false,
+        };
+        if !allowed {
+            return Err(VerbsError::BadWr("opcode not supported by this QP type"));
+        }
+        if t == QpType::Ud {
+            if wr.ud.is_none() {
+                return Err(VerbsError::BadWr("UD send without address handle"));
+            }
+            if len > self.attrs.mtu.bytes() as u64 {
+                return Err(VerbsError::BadWr("UD message larger than the path MTU"));
+            }
+        }
+        if wr.op.is_atomic() {
+            if len != 8 || wr.sg_list.len() != 1 {
+                return Err(VerbsError::BadWr("atomic needs one 8-byte SGE"));
+            }
+            let va = match wr.op {
+                SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => {
+                    remote_addr
+                }
+                _ => 0,
+            };
+            if va % 8 != 0 {
+                return Err(VerbsError::BadWr(
+                    "atomic remote address not 8-byte aligned",
+                ));
+            }
+        }
+        if len > u64::from(u32::MAX) {
+            return Err(VerbsError::BadWr("message longer than 2^32-1"));
+        }
+        if wr.inline && (wr.op.is_read_or_atomic() || len > u64::from(self.cfg.max_inline)) {
+            return Err(VerbsError::BadWr("inline data too long or not allowed"));
+        }
+        let mut inline = Vec::new();
+        let mut status = WcStatus::Success;
+        if wr.inline {
+            match wr.inline_data.take() {
+                Some(d) if d.len() as u64 == len => inline = d,
+                Some(_) => {
+                    return Err(VerbsError::BadWr(
+                        "inline data length differs from the SGEs",
+                    ))
+                }
+                None => {
+                    inline.resize(len as usize, 0);
+                    if mem.read_local(&wr.sg_list, 0, &mut inline).is_err() {
+                        status = WcStatus::LocProtErr;
+                    }
+                }
+            }
+        } else if mem
+            .check_local(self.cfg.pd, &wr.sg_list, wr.op.is_read_or_atomic())
+            .is_err()
+        {
+            status = WcStatus::LocProtErr;
+        }
+        let mtu = self.attrs.mtu.bytes() as u64;
+        let npsn = if wr.op.is_atomic() {
+            1
+        } else {
+            ceil_div(len, mtu).max(1) as u32
+        };
+        let wqe = SendWqe {
+            wr,
+            inline,
+            len,
+            first_psn: None,
+            npsn,
+            next_pkt: 0,
+            read_got: 0,
+            done: status != WcStatus::Success,
+            status,
+        };
+        if self.state == QpState::Err {
+            self.req.sq.push_back(wqe);
+            self.enter_error();
+            return Ok(());
+        }
+        self.req.sq.push_back(wqe);
+        if status != WcStatus::Success {
+            // A local protection error completes in order and breaks the QP.
+            self.complete_in_order();
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
+        if self.cfg.srq {
+            return Err(VerbsError::InvalidValue("post_recv on a QP with an SRQ"));
+        }
+        if self.state == QpState::Reset {
+            return Err(VerbsError::InvalidState(self.state));
+        }
+        if self.recv_queue_len() >= self.cfg.max_recv_wr as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        if wr.sg_list.len() > self.cfg.max_sge as usize {
+            return Err(VerbsError::TooManySge);
+        }
+        if self.state == QpState::Err {
+            self.completions.push_back(recv_wc(
+                self.cfg.qpn,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            ));
+            return Ok(());
+        }
+        if mem.check_local(self.cfg.pd, &wr.sg_list, true).is_err() {
+            self.completions.push_back(recv_wc(
+                self.cfg.qpn,
+                wr.wr_id,
+                WcStatus::LocProtErr,
+                WcOpcode::Recv,
+                0,
+            ));
+            return Ok(());
+        }
+        self.resp.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Next work completion, in the order the spec demands (send completions
+    /// in posting order, receive completions in arrival order).
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.completions.pop_front()
+    }
+
+    /// The next time [`Qp::handle_timeout`] must run.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        match (self.req.timer, self.req.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// One line with the QP's state, both sides' summaries and its counters
+    /// (for reports of a stuck run).
+    pub fn describe(&self) -> String {
+        format!(
+            "qp {} state {:?}: requester {}; responder {}; {:?}",
+            self.qpn(),
+            self.state(),
+            self.requester_summary(),
+            self.responder_summary(),
+            self.counters()
+        )
+    }
+
+    /// Checks the invariants a correct QP holds between calls; the simulator
+    /// asserts them at every step. `Err` says which one is broken.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.outstanding_without_timer() {
+            return Err(format!(
+                "qp {:?}: unacknowledged packets (una {:?}, next {:?}) and no timer",
+                self.cfg.qpn, self.req.una_psn, self.req.next_psn
+            ));
+        }
+        Ok(())
+    }
+
+    // -------------------------------------------------------------- transmit
+
+    /// The next packet to send, if any: responses first (ACKs, NAKs, READ
+    /// responses, atomic ACKs), then requests.
+    pub fn poll_transmit(&mut self, now: Nanos) -> Option<Transmit<'_>> {
+        let request = self.next_request();
+        // Responder packets go first, except a lone coalesced ACK when a
+        // request is ready: the ACK is off the peer's critical path, while
+        // the request (often the reply to the message being ACKed) is on
+        // it. The two are in different PSN spaces, so their order is free.
+        let ack_last = request.is_some()
+            && self.resp.out.len() == 1
+            && matches!(self.resp.out.front(), Some(Out::Ack));
+        if !self.resp.out.is_empty() && !ack_last {
+            self.counters.sent_pkts += 1;
+            return self.poll_response();
+        }
+        self.poll_request(request?, now)
+    }
+
+    // --------------------------------------------------------------- receive
+
+    /// [`Qp::handle_packet`] for a QP created on a shared receive queue:
+    /// receive WQEs are taken from `srq`.
+    pub fn handle_packet_srq(
+        &mut self,
+        now: Nanos,
+        pkt: &IbPacket<&[u8]>,
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+        srq: &mut Srq,
+    ) {
+        debug_assert!(self.cfg.srq, "handle_packet_srq on a QP without an SRQ");
+        // The responder consumes from its own queue; lend it the SRQ's for
+        // the length of this packet (a pointer swap, no copy).
+        std::mem::swap(&mut self.resp.rq, &mut srq.queue);
+        self.handle_packet(now, pkt, grh, mem);
+        std::mem::swap(&mut self.resp.rq, &mut srq.queue);
+        srq.check_limit();
+    }
+
+    /// Handles a received, ICRC-checked transport packet addressed to this QP.
+    /// `grh` is the 40-byte GRH area for UD receive buffers (see
+    /// `burst_wire::RoceFrame::ud_grh`).
+    pub fn handle_packet(
+        &mut self,
+        now: Nanos,
+        pkt: &IbPacket<&[u8]>,
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+    ) {
+        self.counters.rcvd_pkts += 1;
+        self.counters.rcvd_bytes += pkt.payload().len() as u64;
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        let info = pkt.info();
+        let ok_type = matches!(
+            (self.cfg.qp_type, info.transport),
+            (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
+        );
+        if !ok_type || pkt.bth().dest_qp() != self.cfg.qpn {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        match info.operation {
+            Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse => {
+                if self.state != QpState::Rtr {
+                    self.handle_response(now, pkt, mem);
+                }
+            }
+            _ => match self.cfg.qp_type {
+                QpType::Rc => self.rc_request(pkt, mem),
+                QpType::Uc => self.uc_request(pkt, mem),
+                QpType::Ud => self.ud_request(pkt, grh, mem),
+            },
+        }
+    }
+}
+
+/// The request opcode for a SEND or WRITE packet at `pos` of its message.
+fn request_opcode(t: QpType, op: &SendOp, pos: Position) -> Opcode {
+    let prefix = match t {
+        QpType::Rc => 0x00,
+        QpType::Uc => 0x20,
+        QpType::Ud => 0x60,
+    };
+    let code = match (op, pos) {
+        (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, Position::First) => 0x06,
+        (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, Position::Middle) => 0x07,
+        (SendOp::WriteWithImm { .. }, Position::Last) => 0x09,
+        (SendOp::Write { .. }, Position::Last) => 0x08,
+        (SendOp::WriteWithImm { .. }, Position::Only) => 0x0b,
+        (SendOp::Write { .. }, Position::Only) => 0x0a,
+        (_, Position::First) => 0x00,
+        (_, Position::Middle) => 0x01,
+        (SendOp::SendWithImm(_), Position::Last) => 0x03,
+        (SendOp::SendWithInv(_), Position::Last) => 0x16,
+        (_, Position::Last) => 0x02,
+        (SendOp::SendWithImm(_), Position::Only) => 0x05,
+        (SendOp::SendWithInv(_), Position::Only) => 0x17,
+        (_, Position::Only) => 0x04,
+    };
+    Opcode(prefix | code)
+}
+
+fn recv_wc(
+    qpn: Qpn,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        imm_data: None,
+        invalidated_rkey: None,
+        qp_num: qpn,
+        src_qp: Qpn::default(),
+        grh: false,
+    }
+}

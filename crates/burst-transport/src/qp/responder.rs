@@ -1,0 +1,506 @@
+//! The responder (IBA ch. 9.7, receive side; RXE's `rxe_resp.c`): checks
+//! each request's PSN against the expected one, executes SENDs, WRITEs,
+//! READs and atomics in PSN order, answers duplicates (ACKs again; READs
+//! and atomics only from the last `max_dest_rd_atomic` requests kept),
+//! and queues ACKs, NAKs, READ responses and atomic ACKs. After a PSN
+//! sequence error NAK it stays quiet for new requests until the expected
+//! PSN arrives, but still answers duplicates.
+
+use super::*;
+
+impl Qp {
+    pub(super) fn credits(&self) -> Credits {
+        if self.cfg.srq {
+            // C9-151: a QP on an SRQ advertises the invalid credit count.
+            return Credits::UNLIMITED;
+        }
+        Credits::from_count(self.resp.rq.len() as u32)
+    }
+
+    pub(super) fn poll_response(&mut self) -> Option<Transmit<'_>> {
+        let mtu = self.attrs.mtu.bytes() as u64;
+        let dest = self.attrs.dest_qpn;
+        let ah = self.attrs.ah;
+        let msn = self.resp.msn;
+        let credits = self.credits();
+        let front = self.resp.out.front_mut()?;
+        let aeth = |syndrome| Some(AethRepr { syndrome, msn });
+        let (ib, payload, pop) = match front {
+            Out::Ack => {
+                let mut ib = IbRepr::new(BthRepr::new(
+                    Opcode::RC_ACKNOWLEDGE,
+                    dest,
+                    self.resp.ack_psn,
+                ));
+                ib.aeth = aeth(Syndrome::Ack(credits));
+                (ib, Payload::None, true)
+            }
+            Out::Nak(s, psn) => {
+                let mut ib = IbRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest, *psn));
+                ib.aeth = aeth(*s);
+                (ib, Payload::None, true)
+            }
+            Out::AtomicAck { psn, orig } => {
+                let mut ib = IbRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, *psn));
+                ib.aeth = aeth(Syndrome::Ack(credits));
+                ib.atomic_ack = Some(*orig);
+                (ib, Payload::None, true)
+            }
+            Out::Read(job) => {
+                let k = job.next_pkt;
+                let op = match (job.npkts, k) {
+                    (1, _) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (_, 0) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (n, k) if k + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                    _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                };
+                let off = u64::from(k) * mtu;
+                let len = (job.len - off.min(job.len)).min(mtu);
+                let mut ib = IbRepr::new(BthRepr::new(op, dest, job.first_psn + k));
+                if op != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
+                    ib.aeth = aeth(Syndrome::Ack(credits));
+                }
+                ib.payload_len = len as usize;
+                job.next_pkt += 1;
+                let done = job.next_pkt >= job.npkts;
+                (
+                    ib,
+                    Payload::Remote {
+                        rkey: job.rkey,
+                        va: job.va + off,
+                    },
+                    done,
+                )
+            }
+        };
+        if pop {
+            self.resp.out.pop_front();
+        }
+        self.counters.sent_bytes += ib.payload_len as u64;
+        Some(Transmit { ib, payload, ah })
+    }
+
+    pub(super) fn queue_ack(&mut self) {
+        self.resp.ack_psn = self.resp.epsn - 1;
+        self.resp.unacked_pkts = 0;
+        if !matches!(self.resp.out.back(), Some(Out::Ack)) {
+            self.resp.out.push_back(Out::Ack);
+        }
+    }
+
+    pub(super) fn nak(&mut self, code: NakCode) {
+        self.counters.send_err += 1;
+        let psn = self.resp.epsn;
+        self.resp.out.push_back(Out::Nak(Syndrome::Nak(code), psn));
+        self.enter_error();
+    }
+
+    pub(super) fn rc_request(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) {
+        let bth = pkt.bth();
+        let psn = bth.psn();
+        let d = self.resp.epsn.distance_to(psn);
+        if d < 0 {
+            self.rc_duplicate(pkt, mem);
+            return;
+        }
+        if d > 0 {
+            self.counters.out_of_seq_request += 1;
+            if !self.resp.nak_outstanding {
+                self.resp.nak_outstanding = true;
+                self.counters.send_seq_nak += 1;
+                let e = self.resp.epsn;
+                self.resp
+                    .out
+                    .push_back(Out::Nak(Syndrome::Nak(NakCode::PsnSequenceError), e));
+            }
+            return;
+        }
+        if self.state == QpState::Err {
+            return;
+        }
+        let info = pkt.info();
+        let pos = info.position.unwrap_or(Position::Only);
+        let starts = matches!(pos, Position::First | Position::Only);
+        let ends = matches!(pos, Position::Last | Position::Only);
+        let mtu = self.attrs.mtu.bytes();
+        // Packet length rules of the path MTU.
+        if self
+            .attrs
+            .mtu
+            .check_payload(pkt.opcode(), pkt.payload_len())
+            .is_err()
+            && !matches!(
+                info.operation,
+                Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+            )
+        {
+            self.nak(NakCode::InvalidRequest);
+            return;
+        }
+        let pd = self.cfg.pd;
+        let mut epsn_step = 1u32;
+        match info.operation {
+            Operation::Send => {
+                if starts == self.resp.cur_recv.is_some() || self.resp.cur_write.is_some() {
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                if starts {
+                    let Some(wr) = self.resp.rq.pop_front() else {
+                        self.rnr_nak();
+                        return;
+                    };
+                    self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
+                }
+                let Some(cur) = self.resp.cur_recv.as_mut() else {
+                    return;
+                };
+                let data = pkt.payload();
+                if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list) {
+                    let wr = cur.wr.wr_id;
+                    self.resp.cur_recv = None;
+                    self.completions.push_back(recv_wc(
+                        self.cfg.qpn,
+                        wr,
+                        WcStatus::LocLenErr,
+                        WcOpcode::Recv,
+                        0,
+                    ));
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                if mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err() {
+                    let wr = cur.wr.wr_id;
+                    self.resp.cur_recv = None;
+                    self.completions.push_back(recv_wc(
+                        self.cfg.qpn,
+                        wr,
+                        WcStatus::LocProtErr,
+                        WcOpcode::Recv,
+                        0,
+                    ));
+                    self.nak(NakCode::RemoteOperationalError);
+                    return;
+                }
+                cur.offset += data.len() as u64;
+                if ends {
+                    let Some(cur) = self.resp.cur_recv.take() else {
+                        return;
+                    };
+                    let mut wc = recv_wc(
+                        self.cfg.qpn,
+                        cur.wr.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        cur.offset as u32,
+                    );
+                    wc.imm_data = pkt.imm_dt().map(|i| i.imm());
+                    if let Some(i) = pkt.ieth() {
+                        if mem.invalidate(pd, i.rkey()).is_err() {
+                            self.completions.push_back(WorkCompletion {
+                                status: WcStatus::RemInvReqErr,
+                                ..wc
+                            });
+                            self.nak(NakCode::InvalidRequest);
+                            return;
+                        }
+                        wc.invalidated_rkey = Some(i.rkey());
+                    }
+                    self.completions.push_back(wc);
+                    self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+                    self.counters.rdma_recvs += 1;
+                }
+            }
+            Operation::RdmaWrite => {
+                if self.resp.cur_recv.is_some() || starts == self.resp.cur_write.is_some() {
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                // WRITE WITH IMM needs a receive WQE: refuse before any side effect.
+                if ends && pkt.imm_dt().is_some() && self.resp.rq.is_empty() {
+                    self.rnr_nak();
+                    return;
+                }
+                if starts {
+                    let Some(r) = pkt.reth() else { return };
+                    let len = u64::from(r.dma_length());
+                    if !self.attrs.access.remote_write {
+                        self.nak(NakCode::RemoteAccessError);
+                        return;
+                    }
+                    if len > 0
+                        && mem
+                            .check_remote(
+                                pd,
+                                r.rkey(),
+                                r.virtual_address(),
+                                len,
+                                RemoteAccess::Write,
+                            )
+                            .is_err()
+                    {
+                        self.nak(NakCode::RemoteAccessError);
+                        return;
+                    }
+                    if (pos == Position::Only && pkt.payload_len() as u64 != len)
+                        || (pos == Position::First && len <= mtu as u64)
+                    {
+                        self.nak(NakCode::InvalidRequest);
+                        return;
+                    }
+                    self.resp.cur_write = Some(WriteInProgress {
+                        rkey: r.rkey(),
+                        va: r.virtual_address(),
+                        remaining: len,
+                        total: len,
+                    });
+                }
+                let Some(mut w) = self.resp.cur_write else {
+                    return;
+                };
+                let data = pkt.payload();
+                if data.len() as u64 > w.remaining || (ends && data.len() as u64 != w.remaining) {
+                    self.resp.cur_write = None;
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                if !data.is_empty() && mem.write_remote(w.rkey, w.va, data).is_err() {
+                    self.resp.cur_write = None;
+                    self.nak(NakCode::RemoteAccessError);
+                    return;
+                }
+                w.va += data.len() as u64;
+                w.remaining -= data.len() as u64;
+                self.resp.cur_write = Some(w);
+                if ends {
+                    self.resp.cur_write = None;
+                    if let Some(imm) = pkt.imm_dt() {
+                        if let Some(wr) = self.resp.rq.pop_front() {
+                            let mut wc = recv_wc(
+                                self.cfg.qpn,
+                                wr.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RecvRdmaWithImm,
+                                w.total as u32,
+                            );
+                            wc.imm_data = Some(imm.imm());
+                            self.completions.push_back(wc);
+                        }
+                    }
+                    self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+                }
+            }
+            Operation::RdmaReadRequest => {
+                // No responder resources: READ and atomics are invalid
+                // requests here (as RXE answers them).
+                if self.resp.cur_recv.is_some()
+                    || self.resp.cur_write.is_some()
+                    || self.attrs.max_dest_rd_atomic == 0
+                {
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                let Some(r) = pkt.reth() else { return };
+                let len = u64::from(r.dma_length());
+                if !self.attrs.access.remote_read
+                    || (len > 0
+                        && mem
+                            .check_remote(
+                                pd,
+                                r.rkey(),
+                                r.virtual_address(),
+                                len,
+                                RemoteAccess::Read,
+                            )
+                            .is_err())
+                {
+                    self.nak(NakCode::RemoteAccessError);
+                    return;
+                }
+                let npkts = ceil_div(len, mtu as u64).max(1) as u32;
+                epsn_step = npkts;
+                self.keep_resource(RdResource::Read {
+                    first_psn: psn,
+                    npkts,
+                });
+                self.resp.out.push_back(Out::Read(ReadJob {
+                    rkey: r.rkey(),
+                    va: r.virtual_address(),
+                    len,
+                    first_psn: psn,
+                    npkts,
+                    next_pkt: 0,
+                }));
+                self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                if self.resp.cur_recv.is_some()
+                    || self.resp.cur_write.is_some()
+                    || self.attrs.max_dest_rd_atomic == 0
+                {
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                let Some(a) = pkt.atomic_eth() else { return };
+                if !self.attrs.access.remote_atomic {
+                    self.nak(NakCode::RemoteAccessError);
+                    return;
+                }
+                if a.virtual_address() % 8 != 0 {
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                let op = if info.operation == Operation::CompareSwap {
+                    AtomicOp::CompareSwap {
+                        compare: a.compare(),
+                        swap: a.swap_add(),
+                    }
+                } else {
+                    AtomicOp::FetchAdd { add: a.swap_add() }
+                };
+                match mem.atomic(pd, a.rkey(), a.virtual_address(), op) {
+                    Ok(orig) => {
+                        self.keep_resource(RdResource::Atomic { psn, orig });
+                        self.resp.out.push_back(Out::AtomicAck { psn, orig });
+                        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+                    }
+                    Err(MemError::Misaligned) => {
+                        self.nak(NakCode::InvalidRequest);
+                        return;
+                    }
+                    Err(_) => {
+                        self.nak(NakCode::RemoteAccessError);
+                        return;
+                    }
+                }
+            }
+            _ => {
+                self.nak(NakCode::InvalidRequest);
+                return;
+            }
+        }
+        self.resp.epsn += epsn_step;
+        self.resp.nak_outstanding = false;
+        self.resp.unacked_pkts += 1;
+        let acked_by_response = matches!(
+            info.operation,
+            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        );
+        if acked_by_response {
+            // READ responses and atomic ACKs acknowledge this PSN themselves.
+            self.resp.ack_psn = self.resp.epsn - 1;
+            self.resp.unacked_pkts = 0;
+        } else if bth.ack_req() || ends || self.resp.unacked_pkts >= self.cfg.ack_every {
+            self.queue_ack();
+        }
+    }
+
+    pub(super) fn rnr_nak(&mut self) {
+        self.counters.send_rnr_err += 1;
+        self.resp.nak_outstanding = true;
+        let psn = self.resp.epsn;
+        self.resp.out.push_back(Out::Nak(
+            Syndrome::RnrNak(RnrTimer(self.attrs.min_rnr_timer)),
+            psn,
+        ));
+    }
+
+    /// Keeps an executed READ/atomic for its duplicates: the last
+    /// `max_dest_rd_atomic` only, the oldest replaced first.
+    pub(super) fn keep_resource(&mut self, r: RdResource) {
+        let max = usize::from(self.attrs.max_dest_rd_atomic.max(1));
+        while self.resp.resources.len() >= max {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(r);
+    }
+
+    pub(super) fn rc_duplicate(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) {
+        self.counters.duplicate_request += 1;
+        let psn = pkt.bth().psn();
+        let op = pkt.info().operation;
+        let resource = self
+            .resp
+            .resources
+            .iter()
+            .find(|r| r.contains(psn))
+            .copied();
+        if matches!(
+            op,
+            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        ) && resource.is_none()
+        {
+            // Older than the last max_dest_rd_atomic READ/atomic requests
+            // (or never executed): nothing to answer from, so a peer cannot
+            // make the responder replay arbitrary history.
+            self.counters.dup_rd_atomic_dropped += 1;
+            return;
+        }
+        match op {
+            Operation::RdmaReadRequest => {
+                // Replay by reading memory again (the spec lets a duplicate
+                // READ return current data), from the requested PSN to the
+                // end of the original READ at most.
+                let Some(r) = pkt.reth() else { return };
+                let Some(RdResource::Read { first_psn, npkts }) = resource else {
+                    self.counters.dup_rd_atomic_dropped += 1;
+                    return;
+                };
+                let left = (npkts - first_psn.distance_to(psn) as u32) as u64;
+                let mtu = self.attrs.mtu.bytes() as u64;
+                let len = u64::from(r.dma_length()).min(left * mtu);
+                if !self.attrs.access.remote_read
+                    || (len > 0
+                        && mem
+                            .check_remote(
+                                self.cfg.pd,
+                                r.rkey(),
+                                r.virtual_address(),
+                                len,
+                                RemoteAccess::Read,
+                            )
+                            .is_err())
+                {
+                    return;
+                }
+                let npkts = ceil_div(len, mtu).max(1) as u32;
+                // The new request supersedes what older streams would still
+                // send from `psn` on: drop those, cut those that reach it.
+                self.resp
+                    .out
+                    .retain(|o| !matches!(o, Out::Read(j) if psn.distance_to(j.first_psn) >= 0));
+                for o in self.resp.out.iter_mut() {
+                    if let Out::Read(j) = o {
+                        let d = j.first_psn.distance_to(psn);
+                        if d > 0 && (d as u32) < j.npkts {
+                            j.npkts = d as u32;
+                        }
+                    }
+                }
+                self.resp
+                    .out
+                    .retain(|o| !matches!(o, Out::Read(j) if j.next_pkt >= j.npkts));
+                self.resp.out.push_back(Out::Read(ReadJob {
+                    rkey: r.rkey(),
+                    va: r.virtual_address(),
+                    len,
+                    first_psn: psn,
+                    npkts,
+                    next_pkt: 0,
+                }));
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                // Never execute twice: answer from the kept result.
+                if let Some(RdResource::Atomic { psn, orig }) = resource {
+                    self.resp.out.push_back(Out::AtomicAck { psn, orig });
+                }
+            }
+            _ => {
+                let pos = pkt.info().position;
+                if pkt.bth().ack_req() || matches!(pos, Some(Position::Last | Position::Only)) {
+                    self.queue_ack();
+                }
+            }
+        }
+    }
+}

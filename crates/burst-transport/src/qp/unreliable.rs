@@ -1,0 +1,202 @@
+//! The unreliable services on the receive side (IBA ch. 9.8 UC, 9.8/9.9
+//! UD): no ACKs and no retries; a UC message with a lost packet is dropped
+//! whole and its receive WQE reused, a UD datagram is checked against the
+//! Q_Key and lands after its 40-byte GRH area.
+
+use super::*;
+
+impl Qp {
+    pub(super) fn uc_request(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) {
+        let psn = pkt.bth().psn();
+        let info = pkt.info();
+        let pos = info.position.unwrap_or(Position::Only);
+        let starts = matches!(pos, Position::First | Position::Only);
+        let ends = matches!(pos, Position::Last | Position::Only);
+        if self.resp.epsn.distance_to(psn) < 0 {
+            // A duplicate: UC never retransmits, so it is the network's copy.
+            self.counters.duplicate_request += 1;
+            return;
+        }
+        if psn != self.resp.epsn
+            || (starts && (self.resp.cur_recv.is_some() || self.resp.cur_write.is_some()))
+        {
+            // A lost packet drops the message in progress; its receive WQE
+            // is reused by the next message.
+            self.counters.out_of_seq_request += u64::from(psn != self.resp.epsn);
+            if let Some(cur) = self.resp.cur_recv.take() {
+                self.resp.rq.push_front(cur.wr);
+            }
+            self.resp.cur_write = None;
+            self.resp.epsn = psn;
+        }
+        self.resp.epsn = psn + 1;
+        if !starts && self.resp.cur_recv.is_none() && self.resp.cur_write.is_none() {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        if self
+            .attrs
+            .mtu
+            .check_payload(pkt.opcode(), pkt.payload_len())
+            .is_err()
+        {
+            self.uc_drop();
+            return;
+        }
+        let data = pkt.payload();
+        match info.operation {
+            Operation::Send => {
+                if starts {
+                    let Some(wr) = self.resp.rq.pop_front() else {
+                        self.counters.dropped_pkts += 1;
+                        return;
+                    };
+                    self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
+                }
+                let Some(cur) = self.resp.cur_recv.as_mut() else {
+                    return;
+                };
+                if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list)
+                    || mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err()
+                {
+                    let wr = cur.wr.wr_id;
+                    self.resp.cur_recv = None;
+                    self.completions.push_back(recv_wc(
+                        self.cfg.qpn,
+                        wr,
+                        WcStatus::LocLenErr,
+                        WcOpcode::Recv,
+                        0,
+                    ));
+                    return;
+                }
+                cur.offset += data.len() as u64;
+                if ends {
+                    let Some(cur) = self.resp.cur_recv.take() else {
+                        return;
+                    };
+                    let mut wc = recv_wc(
+                        self.cfg.qpn,
+                        cur.wr.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        cur.offset as u32,
+                    );
+                    wc.imm_data = pkt.imm_dt().map(|i| i.imm());
+                    self.completions.push_back(wc);
+                }
+            }
+            Operation::RdmaWrite => {
+                if starts {
+                    let Some(r) = pkt.reth() else { return };
+                    let len = u64::from(r.dma_length());
+                    if !self.attrs.access.remote_write
+                        || (len > 0
+                            && mem
+                                .check_remote(
+                                    self.cfg.pd,
+                                    r.rkey(),
+                                    r.virtual_address(),
+                                    len,
+                                    RemoteAccess::Write,
+                                )
+                                .is_err())
+                    {
+                        self.uc_drop();
+                        return;
+                    }
+                    self.resp.cur_write = Some(WriteInProgress {
+                        rkey: r.rkey(),
+                        va: r.virtual_address(),
+                        remaining: len,
+                        total: len,
+                    });
+                }
+                let Some(mut w) = self.resp.cur_write else {
+                    return;
+                };
+                if data.len() as u64 > w.remaining || (ends && data.len() as u64 != w.remaining) {
+                    self.uc_drop();
+                    return;
+                }
+                if !data.is_empty() && mem.write_remote(w.rkey, w.va, data).is_err() {
+                    self.uc_drop();
+                    return;
+                }
+                w.va += data.len() as u64;
+                w.remaining -= data.len() as u64;
+                self.resp.cur_write = if ends { None } else { Some(w) };
+                if ends {
+                    if let Some(imm) = pkt.imm_dt() {
+                        if let Some(wr) = self.resp.rq.pop_front() {
+                            let mut wc = recv_wc(
+                                self.cfg.qpn,
+                                wr.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RecvRdmaWithImm,
+                                w.total as u32,
+                            );
+                            wc.imm_data = Some(imm.imm());
+                            self.completions.push_back(wc);
+                        }
+                    }
+                }
+            }
+            _ => self.counters.dropped_pkts += 1,
+        }
+    }
+
+    pub(super) fn uc_drop(&mut self) {
+        self.counters.dropped_pkts += 1;
+        if let Some(cur) = self.resp.cur_recv.take() {
+            self.resp.rq.push_front(cur.wr);
+        }
+        self.resp.cur_write = None;
+    }
+
+    pub(super) fn ud_request(
+        &mut self,
+        pkt: &IbPacket<&[u8]>,
+        grh: Option<&[u8; 40]>,
+        mem: &mut impl Memory,
+    ) {
+        let Some(deth) = pkt.deth() else { return };
+        if deth.qkey() != self.attrs.qkey {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        if pkt.payload_len() > self.attrs.mtu.bytes() {
+            self.counters.dropped_pkts += 1;
+            return;
+        }
+        let Some(wr) = self.resp.rq.pop_front() else {
+            self.counters.dropped_pkts += 1;
+            return;
+        };
+        let data = pkt.payload();
+        let total = 40 + data.len() as u64;
+        let mut wc = recv_wc(
+            self.cfg.qpn,
+            wr.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            total as u32,
+        );
+        wc.src_qp = deth.src_qp();
+        wc.grh = true;
+        wc.imm_data = pkt.imm_dt().map(|i| i.imm());
+        if total > sg_len(&wr.sg_list) {
+            wc.status = WcStatus::LocLenErr;
+        } else {
+            let zero = [0u8; 40];
+            if mem
+                .write_local(&wr.sg_list, 0, grh.unwrap_or(&zero))
+                .is_err()
+                || mem.write_local(&wr.sg_list, 40, data).is_err()
+            {
+                wc.status = WcStatus::LocProtErr;
+            }
+        }
+        self.completions.push_back(wc);
+    }
+}
