@@ -11,85 +11,21 @@
 //! it is UDP to port 4791 but does not parse or its ICRC is wrong. Exits 1 if
 //! any failed, 2 if a file cannot be read.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use burst_wire::{Error, RoceFrame, Syndrome};
+use burst_wire::{Error, IbRepr, RoceFrame};
 
 #[path = "../tests/support/capture.rs"]
 mod capture;
 
+/// The packet as burst-wire prints it (`Display` for `IbRepr`), or why it
+/// does not decode.
 fn describe(f: &RoceFrame<'_>) -> String {
-    let ib = &f.ib;
-    let bth = ib.bth();
-    let mut s = format!(
-        "{:<36} qp={:#08x} psn={:#08x}",
-        ib.opcode().name(),
-        bth.dest_qp().value(),
-        bth.psn().value()
-    );
-    if bth.ack_req() {
-        s.push_str(" A");
+    match IbRepr::parse(&f.ib) {
+        Ok(r) => r.to_string(),
+        Err(e) => format!("{} (undecodable: {e})", f.ib.opcode()),
     }
-    if bth.solicited() {
-        s.push_str(" SE");
-    }
-    if bth.fecn() || bth.becn() {
-        let _ = write!(
-            s,
-            " FECN={} BECN={}",
-            u8::from(bth.fecn()),
-            u8::from(bth.becn())
-        );
-    }
-    if let Some(d) = ib.deth() {
-        let _ = write!(
-            s,
-            " DETH[qkey={:#x} src_qp={:#x}]",
-            d.qkey(),
-            d.src_qp().value()
-        );
-    }
-    if let Some(r) = ib.reth() {
-        let _ = write!(
-            s,
-            " RETH[va={:#x} rkey={:#x} len={}]",
-            r.virtual_address(),
-            r.rkey(),
-            r.dma_length()
-        );
-    }
-    if let Some(a) = ib.atomic_eth() {
-        let _ = write!(
-            s,
-            " AtomicETH[va={:#x} rkey={:#x} swap_add={:#x} cmp={:#x}]",
-            a.virtual_address(),
-            a.rkey(),
-            a.swap_add(),
-            a.compare()
-        );
-    }
-    if let Some(a) = ib.aeth() {
-        let syn = match Syndrome::from_byte(a.syndrome()) {
-            Syndrome::Ack(c) => format!("ACK credits={}", c.0),
-            Syndrome::RnrNak(t) => format!("RNR-NAK timer={}({}us)", t.0, t.micros()),
-            Syndrome::Nak(n) => format!("NAK {n:?}"),
-            Syndrome::Reserved(b) => format!("reserved {b:#x}"),
-        };
-        let _ = write!(s, " AETH[{syn} msn={}]", a.msn());
-    }
-    if let Some(a) = ib.atomic_ack_eth() {
-        let _ = write!(s, " AtomicAckETH[orig={:#x}]", a.original());
-    }
-    if let Some(i) = ib.imm_dt() {
-        let _ = write!(s, " ImmDt[{:#010x}]", i.imm());
-    }
-    if let Some(i) = ib.ieth() {
-        let _ = write!(s, " IETH[rkey={:#x}]", i.rkey());
-    }
-    let _ = write!(s, " payload={}", ib.payload_len());
-    s
 }
 
 fn main() -> ExitCode {

@@ -18,6 +18,37 @@ use crate::{Error, Opcode, Psn, Qpn};
 /// Length of the BTH.
 pub const BTH_LEN: usize = 12;
 
+/// Where each BTH field lives (byte offsets; the diagram above), named
+/// once as smoltcp's `wire` modules do.
+mod field {
+    /// Opcode.
+    pub const OPCODE: usize = 0;
+    /// SE, M, PadCnt, TVer.
+    pub const FLAGS: usize = 1;
+    /// P_Key (16 bits).
+    pub const PKEY: usize = 2;
+    /// FECN, BECN.
+    pub const CONGESTION: usize = 4;
+    /// DestQP (24 bits).
+    pub const DEST_QP: usize = 5;
+    /// AckReq.
+    pub const ACK_REQ: usize = 8;
+    /// PSN (24 bits).
+    pub const PSN: usize = 9;
+}
+
+/// Bits of [`field::FLAGS`].
+const SE: u8 = 0x80;
+const MIG_REQ: u8 = 0x40;
+const PAD_SHIFT: u8 = 4;
+const PAD_MASK: u8 = 0x3;
+const TVER_MASK: u8 = 0x0f;
+/// Bits of [`field::CONGESTION`].
+const FECN: u8 = 0x80;
+const BECN: u8 = 0x40;
+/// Bit of [`field::ACK_REQ`].
+const ACK_REQ: u8 = 0x80;
+
 /// Default partition key (full member of the default partition).
 pub const DEFAULT_PKEY: u16 = 0xffff;
 
@@ -51,47 +82,47 @@ impl<T: AsRef<[u8]>> Bth<T> {
 
     /// Opcode.
     pub fn opcode(&self) -> Opcode {
-        Opcode(self.b()[0])
+        Opcode(self.b()[field::OPCODE])
     }
     /// Solicited event.
     pub fn solicited(&self) -> bool {
-        self.b()[1] & 0x80 != 0
+        self.b()[field::FLAGS] & SE != 0
     }
     /// Migration request.
     pub fn mig_req(&self) -> bool {
-        self.b()[1] & 0x40 != 0
+        self.b()[field::FLAGS] & MIG_REQ != 0
     }
     /// Number of pad bytes (0..=3) after the payload.
     pub fn pad_count(&self) -> u8 {
-        (self.b()[1] >> 4) & 0x3
+        (self.b()[field::FLAGS] >> PAD_SHIFT) & PAD_MASK
     }
     /// Transport header version (0).
     pub fn tver(&self) -> u8 {
-        self.b()[1] & 0x0f
+        self.b()[field::FLAGS] & TVER_MASK
     }
     /// Partition key.
     pub fn pkey(&self) -> u16 {
-        u16_at(self.b(), 2)
+        u16_at(self.b(), field::PKEY)
     }
     /// Forward explicit congestion notification.
     pub fn fecn(&self) -> bool {
-        self.b()[4] & 0x80 != 0
+        self.b()[field::CONGESTION] & FECN != 0
     }
     /// Backward explicit congestion notification.
     pub fn becn(&self) -> bool {
-        self.b()[4] & 0x40 != 0
+        self.b()[field::CONGESTION] & BECN != 0
     }
     /// Destination queue pair.
     pub fn dest_qp(&self) -> Qpn {
-        Qpn::from_wire(u24_at(self.b(), 5))
+        Qpn::from_wire(u24_at(self.b(), field::DEST_QP))
     }
     /// Acknowledge request.
     pub fn ack_req(&self) -> bool {
-        self.b()[8] & 0x80 != 0
+        self.b()[field::ACK_REQ] & ACK_REQ != 0
     }
     /// Packet sequence number.
     pub fn psn(&self) -> Psn {
-        Psn::new(u24_at(self.b(), 9))
+        Psn::new(u24_at(self.b(), field::PSN))
     }
 }
 
@@ -105,49 +136,49 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     }
     /// Sets the opcode.
     pub fn set_opcode(&mut self, v: Opcode) {
-        self.bm()[0] = v.0;
+        self.bm()[field::OPCODE] = v.0;
     }
     /// Sets the solicited event bit.
     pub fn set_solicited(&mut self, v: bool) {
-        self.set_bit(1, 0x80, v)
+        self.set_bit(field::FLAGS, SE, v)
     }
     /// Sets the migration request bit.
     pub fn set_mig_req(&mut self, v: bool) {
-        self.set_bit(1, 0x40, v)
+        self.set_bit(field::FLAGS, MIG_REQ, v)
     }
     /// Sets the pad count (low two bits of `v`).
     pub fn set_pad_count(&mut self, v: u8) {
-        let b = &mut self.bm()[1];
-        *b = (*b & !0x30) | ((v & 0x3) << 4);
+        let b = &mut self.bm()[field::FLAGS];
+        *b = (*b & !(PAD_MASK << PAD_SHIFT)) | ((v & PAD_MASK) << PAD_SHIFT);
     }
     /// Sets the transport header version (low four bits of `v`).
     pub fn set_tver(&mut self, v: u8) {
-        let b = &mut self.bm()[1];
-        *b = (*b & 0xf0) | (v & 0x0f);
+        let b = &mut self.bm()[field::FLAGS];
+        *b = (*b & !TVER_MASK) | (v & TVER_MASK);
     }
     /// Sets the partition key.
     pub fn set_pkey(&mut self, v: u16) {
-        set_u16(self.bm(), 2, v)
+        set_u16(self.bm(), field::PKEY, v)
     }
     /// Sets FECN.
     pub fn set_fecn(&mut self, v: bool) {
-        self.set_bit(4, 0x80, v)
+        self.set_bit(field::CONGESTION, FECN, v)
     }
     /// Sets BECN.
     pub fn set_becn(&mut self, v: bool) {
-        self.set_bit(4, 0x40, v)
+        self.set_bit(field::CONGESTION, BECN, v)
     }
     /// Sets the destination QP.
     pub fn set_dest_qp(&mut self, v: Qpn) {
-        set_u24(self.bm(), 5, v.value())
+        set_u24(self.bm(), field::DEST_QP, v.value())
     }
     /// Sets the acknowledge request bit.
     pub fn set_ack_req(&mut self, v: bool) {
-        self.set_bit(8, 0x80, v)
+        self.set_bit(field::ACK_REQ, ACK_REQ, v)
     }
     /// Sets the PSN.
     pub fn set_psn(&mut self, v: Psn) {
-        set_u24(self.bm(), 9, v.value())
+        set_u24(self.bm(), field::PSN, v.value())
     }
 }
 
@@ -227,5 +258,37 @@ impl BthRepr {
         bth.set_dest_qp(self.dest_qp);
         bth.set_ack_req(self.ack_req);
         bth.set_psn(self.psn);
+    }
+}
+
+/// One line as packet tools print it: opcode, destination QP, PSN, flags.
+///
+/// ```
+/// use burst_wire::{BthRepr, Opcode, Psn, Qpn};
+/// let mut b = BthRepr::new(Opcode::RC_SEND_ONLY, Qpn::new(0x11).unwrap(), Psn::new(5));
+/// b.ack_req = true;
+/// assert_eq!(b.to_string(), "RC_SEND_ONLY qp=0x000011 psn=0x000005 A");
+/// ```
+impl core::fmt::Display for BthRepr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{} qp={} psn={}", self.opcode, self.dest_qp, self.psn)?;
+        if self.ack_req {
+            f.write_str(" A")?;
+        }
+        if self.solicited {
+            f.write_str(" SE")?;
+        }
+        if self.fecn || self.becn {
+            write!(
+                f,
+                " FECN={} BECN={}",
+                u8::from(self.fecn),
+                u8::from(self.becn)
+            )?;
+        }
+        if self.pkey != DEFAULT_PKEY {
+            write!(f, " pkey={:#06x}", self.pkey)?;
+        }
+        Ok(())
     }
 }

@@ -292,6 +292,18 @@ pub enum Syndrome {
     Reserved(u8),
 }
 
+/// `ACK credits=N`, `RNR-NAK timer=T(Nus)`, `NAK PsnSequenceError`, ...
+impl core::fmt::Display for Syndrome {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Syndrome::Ack(c) => write!(f, "ACK credits={}", c.0),
+            Syndrome::RnrNak(t) => write!(f, "RNR-NAK timer={}({}us)", t.0, t.micros()),
+            Syndrome::Nak(n) => write!(f, "NAK {n:?}"),
+            Syndrome::Reserved(b) => write!(f, "reserved {b:#x}"),
+        }
+    }
+}
+
 impl Syndrome {
     /// Decodes a syndrome byte.
     pub fn from_byte(b: u8) -> Syndrome {

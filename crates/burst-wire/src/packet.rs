@@ -378,3 +378,52 @@ impl IbRepr {
         Ok(())
     }
 }
+
+/// One line as packet tools print it: the BTH, each extended header in
+/// brackets, the payload length (`pcap-check` prints packets this way).
+///
+/// ```
+/// use burst_wire::{BthRepr, IbRepr, Opcode, Psn, Qpn, RethRepr};
+/// let mut ib = IbRepr::new(BthRepr::new(Opcode::RC_RDMA_WRITE_ONLY, Qpn::new(0x11).unwrap(), Psn::new(1)));
+/// ib.reth = Some(RethRepr { virtual_address: 0x1000, rkey: 0x2a, dma_length: 64 });
+/// ib.payload_len = 64;
+/// assert_eq!(
+///     ib.to_string(),
+///     "RC_RDMA_WRITE_ONLY qp=0x000011 psn=0x000001 RETH[va=0x1000 rkey=0x2a len=64] payload=64"
+/// );
+/// ```
+impl core::fmt::Display for IbRepr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.bth)?;
+        if let Some(d) = self.deth {
+            write!(f, " DETH[qkey={:#x} src_qp={}]", d.qkey, d.src_qp)?;
+        }
+        if let Some(r) = self.reth {
+            write!(
+                f,
+                " RETH[va={:#x} rkey={:#x} len={}]",
+                r.virtual_address, r.rkey, r.dma_length
+            )?;
+        }
+        if let Some(a) = self.atomic_eth {
+            write!(
+                f,
+                " AtomicETH[va={:#x} rkey={:#x} swap_add={:#x} cmp={:#x}]",
+                a.virtual_address, a.rkey, a.swap_add, a.compare
+            )?;
+        }
+        if let Some(a) = self.aeth {
+            write!(f, " AETH[{} msn={}]", a.syndrome, a.msn)?;
+        }
+        if let Some(o) = self.atomic_ack {
+            write!(f, " AtomicAckETH[orig={o:#x}]")?;
+        }
+        if let Some(i) = self.imm {
+            write!(f, " ImmDt[{i:#010x}]")?;
+        }
+        if let Some(k) = self.ieth {
+            write!(f, " IETH[rkey={k:#x}]")?;
+        }
+        write!(f, " payload={}", self.payload_len)
+    }
+}
