@@ -22,7 +22,7 @@ mod tcp;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -275,8 +275,55 @@ fn parse_infos(l: &str) -> Result<Vec<rdma::Info>, String> {
         .collect()
 }
 
+/// The server's side of the out-of-band link for one run: its final
+/// `COUNT` line also carries the CPU time the server used and its PID (in
+/// loopback mode both roles share a process, whose CPU time the client
+/// already measures).
+struct CpuReply<'a> {
+    o: &'a mut Oob,
+    cpu0: f64,
+}
+
+impl CpuReply<'_> {
+    fn send(&mut self, line: &str) -> Result<(), String> {
+        if line.starts_with("COUNT ") {
+            let cpu = report::cpu_now() - self.cpu0;
+            return self
+                .o
+                .send(&format!("{line} CPU {cpu:.6} PID {}", std::process::id()));
+        }
+        self.o.send(line)
+    }
+    fn recv(&mut self) -> Result<String, String> {
+        self.o.recv()
+    }
+}
+
+/// The server's CPU seconds from its final line, unless it runs in this
+/// process (then the client's own figure already includes it).
+fn server_cpu(count_line: &str) -> f64 {
+    let f: Vec<&str> = count_line.split_whitespace().collect();
+    let field = |k: &str| f.iter().position(|x| *x == k).and_then(|i| f.get(i + 1));
+    let same = field("PID").and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
+    if same {
+        return 0.0;
+    }
+    field("CPU").and_then(|c| c.parse().ok()).unwrap_or(0.0)
+}
+
+/// The count at the start of a `COUNT n ...` line.
+fn count_of(line: &str) -> &str {
+    line.trim_start_matches("COUNT ")
+        .split_whitespace()
+        .next()
+        .unwrap_or("0")
+}
+
 /// The server's part of one run.
 fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
+    let cpu0 = report::cpu_now();
+    let mut o = CpuReply { o, cpu0 };
+    let o = &mut o;
     let stop = Arc::new(AtomicBool::new(false));
     match run.transport {
         Transport::Burst => {
@@ -331,7 +378,7 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
         }
         Transport::RawUdp => {
             let port_ = burst_verbs::ports::UdpPort::bind(local).map_err(|e| e.to_string())?;
-            let got = Arc::new(AtomicU64::new(0));
+            let got = Arc::new(rawudp::SinkCount::default());
             let (st, g) = (Arc::clone(&stop), Arc::clone(&got));
             let (bw, events) = (run.test.is_bw(), run.p.events);
             let h = std::thread::spawn(move || {
@@ -348,7 +395,12 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
             h.join()
                 .map_err(|_| "raw-udp role panicked".to_string())??;
             done?;
-            o.send(&format!("COUNT {}", got.load(Ordering::Relaxed)))
+            // The receiver's own clock: from its first datagram to its last.
+            let span = got.span_ns.load(Ordering::Relaxed) as f64 / 1e9;
+            o.send(&format!(
+                "COUNT {} SPAN {span:.9}",
+                got.bytes.load(Ordering::Relaxed)
+            ))
         }
     }
 }
@@ -369,6 +421,29 @@ fn serve(l: TcpListener, local: IpAddr) -> Result<(), String> {
 
 /// The client's part of one run.
 fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<Line, String> {
+    let cpu0 = report::cpu_now();
+    let wall = std::time::Instant::now();
+    let mut line = client_run_inner(o, run, local, server)?;
+    let (secs, server_cpu) = (wall.elapsed().as_secs_f64(), line.1);
+    let cpu = report::cpu_now() - cpu0 + server_cpu;
+    match &mut line.0 {
+        Line::Bw(b) => b.cpu_secs = cpu * b.secs / secs.max(1e-9),
+        Line::Lat(l) => {
+            l.secs = secs;
+            l.cpu_secs = cpu;
+        }
+    }
+    Ok(line.0)
+}
+
+/// [`client_run`] without the CPU accounting; also returns the server's
+/// CPU seconds.
+fn client_run_inner(
+    o: &mut Oob,
+    run: &Run,
+    local: IpAddr,
+    server: IpAddr,
+) -> Result<(Line, f64), String> {
     o.send(&run.encode())?;
     let p = run.p;
     match run.transport {
@@ -391,14 +466,14 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
             let mut line = r?;
             if let (Line::Bw(b), true) = (&mut line, run.bidir) {
                 // The server's direction, measured over the same time.
-                let n: u64 = count.trim_start_matches("COUNT ").parse().unwrap_or(0);
+                let n: u64 = count_of(&count).parse().unwrap_or(0);
                 if run.test != Test::SendBw {
                     b.iters += n;
                     b.gbps = b.iters as f64 * b.bytes as f64 * 8.0 / b.secs / 1e9;
                     b.mpps = b.iters as f64 / b.secs / 1e6;
                 }
             }
-            Ok(line)
+            Ok((line, server_cpu(&count)))
         }
         Transport::Tcp => {
             let ready = o.recv()?;
@@ -413,8 +488,8 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
                 tcp::pingpong(to, p.size, p.iters, p.duration, p.events).map(Line::Lat)
             };
             o.send("DONE")?;
-            o.recv()?;
-            r
+            let count = o.recv()?;
+            r.map(|l| (l, server_cpu(&count)))
         }
         Transport::RawUdp => {
             let mut udp = burst_verbs::ports::UdpPort::bind(local).map_err(|e| e.to_string())?;
@@ -423,28 +498,39 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
             }
             let to = SocketAddr::new(server, burst_verbs::wire::ROCEV2_PORT);
             if run.test.is_bw() {
-                let counted = AtomicU64::new(0);
-                let mut b = rawudp::stream(
-                    &mut udp,
-                    to,
-                    p.size,
-                    p.mtu.bytes(),
-                    p.iters,
-                    p.duration,
-                    &counted,
-                )?;
+                let (mut b, sent) =
+                    rawudp::stream(&mut udp, to, p.size, p.mtu.bytes(), p.iters, p.duration)?;
+                // Until the last datagram is in (or stops coming): the
+                // receiver's clock ends the window, not a sleep here.
+                std::thread::sleep(Duration::from_millis(50));
                 o.send("DONE")?;
                 let c = o.recv()?;
-                let bytes: f64 = c.trim_start_matches("COUNT ").parse().unwrap_or(0.0);
+                let bytes: f64 = count_of(&c).parse().unwrap_or(0.0);
+                let f: Vec<&str> = c.split_whitespace().collect();
+                let span = f
+                    .iter()
+                    .position(|x| *x == "SPAN")
+                    .and_then(|i| f.get(i + 1))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|&v| v > 0.0)
+                    .unwrap_or(b.secs);
                 b.iters = (bytes / p.size as f64) as u64;
-                b.gbps = bytes * 8.0 / b.secs / 1e9;
-                b.mpps = bytes / p.size as f64 / b.secs / 1e6;
-                Ok(Line::Bw(b))
+                b.secs = span;
+                b.gbps = bytes * 8.0 / span / 1e9;
+                b.mpps = bytes / p.size as f64 / span / 1e6;
+                let lost = 1.0 - bytes / (sent as f64).max(1.0);
+                if lost > 0.01 {
+                    eprintln!(
+                        "burst-bench: raw UDP lost {:.1}% of its datagrams: the ceiling counts only what arrived",
+                        lost * 100.0
+                    );
+                }
+                Ok((Line::Bw(b), server_cpu(&c)))
             } else {
                 let r = rawudp::pingpong(&mut udp, to, p.size, p.iters, p.duration, p.events);
                 o.send("DONE")?;
-                o.recv()?;
-                r.map(Line::Lat)
+                let c = o.recv()?;
+                r.map(|l| (Line::Lat(l), server_cpu(&c)))
             }
         }
     }

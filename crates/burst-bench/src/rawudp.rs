@@ -39,26 +39,43 @@ fn datagrams(size: usize, mtu: usize) -> Vec<usize> {
     v
 }
 
+/// What the receiver of a raw-UDP stream saw: payload bytes and the time
+/// from its first datagram to its last (the rate is timed on the receiving
+/// side, up to the last datagram that arrived: no sleep in the window).
+#[derive(Debug, Default)]
+pub struct SinkCount {
+    /// Payload bytes received.
+    pub bytes: AtomicU64,
+    /// Nanoseconds from the first datagram to the last.
+    pub span_ns: AtomicU64,
+}
+
 /// Counts received bytes of payload until `stop`.
-pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &AtomicU64) {
+pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &SinkCount) {
     let mut rx = RxBatch::default();
+    let mut first: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         if let Ok(n) = port.recv_batch(&mut rx) {
             if n > 0 {
+                let now = Instant::now();
+                let t0 = *first.get_or_insert(now);
                 // Payload bytes (a message's first packet also counts its
                 // 16 RETH bytes: 0.02% of a 64 KiB message).
                 let bytes: usize = rx
                     .packets()
                     .map(|(_, p)| p.len().saturating_sub(OVERHEAD - RETH))
                     .sum();
-                got.fetch_add(bytes as u64, Ordering::Relaxed);
+                got.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                got.span_ns
+                    .store((now - t0).as_nanos() as u64, Ordering::Relaxed);
             }
         }
     }
 }
 
 /// Sends `iters` messages of `size` bytes (or for `duration`) to `to` in
-/// bursts; returns what the receiver counted over the sending time.
+/// bursts. The figures are the receiver's ([`SinkCount`]): the caller sets
+/// them from its count; `sent_bytes` here is what left, so the loss shows.
 pub fn stream(
     port: &mut UdpPort,
     to: SocketAddr,
@@ -66,8 +83,7 @@ pub fn stream(
     mtu: usize,
     iters: u64,
     duration: Option<Duration>,
-    received: &AtomicU64,
-) -> Result<Bw, String> {
+) -> Result<(Bw, u64), String> {
     // As many packets per call as burst's engine sends per round.
     const TX: usize = 4 * MAX_GSO_SEGMENTS;
     let mut bufs: Vec<PacketBuf> = (0..TX).map(|_| PacketBuf::new()).collect();
@@ -105,21 +121,23 @@ pub fn stream(
             }
         }
     }
-    // Let the receiver drain what is in flight.
-    std::thread::sleep(Duration::from_millis(20));
     let secs = start.elapsed().as_secs_f64();
-    let bytes = received.load(Ordering::Relaxed) as f64;
-    Ok(Bw {
-        test: "write_bw".into(),
-        transport: "raw-udp".into(),
-        bytes: size,
-        iters: (bytes / size as f64) as u64,
-        gbps: bytes * 8.0 / secs / 1e9,
-        mpps: bytes / size as f64 / secs / 1e6,
-        secs,
-        retransmitted_pkts: 0,
-        retransmits_started: 0,
-    })
+    let sent_bytes = sent_msgs * size as u64;
+    Ok((
+        Bw {
+            test: "write_bw".into(),
+            transport: "raw-udp".into(),
+            bytes: size,
+            iters: sent_msgs,
+            gbps: sent_bytes as f64 * 8.0 / secs / 1e9,
+            mpps: sent_msgs as f64 / secs / 1e6,
+            secs,
+            retransmitted_pkts: 0,
+            retransmits_started: 0,
+            cpu_secs: 0.0,
+        },
+        sent_bytes,
+    ))
 }
 
 fn recv_one(

@@ -372,6 +372,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         secs,
         retransmitted_pkts: after.retransmitted_pkts - before.retransmitted_pkts,
         retransmits_started: after.retransmits_started - before.retransmits_started,
+        cpu_secs: 0.0,
     })
 }
 

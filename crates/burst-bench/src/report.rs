@@ -25,6 +25,9 @@ pub struct Bw {
     pub retransmitted_pkts: u64,
     /// See `retransmitted_pkts`.
     pub retransmits_started: u64,
+    /// CPU time both sides used over the run (user + system, getrusage),
+    /// seconds: a busy-polling stack shows here what its speed costs.
+    pub cpu_secs: f64,
 }
 
 /// One latency result line, in microseconds.
@@ -58,6 +61,10 @@ pub struct Lat {
     pub events: bool,
     /// (quantile, microseconds) points of the distribution, for CDF plots.
     pub cdf: Vec<(f64, f64)>,
+    /// Wall time of the run, seconds.
+    pub secs: f64,
+    /// CPU time both sides used over the run (user + system), seconds.
+    pub cpu_secs: f64,
 }
 
 /// Whether a run of `iters` messages, or of `duration` when given, goes on
@@ -72,6 +79,18 @@ pub fn more(
         Some(d) => start.elapsed() < d,
         None => done < iters,
     }
+}
+
+/// CPU time this process has used so far (user + system), seconds.
+pub fn cpu_now() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid `who` and a live, writable rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
 }
 
 /// Latency samples in nanoseconds.
@@ -119,6 +138,8 @@ impl Samples {
             .iter()
             .map(|&q| (q, us(h.value_at_quantile(q))))
             .collect(),
+            secs: 0.0,
+            cpu_secs: 0.0,
         }
     }
 }
@@ -140,7 +161,7 @@ pub fn bw_header(f: Format, title: &str) {
     if f == Format::Text {
         println!("{RULE}");
         println!("                    {title}");
-        println!(" #bytes     #iterations    BW average[Gb/sec]   MsgRate[Mpps]");
+        println!(" #bytes     #iterations    BW average[Gb/sec]   MsgRate[Mpps]   CPU[cores]");
     }
 }
 
@@ -148,8 +169,12 @@ pub fn bw_header(f: Format, title: &str) {
 pub fn bw_line(f: Format, b: &Bw) {
     match f {
         Format::Text => println!(
-            " {:<10} {:<14} {:<20.2} {:.6}",
-            b.bytes, b.iters, b.gbps, b.mpps
+            " {:<10} {:<14} {:<20.2} {:<15.6} {:.2}",
+            b.bytes,
+            b.iters,
+            b.gbps,
+            b.mpps,
+            b.cpu_secs / b.secs.max(1e-9)
         ),
         Format::Json => println!("{}", serde_json::to_string(b).unwrap_or_default()),
     }
@@ -160,7 +185,7 @@ pub fn lat_header(f: Format, title: &str) {
     if f == Format::Text {
         println!("{RULE}");
         println!("                    {title}");
-        println!(" #bytes #iterations    t_min[usec]    t_typical[usec]    t_avg[usec]    99% percentile[usec]   99.9% percentile[usec]   t_max[usec]");
+        println!(" #bytes #iterations    t_min[usec]    t_typical[usec]    t_avg[usec]    99% percentile[usec]   99.9% percentile[usec]   t_max[usec]   CPU[cores]");
     }
 }
 
@@ -168,8 +193,16 @@ pub fn lat_header(f: Format, title: &str) {
 pub fn lat_line(f: Format, l: &Lat) {
     match f {
         Format::Text => println!(
-            " {:<6} {:<14} {:<14.2} {:<18.2} {:<14.2} {:<22.2} {:<24.2} {:.2}",
-            l.bytes, l.iters, l.min, l.p50, l.avg, l.p99, l.p999, l.max
+            " {:<6} {:<14} {:<14.2} {:<18.2} {:<14.2} {:<22.2} {:<24.2} {:<13.2} {:.2}",
+            l.bytes,
+            l.iters,
+            l.min,
+            l.p50,
+            l.avg,
+            l.p99,
+            l.p999,
+            l.max,
+            l.cpu_secs / l.secs.max(1e-9)
         ),
         Format::Json => println!("{}", serde_json::to_string(l).unwrap_or_default()),
     }

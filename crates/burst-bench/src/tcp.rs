@@ -95,6 +95,7 @@ pub fn stream(
         secs,
         retransmitted_pkts: 0,
         retransmits_started: 0,
+        cpu_secs: 0.0,
     })
 }
 
