@@ -32,7 +32,8 @@ interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
         MTU 1024 and 4096, and burst to burst over a veth pair
 bench   burst-bench over a veth pair (root): burst, the raw UDP ceiling and
         kernel TCP alternated for N rounds (default 3), a size sweep; writes
-        target/bench/run-*.json and docs/bench-report.md with plots
+        docs/bench-runs/run-*.json (commit it with the report) and
+        docs/bench-report.md with plots
 dropin  build the drop-in libibverbs (target/dropin), check its exports
         against rdma-core 44's, and run the Debian tools on it: on loopback
         (default), over a veth pair (--veth), against RXE (--rxe);
