@@ -13,9 +13,8 @@ use burst_verbs::transport::{QpType, SendOp, SendWr, Sge, UdDest, WorkCompletion
 use burst_verbs::wire::Qpn;
 
 use crate::abi::*;
-use crate::device::ctx_of;
 use crate::guard;
-use crate::verbs::{ours, Ah, Cq, Qp, Srq};
+use crate::objects::{ctx_of, ours, Ah, Cq, Qp, Srq, WrBatch};
 
 const SEND_FENCE: u32 = 1;
 const SEND_SIGNALED: u32 = 2;
@@ -355,14 +354,6 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: 
 }
 
 // ------------------------------------------------------------ ibv_wr_*
-
-/// The WRs an `ibv_wr_start` … `ibv_wr_complete` batch has built.
-#[derive(Default)]
-pub(crate) struct WrBatch {
-    wrs: Vec<SendWr>,
-    /// The first error met while building (returned by wr_complete).
-    error: c_int,
-}
 
 /// Runs `f` on the QP behind a `ibv_qp_ex` and its batch.
 fn with_batch(qpx: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut WrBatch)) {

@@ -4,63 +4,17 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::mem::{offset_of, size_of};
+use std::mem::size_of;
 use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use burst_verbs::config::{Config, DeviceConfig};
-use burst_verbs::engine::{Context, Engine};
+use burst_verbs::config::Config;
+use burst_verbs::engine::Engine;
 use burst_verbs::{DeviceAttr, MAX_QP, MAX_QP_WR, MAX_SGE};
 
 use crate::abi::*;
+use crate::objects::*;
 use crate::{guard, set_errno};
-
-/// Largest CQ.
-pub(crate) const MAX_CQE: c_int = 1 << 20;
-
-/// A device of the list: the C struct first, so the pointer the app holds
-/// is the pointer to this.
-#[repr(C)]
-pub(crate) struct Dev {
-    pub raw: ibv_device,
-    pub cfg: DeviceConfig,
-    pub index: usize,
-}
-
-/// An open context: `verbs_context` first (the app holds `&vctx.context`).
-#[repr(C)]
-pub(crate) struct Ctx {
-    pub vctx: verbs_context,
-    pub dev: *const Dev,
-    pub engine: Arc<Engine>,
-    pub ctx: Context,
-    /// Readable while async events are pending: a duplicate of the
-    /// engine's event descriptor (see `Context::async_fd`).
-    pub async_fd: std::os::fd::OwnedFd,
-    /// SRQ handle → `ibv_srq` pointer, for async events.
-    pub srqs: Mutex<HashMap<u32, usize>>,
-    /// QPN → `ibv_qp` pointer, for async events.
-    pub qps: Mutex<HashMap<u32, usize>>,
-}
-
-// SAFETY: the raw pointers in the C structs are only read by the
-// application and by calls it makes; the Rust state is Sync itself.
-unsafe impl Send for Ctx {}
-// SAFETY: as above.
-unsafe impl Sync for Ctx {}
-
-/// The context behind an `ibv_context *` we handed out.
-///
-/// # Safety
-/// `ctx` must come from [`open_device`] and not be closed.
-pub(crate) unsafe fn ctx_of<'a>(ctx: *mut ibv_context) -> Option<&'a Ctx> {
-    if ctx.is_null() {
-        return None;
-    }
-    let at = offset_of!(Ctx, vctx) + offset_of!(verbs_context, context);
-    // SAFETY: `ctx` is the `context` field of a live Ctx (caller's contract).
-    unsafe { Some(&*(ctx.cast::<u8>().sub(at).cast::<Ctx>())) }
-}
 
 struct DevList {
     // Boxed: the application holds pointers into each device.

@@ -28,6 +28,7 @@ mod export;
 pub mod abi;
 mod datapath;
 mod device;
+mod objects;
 mod strings;
 mod stubs;
 mod verbs;

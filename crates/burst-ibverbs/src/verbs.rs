@@ -13,30 +13,14 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use burst_verbs::engine::{CompChannel, CompletionQueue, CqId, QueuePair, SharedReceiveQueue};
 use burst_verbs::mem::Access;
 use burst_verbs::transport::{QpAccess, QpAttr, QpState, QpType};
 use burst_verbs::wire::{Mtu, Psn, Qpn};
 use burst_verbs::{AsyncEvent, QpCaps, QpInit, MAX_INLINE, MAX_QP_WR, MAX_SGE};
 
 use crate::abi::*;
-use crate::device::{ctx_of, Ctx, MAX_CQE};
+use crate::objects::*;
 use crate::{guard, set_errno};
-
-/// Recovers our object from the pointer handed out (first field).
-macro_rules! ours {
-    ($t:ty, $p:expr) => {{
-        let p = $p;
-        if p.is_null() {
-            None
-        } else {
-            // SAFETY: objects of this kind are only created by us, with the
-            // C struct as first field (caller's contract: a live object).
-            Some(unsafe { &*(p.cast::<$t>()) })
-        }
-    }};
-}
-pub(crate) use ours;
 
 fn boxed<T>(v: T) -> *mut T {
     Box::into_raw(Box::new(v))
@@ -63,12 +47,6 @@ fn ctx_from<'a>(context: *mut ibv_context) -> Option<&'a Ctx> {
 }
 
 // ------------------------------------------------------------------- PD
-
-#[repr(C)]
-pub(crate) struct Pd {
-    pub raw: ibv_pd,
-    pub pd: burst_verbs::mem::Pd,
-}
 
 unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     guard("ibv_alloc_pd", ptr::null_mut(), || {
@@ -99,11 +77,6 @@ unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
 export!("ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
 
 // ------------------------------------------------------------------- MR
-
-#[repr(C)]
-pub(crate) struct Mr {
-    pub raw: ibv_mr,
-}
 
 /// Access bits rdma-core defines as optional (ignored when unsupported):
 /// relaxed ordering and the rest of IBV_ACCESS_OPTIONAL_RANGE.
@@ -204,14 +177,6 @@ unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
 
 // ---------------------------------------------------- completion channels
-
-#[repr(C)]
-pub(crate) struct Channel {
-    pub raw: ibv_comp_channel,
-    pub ch: Arc<CompChannel>,
-    /// CQ handle → `ibv_cq` pointer, to answer `ibv_get_cq_event`.
-    pub cqs: Mutex<HashMap<u32, usize>>,
-}
 
 unsafe extern "C" fn create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
     guard("ibv_create_comp_channel", ptr::null_mut(), || {
@@ -318,15 +283,6 @@ export!("ibv_ack_cq_events", "IBVERBS_1.1", ack_cq_events);
 
 // ------------------------------------------------------------------- CQ
 
-#[repr(C)]
-pub(crate) struct Cq {
-    pub raw: ibv_cq,
-    pub handle: CompletionQueue,
-    pub id: CqId,
-    /// QPs completing into it.
-    pub users: AtomicU32,
-}
-
 unsafe extern "C" fn create_cq(
     context: *mut ibv_context,
     cqe: c_int,
@@ -403,16 +359,6 @@ unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
 export!("ibv_destroy_cq", "IBVERBS_1.1", destroy_cq);
 
 // ------------------------------------------------------------------- SRQ
-
-#[repr(C)]
-pub(crate) struct Srq {
-    pub raw: ibv_srq,
-    pub srq: SharedReceiveQueue,
-    /// Fixed at creation (`ibv_modify_srq` changes only max_wr and the limit).
-    pub max_sge: u32,
-    pub attr: Mutex<ibv_srq_attr>,
-    pub users: AtomicU32,
-}
 
 unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     guard("ibv_create_srq", ptr::null_mut(), || {
@@ -533,22 +479,6 @@ unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
 export!("ibv_destroy_srq", "IBVERBS_1.1", destroy_srq);
 
 // ------------------------------------------------------------------- QP
-
-#[repr(C)]
-pub(crate) struct Qp {
-    /// An `ibv_qp_ex` from the start, so `ibv_qp_to_qp_ex` can hand it out.
-    pub raw: ibv_qp_ex,
-    pub qp: QueuePair,
-    pub qp_type: QpType,
-    pub sq_sig_all: bool,
-    pub cap: ibv_qp_cap,
-    /// Created through `ibv_create_qp_ex` with send-ops flags.
-    pub extended: bool,
-    /// The attributes applied so far, for `ibv_query_qp`.
-    pub shadow: Mutex<ibv_qp_attr>,
-    /// The WR being built by the `ibv_wr_*` calls.
-    pub wr: Mutex<crate::datapath::WrBatch>,
-}
 
 fn qp_type_of(t: u32) -> Option<QpType> {
     match t {
@@ -995,12 +925,6 @@ export!(
 );
 
 // ------------------------------------------------------------------- AH
-
-#[repr(C)]
-pub(crate) struct Ah {
-    pub raw: ibv_ah,
-    pub index: u32,
-}
 
 unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard("ibv_create_ah", ptr::null_mut(), || {

@@ -1,0 +1,150 @@
+//! The C library's objects: the structs behind every pointer handed to
+//! the application (the C struct first, so the pointer is the object) and
+//! the way back from a pointer to the object. The lower module of the
+//! library: `datapath`, `verbs` and `device` build on it, and it on none
+//! of them (`device` assembles a context's function table from the other
+//! two; `verbs` installs the data path's `ibv_wr_*` functions).
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::mem::offset_of;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+
+use burst_verbs::config::DeviceConfig;
+use burst_verbs::engine::{
+    CompChannel, CompletionQueue, Context, CqId, Engine, QueuePair, SharedReceiveQueue,
+};
+use burst_verbs::QpType;
+
+use crate::abi::*;
+
+/// Recovers our object from the pointer handed out (first field).
+macro_rules! ours {
+    ($t:ty, $p:expr) => {{
+        let p = $p;
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: objects of this kind are only created by us, with the
+            // C struct as first field (caller's contract: a live object).
+            Some(unsafe { &*(p.cast::<$t>()) })
+        }
+    }};
+}
+pub(crate) use ours;
+
+/// Largest CQ.
+pub(crate) const MAX_CQE: c_int = 1 << 20;
+
+/// A device of the list: the C struct first, so the pointer the app holds
+/// is the pointer to this.
+#[repr(C)]
+pub(crate) struct Dev {
+    pub raw: ibv_device,
+    pub cfg: DeviceConfig,
+    pub index: usize,
+}
+
+/// An open context: `verbs_context` first (the app holds `&vctx.context`).
+#[repr(C)]
+pub(crate) struct Ctx {
+    pub vctx: verbs_context,
+    pub dev: *const Dev,
+    pub engine: Arc<Engine>,
+    pub ctx: Context,
+    /// Readable while async events are pending: a duplicate of the
+    /// engine's event descriptor (see `Context::async_fd`).
+    pub async_fd: std::os::fd::OwnedFd,
+    /// SRQ handle → `ibv_srq` pointer, for async events.
+    pub srqs: Mutex<HashMap<u32, usize>>,
+    /// QPN → `ibv_qp` pointer, for async events.
+    pub qps: Mutex<HashMap<u32, usize>>,
+}
+
+// SAFETY: the raw pointers in the C structs are only read by the
+// application and by calls it makes; the Rust state is Sync itself.
+unsafe impl Send for Ctx {}
+// SAFETY: as above.
+unsafe impl Sync for Ctx {}
+
+/// The context behind an `ibv_context *` we handed out.
+///
+/// # Safety
+/// `ctx` must come from [`open_device`] and not be closed.
+pub(crate) unsafe fn ctx_of<'a>(ctx: *mut ibv_context) -> Option<&'a Ctx> {
+    if ctx.is_null() {
+        return None;
+    }
+    let at = offset_of!(Ctx, vctx) + offset_of!(verbs_context, context);
+    // SAFETY: `ctx` is the `context` field of a live Ctx (caller's contract).
+    unsafe { Some(&*(ctx.cast::<u8>().sub(at).cast::<Ctx>())) }
+}
+
+#[repr(C)]
+pub(crate) struct Pd {
+    pub raw: ibv_pd,
+    pub pd: burst_verbs::mem::Pd,
+}
+
+#[repr(C)]
+pub(crate) struct Mr {
+    pub raw: ibv_mr,
+}
+
+#[repr(C)]
+pub(crate) struct Channel {
+    pub raw: ibv_comp_channel,
+    pub ch: Arc<CompChannel>,
+    /// CQ handle → `ibv_cq` pointer, to answer `ibv_get_cq_event`.
+    pub cqs: Mutex<HashMap<u32, usize>>,
+}
+
+#[repr(C)]
+pub(crate) struct Cq {
+    pub raw: ibv_cq,
+    pub handle: CompletionQueue,
+    pub id: CqId,
+    /// QPs completing into it.
+    pub users: AtomicU32,
+}
+
+#[repr(C)]
+pub(crate) struct Srq {
+    pub raw: ibv_srq,
+    pub srq: SharedReceiveQueue,
+    /// Fixed at creation (`ibv_modify_srq` changes only max_wr and the limit).
+    pub max_sge: u32,
+    pub attr: Mutex<ibv_srq_attr>,
+    pub users: AtomicU32,
+}
+
+#[repr(C)]
+pub(crate) struct Qp {
+    /// An `ibv_qp_ex` from the start, so `ibv_qp_to_qp_ex` can hand it out.
+    pub raw: ibv_qp_ex,
+    pub qp: QueuePair,
+    pub qp_type: QpType,
+    pub sq_sig_all: bool,
+    pub cap: ibv_qp_cap,
+    /// Created through `ibv_create_qp_ex` with send-ops flags.
+    pub extended: bool,
+    /// The attributes applied so far, for `ibv_query_qp`.
+    pub shadow: Mutex<ibv_qp_attr>,
+    /// The WR being built by the `ibv_wr_*` calls.
+    pub wr: Mutex<WrBatch>,
+}
+
+#[repr(C)]
+pub(crate) struct Ah {
+    pub raw: ibv_ah,
+    pub index: u32,
+}
+
+/// The WRs an `ibv_wr_start` … `ibv_wr_complete` batch has built.
+#[derive(Default)]
+pub(crate) struct WrBatch {
+    pub wrs: Vec<burst_verbs::SendWr>,
+    /// The first error met while building (returned by wr_complete).
+    pub error: c_int,
+}
