@@ -127,7 +127,10 @@ struct Receiver {
 
 struct Inner {
     now: u64,
+    /// The seed's key for [`Inner::next`].
     rng: u64,
+    /// Decisions drawn so far.
+    draws: u64,
     seq: u64,
     faults: SimFaults,
     stats: SimStats,
@@ -136,13 +139,20 @@ struct Inner {
 }
 
 impl Inner {
-    /// splitmix64.
+    /// A counter hashed twice with the seed: the draw for the n-th decision
+    /// is `mix(mix(n) ^ seed)`. Plain splitmix64 (`mix(seed + n * gamma)`)
+    /// let a retransmission loop that makes the same number of draws per
+    /// round sample an arithmetic progression of states with a poor
+    /// effective gamma: its draws correlated, and one ACK was lost eight
+    /// rounds in a row at 9% loss (core-sim sweep seed 9603).
     fn next(&mut self) -> u64 {
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        fn mix(mut z: u64) -> u64 {
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        self.draws = self.draws.wrapping_add(1);
+        mix(mix(self.draws) ^ self.rng)
     }
     fn chance(&mut self, p: f64) -> bool {
         p > 0.0 && (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
@@ -259,6 +269,7 @@ impl SimNet {
         SimNet(Arc::new(Mutex::new(Inner {
             now: 0,
             rng: seed ^ 0x5851_f42d_4c95_7f2d,
+            draws: 0,
             seq: 0,
             faults,
             stats: SimStats::default(),
