@@ -26,8 +26,8 @@ use std::sync::Arc;
 use burst_io::{SimFaults, SimNet, SimPort};
 use burst_mem::{Access, MrTable, Pd};
 use burst_transport::sim::{
-    connect_attrs, run_workload_on, Fabric, NetStats, Summary, WorkloadOptions, LINK_DELAY_NS,
-    LINK_GBPS,
+    connect_attrs, connection_ends, run_workload_on, Fabric, NetStats, Summary, WorkloadOptions,
+    LINK_DELAY_NS, LINK_GBPS,
 };
 use burst_transport::{Nanos, QpState, QpType, RecvWr, SendWr, VerbsError, WorkCompletion};
 use burst_wire::{Mtu, Psn, Qpn};
@@ -127,11 +127,7 @@ impl Fabric for CoreFabric {
         psn_a: Psn,
         psn_b: Psn,
     ) -> Result<(), VerbsError> {
-        let ends = match b {
-            Some(b) => vec![(a, Some((b, psn_a, psn_b))), (b, Some((a, psn_b, psn_a)))],
-            None => vec![(a, None)],
-        };
-        for (me, peer) in ends {
+        for (me, peer) in connection_ends(a, b, psn_a, psn_b) {
             let (node, qpn) = self.qps[me];
             let t = self.devs[node]
                 .query_qp(qpn)

@@ -302,7 +302,16 @@ pub struct NetStats {
 type InFlight = (Nanos, u64, usize, Vec<u8>);
 
 /// One end of a connection: (QP index, peer (QP index, my PSN, peer PSN)).
-type End = (usize, Option<(usize, Psn, Psn)>);
+pub type End = (usize, Option<(usize, Psn, Psn)>);
+
+/// The ends [`Fabric::connect`] sets up: both QPs of an RC/UC pair, each
+/// with its peer and the two first PSNs, or a lone UD QP.
+pub fn connection_ends(a: usize, b: Option<usize>, psn_a: Psn, psn_b: Psn) -> Vec<End> {
+    match b {
+        Some(b) => vec![(a, Some((b, psn_a, psn_b))), (b, Some((a, psn_b, psn_a)))],
+        None => vec![(a, None)],
+    }
+}
 
 /// Work planned on one QP pair: (requester, responder, transport, posted
 /// sends, receives as (wr_id, buffer key)).
@@ -439,11 +448,7 @@ impl World {
         psn_a: Psn,
         psn_b: Psn,
     ) -> Result<(), VerbsError> {
-        let ends: Vec<End> = match b {
-            Some(b) => vec![(a, Some((b, psn_a, psn_b))), (b, Some((a, psn_b, psn_a)))],
-            None => vec![(a, None)],
-        };
-        for (me, peer) in ends {
+        for (me, peer) in connection_ends(a, b, psn_a, psn_b) {
             let t = self.qps[me].1.config().qp_type;
             let my_psn = peer.map_or(Psn::new(0), |p| p.1);
             let peer =
