@@ -818,9 +818,11 @@ impl<P: Port> Device<P> {
         self.start
     }
 
-    /// One round of progress: receive a burst, run timers, transmit.
+    /// One round of progress: expired timers, transmit, receive a burst.
     ///
-    /// Transmit comes first: what this round's receives generate (ACKs)
+    /// Timers come first, so a retransmission they start leaves in this
+    /// round. Transmit comes before receive: what this round's receives
+    /// generate (ACKs)
     /// leaves with the next round, together with whatever the application
     /// posts in answer to this round's completions (a ping-pong's ACK and
     /// reply then share one `sendmmsg`, and the peer reads both with one
