@@ -1,5 +1,5 @@
 //! Deterministic simulation of burst-transport's model of two nodes over a
-//! faulty network (see `burst_transport::sim::cli` for the options).
+//! faulty network (see `examples/common/cli.rs` for the options).
 //!
 //! ```text
 //! cargo run --release -p burst-transport --example sim -- \
@@ -13,8 +13,11 @@
 //! The same workload through the real data plane (burst-verbs' `Device`
 //! over an in-memory port): `cargo run --release -p burst-verbs --example core_sim`.
 
+#[path = "common/cli.rs"]
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    burst_transport::sim::cli::main_with(
+    cli::main_with(
         "-p burst-transport --example sim",
         burst_transport::sim::run_workload,
     )

@@ -9,10 +9,13 @@
 //! ```
 //!
 //! Ends with `N passed, M failed`; exits 1 if any failed. Options as for
-//! burst-transport's `sim` example (`burst_transport::sim::cli`).
+//! burst-transport's `sim` example (`crates/burst-transport/examples/common/cli.rs`).
+
+#[path = "../../burst-transport/examples/common/cli.rs"]
+mod cli;
 
 fn main() -> std::process::ExitCode {
-    burst_transport::sim::cli::main_with(
+    cli::main_with(
         "-p burst-verbs --example core_sim",
         burst_verbs::sim::run_workload,
     )

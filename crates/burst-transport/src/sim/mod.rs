@@ -15,8 +15,6 @@ use std::net::Ipv4Addr;
 
 use burst_wire::{FrameRepr, IpRepr, Mtu, Psn, Qpn, RoceFrame, UdpRepr};
 
-pub mod cli;
-
 use crate::memory::{
     check_invalidate, check_remote_access, walk_sges, AtomicOp, MemError, Memory, RemoteAccess,
     RemoteRegion,
