@@ -217,7 +217,7 @@ impl Side {
     fn post_recv(&self, qp: usize, len: usize) -> Result<(), String> {
         let wr = RecvWr {
             wr_id: qp as u64,
-            sg_list: vec![self.sge(qp, len)],
+            sg_list: [self.sge(qp, len)].into(),
         };
         self.qps[qp].post_recv(&wr).map_err(err("post_recv"))
     }
@@ -336,7 +336,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
                 } else {
                     s.src(q, len)
                 };
-                let mut wr = SendWr::new(q as u64, op_for(test, &peer[q], i), vec![local]);
+                let mut wr = SendWr::new(q as u64, op_for(test, &peer[q], i), [local]);
                 wr.signaled = (i + 1) % cq_mod == 0 || (end.is_none() && i + 1 == target);
                 if p.inline as usize >= len && matches!(test, Test::WriteBw | Test::SendBw) {
                     wr.inline = true;
@@ -423,7 +423,7 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
         let t = Instant::now();
         match test {
             Test::SendLat => {
-                let mut wr = SendWr::new(i, SendOp::Send, vec![s.src(0, len)]);
+                let mut wr = SendWr::new(i, SendOp::Send, [s.src(0, len)]);
                 wr.signaled = false;
                 if p.inline as usize >= len {
                     wr.inline = true;
@@ -441,7 +441,7 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
                 while s.scq.poll().is_some() {}
             }
             _ => {
-                let wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.sge(0, len)]);
+                let wr = SendWr::new(i, op_for(test, &peer[0], i), [s.sge(0, len)]);
                 s.qps[0].post_send(&wr).map_err(err("post_send"))?;
                 s.wait(&s.scq, deadline)?;
                 h.record(t.elapsed().as_nanos() as u64);
@@ -469,7 +469,7 @@ fn post_write_lat(
     // SAFETY: the source half's last byte, inside our registered buffer,
     // which we own; the engine reads it when building the packet.
     unsafe { std::ptr::write_volatile(s.buf.as_ptr().add(s.slot / 2 + len - 1).cast_mut(), v) };
-    let mut wr = SendWr::new(i, op_for(test, &peer[0], i), vec![s.src(0, len)]);
+    let mut wr = SendWr::new(i, op_for(test, &peer[0], i), [s.src(0, len)]);
     wr.signaled = i % 64 == 63;
     wr.inline = p.inline as usize >= len;
     s.qps[0].post_send(&wr).map_err(err("post_send"))
@@ -512,7 +512,7 @@ pub fn pong(
                     continue;
                 }
                 s.post_recv(0, len)?;
-                let mut wr = SendWr::new(i, SendOp::Send, vec![s.src(0, len)]);
+                let mut wr = SendWr::new(i, SendOp::Send, [s.src(0, len)]);
                 wr.signaled = false;
                 if p.inline as usize >= len {
                     wr.inline = true;

@@ -8,8 +8,10 @@
 
 use std::ffi::{c_int, c_void};
 
-use burst_verbs::engine::{PostError, SendDesc, RING_MAX_INLINE, RING_MAX_SGE};
-use burst_verbs::transport::{QpType, SendOp, SendWr, Sge, UdDest, WorkCompletion};
+use burst_verbs::engine::PostError;
+use burst_verbs::transport::{
+    InlineData, QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WorkCompletion,
+};
 use burst_verbs::wire::Qpn;
 
 use crate::abi::*;
@@ -21,31 +23,32 @@ const SEND_SIGNALED: u32 = 2;
 const SEND_SOLICITED: u32 = 4;
 const SEND_INLINE: u32 = 8;
 
-fn errno_of(e: PostError) -> c_int {
-    match e {
-        PostError::Full => libc::ENOMEM,
-        PostError::Stopped => libc::EIO,
-        PostError::NoSuch | PostError::Invalid => libc::EINVAL,
-    }
-}
-
-/// Reads an SGE array from the application.
+/// Reads an SGE array from the application (EINVAL for a negative count,
+/// a null list, or more entries than a work request holds; the QP's own
+/// limit is checked when the WR is posted, once, by the engine).
 ///
 /// # Safety
 /// `sg` must point to `n` readable SGEs when `n > 0`.
-unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Vec<Sge> {
-    if n <= 0 || sg.is_null() {
-        return Vec::new();
+unsafe fn sg_list(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    let mut l = SgList::new();
+    if n == 0 {
+        return Ok(l);
+    }
+    if sg.is_null() {
+        return Err(libc::EINVAL);
     }
     // SAFETY: caller's contract.
-    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
-    s.iter()
-        .map(|e| Sge {
+    let s = unsafe { std::slice::from_raw_parts(sg, n) };
+    for e in s {
+        l.push(Sge {
             addr: e.addr,
             length: e.length,
             lkey: e.lkey,
         })
-        .collect()
+        .map_err(|v| v.errno())?;
+    }
+    Ok(l)
 }
 
 /// Copies the bytes the SGEs name into `out` (inline sends: no key
@@ -66,38 +69,25 @@ unsafe fn gather_into(list: &[Sge], out: &mut [u8]) {
     }
 }
 
-/// [`gather_into`] a new buffer (the `ibv_wr_*` path, which owns its WRs).
+/// [`gather_into`] the work request's own inline buffer (EINVAL past what
+/// it holds; the QP's `max_inline_data` is checked when the WR is posted).
 ///
 /// # Safety
 /// Each SGE must name readable process memory.
-unsafe fn gather_inline(list: &[Sge]) -> Vec<u8> {
-    let mut out = vec![0; list.iter().map(|s| s.length as usize).sum()];
+unsafe fn gather_inline(list: &[Sge]) -> Result<InlineData, c_int> {
+    let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
+    let mut d = InlineData::zeroed(usize::try_from(len).map_err(|_| libc::EINVAL)?)
+        .map_err(|v| v.errno())?;
     // SAFETY: forwarded contract.
-    unsafe { gather_into(list, &mut out) };
-    out
+    unsafe { gather_into(list, &mut d) };
+    Ok(d)
 }
 
-/// Posts one `ibv_send_wr`: its SGEs and inline bytes go through stack
-/// buffers straight into the ring entry (no allocation per WR).
+/// Posts one `ibv_send_wr`: it becomes a [`SendWr`] (SGEs and inline bytes
+/// held in place, no allocation) that the engine checks and posts.
 fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
-    let n = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
-    if n > q.cap.max_send_sge.max(1) as usize || n > RING_MAX_SGE || (n > 0 && w.sg_list.is_null())
-    {
-        return Err(libc::EINVAL);
-    }
-    let mut list = [Sge::default(); RING_MAX_SGE];
-    if n > 0 {
-        // SAFETY: the WR's sg_list holds num_sge entries (caller's contract).
-        let src = unsafe { std::slice::from_raw_parts(w.sg_list, n) };
-        for (d, e) in list.iter_mut().zip(src) {
-            *d = Sge {
-                addr: e.addr,
-                length: e.length,
-                lkey: e.lkey,
-            };
-        }
-    }
-    let list = &list[..n];
+    // SAFETY: the WR's sg_list holds num_sge entries (caller's contract).
+    let list = unsafe { sg_list(w.sg_list, w.num_sge) }?;
     let imm = u32::from_be(w.imm_data);
     let (addr, rkey) = (w.wr[0], w.wr[1] as u32);
     let op = match w.opcode {
@@ -134,16 +124,10 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
             return Err(libc::EINVAL);
         }
     };
-    let mut bytes = [0u8; RING_MAX_INLINE];
-    let inline = if w.send_flags & SEND_INLINE != 0 {
-        let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
-        if len > u64::from(q.cap.max_inline_data) || len > RING_MAX_INLINE as u64 {
-            return Err(libc::EINVAL);
-        }
-        let out = &mut bytes[..len as usize];
+    let inline = w.send_flags & SEND_INLINE != 0;
+    let inline_data = if inline {
         // SAFETY: inline SGEs name the application's readable buffers.
-        unsafe { gather_into(list, out) };
-        Some(&*out)
+        Some(unsafe { gather_inline(&list) }?)
     } else {
         None
     };
@@ -159,17 +143,18 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
     } else {
         None
     };
-    let d = SendDesc {
+    let wr = SendWr {
         wr_id: w.wr_id,
         op,
-        sges: list,
+        sg_list: list,
         signaled: q.sq_sig_all || w.send_flags & SEND_SIGNALED != 0,
         fence: w.send_flags & SEND_FENCE != 0,
         solicited: w.send_flags & SEND_SOLICITED != 0,
         inline,
         ud,
+        inline_data,
     };
-    q.qp.post_send_desc(&d).map_err(errno_of)
+    q.qp.post_send(&wr).map_err(PostError::errno)
 }
 
 /// `ops.post_send`.
@@ -200,24 +185,13 @@ pub(crate) unsafe extern "C" fn post_send(
     })
 }
 
-/// Copies a receive WR's SGEs into `out`; returns how many.
-fn recv_sges(w: &ibv_recv_wr, max_sge: u32, out: &mut [Sge; RING_MAX_SGE]) -> Result<usize, c_int> {
-    let n = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
-    if n > max_sge.max(1) as usize || n > RING_MAX_SGE || (n > 0 && w.sg_list.is_null()) {
-        return Err(libc::EINVAL);
-    }
-    if n > 0 {
+/// An `ibv_recv_wr` as a [`RecvWr`].
+fn recv_wr(w: &ibv_recv_wr) -> Result<RecvWr, c_int> {
+    Ok(RecvWr {
+        wr_id: w.wr_id,
         // SAFETY: the WR's sg_list holds num_sge entries (caller's contract).
-        let src = unsafe { std::slice::from_raw_parts(w.sg_list, n) };
-        for (d, e) in out.iter_mut().zip(src) {
-            *d = Sge {
-                addr: e.addr,
-                length: e.length,
-                lkey: e.lkey,
-            };
-        }
-    }
-    Ok(n)
+        sg_list: unsafe { sg_list(w.sg_list, w.num_sge) }?,
+    })
 }
 
 /// `ops.post_recv`.
@@ -238,9 +212,7 @@ pub(crate) unsafe extern "C" fn post_recv(
             let r = if on_srq {
                 Err(libc::EINVAL)
             } else {
-                let mut list = [Sge::default(); RING_MAX_SGE];
-                recv_sges(w, q.cap.max_recv_sge, &mut list)
-                    .and_then(|n| q.qp.post_recv_sges(w.wr_id, &list[..n]).map_err(errno_of))
+                recv_wr(w).and_then(|r| q.qp.post_recv(&r).map_err(PostError::errno))
             };
             if let Err(e) = r {
                 if !bad.is_null() {
@@ -269,9 +241,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         while !cur.is_null() {
             // SAFETY: a readable WR list (caller's contract).
             let w = unsafe { &*cur };
-            let mut list = [Sge::default(); RING_MAX_SGE];
-            let r = recv_sges(w, s.max_sge, &mut list)
-                .and_then(|n| s.srq.post_recv_sges(w.wr_id, &list[..n]).map_err(errno_of));
+            let r = recv_wr(w).and_then(|r| s.srq.post_recv(&r).map_err(PostError::errno));
             if let Err(e) = r {
                 if !bad.is_null() {
                     // SAFETY: writable out-pointer.
@@ -349,7 +319,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, _solicited_only: 
     // Solicited-only arming fires on any completion: allowed (a superset).
     match c.ctx.req_notify_cq(q.id) {
         Ok(()) => 0,
-        Err(e) => errno_of(e),
+        Err(e) => e.errno(),
     }
 }
 
@@ -366,7 +336,7 @@ fn with_batch(qpx: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut WrBatch)) {
 fn begin(qpx: *mut ibv_qp_ex, op: SendOp) {
     with_batch(qpx, |q, b| {
         let (id, flags) = (q.raw.wr_id, q.raw.wr_flags);
-        let mut wr = SendWr::new(id, op, Vec::new());
+        let mut wr = SendWr::new(id, op, SgList::new());
         wr.signaled = q.sq_sig_all || flags & SEND_SIGNALED != 0;
         wr.fence = flags & SEND_FENCE != 0;
         wr.solicited = flags & SEND_SOLICITED != 0;
@@ -405,7 +375,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
         }
         for wr in &b.wrs {
             if let Err(e) = q.qp.post_send(wr) {
-                return errno_of(e);
+                return e.errno();
             }
         }
         0
@@ -484,31 +454,25 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     current(qpx, |q, w| {
-        w.sg_list = burst_verbs::transport::SgList::from_slice(&[Sge { addr, length, lkey }]);
+        w.sg_list = [Sge { addr, length, lkey }].into();
         finish_inline(q, w)
     });
 }
 
 unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     current(qpx, |q, w| {
-        if n > q.cap.max_send_sge.max(1) as usize {
-            return Err(libc::EINVAL);
-        }
+        let n = c_int::try_from(n).map_err(|_| libc::EINVAL)?;
         // SAFETY: the caller's list holds n SGEs.
-        w.sg_list = unsafe { sges(list, n as c_int) }.into();
+        w.sg_list = unsafe { sg_list(list, n) }?;
         finish_inline(q, w)
     });
 }
 
 /// An inline WR's bytes are captured as soon as its SGEs are known.
-fn finish_inline(q: &Qp, w: &mut SendWr) -> Result<(), c_int> {
+fn finish_inline(_q: &Qp, w: &mut SendWr) -> Result<(), c_int> {
     if w.inline {
-        let len: u64 = w.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        if len > u64::from(q.cap.max_inline_data) {
-            return Err(libc::EINVAL);
-        }
         // SAFETY: inline SGEs name the application's readable buffers.
-        w.inline_data = Some(unsafe { gather_inline(&w.sg_list) });
+        w.inline_data = Some(unsafe { gather_inline(&w.sg_list) }?);
     }
     Ok(())
 }
@@ -519,22 +483,28 @@ struct ibv_data_buf {
     length: usize,
 }
 
-fn set_inline(q: &Qp, w: &mut SendWr, bufs: &[(u64, usize)]) -> Result<(), c_int> {
+/// `ibv_wr_set_inline_data{,_list}`: the bytes are captured now; the WR's
+/// SGE list becomes one entry of their total length (what the checks at
+/// post compare the inline size with).
+fn set_inline(_q: &Qp, w: &mut SendWr, bufs: &[(u64, usize)]) -> Result<(), c_int> {
     let len: usize = bufs.iter().map(|b| b.1).sum();
-    if len > q.cap.max_inline_data as usize {
-        return Err(libc::EINVAL);
+    let mut d = InlineData::zeroed(len).map_err(|v| v.errno())?;
+    let mut at = 0;
+    for &(addr, n) in bufs {
+        if n > 0 {
+            // SAFETY: the application's buffer, readable (its contract).
+            let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, n) };
+            d[at..at + n].copy_from_slice(src);
+            at += n;
+        }
     }
-    let list: Vec<Sge> = bufs
-        .iter()
-        .map(|&(addr, length)| Sge {
-            addr,
-            length: length as u32,
-            lkey: 0,
-        })
-        .collect();
-    // SAFETY: the application's buffers, readable (its contract).
-    w.inline_data = Some(unsafe { gather_inline(&list) });
-    w.sg_list = list.into();
+    w.inline_data = Some(d);
+    w.sg_list = [Sge {
+        addr: bufs.first().map_or(0, |b| b.0),
+        length: len as u32,
+        lkey: 0,
+    }]
+    .into();
     w.inline = true;
     Ok(())
 }

@@ -109,7 +109,7 @@ fn bench(c: &mut Criterion) {
                     remote_addr: 0x1000,
                     rkey: 7,
                 },
-                vec![Sge {
+                [Sge {
                     addr: 0,
                     length: MSG,
                     lkey: 1,

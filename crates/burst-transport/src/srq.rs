@@ -20,11 +20,11 @@ use crate::{Memory, RecvWr, VerbsError};
 /// let mut srq = Srq::new(pd, 16, 1);
 /// srq.set_limit(2).unwrap();
 /// let sge = Sge { addr, length: 64, lkey: key };
-/// srq.post_recv(RecvWr { wr_id: 7, sg_list: vec![sge] }, &mem).unwrap();
+/// srq.post_recv(RecvWr { wr_id: 7, sg_list: [sge].into() }, &mem).unwrap();
 /// assert_eq!(srq.len(), 1);
 /// // Another WR with a foreign key is refused at post time.
 /// let bad = Sge { addr, length: 64, lkey: key ^ 1 };
-/// assert!(srq.post_recv(RecvWr { wr_id: 8, sg_list: vec![bad] }, &mem).is_err());
+/// assert!(srq.post_recv(RecvWr { wr_id: 8, sg_list: [bad].into() }, &mem).is_err());
 /// ```
 #[derive(Debug)]
 pub struct Srq {

@@ -3,6 +3,8 @@
 
 use burst_wire::{Mtu, Psn, Qpn};
 
+use crate::VerbsError;
+
 /// Simulated or real monotonic time in nanoseconds, supplied by the caller.
 pub type Nanos = u64;
 
@@ -111,16 +113,18 @@ pub struct UdDest {
     pub ah: u32,
 }
 
-/// A send work request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A send work request: plain integers and fixed arrays, no pointers and
+/// no heap (`Copy`). It is the one shape a send request has from the
+/// application's post to the transport: a burst ring entry is a `SendWr`,
+/// so the same request can sit in memory shared with another process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr {
     /// Caller's identifier, returned in the completion.
     pub wr_id: u64,
     /// Operation.
     pub op: SendOp,
     /// Local buffers (gathered for sends and writes, scattered for reads and
-    /// atomics), held inline up to [`SG_INLINE`] entries: posting a work
-    /// request allocates nothing.
+    /// atomics), at most [`MAX_SGE`].
     pub sg_list: SgList,
     /// IBV_SEND_INLINE: the data is captured when posted.
     pub inline: bool,
@@ -132,27 +136,181 @@ pub struct SendWr {
     pub solicited: bool,
     /// UD destination (UD QPs only).
     pub ud: Option<UdDest>,
-    /// Inline bytes the caller captured when the application posted (a
-    /// front-end ring does); `None` reads the SGEs at `post_send` time.
-    pub inline_data: Option<Vec<u8>>,
+    /// Inline bytes captured when the application posted (a front end
+    /// does, as `ibv_post_send` returns); `None` with `inline` set reads
+    /// the SGEs when the transport takes the request.
+    pub inline_data: Option<InlineData>,
 }
 
-/// SGEs a [`SendWr`] holds without a heap allocation (what a burst ring
-/// entry holds, and more than any RNIC's usual `max_sge` for sends).
-pub const SG_INLINE: usize = 8;
+/// SGEs a work request holds (send or receive): a burst ring entry's
+/// room, the device's `max_sge`, and more than RXE's usual 32-SGE limit
+/// is never needed by the applications burst targets.
+pub const MAX_SGE: usize = 8;
 
-/// The scatter/gather list of a [`SendWr`]: a vector that keeps up to
-/// [`SG_INLINE`] entries inline (`From<Vec<Sge>>`, `from_slice`, and
-/// `Deref<Target = [Sge]>` as a `Vec` would).
-pub type SgList = smallvec::SmallVec<[Sge; SG_INLINE]>;
+/// Inline bytes a send work request holds (the device's `max_inline_data`).
+pub const MAX_INLINE: usize = 256;
+
+/// The scatter/gather list of a work request: up to [`MAX_SGE`] entries
+/// held in place (`Copy`, no heap), read as a slice (`Deref<Target = [Sge]>`).
+///
+/// ```
+/// use burst_transport::{SgList, Sge, MAX_SGE};
+/// let one = Sge { addr: 0x1000, length: 64, lkey: 1 };
+/// let l = SgList::from([one, one]);
+/// assert_eq!(l.len(), 2);
+/// assert_eq!(l.total_len(), 128);
+/// assert!(SgList::try_from(&[one; MAX_SGE + 1][..]).is_err());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct SgList {
+    len: u8,
+    sges: [Sge; MAX_SGE],
+}
+
+impl SgList {
+    /// An empty list.
+    pub const fn new() -> SgList {
+        SgList {
+            len: 0,
+            sges: [Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; MAX_SGE],
+        }
+    }
+
+    /// Appends an entry; `TooManySge` past [`MAX_SGE`].
+    pub fn push(&mut self, sge: Sge) -> Result<(), VerbsError> {
+        let i = usize::from(self.len);
+        *self.sges.get_mut(i).ok_or(VerbsError::TooManySge)? = sge;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Total bytes of the entries.
+    pub fn total_len(&self) -> u64 {
+        sg_len(self)
+    }
+}
+
+impl std::ops::Deref for SgList {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        &self.sges[..usize::from(self.len)]
+    }
+}
+
+impl std::ops::DerefMut for SgList {
+    fn deref_mut(&mut self) -> &mut [Sge] {
+        &mut self.sges[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Debug for SgList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for SgList {
+    fn from(a: [Sge; N]) -> SgList {
+        const { assert!(N <= MAX_SGE, "an SgList holds at most MAX_SGE entries") };
+        let mut l = SgList::new();
+        l.sges[..N].copy_from_slice(&a);
+        l.len = N as u8;
+        l
+    }
+}
+
+impl TryFrom<&[Sge]> for SgList {
+    type Error = VerbsError;
+    fn try_from(s: &[Sge]) -> Result<SgList, VerbsError> {
+        let mut l = SgList::new();
+        l.sges
+            .get_mut(..s.len())
+            .ok_or(VerbsError::TooManySge)?
+            .copy_from_slice(s);
+        l.len = s.len() as u8;
+        Ok(l)
+    }
+}
+
+impl TryFrom<Vec<Sge>> for SgList {
+    type Error = VerbsError;
+    fn try_from(v: Vec<Sge>) -> Result<SgList, VerbsError> {
+        SgList::try_from(&v[..])
+    }
+}
+
+/// Inline bytes of a send work request, held in place (at most
+/// [`MAX_INLINE`]).
+#[derive(Clone, Copy)]
+pub struct InlineData {
+    len: u16,
+    bytes: [u8; MAX_INLINE],
+}
+
+impl InlineData {
+    /// `data` captured; `BadWr` if it is longer than [`MAX_INLINE`].
+    pub fn try_from_slice(data: &[u8]) -> Result<InlineData, VerbsError> {
+        let mut d = InlineData {
+            len: data.len() as u16,
+            bytes: [0; MAX_INLINE],
+        };
+        d.bytes
+            .get_mut(..data.len())
+            .ok_or(VerbsError::BadWr("inline data longer than max_inline_data"))?
+            .copy_from_slice(data);
+        Ok(d)
+    }
+
+    /// `len` zero bytes to fill in place (`len` at most [`MAX_INLINE`]).
+    pub fn zeroed(len: usize) -> Result<InlineData, VerbsError> {
+        if len > MAX_INLINE {
+            return Err(VerbsError::BadWr("inline data longer than max_inline_data"));
+        }
+        Ok(InlineData {
+            len: len as u16,
+            bytes: [0; MAX_INLINE],
+        })
+    }
+}
+
+impl std::ops::Deref for InlineData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl std::ops::DerefMut for InlineData {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl PartialEq for InlineData {
+    fn eq(&self, o: &InlineData) -> bool {
+        **self == **o
+    }
+}
+
+impl Eq for InlineData {}
+
+impl std::fmt::Debug for InlineData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InlineData({} bytes)", self.len)
+    }
+}
 
 impl SendWr {
     /// A signaled work request with no flags.
     ///
     /// ```
     /// use burst_transport::{SendOp, SendWr, Sge};
-    /// let wr = SendWr::new(7, SendOp::Send, vec![Sge { addr: 0x1000, length: 64, lkey: 1 }]);
-    /// assert!(!wr.sg_list.spilled(), "held inline, no heap allocation");
+    /// let wr = SendWr::new(7, SendOp::Send, [Sge { addr: 0x1000, length: 64, lkey: 1 }]);
+    /// assert_eq!(wr.sg_list.total_len(), 64);
     /// ```
     pub fn new(wr_id: u64, op: SendOp, sg_list: impl Into<SgList>) -> SendWr {
         SendWr {
@@ -169,13 +327,13 @@ impl SendWr {
     }
 }
 
-/// A receive work request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A receive work request (`Copy`, no heap, like [`SendWr`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr {
     /// Caller's identifier.
     pub wr_id: u64,
-    /// Buffers the incoming message is scattered into.
-    pub sg_list: Vec<Sge>,
+    /// Buffers the incoming message is scattered into (at most [`MAX_SGE`]).
+    pub sg_list: SgList,
 }
 
 /// `enum ibv_wc_status`.
@@ -371,6 +529,84 @@ pub struct QpConfig {
 }
 
 impl QpConfig {
+    /// The checks `ibv_post_send` makes before it accepts a work request
+    /// (the errno each failure maps to is rdma-core's: EINVAL, through
+    /// [`VerbsError::errno`]): SGE count, an opcode the QP type offers, a
+    /// UD destination, the shape of an atomic, the message length and
+    /// inline size. A front end runs them once, when the application
+    /// posts; [`crate::Qp::post_send_checked`] takes what passed.
+    /// Returns the message length.
+    ///
+    /// ```
+    /// use burst_transport::{QpConfig, QpType, SendOp, SendWr, Sge};
+    /// use burst_wire::Qpn;
+    /// let cfg = QpConfig::new(Qpn::new(0x11).unwrap(), QpType::Uc, 1);
+    /// let sge = Sge { addr: 0x1000, length: 8, lkey: 1 };
+    /// let read = SendWr::new(1, SendOp::Read { remote_addr: 0, rkey: 2 }, [sge]);
+    /// assert!(cfg.check_send(&read).is_err(), "UC has no READ");
+    /// assert_eq!(cfg.check_send(&SendWr::new(2, SendOp::Send, [sge])), Ok(8));
+    /// ```
+    pub fn check_send(&self, wr: &SendWr) -> Result<u64, VerbsError> {
+        let t = self.qp_type;
+        if wr.sg_list.len() > self.max_sge as usize {
+            return Err(VerbsError::TooManySge);
+        }
+        let len = wr.sg_list.total_len();
+        let allowed = match (t, &wr.op) {
+            (QpType::Rc, _) => true,
+            (QpType::Uc, op) => !op.is_read_or_atomic() && !matches!(op, SendOp::SendWithInv(_)),
+            (QpType::Ud, SendOp::Send | SendOp::SendWithImm(_)) => true,
+            _ => false,
+        };
+        if !allowed {
+            return Err(VerbsError::BadWr("opcode not supported by this QP type"));
+        }
+        if t == QpType::Ud && wr.ud.is_none() {
+            return Err(VerbsError::BadWr("UD send without address handle"));
+        }
+        if wr.op.is_atomic() {
+            if len != 8 || wr.sg_list.len() != 1 {
+                return Err(VerbsError::BadWr("atomic needs one 8-byte SGE"));
+            }
+            let va = match wr.op {
+                SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => {
+                    remote_addr
+                }
+                _ => 0,
+            };
+            if va % 8 != 0 {
+                return Err(VerbsError::BadWr(
+                    "atomic remote address not 8-byte aligned",
+                ));
+            }
+        }
+        if len > u64::from(u32::MAX) {
+            return Err(VerbsError::BadWr("message longer than 2^32-1"));
+        }
+        if wr.inline && (wr.op.is_read_or_atomic() || len > u64::from(self.max_inline)) {
+            return Err(VerbsError::BadWr("inline data too long or not allowed"));
+        }
+        if let Some(d) = &wr.inline_data {
+            if !wr.inline || d.len() as u64 != len {
+                return Err(VerbsError::BadWr(
+                    "inline data length differs from the SGEs",
+                ));
+            }
+        }
+        Ok(len)
+    }
+
+    /// The checks `ibv_post_recv` makes before it accepts a work request.
+    pub fn check_recv(&self, wr: &RecvWr) -> Result<(), VerbsError> {
+        if self.srq {
+            return Err(VerbsError::InvalidValue("post_recv on a QP with an SRQ"));
+        }
+        if wr.sg_list.len() > self.max_sge as usize {
+            return Err(VerbsError::TooManySge);
+        }
+        Ok(())
+    }
+
     /// Defaults close to what RXE offers.
     pub fn new(qpn: Qpn, qp_type: QpType, pd: u32) -> QpConfig {
         QpConfig {
@@ -379,8 +615,8 @@ impl QpConfig {
             pd,
             max_send_wr: 4096,
             max_recv_wr: 4096,
-            max_sge: 32,
-            max_inline: 256,
+            max_sge: MAX_SGE as u32,
+            max_inline: MAX_INLINE as u32,
             ack_every: 16,
             // 4 MiB at MTU 4096: 256 packets left the sender waiting for
             // ACKs (15 vs 27 Gb/s, write_bw 64 KiB over the veth pair,

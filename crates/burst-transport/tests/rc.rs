@@ -70,16 +70,17 @@ fn send_single_and_multi_packet() {
         let (rk, ra) = p.buf(1, len + 10, 0);
         p.post_recv(RecvWr {
             wr_id: 9,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: ra,
                 length: (len + 10) as u32,
                 lkey: rk,
-            }],
+            }]
+            .into(),
         });
         p.post_send(SendWr::new(
             1,
             SendOp::SendWithImm(0xabcd),
-            vec![Sge {
+            [Sge {
                 addr: sa,
                 length: len as u32,
                 lkey: sk,
@@ -105,7 +106,7 @@ fn write_read_atomics() {
             remote_addr: ra,
             rkey: rk,
         },
-        vec![Sge {
+        [Sge {
             addr: sa,
             length: 3000,
             lkey: sk,
@@ -118,7 +119,7 @@ fn write_read_atomics() {
             remote_addr: ra,
             rkey: rk,
         },
-        vec![Sge {
+        [Sge {
             addr: la,
             length: 4000,
             lkey: lk,
@@ -136,7 +137,7 @@ fn write_read_atomics() {
             rkey: ck,
             add: 10,
         },
-        vec![Sge {
+        [Sge {
             addr: oa,
             length: 8,
             lkey: ok_,
@@ -158,12 +159,13 @@ fn write_read_atomics() {
     assert_eq!(p.w.mems[1].bytes(ck), &15u64.to_ne_bytes());
 }
 
-fn sge(k: u32, a: u64, len: usize) -> Vec<Sge> {
-    vec![Sge {
+fn sge(k: u32, a: u64, len: usize) -> SgList {
+    [Sge {
         addr: a,
         length: len as u32,
         lkey: k,
     }]
+    .into()
 }
 
 #[test]
@@ -610,7 +612,7 @@ fn duplicate_reads_are_replayed_only_within_the_responder_resources() {
                 remote_addr: ra + i * 2048,
                 rkey: rk,
             },
-            vec![Sge {
+            [Sge {
                 addr: la + i * 2048,
                 length: 2048,
                 lkey: lk,
@@ -682,7 +684,7 @@ fn a_read_without_responder_resources_is_an_invalid_request() {
             remote_addr: ra,
             rkey: rk,
         },
-        vec![Sge {
+        [Sge {
             addr: la,
             length: 64,
             lkey: lk,

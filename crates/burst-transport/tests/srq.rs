@@ -35,11 +35,12 @@ impl Setup {
         let (k, addr) = self.w.mems[1].register(1, len as usize, Access::ALL);
         let wr = RecvWr {
             wr_id,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr,
                 length: len,
                 lkey: k,
-            }],
+            }]
+            .into(),
         };
         let (_, srq) = &mut self.w.srqs[self.srq];
         srq.post_recv(wr, &self.w.mems[1]).unwrap();
@@ -52,7 +53,7 @@ impl Setup {
         let wr = SendWr::new(
             wr_id,
             SendOp::Send,
-            vec![Sge {
+            [Sge {
                 addr,
                 length: data.len() as u32,
                 lkey: k,
@@ -141,11 +142,12 @@ fn qp_on_srq_refuses_post_recv_and_advertises_no_credits() {
     let (k, addr) = s.w.mems[1].register(1, 64, Access::ALL);
     let wr = RecvWr {
         wr_id: 1,
-        sg_list: vec![Sge {
+        sg_list: [Sge {
             addr,
             length: 64,
             lkey: k,
-        }],
+        }]
+        .into(),
     };
     let (_, qp) = &mut s.w.qps[b];
     assert!(matches!(

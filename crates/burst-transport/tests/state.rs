@@ -141,37 +141,35 @@ fn post_checks() {
     let wr = SendWr::new(
         1,
         SendOp::Send,
-        vec![Sge {
+        [Sge {
             addr: a,
             length: 8,
             lkey: k,
         }],
     );
     assert_eq!(
-        q.post_send(wr.clone(), &mem),
+        q.post_send(wr, &mem),
         Err(VerbsError::InvalidState(QpState::Reset))
     );
     q.modify(&init(QpType::Rc)).unwrap();
-    assert!(
-        q.post_send(wr.clone(), &mem).is_err(),
-        "no sends before RTS"
-    );
+    assert!(q.post_send(wr, &mem).is_err(), "no sends before RTS");
     // receives may be posted from INIT on
     q.post_recv(
         RecvWr {
             wr_id: 1,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: a,
                 length: 64,
                 lkey: k,
-            }],
+            }]
+            .into(),
         },
         &mem,
     )
     .unwrap();
     q.modify(&rtr()).unwrap();
     q.modify(&rts()).unwrap();
-    q.post_send(wr.clone(), &mem).unwrap();
+    q.post_send(wr, &mem).unwrap();
     let atomic = |addr| {
         SendWr::new(
             2,
@@ -180,7 +178,7 @@ fn post_checks() {
                 rkey: 1,
                 add: 1,
             },
-            vec![Sge {
+            [Sge {
                 addr: a,
                 length: 8,
                 lkey: k,
@@ -195,14 +193,14 @@ fn post_checks() {
     let mut inl = SendWr::new(
         3,
         SendOp::Send,
-        vec![Sge {
+        [Sge {
             addr: a,
             length: 64,
             lkey: k,
         }],
     );
     inl.inline = true;
-    q.post_send(inl.clone(), &mem).unwrap();
+    q.post_send(inl, &mem).unwrap();
     let big = vec![
         Sge {
             addr: a,
@@ -211,10 +209,8 @@ fn post_checks() {
         };
         33
     ];
-    assert_eq!(
-        q.post_send(SendWr::new(4, SendOp::Send, big), &mem),
-        Err(VerbsError::TooManySge)
-    );
+    // A work request holds at most MAX_SGE entries: more cannot be built.
+    assert_eq!(SgList::try_from(big), Err(VerbsError::TooManySge));
     // A bad lkey fails when the WR's turn comes: first in a fresh QP, it
     // completes with a local protection error and breaks the QP, flushing
     // what was posted behind it.
@@ -225,7 +221,7 @@ fn post_checks() {
     let bad = SendWr::new(
         5,
         SendOp::Send,
-        vec![Sge {
+        [Sge {
             addr: a,
             length: 8,
             lkey: k ^ 0xff00,
@@ -264,7 +260,7 @@ fn uc_rejects_reads_and_ud_rejects_writes() {
             remote_addr: 0,
             rkey: 0,
         },
-        vec![],
+        SgList::new(),
     );
     assert!(matches!(q.post_send(rd, &mem), Err(VerbsError::BadWr(_))));
     let mut u = qp(QpType::Ud);
@@ -286,10 +282,10 @@ fn uc_rejects_reads_and_ud_rejects_writes() {
             remote_addr: 0,
             rkey: 0,
         },
-        vec![],
+        SgList::new(),
     );
     assert!(matches!(u.post_send(wr, &mem), Err(VerbsError::BadWr(_))));
-    let no_ah = SendWr::new(1, SendOp::Send, vec![]);
+    let no_ah = SendWr::new(1, SendOp::Send, SgList::new());
     assert!(matches!(
         u.post_send(no_ah, &mem),
         Err(VerbsError::BadWr(_))

@@ -4,12 +4,13 @@ use burst_transport::sim::{run_workload, Access, Faults, WorkloadOptions, World}
 use burst_transport::*;
 use burst_wire::{Mtu, Opcode, Psn};
 
-fn sge(k: u32, a: u64, len: usize) -> Vec<Sge> {
-    vec![Sge {
+fn sge(k: u32, a: u64, len: usize) -> SgList {
+    [Sge {
         addr: a,
         length: len as u32,
         lkey: k,
     }]
+    .into()
 }
 
 #[test]
@@ -109,11 +110,13 @@ fn ud_delivers_grh_and_checks_qkey() {
     assert_eq!(w.qps[b].1.counters().dropped_pkts, 1);
     // larger than the MTU is refused at post time
     let mut big = SendWr::new(3, SendOp::Send, sge(k, ad, 1024));
-    big.sg_list.push(Sge {
-        addr: ad,
-        length: 1,
-        lkey: k,
-    });
+    big.sg_list
+        .push(Sge {
+            addr: ad,
+            length: 1,
+            lkey: k,
+        })
+        .unwrap();
     big.ud = Some(UdDest {
         remote_qpn: bq,
         remote_qkey: 0x1111_1111,

@@ -110,7 +110,7 @@ impl Pair {
                 remote_addr: self.dst.addr,
                 rkey: self.dst.rkey,
             },
-            vec![Sge {
+            [Sge {
                 addr: self.src.addr,
                 length: (PKTS * MTU) as u32,
                 lkey: self.src.lkey,

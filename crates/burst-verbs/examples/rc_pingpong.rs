@@ -132,17 +132,18 @@ fn run(o: Opts) -> Result<(), String> {
         ..Default::default()
     };
     dev.modify_qp(qpn, &init).map_err(|e| e.to_string())?;
-    let sge = vec![Sge {
+    let sge: burst_transport::SgList = [Sge {
         addr: mr.addr,
         length: o.size as u32,
         lkey: mr.lkey,
-    }];
+    }]
+    .into();
     for _ in 0..o.rx_depth {
         dev.post_recv(
             qpn,
             RecvWr {
                 wr_id: RECV_WRID,
-                sg_list: sge.clone(),
+                sg_list: sge,
             },
         )
         .map_err(|e| e.to_string())?;
@@ -185,7 +186,7 @@ fn run(o: Opts) -> Result<(), String> {
     let (mut scnt, mut rcnt, mut routs) = (0u64, 0u64, o.rx_depth);
     let mut pending = RECV_WRID;
     let post_send = |dev: &mut Device| {
-        dev.post_send(qpn, SendWr::new(SEND_WRID, SendOp::Send, sge.clone()))
+        dev.post_send(qpn, SendWr::new(SEND_WRID, SendOp::Send, sge))
             .map_err(|e| e.to_string())
     };
     if o.server.is_some() {
@@ -237,7 +238,7 @@ fn run(o: Opts) -> Result<(), String> {
                             qpn,
                             RecvWr {
                                 wr_id: RECV_WRID,
-                                sg_list: sge.clone(),
+                                sg_list: sge,
                             },
                         )
                         .map_err(|e| e.to_string())?;

@@ -111,7 +111,7 @@ fn run() -> Result<(), String> {
             remote_addr: vaddr,
             rkey,
         },
-        vec![Sge {
+        [Sge {
             addr: mr.addr,
             length: half as u32,
             lkey: mr.lkey,
@@ -123,7 +123,7 @@ fn run() -> Result<(), String> {
             remote_addr: vaddr + half as u64,
             rkey,
         },
-        vec![Sge {
+        [Sge {
             addr: mr.addr + half as u64,
             length: (size - half) as u32,
             lkey: mr.lkey,

@@ -76,22 +76,24 @@ fn run() -> Result<(), String> {
         },
     )
     .map_err(e)?;
-    let recv_sge = vec![Sge {
+    let recv_sge: burst_transport::SgList = [Sge {
         addr: mr.addr,
         length: (size + GRH) as u32,
         lkey: mr.lkey,
-    }];
-    let send_sge = vec![Sge {
+    }]
+    .into();
+    let send_sge: burst_transport::SgList = [Sge {
         addr: mr.addr + GRH as u64,
         length: size as u32,
         lkey: mr.lkey,
-    }];
+    }]
+    .into();
     for _ in 0..rx_depth {
         dev.post_recv(
             qpn,
             RecvWr {
                 wr_id: RECV_WRID,
-                sg_list: recv_sge.clone(),
+                sg_list: recv_sge,
             },
         )
         .map_err(e)?;
@@ -132,7 +134,7 @@ fn run() -> Result<(), String> {
         Ipv6Addr::from(rgid)
     );
     let post_send = |dev: &mut Device| {
-        let mut wr = SendWr::new(SEND_WRID, SendOp::Send, send_sge.clone());
+        let mut wr = SendWr::new(SEND_WRID, SendOp::Send, send_sge);
         wr.ud = Some(UdDest {
             remote_qpn: rqpn,
             remote_qkey: QKEY,
@@ -175,7 +177,7 @@ fn run() -> Result<(), String> {
                             qpn,
                             RecvWr {
                                 wr_id: RECV_WRID,
-                                sg_list: recv_sge.clone(),
+                                sg_list: recv_sge,
                             },
                         )
                         .map_err(e)?;

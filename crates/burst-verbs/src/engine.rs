@@ -21,7 +21,8 @@ use crossbeam::queue::{ArrayQueue, SegQueue};
 
 use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
 use burst_transport::{
-    QpAttr, QpType, RecvWr, SendWr, Sge, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    InlineData, QpAttr, QpConfig, QpType, RecvWr, SendWr, VerbsError, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use burst_wire::{Mtu, Qpn};
 
@@ -29,78 +30,6 @@ use crate::config::{Config, ConfigError, DeviceConfig};
 use crate::{
     contain, AsyncEvent, Device, DeviceAttr, DeviceCounters, PortAttr, QpInit, SrqId, FIRST_QPN,
 };
-
-/// SGEs a ring entry holds.
-pub const RING_MAX_SGE: usize = 8;
-/// Inline bytes a ring entry holds.
-pub const RING_MAX_INLINE: usize = 256;
-
-/// A send work request as it sits in a ring: plain integers and fixed
-/// arrays, no pointers, so the ring can live in shared memory.
-#[derive(Debug, Clone, Copy)]
-pub struct SendWqe {
-    wr_id: u64,
-    op: burst_transport::SendOp,
-    sges: [Sge; RING_MAX_SGE],
-    num_sge: u8,
-    signaled: bool,
-    fence: bool,
-    solicited: bool,
-    inline: bool,
-    inline_len: u16,
-    inline_data: [u8; RING_MAX_INLINE],
-    ud: Option<burst_transport::UdDest>,
-}
-
-/// A receive work request as it sits in a ring.
-#[derive(Debug, Clone, Copy)]
-pub struct RecvWqe {
-    wr_id: u64,
-    sges: [Sge; RING_MAX_SGE],
-    num_sge: u8,
-}
-
-impl SendWqe {
-    fn into_wr(self) -> SendWr {
-        let mut wr = SendWr::new(
-            self.wr_id,
-            self.op,
-            burst_transport::SgList::from_slice(&self.sges[..usize::from(self.num_sge)]),
-        );
-        wr.signaled = self.signaled;
-        wr.fence = self.fence;
-        wr.solicited = self.solicited;
-        wr.inline = self.inline;
-        wr.ud = self.ud;
-        if self.inline {
-            wr.inline_data = Some(self.inline_data[..usize::from(self.inline_len)].to_vec());
-        }
-        wr
-    }
-}
-
-/// A send work request that owns nothing: SGEs and inline bytes are
-/// borrowed and copied straight into the ring entry, so a caller that
-/// already has them (the C library) posts without allocating.
-#[derive(Debug, Clone, Copy)]
-pub struct SendDesc<'a> {
-    /// Returned in the completion.
-    pub wr_id: u64,
-    /// Operation and its remote fields.
-    pub op: burst_transport::SendOp,
-    /// Local SGEs (at most [`RING_MAX_SGE`]).
-    pub sges: &'a [Sge],
-    /// Generates a completion.
-    pub signaled: bool,
-    /// Waits for earlier READs/atomics.
-    pub fence: bool,
-    /// Solicited event.
-    pub solicited: bool,
-    /// Inline data, already captured (at most [`RING_MAX_INLINE`] bytes).
-    pub inline: Option<&'a [u8]>,
-    /// UD destination.
-    pub ud: Option<burst_transport::UdDest>,
-}
 
 /// Handle of a completion queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -240,12 +169,21 @@ struct Cq {
     armed: AtomicBool,
 }
 
+/// A QP's rings. Their entries are the transport's own work requests
+/// (`Copy`, pointer-free), checked against `cfg` when posted.
 struct QpRings {
     qpn: Qpn,
-    send: ArrayQueue<SendWqe>,
-    recv: ArrayQueue<RecvWqe>,
+    cfg: QpConfig,
+    send: ArrayQueue<SendWr>,
+    recv: ArrayQueue<RecvWr>,
     send_cq: CqId,
     recv_cq: CqId,
+}
+
+/// An SRQ's ring.
+struct SrqRing {
+    ring: ArrayQueue<RecvWr>,
+    max_sge: u32,
 }
 
 /// Doorbells carry a QPN (24 bits) or, with this bit, an SRQ index.
@@ -255,7 +193,7 @@ const SRQ_DOORBELL: u32 = 1 << 31;
 enum Control {
     CreateQp {
         init: QpInit,
-        reply: Sender<Result<Qpn, VerbsError>>,
+        reply: Sender<Result<(Qpn, QpConfig), VerbsError>>,
     },
     DestroyQp {
         qpn: Qpn,
@@ -304,7 +242,7 @@ struct Shared {
     doorbell: Doorbells,
     /// Indexed by QPN - FIRST_QPN.
     rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
-    srqs: std::sync::RwLock<Vec<Option<Arc<ArrayQueue<RecvWqe>>>>>,
+    srqs: std::sync::RwLock<Vec<Option<Arc<SrqRing>>>>,
     cqs: std::sync::RwLock<Vec<Arc<Cq>>>,
     /// Asynchronous events not yet taken by the application.
     events: AsyncEvents,
@@ -528,7 +466,11 @@ fn refused(wr_id: u64, opcode: WcOpcode, qpn: Qpn) -> WorkCompletion {
 fn control(dev: &mut Device, c: Control) {
     match c {
         Control::CreateQp { init, reply } => {
-            let _ = reply.send(dev.create_qp_with(&init));
+            let qp = dev.create_qp_with(&init).and_then(|qpn| {
+                let (_, cfg) = dev.query_qp(qpn).ok_or(VerbsError::BadWr("no such QP"))?;
+                Ok((qpn, cfg))
+            });
+            let _ = reply.send(qp);
         }
         Control::DestroyQp { qpn, reply } => {
             let _ = reply.send(dev.destroy_qp(qpn));
@@ -644,8 +586,15 @@ impl Core {
     /// as usual. The panic never unwinds through the core's lock, so the
     /// lock is not poisoned and the data plane never silently stops.
     fn step_contained(&mut self, shared: &Shared, round: Round, now: u64) -> bool {
-        match contain(|| self.step(shared, round, now)) {
-            Ok(busy) => busy,
+        self.contained(shared, |core| core.step(shared, round, now))
+            .unwrap_or(true)
+    }
+
+    /// Runs `f` on the core with a fault contained (see
+    /// [`Core::step_contained`]); `None` if it faulted.
+    fn contained<R>(&mut self, shared: &Shared, f: impl FnOnce(&mut Core) -> R) -> Option<R> {
+        match contain(|| f(self)) {
+            Ok(r) => Some(r),
             Err(msg) => {
                 tracing::error!("internal fault in the engine: {msg}");
                 if let Some(dev) = self.dev.as_mut() {
@@ -654,9 +603,52 @@ impl Core {
                         shared.events.push(ev);
                     }
                 }
-                true
+                None
             }
         }
+    }
+
+    /// Moves the WRs waiting in a QP's rings into the transport, in order.
+    /// A WR the transport refuses completes with an error, since the
+    /// application's post call has already returned.
+    fn take_rings(dev: &mut Device, spill: &mut VecDeque<Spill>, r: &QpRings) -> bool {
+        let mut busy = false;
+        while let Some(w) = r.recv.pop() {
+            busy = true;
+            let id = w.wr_id;
+            if dev.post_recv(r.qpn, w).is_err() {
+                spill.push_back(Spill {
+                    cq: r.recv_cq.0 as usize,
+                    wc: refused(id, WcOpcode::Recv, r.qpn),
+                });
+            }
+        }
+        while let Some(w) = r.send.pop() {
+            busy = true;
+            let (id, op) = (w.wr_id, w.op.wc_opcode());
+            if dev.post_send_checked(r.qpn, w).is_err() {
+                spill.push_back(Spill {
+                    cq: r.send_cq.0 as usize,
+                    wc: refused(id, op, r.qpn),
+                });
+            }
+        }
+        busy
+    }
+
+    /// Posts a checked send WR straight into the transport (the posting
+    /// thread holds the core); WRs already in the QP's ring go first.
+    fn post_send_now(&mut self, r: &QpRings, wr: SendWr) -> Result<(), PostError> {
+        let dev = self.dev.as_mut().ok_or(PostError::Stopped)?;
+        Core::take_rings(dev, &mut self.spill, r);
+        dev.post_send_checked(r.qpn, wr).map_err(PostError::Refused)
+    }
+
+    /// [`Core::post_send_now`] for a receive.
+    fn post_recv_now(&mut self, r: &QpRings, wr: RecvWr) -> Result<(), PostError> {
+        let dev = self.dev.as_mut().ok_or(PostError::Stopped)?;
+        Core::take_rings(dev, &mut self.spill, r);
+        dev.post_recv(r.qpn, wr).map_err(PostError::Refused)
     }
 
     /// One round: control requests, doorbells, transmit (and, for a full
@@ -687,48 +679,21 @@ impl Core {
             if bell & SRQ_DOORBELL != 0 {
                 let id = SrqId(bell & !SRQ_DOORBELL);
                 let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
-                let Some(Some(ring)) = srqs.get(id.0 as usize) else {
+                let Some(Some(srq)) = srqs.get(id.0 as usize) else {
                     continue;
                 };
-                while let Some(w) = ring.pop() {
-                    let wr = RecvWr {
-                        wr_id: w.wr_id,
-                        sg_list: w.sges[..usize::from(w.num_sge)].to_vec(),
-                    };
+                while let Some(w) = srq.ring.pop() {
                     // Checked at post time; a WR refused here (the SRQ was
                     // destroyed meanwhile) has no QP to complete on.
-                    if let Err(e) = dev.post_srq_recv(id, wr) {
+                    if let Err(e) = dev.post_srq_recv(id, w) {
                         tracing::warn!(srq = id.0, "SRQ receive dropped: {e}");
                     }
                 }
                 continue;
             }
             let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
-            let Some(Some(r)) = rings.get(bell.wrapping_sub(FIRST_QPN) as usize) else {
-                continue;
-            };
-            // A WR the transport refuses completes with an error, since the
-            // application's post call has already returned.
-            while let Some(w) = r.recv.pop() {
-                let wr = RecvWr {
-                    wr_id: w.wr_id,
-                    sg_list: w.sges[..usize::from(w.num_sge)].to_vec(),
-                };
-                if dev.post_recv(r.qpn, wr).is_err() {
-                    spill.push_back(Spill {
-                        cq: r.recv_cq.0 as usize,
-                        wc: refused(w.wr_id, WcOpcode::Recv, r.qpn),
-                    });
-                }
-            }
-            while let Some(w) = r.send.pop() {
-                let (id, op) = (w.wr_id, w.op.wc_opcode());
-                if dev.post_send_quiet(r.qpn, w.into_wr()).is_err() {
-                    spill.push_back(Spill {
-                        cq: r.send_cq.0 as usize,
-                        wc: refused(id, op, r.qpn),
-                    });
-                }
+            if let Some(Some(r)) = rings.get(bell.wrapping_sub(FIRST_QPN) as usize) {
+                Core::take_rings(dev, spill, r);
             }
         }
         // Packets moved count as work: a request received this round is
@@ -792,11 +757,41 @@ pub enum PostError {
     Full,
     /// No such QP or CQ.
     NoSuch,
-    /// Too many SGEs or inline bytes for a ring entry, or unreadable inline data.
+    /// An argument the call cannot take (a CQ without a channel armed,
+    /// unreadable inline data).
     Invalid,
+    /// The work request fails the checks `ibv_post_send` / `ibv_post_recv`
+    /// make ([`QpConfig::check_send`]), or the transport refused it.
+    Refused(VerbsError),
     /// The engine has stopped.
     Stopped,
 }
+
+impl PostError {
+    /// The errno rdma-core returns for this failure.
+    pub fn errno(self) -> i32 {
+        match self {
+            PostError::Full => libc::ENOMEM,
+            PostError::Stopped => libc::EIO,
+            PostError::Refused(v) => v.errno(),
+            PostError::NoSuch | PostError::Invalid => libc::EINVAL,
+        }
+    }
+}
+
+impl std::fmt::Display for PostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PostError::Full => write!(f, "queue full"),
+            PostError::NoSuch => write!(f, "no such QP, SRQ or CQ"),
+            PostError::Invalid => write!(f, "invalid argument"),
+            PostError::Refused(v) => write!(f, "{v}"),
+            PostError::Stopped => write!(f, "the engine has stopped"),
+        }
+    }
+}
+
+impl std::error::Error for PostError {}
 
 impl Context {
     /// The device's GID.
@@ -940,9 +935,20 @@ impl Context {
     }
 
     fn step(&self, round: Round) -> bool {
+        self.step_with(round, |_| ()).is_some_and(|(busy, _)| busy)
+    }
+
+    /// Runs `first` on the core, then a step of `round`, if this thread can
+    /// take the core; `None` if another thread holds it. The inner `None`:
+    /// `first` faulted (contained).
+    fn step_with<R>(
+        &self,
+        round: Round,
+        first: impl FnOnce(&mut Core) -> R,
+    ) -> Option<(bool, Option<R>)> {
         let sh = &*self.shared;
         if sh.stop.load(Ordering::Acquire) {
-            return false;
+            return None;
         }
         // Recorded even when the engine thread holds the core: the thread
         // is polling (or posting) all the same.
@@ -954,10 +960,9 @@ impl Context {
         if round == Round::Transmit {
             sh.app_posted.store(now.max(1), Ordering::Relaxed);
         }
-        let Ok(mut core) = sh.core.try_lock() else {
-            return false;
-        };
+        let mut core = sh.core.try_lock().ok()?;
         sh.app_stepping.store(true, Ordering::Relaxed);
+        let r = core.contained(sh, first);
         let busy = core.step_contained(sh, round, now);
         drop(core);
         // Stamped again at the end: a step may take a while (a 64 KiB send
@@ -966,7 +971,7 @@ impl Context {
         sh.app_stepped
             .store(sh.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         sh.app_stepping.store(false, Ordering::Relaxed);
-        busy
+        Some((busy, r))
     }
 
     /// Creates a QP with its rings (depth `depth` each) and default sizes;
@@ -1008,11 +1013,12 @@ impl Context {
             return Err(CreateError::Post(PostError::NoSuch));
         }
         let init = *init;
-        let qpn = self
+        let (qpn, cfg) = self
             .call(|reply| Control::CreateQp { init, reply })?
             .map_err(CreateError::Verbs)?;
         let rings = Arc::new(QpRings {
             qpn,
+            cfg,
             send: ArrayQueue::new(init.caps.max_send_wr.max(1) as usize),
             recv: ArrayQueue::new(init.caps.max_recv_wr.max(1) as usize),
             send_cq,
@@ -1066,7 +1072,10 @@ impl Context {
                 reply,
             })?
             .map_err(CreateError::Verbs)?;
-        let ring = Arc::new(ArrayQueue::new(max_wr.max(1) as usize));
+        let ring = Arc::new(SrqRing {
+            ring: ArrayQueue::new(max_wr.max(1) as usize),
+            max_sge,
+        });
         let mut all = self.shared.srqs.write().unwrap_or_else(|e| e.into_inner());
         let i = id.0 as usize;
         if all.len() <= i {
@@ -1155,83 +1164,63 @@ impl Context {
         }
     }
 
-    /// Writes a send WQE into the QP's ring and rings the doorbell. Inline
-    /// data is captured here, as `ibv_post_send` does. (A [`QueuePair`]
-    /// handle does the same without looking the QP up.)
+    /// `ibv_post_send`: checks the work request ([`QpConfig::check_send`],
+    /// errors returned now with rdma-core's errno), captures inline data
+    /// as `ibv_post_send` does, then hands it to the transport: directly
+    /// when this thread can hold the core (and steps it to transmit), else
+    /// through the QP's ring and a doorbell. (A [`QueuePair`] handle does
+    /// the same without looking the QP up.)
     pub fn post_send(&self, qpn: Qpn, wr: &SendWr) -> Result<(), PostError> {
         self.post_send_to(&*self.ring(qpn)?, wr)
     }
 
     fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
-        let mut captured = [0u8; RING_MAX_INLINE];
-        let inline = match wr.inline_data.as_deref() {
-            Some(d) => Some(d),
-            None if wr.inline => {
-                let len = burst_transport::sg_len(&wr.sg_list) as usize;
-                if len > RING_MAX_INLINE {
-                    return Err(PostError::Invalid);
-                }
-                let mem = self.shared.mrs.memory();
-                burst_transport::Memory::read_local(&mem, &wr.sg_list, 0, &mut captured[..len])
-                    .map_err(|_| PostError::Invalid)?;
-                Some(&captured[..len])
+        let mut wr = *wr;
+        let len = ring.cfg.check_send(&wr).map_err(PostError::Refused)?;
+        if wr.inline && wr.inline_data.is_none() {
+            let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
+            let mem = self.shared.mrs.memory();
+            burst_transport::Memory::read_local(&mem, &wr.sg_list, 0, &mut d)
+                .map_err(|_| PostError::Invalid)?;
+            wr.inline_data = Some(d);
+        }
+        match self.step_with(Round::Transmit, |core| core.post_send_now(ring, wr)) {
+            Some((_, Some(r))) => r,
+            // A fault contained while posting: the QPs are in error now.
+            Some((_, None)) => Err(PostError::Stopped),
+            None => {
+                ring.send.push(wr).map_err(|_| PostError::Full)?;
+                self.shared.doorbell.ring(ring.qpn.value());
+                // Whoever holds the core takes it at its next step; if
+                // that thread just let go, this step takes it.
+                self.progress_transmit();
+                Ok(())
             }
-            None => None,
-        };
-        self.push_send(
-            ring,
-            &SendDesc {
-                wr_id: wr.wr_id,
-                op: wr.op,
-                sges: &wr.sg_list,
-                signaled: wr.signaled,
-                fence: wr.fence,
-                solicited: wr.solicited,
-                inline,
-                ud: wr.ud,
-            },
-        )
+        }
     }
 
-    /// Copies a send WR into the ring entry and rings the doorbell.
-    fn push_send(&self, ring: &QpRings, d: &SendDesc<'_>) -> Result<(), PostError> {
-        if d.sges.len() > RING_MAX_SGE || d.inline.is_some_and(|i| i.len() > RING_MAX_INLINE) {
-            return Err(PostError::Invalid);
-        }
-        let mut e = SendWqe {
-            wr_id: d.wr_id,
-            op: d.op,
-            sges: [Sge::default(); RING_MAX_SGE],
-            num_sge: d.sges.len() as u8,
-            signaled: d.signaled,
-            fence: d.fence,
-            solicited: d.solicited,
-            inline: d.inline.is_some(),
-            inline_len: 0,
-            inline_data: [0; RING_MAX_INLINE],
-            ud: d.ud,
-        };
-        e.sges[..d.sges.len()].copy_from_slice(d.sges);
-        if let Some(data) = d.inline {
-            e.inline_data[..data.len()].copy_from_slice(data);
-            e.inline_len = data.len() as u16;
-        }
-        ring.send.push(e).map_err(|_| PostError::Full)?;
-        self.shared.doorbell.ring(ring.qpn.value());
-        self.progress_transmit();
-        Ok(())
-    }
-
-    /// Writes a receive WQE into the QP's ring and rings the doorbell.
+    /// `ibv_post_recv`: checked now ([`QpConfig::check_recv`]), then into
+    /// the transport directly when the core is free, else through the ring.
     pub fn post_recv(&self, qpn: Qpn, wr: &RecvWr) -> Result<(), PostError> {
-        let ring = self.ring(qpn)?;
-        ring.recv.push(recv_wqe(wr)?).map_err(|_| PostError::Full)?;
-        self.shared.doorbell.ring(qpn.value());
-        // No step: the WQE is taken at the next step (a post_send or a poll
-        // of an empty CQ). Stepping here would send the deferred ACK of the
-        // message just received alone, a system call before the reply the
-        // application is about to post and it could ride with (ping-pong:
-        // four sends per round trip instead of two).
+        self.post_recv_to(&*self.ring(qpn)?, wr)
+    }
+
+    fn post_recv_to(&self, ring: &QpRings, wr: &RecvWr) -> Result<(), PostError> {
+        ring.cfg.check_recv(wr).map_err(PostError::Refused)?;
+        // No step: the next post_send or poll of an empty CQ steps. Stepping
+        // here would send the deferred ACK of the message just received
+        // alone, a system call before the reply the application is about to
+        // post and it could ride with (ping-pong: four sends per round trip
+        // instead of two).
+        let sh = &*self.shared;
+        if let Ok(mut core) = sh.core.try_lock() {
+            if let Some(r) = core.contained(sh, |c| c.post_recv_now(ring, *wr)) {
+                return r;
+            }
+            return Err(PostError::Stopped);
+        }
+        ring.recv.push(*wr).map_err(|_| PostError::Full)?;
+        sh.doorbell.ring(ring.qpn.value());
         Ok(())
     }
 
@@ -1257,23 +1246,6 @@ impl Context {
             ctx: self.clone(),
         })
     }
-}
-
-fn recv_wqe(wr: &RecvWr) -> Result<RecvWqe, PostError> {
-    recv_wqe_parts(wr.wr_id, &wr.sg_list)
-}
-
-fn recv_wqe_parts(wr_id: u64, sges: &[Sge]) -> Result<RecvWqe, PostError> {
-    if sges.len() > RING_MAX_SGE {
-        return Err(PostError::Invalid);
-    }
-    let mut e = RecvWqe {
-        wr_id,
-        sges: [Sge::default(); RING_MAX_SGE],
-        num_sge: sges.len() as u8,
-    };
-    e.sges[..sges.len()].copy_from_slice(sges);
-    Ok(e)
 }
 
 /// Why a create/destroy call failed.
@@ -1322,30 +1294,19 @@ impl QueuePair {
         self.rings.qpn
     }
 
-    /// `ibv_post_send` (inline data captured now).
+    /// `ibv_post_send` ([`Context::post_send`]).
     pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
         self.ctx.post_send_to(&self.rings, wr)
     }
 
-    /// `ibv_post_send` from borrowed parts, without allocating.
-    pub fn post_send_desc(&self, d: &SendDesc<'_>) -> Result<(), PostError> {
-        self.ctx.push_send(&self.rings, d)
-    }
-
-    /// `ibv_post_recv`.
+    /// `ibv_post_recv` ([`Context::post_recv`]).
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
-        self.post_recv_sges(wr.wr_id, &wr.sg_list)
+        self.ctx.post_recv_to(&self.rings, wr)
     }
 
-    /// `ibv_post_recv` from borrowed SGEs, without allocating.
-    pub fn post_recv_sges(&self, wr_id: u64, sges: &[Sge]) -> Result<(), PostError> {
-        self.rings
-            .recv
-            .push(recv_wqe_parts(wr_id, sges)?)
-            .map_err(|_| PostError::Full)?;
-        self.ctx.shared.doorbell.ring(self.rings.qpn.value());
-        // No step: see `Context::post_recv`.
-        Ok(())
+    /// What the QP was created with (sizes the posts are checked against).
+    pub fn config(&self) -> &QpConfig {
+        &self.rings.cfg
     }
 
     /// `ibv_modify_qp`.
@@ -1370,7 +1331,7 @@ impl QueuePair {
 #[derive(Clone)]
 pub struct SharedReceiveQueue {
     id: SrqId,
-    ring: Arc<ArrayQueue<RecvWqe>>,
+    ring: Arc<SrqRing>,
     ctx: Context,
 }
 
@@ -1386,16 +1347,12 @@ impl SharedReceiveQueue {
         self.id
     }
 
-    /// `ibv_post_srq_recv`.
+    /// `ibv_post_srq_recv`: checked now (SGE count), then into the ring.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
-        self.post_recv_sges(wr.wr_id, &wr.sg_list)
-    }
-
-    /// `ibv_post_srq_recv` from borrowed SGEs, without allocating.
-    pub fn post_recv_sges(&self, wr_id: u64, sges: &[Sge]) -> Result<(), PostError> {
-        self.ring
-            .push(recv_wqe_parts(wr_id, sges)?)
-            .map_err(|_| PostError::Full)?;
+        if wr.sg_list.len() > self.ring.max_sge as usize {
+            return Err(PostError::Refused(VerbsError::TooManySge));
+        }
+        self.ring.ring.push(*wr).map_err(|_| PostError::Full)?;
         self.ctx.shared.doorbell.ring(SRQ_DOORBELL | self.id.0);
         // No step: see `Context::post_recv`.
         Ok(())

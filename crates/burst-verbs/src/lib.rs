@@ -103,9 +103,9 @@ pub const MAX_QP: u32 = 1 << 16;
 /// Most work requests per queue.
 pub const MAX_QP_WR: u32 = 16384;
 /// Most SGEs per work request (what an engine ring entry holds).
-pub const MAX_SGE: u32 = engine::RING_MAX_SGE as u32;
+pub const MAX_SGE: u32 = burst_transport::MAX_SGE as u32;
 /// Most inline bytes per send (what an engine ring entry holds).
-pub const MAX_INLINE: u32 = engine::RING_MAX_INLINE as u32;
+pub const MAX_INLINE: u32 = burst_transport::MAX_INLINE as u32;
 
 /// Vendor ID burst reports: not a real vendor's (so perftest takes its
 /// generic path); 0xb0 0x57 reads "burst".
@@ -740,6 +740,13 @@ impl<P: Port> Device<P> {
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
         let mem = self.mrs.memory();
         slot_in(&mut self.qps, qpn)?.qp.post_recv(wr, &mem)
+    }
+
+    /// Takes a WR that passed [`burst_transport::QpConfig::check_send`] when
+    /// it was posted, without making progress.
+    pub fn post_send_checked(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        let mem = self.mrs.memory();
+        slot_in(&mut self.qps, qpn)?.qp.post_send_checked(wr, &mem)
     }
 
     /// Posts without making progress (the engine batches progress itself).

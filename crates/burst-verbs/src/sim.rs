@@ -392,11 +392,12 @@ impl RxHarness {
             for r in 0..8u64 {
                 let wr = RecvWr {
                     wr_id: r,
-                    sg_list: vec![burst_transport::Sge {
+                    sg_list: [burst_transport::Sge {
                         addr: keys.addr + r * 4096,
                         length: 4096,
                         lkey: keys.lkey,
-                    }],
+                    }]
+                    .into(),
                 };
                 dev.post_recv(qpn, wr).expect("room for eight receives");
             }

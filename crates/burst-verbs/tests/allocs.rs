@@ -10,9 +10,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use burst_verbs::engine::{Engine, SendDesc};
+use burst_verbs::engine::Engine;
 use burst_verbs::{
-    Access, Mtu, Psn, QpAccess, QpCaps, QpInit, QpType, RcParams, RcPeer, SendOp, Sge, WcStatus,
+    Access, Mtu, Psn, QpAccess, QpCaps, QpInit, QpType, RcParams, RcPeer, SendOp, SendWr, Sge,
+    WcStatus,
 };
 
 struct Counting;
@@ -83,18 +84,26 @@ fn allocations_per_posted_write() {
         length: 4096,
         lkey: ks.lkey,
     }];
-    let desc = |id| SendDesc {
-        wr_id: id,
-        op: SendOp::Write {
-            remote_addr: kd.addr,
-            rkey: kd.rkey,
-        },
-        sges: &sge,
-        signaled: true,
-        fence: false,
-        solicited: false,
-        inline: None,
-        ud: None,
+    // Every eighth WRITE is a 64-byte inline one (its bytes captured into
+    // the work request at post time, no buffer allocated).
+    let desc = |id: u64| {
+        let mut wr = SendWr::new(
+            id,
+            SendOp::Write {
+                remote_addr: kd.addr,
+                rkey: kd.rkey,
+            },
+            sge,
+        );
+        if id % 8 == 0 {
+            wr.sg_list = [Sge {
+                length: 64,
+                ..sge[0]
+            }]
+            .into();
+            wr.inline = true;
+        }
+        wr
     };
     let run = |n: u64, base: u64| {
         let start = ALLOCS.load(Ordering::Relaxed);
@@ -109,7 +118,7 @@ fn allocations_per_posted_write() {
                     done += 1;
                 }
             }
-            qa.post_send_desc(&desc(base + i)).unwrap();
+            qa.post_send(&desc(base + i)).unwrap();
         }
         while done < n && Instant::now() < deadline {
             if let Some(wc) = a.poll_cq(cqa) {

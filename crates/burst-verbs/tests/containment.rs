@@ -81,17 +81,18 @@ fn a_fault_handling_one_qp_fails_that_qp_only() {
     };
     let recv = |id: u64, off: u64| RecvWr {
         wr_id: id,
-        sg_list: vec![Sge {
+        sg_list: [Sge {
             addr: kr.addr + off,
             length: 128,
             lkey: kr.lkey,
-        }],
+        }]
+        .into(),
     };
     let send = |id| {
         SendWr::new(
             id,
             SendOp::Send,
-            vec![Sge {
+            [Sge {
                 addr: ks.addr,
                 length: 64,
                 lkey: ks.lkey,

@@ -73,11 +73,12 @@ fn two_threads_post_writes_and_sends_through_rings() {
             qb,
             &RecvWr {
                 wr_id: 100 + i,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: kd.addr + i * 64,
                     length: 64,
                     lkey: kd.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();
@@ -96,7 +97,7 @@ fn two_threads_post_writes_and_sends_through_rings() {
                             remote_addr: kd.addr + off,
                             rkey: kd.rkey,
                         },
-                        vec![Sge {
+                        [Sge {
                             addr: ks.addr + off,
                             length: 4096,
                             lkey: ks.lkey,
@@ -119,7 +120,7 @@ fn two_threads_post_writes_and_sends_through_rings() {
         let mut wr = SendWr::new(
             50 + i,
             SendOp::Send,
-            vec![Sge {
+            [Sge {
                 addr: ks.addr + i * 64,
                 length: 64,
                 lkey: ks.lkey,
@@ -176,11 +177,12 @@ fn completion_channel_wakes_a_waiting_thread_once_armed() {
             qb,
             &RecvWr {
                 wr_id: i,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: kr.addr + i * 128,
                     length: 128,
                     lkey: kr.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();
@@ -189,7 +191,7 @@ fn completion_channel_wakes_a_waiting_thread_once_armed() {
         SendWr::new(
             id,
             SendOp::Send,
-            vec![Sge {
+            [Sge {
                 addr: ks.addr,
                 length: 64,
                 lkey: ks.lkey,
@@ -258,11 +260,12 @@ fn srq_shared_by_two_qps_through_typed_handles() {
     for i in 0..8u64 {
         srq.post_recv(&RecvWr {
             wr_id: 1000 + i,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: kr.addr + i * 2048,
                 length: 2048,
                 lkey: kr.lkey,
-            }],
+            }]
+            .into(),
         })
         .unwrap();
     }
@@ -277,7 +280,7 @@ fn srq_shared_by_two_qps_through_typed_handles() {
         let wr = SendWr::new(
             i,
             SendOp::Send,
-            vec![Sge {
+            [Sge {
                 addr: ks.addr + i * 2048,
                 length: 2000,
                 lkey: ks.lkey,
@@ -326,4 +329,63 @@ fn start_up_errors_are_clear() {
     assert_eq!(c.config().name, "burst0");
     assert_eq!(c.query_port().active_mtu, Mtu::Mtu1024);
     assert_eq!(c.query_device().vendor_id, burst_verbs::VENDOR_ID);
+}
+
+/// A work request is checked once, when posted, and refused there with the
+/// errno rdma-core returns (EINVAL), never later as a completion.
+#[test]
+fn bad_work_requests_are_refused_at_post_with_rdma_cores_errno() {
+    use burst_verbs::engine::PostError;
+    use burst_verbs::{QpCaps, QpInit};
+    let e = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 83, 9)), Mtu::Mtu4096).unwrap();
+    let c = e.context();
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(16);
+    let mut init = QpInit::new(QpType::Uc, pd);
+    init.caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    };
+    let qp = c.create_qp_with(&init, cq, cq).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` outlives its registration (deregistered below).
+    let k = unsafe { c.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access(1)) }.unwrap();
+    let sge = |len| Sge {
+        addr: k.addr,
+        length: len,
+        lkey: k.lkey,
+    };
+    let refused = |r: Result<(), PostError>| {
+        let e = r.expect_err("refused at post");
+        assert!(matches!(e, PostError::Refused(_)), "{e:?}");
+        assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    };
+    // UC offers no READ.
+    let read = SendWr::new(
+        1,
+        SendOp::Read {
+            remote_addr: 0,
+            rkey: 1,
+        },
+        [sge(8)],
+    );
+    refused(qp.post_send(&read));
+    // Three SGEs on a QP created for two.
+    refused(qp.post_send(&SendWr::new(2, SendOp::Send, [sge(1), sge(1), sge(1)])));
+    refused(qp.post_recv(&RecvWr {
+        wr_id: 3,
+        sg_list: [sge(1), sge(1), sge(1)].into(),
+    }));
+    // 100 inline bytes on a QP created for 64.
+    let mut inl = SendWr::new(4, SendOp::Send, [sge(100)]);
+    inl.inline = true;
+    refused(qp.post_send(&inl));
+    // Nothing reached the transport: no completion appears.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(c.poll_cq(cq), None);
+    c.dereg_mr(k.lkey).unwrap();
+    drop(e);
 }

@@ -97,16 +97,17 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
         qb,
         RecvWr {
             wr_id: 50,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: kd.addr,
                 length: 100_000,
                 lkey: kd.lkey,
-            }],
+            }]
+            .into(),
         },
     )
     .unwrap();
     let sge = |k: burst_mem::MrKeys, off: u64, len: u32| {
-        vec![Sge {
+        [Sge {
             addr: k.addr + off,
             length: len,
             lkey: k.lkey,
@@ -278,11 +279,12 @@ fn qps_on_one_device_talk_to_each_other() {
             qb,
             RecvWr {
                 wr_id: 7,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: kd.addr + off,
                     length: 5000,
                     lkey: kd.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();
@@ -291,7 +293,7 @@ fn qps_on_one_device_talk_to_each_other() {
             SendWr::new(
                 1,
                 SendOp::Send,
-                vec![Sge {
+                [Sge {
                     addr: ks.addr,
                     length: 5000,
                     lkey: ks.lkey,
@@ -357,18 +359,19 @@ fn qps_on_one_device_talk_to_each_other() {
         ub,
         RecvWr {
             wr_id: 9,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: kd.addr + 10_000,
                 length: 2048,
                 lkey: kd.lkey,
-            }],
+            }]
+            .into(),
         },
     )
     .unwrap();
     let mut wr = SendWr::new(
         3,
         SendOp::Send,
-        vec![Sge {
+        [Sge {
             addr: ks.addr,
             length: 1000,
             lkey: ks.lkey,

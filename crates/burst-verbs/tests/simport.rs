@@ -120,11 +120,12 @@ fn transfer(p: &mut Pair) {
             .unwrap()
     };
     let sge = |k: burst_mem::MrKeys, len: usize| {
-        vec![Sge {
+        [Sge {
             addr: k.addr,
             length: len as u32,
             lkey: k.lkey,
         }]
+        .into()
     };
     p.b.post_recv(
         p.qb,
@@ -261,11 +262,12 @@ fn a_fault_outside_any_qp_fails_the_device_not_the_caller() {
     let mut buf = vec![0u8; 64];
     // SAFETY: `buf` outlives the device (dropped at the end of the test).
     let k = unsafe { d.reg_mr(pd, buf.as_mut_ptr(), 64, ALL).unwrap() };
-    let sge = vec![Sge {
+    let sge = [Sge {
         addr: k.addr,
         length: 64,
         lkey: k.lkey,
-    }];
+    }]
+    .into();
     d.post_recv(
         q1,
         RecvWr {

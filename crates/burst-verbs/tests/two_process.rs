@@ -96,15 +96,16 @@ fn child_role() {
     }
     let recv = RecvWr {
         wr_id: 1,
-        sg_list: vec![Sge {
+        sg_list: [Sge {
             addr: ms.addr,
             length: 64,
             lkey: ms.lkey,
-        }],
+        }]
+        .into(),
     };
     c.post_recv(qpn, &recv).unwrap();
     let send = |imm| {
-        let wr = SendWr::new(2, SendOp::SendWithImm(imm), vec![]);
+        let wr = SendWr::new(2, SendOp::SendWithImm(imm), SgList::new());
         c.post_send(qpn, &wr).unwrap();
     };
     if server {
@@ -123,7 +124,7 @@ fn child_role() {
                 remote_addr: peer_addr,
                 rkey: peer_rkey,
             },
-            vec![Sge {
+            [Sge {
                 addr: mr.addr,
                 length: LEN as u32,
                 lkey: mr.lkey,

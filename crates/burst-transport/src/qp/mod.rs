@@ -91,7 +91,6 @@ pub const MAX_RD_ATOMIC: u8 = 16;
 #[derive(Debug)]
 struct SendWqe {
     wr: SendWr,
-    inline: Vec<u8>,
     len: u64,
     first_psn: Option<Psn>,
     /// PSNs the operation uses (READ: its response packets).
@@ -547,9 +546,24 @@ impl Qp {
 
     // ------------------------------------------------------------------ post
 
-    /// `ibv_post_send`. Inline data is captured from `mem` now.
-    pub fn post_send(&mut self, mut wr: SendWr, mem: &impl Memory) -> Result<(), VerbsError> {
-        let t = self.cfg.qp_type;
+    /// `ibv_post_send`: [`QpConfig::check_send`], then
+    /// [`Qp::post_send_checked`].
+    pub fn post_send(&mut self, wr: SendWr, mem: &impl Memory) -> Result<(), VerbsError> {
+        self.cfg.check_send(&wr)?;
+        self.post_send_checked(wr, mem)
+    }
+
+    /// Takes a work request that passed [`QpConfig::check_send`] (a front
+    /// end checks when the application posts, not again here): what still
+    /// depends on the QP's current state is checked (state, room in the
+    /// send queue, a UD message within the path MTU). Inline data not yet
+    /// captured is read from `mem` now.
+    pub fn post_send_checked(
+        &mut self,
+        mut wr: SendWr,
+        mem: &impl Memory,
+    ) -> Result<(), VerbsError> {
+        debug_assert_eq!(self.cfg.check_send(&wr).err(), None);
         match self.state {
             QpState::Reset | QpState::Init | QpState::Rtr => {
                 return Err(VerbsError::InvalidState(self.state))
@@ -559,65 +573,18 @@ impl Qp {
         if self.req.sq.len() >= self.cfg.max_send_wr as usize {
             return Err(VerbsError::QueueFull);
         }
-        if wr.sg_list.len() > self.cfg.max_sge as usize {
-            return Err(VerbsError::TooManySge);
+        let len = wr.sg_list.total_len();
+        if self.cfg.qp_type == QpType::Ud && len > self.attrs.mtu.bytes() as u64 {
+            return Err(VerbsError::BadWr("UD message larger than the path MTU"));
         }
-        let len = sg_len(&wr.sg_list);
-        let allowed = match (t, &wr.op) {
-            (QpType::Rc, _) => true,
-            (QpType::Uc, op) => !op.is_read_or_atomic() && !matches!(op, SendOp::SendWithInv(_)),
-            (QpType::Ud, SendOp::Send | SendOp::SendWithImm(_)) => true,
-            _ => false,
-        };
-        if !allowed {
-            return Err(VerbsError::BadWr("opcode not supported by this QP type"));
-        }
-        if t == QpType::Ud {
-            if wr.ud.is_none() {
-                return Err(VerbsError::BadWr("UD send without address handle"));
-            }
-            if len > self.attrs.mtu.bytes() as u64 {
-                return Err(VerbsError::BadWr("UD message larger than the path MTU"));
-            }
-        }
-        if wr.op.is_atomic() {
-            if len != 8 || wr.sg_list.len() != 1 {
-                return Err(VerbsError::BadWr("atomic needs one 8-byte SGE"));
-            }
-            let va = match wr.op {
-                SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => {
-                    remote_addr
-                }
-                _ => 0,
-            };
-            if va % 8 != 0 {
-                return Err(VerbsError::BadWr(
-                    "atomic remote address not 8-byte aligned",
-                ));
-            }
-        }
-        if len > u64::from(u32::MAX) {
-            return Err(VerbsError::BadWr("message longer than 2^32-1"));
-        }
-        if wr.inline && (wr.op.is_read_or_atomic() || len > u64::from(self.cfg.max_inline)) {
-            return Err(VerbsError::BadWr("inline data too long or not allowed"));
-        }
-        let mut inline = Vec::new();
         let mut status = WcStatus::Success;
         if wr.inline {
-            match wr.inline_data.take() {
-                Some(d) if d.len() as u64 == len => inline = d,
-                Some(_) => {
-                    return Err(VerbsError::BadWr(
-                        "inline data length differs from the SGEs",
-                    ))
+            if wr.inline_data.is_none() {
+                let mut d = InlineData::zeroed(len as usize)?;
+                if mem.read_local(&wr.sg_list, 0, &mut d).is_err() {
+                    status = WcStatus::LocProtErr;
                 }
-                None => {
-                    inline.resize(len as usize, 0);
-                    if mem.read_local(&wr.sg_list, 0, &mut inline).is_err() {
-                        status = WcStatus::LocProtErr;
-                    }
-                }
+                wr.inline_data = Some(d);
             }
         } else if mem
             .check_local(self.cfg.pd, &wr.sg_list, wr.op.is_read_or_atomic())
@@ -633,7 +600,6 @@ impl Qp {
         };
         let wqe = SendWqe {
             wr,
-            inline,
             len,
             first_psn: None,
             npsn,
@@ -657,17 +623,12 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
-        if self.cfg.srq {
-            return Err(VerbsError::InvalidValue("post_recv on a QP with an SRQ"));
-        }
+        self.cfg.check_recv(&wr)?;
         if self.state == QpState::Reset {
             return Err(VerbsError::InvalidState(self.state));
         }
         if self.recv_queue_len() >= self.cfg.max_recv_wr as usize {
             return Err(VerbsError::QueueFull);
-        }
-        if wr.sg_list.len() > self.cfg.max_sge as usize {
-            return Err(VerbsError::TooManySge);
         }
         if self.state == QpState::Err {
             self.completions.push_back(recv_wc(

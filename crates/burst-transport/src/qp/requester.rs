@@ -296,8 +296,8 @@ impl Qp {
                     });
                 }
                 ib.payload_len = plen as usize;
-                payload = if w.wr.inline {
-                    Payload::Inline(&w.inline[off as usize..(off + plen) as usize])
+                payload = if let (true, Some(d)) = (w.wr.inline, &w.wr.inline_data) {
+                    Payload::Inline(&d[off as usize..(off + plen) as usize])
                 } else {
                     Payload::Local {
                         sges: &w.wr.sg_list,

@@ -1099,11 +1099,12 @@ pub fn run_workload_on<F: Fabric>(
                     )
                 }
                 6 | 7 => {
-                    sges = vec![Sge {
+                    sges = [Sge {
                         addr: laddr,
                         length: 8,
                         lkey,
-                    }];
+                    }]
+                    .into();
                     let add = rng.below(1000);
                     let orig = model;
                     model = model.wrapping_add(add);
@@ -1117,11 +1118,12 @@ pub fn run_workload_on<F: Fabric>(
                     )
                 }
                 _ => {
-                    sges = vec![Sge {
+                    sges = [Sge {
                         addr: laddr,
                         length: 8,
                         lkey,
-                    }];
+                    }]
+                    .into();
                     let hit = rng.chance(0.5);
                     let compare = if hit { model } else { model ^ 1 };
                     let swap = rng.next_u64();
@@ -1140,6 +1142,7 @@ pub fn run_workload_on<F: Fabric>(
                     )
                 }
             };
+            let sges = SgList::try_from(sges).map_err(|e| format!("workload: {e}"))?;
             let mut wr = SendWr::new(wr_id, op, sges);
             wr.signaled = signaled;
             wr.inline = inline;
@@ -1166,11 +1169,12 @@ pub fn run_workload_on<F: Fabric>(
                 recvs.push((wr_id, rk));
                 let rwr = RecvWr {
                     wr_id,
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr: ra,
                         length: cap as u32,
                         lkey: rk,
-                    }],
+                    }]
+                    .into(),
                 };
                 // Post the receives up front, except (on some pairs) a tail
                 // posted later, in order, to exercise RNR NAKs.
