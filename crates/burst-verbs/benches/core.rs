@@ -1,5 +1,6 @@
 //! Data-plane cost per packet: the whole core, not only the transport. Two
-//! `Device`s over the in-memory port move an RDMA WRITE stream at path MTU
+//! engines (driven by the caller, on a manual clock) over the in-memory
+//! port move an RDMA WRITE stream at path MTU
 //! 4096 with real memory registration: the sender builds headers, gathers
 //! the payload from registered memory and seals the ICRC; the receiver
 //! checks the ICRC, demuxes, checks the rkey and places the payload; ACKs
@@ -10,12 +11,11 @@
 //! `cargo bench -p burst-verbs --bench core` (next to it:
 //! `cargo bench -p burst-transport --bench transport`, protocol only)
 
-use std::sync::Arc;
-
-use burst_verbs::ports::{SimFaults, SimNet, SimPort};
+use burst_verbs::clock::Clock;
+use burst_verbs::engine::{Context, CqId, Drive, Engine, EngineOptions};
+use burst_verbs::ports::{SimFaults, SimNet};
 use burst_verbs::{
-    Access, Device, MrKeys, Mtu, Psn, QpAccess, QpType, RcParams, RcPeer, SendOp, SendWr, Sge,
-    WcStatus,
+    Access, MrKeys, Mtu, Psn, QpAccess, QpType, RcParams, RcPeer, SendOp, SendWr, Sge, WcStatus,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -23,10 +23,13 @@ const PKTS: usize = 64;
 const MTU: usize = 4096;
 
 struct Pair {
-    a: Device<SimPort>,
-    b: Device<SimPort>,
+    // Declared first: the engines hold registrations of `_bufs`.
+    _engines: (Engine, Engine),
+    a: Context,
+    b: Context,
     net: SimNet,
     qa: burst_verbs::Qpn,
+    cqa: CqId,
     src: MrKeys,
     dst: MrKeys,
     now: u64,
@@ -43,14 +46,19 @@ fn pair() -> Pair {
         ..SimFaults::default()
     };
     let net = SimNet::new(1, faults);
-    let dev = |ip: &str| {
+    let engine = |ip: &str| {
         let port = net.port(format!("{ip}:4791").parse().unwrap());
-        Device::with_port(port, Mtu::Mtu4096, Arc::default())
+        let mut o = EngineOptions::new(Mtu::Mtu4096);
+        o.drive = Drive::Caller;
+        o.clock = Clock::manual();
+        Engine::with_port(port, o).unwrap()
     };
-    let (mut a, mut b) = (dev("198.18.0.1"), dev("198.18.0.2"));
+    let (ea, eb) = (engine("198.18.0.1"), engine("198.18.0.2"));
+    let (a, b) = (ea.context(), eb.context());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let qa = a.create_qp(QpType::Rc, pa);
-    let qb = b.create_qp(QpType::Rc, pb);
+    let (cqa, cqb) = (a.create_cq(16), b.create_cq(16));
+    let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 16).unwrap();
+    let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 16).unwrap();
     let mut p = RcParams::new(Psn::new(0), Mtu::Mtu4096);
     p.access = QpAccess {
         remote_write: true,
@@ -60,7 +68,7 @@ fn pair() -> Pair {
     let (ga, gb) = (a.gid(), b.gid());
     a.connect_rc(
         qa,
-        RcPeer {
+        &RcPeer {
             gid: gb,
             qpn: qb,
             psn: Psn::new(0),
@@ -70,7 +78,7 @@ fn pair() -> Pair {
     .unwrap();
     b.connect_rc(
         qb,
-        RcPeer {
+        &RcPeer {
             gid: ga,
             qpn: qa,
             psn: Psn::new(0),
@@ -81,7 +89,7 @@ fn pair() -> Pair {
     let mut sbuf = vec![7u8; PKTS * MTU];
     let mut dbuf = vec![0u8; PKTS * MTU];
     let all = Access(1 | 2 | 4 | 8);
-    // SAFETY: the buffers move into the Pair, which drops the devices first
+    // SAFETY: the buffers move into the Pair, which drops the engines first
     // (field order): the heap bytes stay put and outlive the registrations.
     let (src, dst) = unsafe {
         (
@@ -90,10 +98,12 @@ fn pair() -> Pair {
         )
     };
     Pair {
+        _engines: (ea, eb),
         a,
         b,
         net,
         qa,
+        cqa,
         src,
         dst,
         now: 0,
@@ -116,13 +126,15 @@ impl Pair {
                 lkey: self.src.lkey,
             }],
         );
-        self.a.post_send_quiet(self.qa, wr).unwrap();
+        self.a.post_send(self.qa, &wr).unwrap();
         loop {
             self.now += 1_000;
             self.net.set_now(self.now);
-            self.a.progress_at(self.now);
-            self.b.progress_at(self.now);
-            if let Some(wc) = self.a.take_completion(self.qa) {
+            self.a.advance_clock_to(self.now);
+            self.b.advance_clock_to(self.now);
+            self.a.progress();
+            self.b.progress();
+            if let Some(wc) = self.a.take_completion(self.cqa) {
                 assert_eq!(wc.status, WcStatus::Success);
                 return;
             }

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::{Device, RcParams, RcPeer};
+use burst_verbs::config::DeviceConfig;
+use burst_verbs::engine::Engine;
+use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn};
 
 #[path = "pingpong/oob.rs"]
@@ -107,8 +109,15 @@ fn parse() -> Result<Opts, String> {
 }
 
 fn run(o: Opts) -> Result<(), String> {
-    let mut dev = Device::open_lossy(o.local, Mtu::Mtu4096, Default::default(), o.drop_every)
-        .map_err(|e| e.to_string())?;
+    let engine = Engine::start_config(&DeviceConfig {
+        name: "burst0".into(),
+        addr: o.local,
+        interface: None,
+        mtu: Mtu::Mtu4096,
+        drop_every: o.drop_every,
+    })
+    .map_err(|e| e.to_string())?;
+    let dev = engine.context();
     let pd = dev.alloc_pd();
     let mut buf = vec![0x7bu8; o.size.max(1)];
     let expected = buf.clone();
@@ -119,10 +128,13 @@ fn run(o: Opts) -> Result<(), String> {
             expected[i] = 0;
         }
     }
-    // SAFETY: `buf` lives until the end of `run`, after the device is dropped.
+    // SAFETY: `buf` lives until the end of `run`, after the engine is dropped.
     let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }
         .map_err(|e| e.to_string())?;
-    let qpn = dev.create_qp(QpType::Rc, pd);
+    let cq = dev.create_cq(o.rx_depth as usize + 1);
+    let qpn = dev
+        .create_qp(QpType::Rc, pd, cq, cq, o.rx_depth.max(1) as usize)
+        .map_err(|e| e.to_string())?;
     // INIT first: receives are posted before the exchange, as in pingpong.c.
     let init = QpAttr {
         state: Some(QpState::Init),
@@ -131,7 +143,9 @@ fn run(o: Opts) -> Result<(), String> {
         access: Some(QpAccess::default()),
         ..Default::default()
     };
-    dev.modify_qp(qpn, &init).map_err(|e| e.to_string())?;
+    dev.modify_qp(qpn, &init)
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
     let sge: burst_transport::SgList = [Sge {
         addr: mr.addr,
         length: o.size as u32,
@@ -141,7 +155,7 @@ fn run(o: Opts) -> Result<(), String> {
     for _ in 0..o.rx_depth {
         dev.post_recv(
             qpn,
-            RecvWr {
+            &RecvWr {
                 wr_id: RECV_WRID,
                 sg_list: sge,
             },
@@ -165,7 +179,7 @@ fn run(o: Opts) -> Result<(), String> {
         oob::exchange(o.server.as_deref(), o.local, o.port, &msg, |(q, p, g)| {
             dev.connect_rc(
                 qpn,
-                RcPeer {
+                &RcPeer {
                     gid: g,
                     qpn: q,
                     psn: p,
@@ -185,12 +199,12 @@ fn run(o: Opts) -> Result<(), String> {
     let deadline = start + Duration::from_secs(120);
     let (mut scnt, mut rcnt, mut routs) = (0u64, 0u64, o.rx_depth);
     let mut pending = RECV_WRID;
-    let post_send = |dev: &mut Device| {
-        dev.post_send(qpn, SendWr::new(SEND_WRID, SendOp::Send, sge))
+    let post_send = || {
+        dev.post_send(qpn, &SendWr::new(SEND_WRID, SendOp::Send, sge))
             .map_err(|e| e.to_string())
     };
     if o.server.is_some() {
-        post_send(&mut dev)?;
+        post_send()?;
         pending |= SEND_WRID;
     }
     while rcnt < o.iters || scnt < o.iters {
@@ -198,17 +212,17 @@ fn run(o: Opts) -> Result<(), String> {
             return Err(format!(
                 "timed out after {scnt} sends and {rcnt} receives; counters {:?} qp {:?}",
                 dev.counters(),
-                dev.qp_counters(qpn)
+                dev.describe_qps()
             ));
         }
-        let Some(wc) = dev.poll_cq(qpn) else { continue };
+        let Some(wc) = dev.poll_cq(cq) else { continue };
         if wc.status != WcStatus::Success {
             return Err(format!(
                 "failed status {:?} for wr_id {} after {scnt} sends and {rcnt} receives; device {:?}; qp {:?}",
                 wc.status,
                 wc.wr_id,
                 dev.counters(),
-                dev.qp_counters(qpn)
+                dev.describe_qps()
             ));
         }
         match wc.wr_id {
@@ -236,7 +250,7 @@ fn run(o: Opts) -> Result<(), String> {
                     for _ in 0..(o.rx_depth - routs) {
                         dev.post_recv(
                             qpn,
-                            RecvWr {
+                            &RecvWr {
                                 wr_id: RECV_WRID,
                                 sg_list: sge,
                             },
@@ -250,7 +264,7 @@ fn run(o: Opts) -> Result<(), String> {
         }
         pending &= !wc.wr_id;
         if scnt < o.iters && pending == 0 {
-            post_send(&mut dev)?;
+            post_send()?;
             pending = RECV_WRID | SEND_WRID;
         }
     }
@@ -268,12 +282,13 @@ fn run(o: Opts) -> Result<(), String> {
         secs,
         secs * 1e6 / o.iters as f64
     );
-    let c = dev.counters();
+    let c = dev.counters().map_err(|e| e.to_string())?;
     println!(
         "burst: {} packets sent, {} received (ICRC: {} verified, {} verified with the peer's IP ID solved for, {} unverifiable, {} bad); data verified",
         c.sent_pkts, c.rcvd_pkts, c.icrc_verified, c.icrc_id_solved, c.icrc_unverified, c.icrc_errors
     );
     drop(dev);
+    drop(engine);
     drop(buf);
     Ok(())
 }

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::{Device, RcParams, RcPeer};
+use burst_verbs::config::DeviceConfig;
+use burst_verbs::engine::Engine;
+use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 fn run() -> Result<(), String> {
@@ -73,8 +75,15 @@ fn run() -> Result<(), String> {
     for (k, g) in tgid.iter_mut().enumerate() {
         *g = u8::from_str_radix(&f[2][2 * k..2 * k + 2], 16).map_err(|e| e.to_string())?;
     }
-    let mut dev = Device::open_lossy(local, Mtu::Mtu4096, Default::default(), loss)
-        .map_err(|e| e.to_string())?;
+    let engine = Engine::start_config(&DeviceConfig {
+        name: "burst0".into(),
+        addr: local,
+        interface: None,
+        mtu: Mtu::Mtu4096,
+        drop_every: loss,
+    })
+    .map_err(|e| e.to_string())?;
+    let dev = engine.context();
     let pd = dev.alloc_pd();
     let half = size / 2;
     let seed = std::process::id() % 251;
@@ -87,12 +96,15 @@ fn run() -> Result<(), String> {
             }
         })
         .collect();
-    // SAFETY: `buf` outlives the device, dropped before it below.
+    // SAFETY: `buf` outlives the engine, dropped before it below.
     let mr =
         unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), size, Access(1)) }.map_err(|e| e.to_string())?;
-    let qpn = dev.create_qp(QpType::Rc, pd);
+    let cq = dev.create_cq(4);
+    let qpn = dev
+        .create_qp(QpType::Rc, pd, cq, cq, 4)
+        .map_err(|e| e.to_string())?;
     let my_psn = Psn::new((seed * 65_537) & 0xff_ffff);
-    let e = |e: VerbsError| e.to_string();
+    let e = |e: burst_verbs::engine::PostError| e.to_string();
     let gid: String = dev.gid().iter().map(|b| format!("{b:02x}")).collect();
     s.write_all(format!("{:06x} {:06x} {}\n", qpn.value(), my_psn.value(), gid).as_bytes())
         .map_err(|e| e.to_string())?;
@@ -103,7 +115,8 @@ fn run() -> Result<(), String> {
         qpn: Qpn::from_wire(tqpn),
         psn: Psn::new(tpsn),
     };
-    dev.connect_rc(qpn, peer, &params).map_err(e)?;
+    dev.connect_rc(qpn, &peer, &params)
+        .map_err(|e| e.to_string())?;
     let start = Instant::now();
     let read = SendWr::new(
         1,
@@ -129,8 +142,8 @@ fn run() -> Result<(), String> {
             lkey: mr.lkey,
         }],
     );
-    dev.post_send(qpn, read).map_err(e)?;
-    dev.post_send(qpn, write).map_err(e)?;
+    dev.post_send(qpn, &read).map_err(e)?;
+    dev.post_send(qpn, &write).map_err(e)?;
     let deadline = start + Duration::from_secs(120);
     let mut done = 0;
     while done < 2 {
@@ -138,10 +151,10 @@ fn run() -> Result<(), String> {
             return Err(format!(
                 "timed out; device {:?}; qp {:?}",
                 dev.counters(),
-                dev.qp_counters(qpn)
+                dev.describe_qps()
             ));
         }
-        if let Some(wc) = dev.poll_cq(qpn) {
+        if let Some(wc) = dev.poll_cq(cq) {
             if wc.status != WcStatus::Success {
                 return Err(format!("wr {} failed: {:?}", wc.wr_id, wc.status));
             }
@@ -149,8 +162,9 @@ fn run() -> Result<(), String> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let counters = dev.counters();
+    let counters = dev.counters().map_err(e)?;
     drop(dev);
+    drop(engine);
     if let Some(bad) =
         (0..half).find(|&i| buf[i] != (i as u32).wrapping_mul(13).wrapping_add(7) as u8)
     {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::Device;
+use burst_verbs::engine::{Engine, PostError};
 use burst_wire::{Mtu, Psn};
 
 #[path = "pingpong/oob.rs"]
@@ -52,7 +52,8 @@ fn run() -> Result<(), String> {
     }
     let local = local.ok_or("--local IP is required")?;
     let rx_depth = rx_depth.min(iters.max(1));
-    let mut dev = Device::open(local, Mtu::Mtu1024).map_err(|e| e.to_string())?;
+    let engine = Engine::start(local, Mtu::Mtu1024).map_err(|e| e.to_string())?;
+    let dev = engine.context();
     if size > Mtu::Mtu1024.bytes() {
         return Err(format!(
             "requested size {size} is larger than the port MTU 1024"
@@ -60,11 +61,15 @@ fn run() -> Result<(), String> {
     }
     let pd = dev.alloc_pd();
     let mut buf = vec![0x7bu8; size + GRH];
-    // SAFETY: `buf` outlives the device (dropped first, at the end of `run`).
+    // SAFETY: `buf` outlives the engine (dropped first, at the end of `run`).
     let mr = unsafe { dev.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }
         .map_err(|e| e.to_string())?;
-    let qpn = dev.create_qp(QpType::Ud, pd);
-    let e = |e: VerbsError| e.to_string();
+    let cq = dev.create_cq(rx_depth as usize + 1);
+    let qpn = dev
+        .create_qp(QpType::Ud, pd, cq, cq, rx_depth.max(1) as usize)
+        .map_err(|e| e.to_string())?;
+    let e = |e: PostError| e.to_string();
+    let v = |e: VerbsError| e.to_string();
     dev.modify_qp(
         qpn,
         &QpAttr {
@@ -75,7 +80,8 @@ fn run() -> Result<(), String> {
             ..Default::default()
         },
     )
-    .map_err(e)?;
+    .map_err(e)?
+    .map_err(v)?;
     let recv_sge: burst_transport::SgList = [Sge {
         addr: mr.addr,
         length: (size + GRH) as u32,
@@ -91,7 +97,7 @@ fn run() -> Result<(), String> {
     for _ in 0..rx_depth {
         dev.post_recv(
             qpn,
-            RecvWr {
+            &RecvWr {
                 wr_id: RECV_WRID,
                 sg_list: recv_sge,
             },
@@ -109,7 +115,7 @@ fn run() -> Result<(), String> {
     let msg = oob::wire_msg(qpn, my_psn, gid);
     let mut ah = 0;
     let (rqpn, _rpsn, rgid) = oob::exchange(server.as_deref(), local, port, &msg, |(_, _, g)| {
-        ah = dev.create_ah(g);
+        ah = dev.create_ah(g).map_err(e)?;
         dev.modify_qp(
             qpn,
             &QpAttr {
@@ -117,7 +123,8 @@ fn run() -> Result<(), String> {
                 ..Default::default()
             },
         )
-        .map_err(e)?;
+        .map_err(e)?
+        .map_err(v)?;
         dev.modify_qp(
             qpn,
             &QpAttr {
@@ -126,27 +133,28 @@ fn run() -> Result<(), String> {
                 ..Default::default()
             },
         )
-        .map_err(e)
+        .map_err(e)?
+        .map_err(v)
     })?;
     println!(
         "  remote address: LID 0x0000, QPN 0x{:06x}, GID {}",
         rqpn.value(),
         Ipv6Addr::from(rgid)
     );
-    let post_send = |dev: &mut Device| {
+    let post_send = || {
         let mut wr = SendWr::new(SEND_WRID, SendOp::Send, send_sge);
         wr.ud = Some(UdDest {
             remote_qpn: rqpn,
             remote_qkey: QKEY,
             ah,
         });
-        dev.post_send(qpn, wr).map_err(|e| e.to_string())
+        dev.post_send(qpn, &wr).map_err(|e| e.to_string())
     };
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120);
     let (mut scnt, mut rcnt, mut routs, mut pending) = (0u64, 0u64, rx_depth, RECV_WRID);
     if server.is_some() {
-        post_send(&mut dev)?;
+        post_send()?;
         pending |= SEND_WRID;
     }
     while rcnt < iters || scnt < iters {
@@ -156,7 +164,7 @@ fn run() -> Result<(), String> {
                 dev.counters()
             ));
         }
-        let Some(wc) = dev.poll_cq(qpn) else { continue };
+        let Some(wc) = dev.poll_cq(cq) else { continue };
         if wc.status != WcStatus::Success {
             return Err(format!(
                 "failed status {:?} for wr_id {}",
@@ -175,7 +183,7 @@ fn run() -> Result<(), String> {
                     while routs < rx_depth {
                         dev.post_recv(
                             qpn,
-                            RecvWr {
+                            &RecvWr {
                                 wr_id: RECV_WRID,
                                 sg_list: recv_sge,
                             },
@@ -189,7 +197,7 @@ fn run() -> Result<(), String> {
         }
         pending &= !wc.wr_id;
         if scnt < iters && pending == 0 {
-            post_send(&mut dev)?;
+            post_send()?;
             pending = RECV_WRID | SEND_WRID;
         }
     }

@@ -26,6 +26,7 @@ use burst_transport::{
 };
 use burst_wire::{Mtu, Qpn};
 
+use crate::clock::Clock;
 use crate::config::{Config, ConfigError, DeviceConfig};
 use crate::{
     contain, AsyncEvent, Device, DeviceAttr, DeviceCounters, PortAttr, QpInit, SrqId, FIRST_QPN,
@@ -261,7 +262,8 @@ struct Shared {
     /// An application thread is inside a step right now (a long send can
     /// take 10 us or more: the last stamp then looks old).
     app_stepping: AtomicBool,
-    epoch: std::time::Instant,
+    /// The device clock (the device holds a clone).
+    clock: Clock,
 }
 
 /// An application thread whose last step ended this recently is driving the
@@ -297,7 +299,54 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// A running engine thread; stops and joins when dropped.
+/// Who steps an engine's data plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drive {
+    /// An engine thread, and any application thread that polls or posts
+    /// while the core is free (the default).
+    Thread,
+    /// Only the application's threads, when they post, poll or call
+    /// [`Context::progress`]: no thread is started (simulations, and
+    /// applications that run their own event loop).
+    Caller,
+}
+
+/// How [`Engine::with_port`] builds an engine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// The device's name (`ibv_get_device_name`).
+    pub name: String,
+    /// Active MTU of the port.
+    pub port_mtu: Mtu,
+    /// The memory-region table (a seeded one replays a simulation exactly).
+    pub mrs: Arc<MrTable>,
+    /// Who steps the data plane.
+    pub drive: Drive,
+    /// The device clock.
+    pub clock: Clock,
+    /// The network interface, when one was configured (reported only).
+    pub interface: Option<String>,
+    /// The loss the port injects (reported only; [`burst_io::LossyPort`] does it).
+    pub drop_every: u64,
+}
+
+impl EngineOptions {
+    /// Device `burst0` with a fresh memory-region table, an engine thread
+    /// and the wall clock.
+    pub fn new(port_mtu: Mtu) -> EngineOptions {
+        EngineOptions {
+            name: "burst0".into(),
+            port_mtu,
+            mrs: Arc::default(),
+            drive: Drive::Thread,
+            clock: Clock::wall(),
+            interface: None,
+            drop_every: 0,
+        }
+    }
+}
+
+/// A running engine (and its thread, if it has one); stops when dropped.
 #[derive(Debug)]
 pub struct Engine {
     ctx: Context,
@@ -368,17 +417,49 @@ impl Engine {
 
     /// Opens a device as `cfg` describes and starts its engine thread.
     pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
-        let (ip, port_mtu) = (cfg.addr, cfg.mtu);
-        let mrs = Arc::new(MrTable::new());
-        let dev = Device::open_lossy(ip, port_mtu, Arc::clone(&mrs), cfg.drop_every)
-            .map_err(|e| with_remedy(e, cfg))?;
+        let udp = burst_io::UdpPort::bind(cfg.addr).map_err(|e| with_remedy(e, cfg))?;
+        let port: crate::AnyPort = match cfg.drop_every {
+            0 => Box::new(udp),
+            n => Box::new(burst_io::LossyPort::new(udp, n)),
+        };
+        let mut o = EngineOptions::new(cfg.mtu);
+        o.name.clone_from(&cfg.name);
+        o.interface.clone_from(&cfg.interface);
+        o.drop_every = cfg.drop_every;
+        Engine::with_port(port, o)
+    }
+
+    /// An engine over any packet port (`burst_io::SimPort`, a wrapper
+    /// such as `LossyPort`, a kernel-bypass port), driven and clocked as
+    /// `o` says. Its address is the port's.
+    ///
+    /// ```
+    /// use burst_io::{SimFaults, SimNet};
+    /// use burst_verbs::engine::{Drive, Engine, EngineOptions};
+    /// use burst_verbs::{clock::Clock, Mtu};
+    /// let net = SimNet::new(1, SimFaults::default());
+    /// let mut o = EngineOptions::new(Mtu::Mtu4096);
+    /// o.drive = Drive::Caller;
+    /// o.clock = Clock::manual();
+    /// let e = Engine::with_port(net.port("198.18.0.1:4791".parse().unwrap()), o).unwrap();
+    /// assert_eq!(e.context().gid()[12..], [198, 18, 0, 1]);
+    /// ```
+    pub fn with_port(
+        port: impl burst_io::Port + Send + 'static,
+        o: EngineOptions,
+    ) -> std::io::Result<Engine> {
+        let addr = port.local_addr().ip();
+        let port: crate::AnyPort = Box::new(port);
+        let ready = match o.drive {
+            Drive::Thread => Some(port.readiness()?),
+            Drive::Caller => None,
+        };
+        let mut dev = Device::with_port(port, o.port_mtu, Arc::clone(&o.mrs));
+        dev.set_clock(o.clock.clone());
         let gid = dev.gid();
-        // One clock for the engine and the device: a step reads it once.
-        let epoch = dev.epoch();
-        let ready = dev.readiness()?;
         let (control, control_rx) = bounded(64);
         let shared = Arc::new(Shared {
-            mrs,
+            mrs: o.mrs,
             doorbell: Doorbells::new(),
             rings: std::sync::RwLock::new(Vec::new()),
             srqs: std::sync::RwLock::new(Vec::new()),
@@ -393,26 +474,34 @@ impl Engine {
             app_stepped: std::sync::atomic::AtomicU64::new(0),
             app_posted: std::sync::atomic::AtomicU64::new(0),
             app_stepping: AtomicBool::new(false),
-            epoch,
+            clock: o.clock,
         });
         let ctx = Context {
             shared: Arc::clone(&shared),
             control,
             gid,
-            config: Arc::new(cfg.clone()),
+            config: Arc::new(DeviceConfig {
+                name: o.name,
+                addr,
+                interface: o.interface,
+                mtu: o.port_mtu,
+                drop_every: o.drop_every,
+            }),
         };
-        let thread = std::thread::Builder::new()
-            .name("burst-engine".into())
-            .spawn(move || {
-                let _span = tracing::info_span!("burst-engine", %ip).entered();
-                tracing::info!("engine started");
-                run(&shared, &ready);
-                tracing::info!("engine stopped");
-            })?;
-        Ok(Engine {
-            ctx,
-            thread: Some(thread),
-        })
+        let thread = match ready {
+            Some(ready) => Some(
+                std::thread::Builder::new()
+                    .name("burst-engine".into())
+                    .spawn(move || {
+                        let _span = tracing::info_span!("burst-engine", %addr).entered();
+                        tracing::info!("engine started");
+                        run(&shared, &ready);
+                        tracing::info!("engine stopped");
+                    })?,
+            ),
+            None => None,
+        };
+        Ok(Engine { ctx, thread })
     }
 
     /// A front-end handle.
@@ -543,7 +632,7 @@ fn run(shared: &Shared, ready: &burst_io::Readiness) {
     let mut last_work = 0u64;
     let mut backoff = MIN_SLEEP;
     while !shared.stop.load(Ordering::Acquire) {
-        let now = shared.epoch.elapsed().as_nanos() as u64;
+        let now = shared.clock.now();
         let stepped = shared.app_stepped.load(Ordering::Relaxed);
         let driving = shared.app_stepping.load(Ordering::Relaxed)
             || (stepped != 0 && now.saturating_sub(stepped) < APP_POLLING_NS);
@@ -608,6 +697,15 @@ impl Core {
         }
     }
 
+    /// Runs the control requests waiting.
+    fn run_control(&mut self) {
+        if let Some(dev) = self.dev.as_mut() {
+            while let Ok(c) = self.control_rx.try_recv() {
+                control(dev, c);
+            }
+        }
+    }
+
     /// Moves the WRs waiting in a QP's rings into the transport, in order.
     /// A WR the transport refuses completes with an error, since the
     /// application's post call has already returned.
@@ -654,17 +752,17 @@ impl Core {
     /// One round: control requests, doorbells, transmit (and, for a full
     /// round, receive and timers), completions into the CQ rings. Returns
     /// whether there was work.
-    /// `now`: the device clock ([`Device::now`]; `shared.epoch` is its epoch).
+    /// `now`: the device clock (`shared.clock`, which the device shares).
     fn step(&mut self, shared: &Shared, round: Round, now: u64) -> bool {
         let Some(dev) = self.dev.as_mut() else {
             return false;
         };
-        let spill = &mut self.spill;
         let mut busy = false;
         while let Ok(c) = self.control_rx.try_recv() {
             busy = true;
             control(dev, c);
         }
+        let spill = &mut self.spill;
         // Doorbells: move posted WQEs from the rings into the transport. A
         // doorbell lost to a full queue is made up by visiting every ring.
         let mut missed: Vec<u32> = Vec::new();
@@ -905,8 +1003,15 @@ impl Context {
             if self.shared.stop.load(Ordering::Acquire) || std::time::Instant::now() > deadline {
                 return Err(PostError::Stopped);
             }
-            if !self.progress() {
-                std::thread::yield_now();
+            // Whoever holds the core runs the request at its next step;
+            // with the core free, this thread runs it (and only it: a
+            // control call moves no packets).
+            match self.shared.core.try_lock() {
+                Ok(mut core) => {
+                    let sh = &*self.shared;
+                    core.contained(sh, |c| c.run_control());
+                }
+                Err(_) => std::thread::yield_now(),
             }
         }
     }
@@ -952,7 +1057,7 @@ impl Context {
         }
         // Recorded even when the engine thread holds the core: the thread
         // is polling (or posting) all the same.
-        let now = sh.epoch.elapsed().as_nanos() as u64;
+        let now = sh.clock.now();
         // Posting counts as driving too: a bandwidth test posts for a while
         // between polls, and an engine thread stepping meanwhile on the same
         // core halved its rate (29 -> 8-12 Gb/s over the veth pair).
@@ -969,9 +1074,50 @@ impl Context {
         // is ~10 us), and the gap the engine thread measures is the one
         // between the application's steps.
         sh.app_stepped
-            .store(sh.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .store(sh.clock.now().max(1), Ordering::Relaxed);
         sh.app_stepping.store(false, Ordering::Relaxed);
         Some((busy, r))
+    }
+
+    /// Runs `f` on the data plane's device, waiting for the core if another
+    /// thread steps it (diagnostics and simulation, not the data path).
+    fn with_device<R>(&self, f: impl FnOnce(&mut Device) -> R) -> Option<R> {
+        let mut core = self.shared.core.lock().unwrap_or_else(|e| e.into_inner());
+        core.dev.as_mut().map(f)
+    }
+
+    /// The device clock (ns): the time base of [`Context::next_timeout`].
+    pub fn now(&self) -> u64 {
+        self.shared.clock.now()
+    }
+
+    /// Moves a manual device clock ([`EngineOptions::clock`]) to `ns`;
+    /// returns false (and does nothing) on the wall clock.
+    pub fn advance_clock_to(&self, ns: u64) -> bool {
+        self.shared.clock.advance_to(ns)
+    }
+
+    /// The earliest transport timer of any QP (device-clock ns): when the
+    /// data plane must next be stepped if no packet comes first.
+    pub fn next_timeout(&self) -> Option<u64> {
+        self.with_device(|d| d.next_timeout()).flatten()
+    }
+
+    /// Checks every QP's invariants (a requester with unacknowledged
+    /// packets has a timer, ...): the simulator asserts them at every step.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.with_device(|d| d.check_invariants()).unwrap_or(Ok(()))
+    }
+
+    /// One line per QP with its state and counters (for reports).
+    pub fn describe_qps(&self) -> Vec<String> {
+        self.with_device(|d| d.describe_qps()).unwrap_or_default()
+    }
+
+    /// Send work requests of a QP that the transport holds and has not
+    /// completed (those still in the QP's ring not counted).
+    pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
+        self.with_device(|d| d.send_queue_len(qpn)).flatten()
     }
 
     /// Creates a QP with its rings (depth `depth` each) and default sizes;
@@ -1134,7 +1280,7 @@ impl Context {
     }
 
     /// Test support for fault containment (see
-    /// [`Device::debug_panic_on_packet_for`]).
+    /// the device's `debug_panic_on_packet_for`).
     #[doc(hidden)]
     pub fn debug_panic_on_packet_for(&self, qpn: Option<Qpn>) -> Result<(), PostError> {
         self.call(|reply| Control::DebugPanicFor { qpn, reply })
@@ -1149,6 +1295,22 @@ impl Context {
     pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr) -> Result<Result<(), VerbsError>, PostError> {
         let attr = *attr;
         self.call(|reply| Control::ModifyQp { qpn, attr, reply })
+    }
+
+    /// Takes RC QP `qpn` from RESET to RTS towards `peer`: an address
+    /// handle for its GID, then the INIT, RTR and RTS transitions
+    /// ([`crate::RcParams::transitions`]).
+    pub fn connect_rc(
+        &self,
+        qpn: Qpn,
+        peer: &crate::RcPeer,
+        p: &crate::RcParams,
+    ) -> Result<(), CreateError> {
+        let ah = self.create_ah(peer.gid)?;
+        for attr in p.transitions(ah, peer) {
+            self.modify_qp(qpn, &attr)?.map_err(CreateError::Verbs)?;
+        }
+        Ok(())
     }
 
     /// Device counters.
@@ -1237,6 +1399,13 @@ impl Context {
         })
     }
 
+    /// Takes a completion already in a CQ ring, without stepping the data
+    /// plane (a caller that steps it itself, such as a simulator).
+    pub fn take_completion(&self, cq: CqId) -> Option<WorkCompletion> {
+        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        cqs.get(cq.0 as usize)?.ring.pop()
+    }
+
     /// A handle on CQ `cq` that polls without any lookup.
     pub fn cq(&self, cq: CqId) -> Option<CompletionQueue> {
         let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
@@ -1256,6 +1425,17 @@ pub enum CreateError {
     /// The transport refused (with rdma-core's errno in [`VerbsError::errno`]).
     Verbs(VerbsError),
 }
+
+impl std::fmt::Display for CreateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CreateError::Post(p) => write!(f, "{p}"),
+            CreateError::Verbs(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl std::error::Error for CreateError {}
 
 impl From<PostError> for CreateError {
     fn from(e: PostError) -> CreateError {
@@ -1317,13 +1497,9 @@ impl QueuePair {
     }
 
     /// Takes this RC QP from RESET to RTS towards `peer`
-    /// ([`crate::RcParams::transitions`]).
+    /// ([`Context::connect_rc`]).
     pub fn connect_rc(&self, peer: &crate::RcPeer, p: &crate::RcParams) -> Result<(), CreateError> {
-        let ah = self.ctx.create_ah(peer.gid)?;
-        for attr in p.transitions(ah, peer) {
-            self.modify(&attr)?;
-        }
-        Ok(())
+        self.ctx.connect_rc(self.rings.qpn, peer, p)
     }
 }
 

@@ -1,16 +1,31 @@
 //! # burst-verbs: the Verbs API
 //!
-//! [`Device`] composes burst's crates into a working RDMA device: memory
+//! burst-verbs composes burst's crates into a working RDMA device: memory
 //! regions from burst-mem, queue pairs from burst-transport, and a packet
 //! port from burst-io. It speaks RoCEv2 on the wire, so its peers can be
 //! kernel RXE or RDMA NICs.
 //!
-//! This first version is a *synchronous driver*: the caller's thread makes
-//! progress (receive, timers, transmit) inside [`Device::progress`], which
-//! [`Device::poll_cq`] calls. The engine thread with per-QP rings and an MPSC
-//! doorbell queue (the architecture's front-end/engine split) is still to
-//! come; this type's interface is what it will sit behind.
+//! There is one API: an [`engine::Engine`] owns the data-plane core (the
+//! device: demux by QPN, ICRC sealing and checking, UD GRH, timers, ACK
+//! scheduling, completion delivery, over any `burst_io::Port`), and its
+//! [`engine::Context`] is what applications use from any thread: they post
+//! work requests (checked once, at post) and poll CQ rings. The core is
+//! stepped by the engine's thread, by an application thread that finds it
+//! free while it posts or polls, or only by the application
+//! ([`engine::Drive::Caller`], which simulations use on a manual
+//! [`clock::Clock`]).
+//!
+//! ```
+//! use burst_verbs::engine::Engine;
+//! use burst_verbs::{Mtu, QpType};
+//! let e = Engine::start("127.0.91.1".parse().unwrap(), Mtu::Mtu1024).unwrap();
+//! let c = e.context();
+//! let cq = c.create_cq(16);
+//! let qp = c.create_qp(QpType::Rc, c.alloc_pd(), cq, cq, 16).unwrap();
+//! assert_eq!(c.query_qp(qp).unwrap().0, burst_verbs::QpState::Reset);
+//! ```
 
+pub mod clock;
 pub mod config;
 pub mod engine;
 
@@ -27,22 +42,17 @@ pub use burst_transport::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 pub use burst_wire::{Mtu, Psn, Qpn};
+mod dataplane;
 pub mod eventfd;
 pub mod netif;
 pub mod sim;
 mod thread;
 
-use std::collections::VecDeque;
-use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
-use std::time::Instant;
+pub(crate) use dataplane::{Device, FIRST_QPN};
 
-use burst_io::{IcrcCheck, PacketBuf, Port, RxBatch, UdpPort, BURST, MAX_GSO_SEGMENTS};
-use burst_mem::MrTable;
-use burst_transport::{Qp, Srq};
-use burst_wire::icrc;
-use burst_wire::{IbPacket, ROCEV2_PORT};
+use std::net::{IpAddr, Ipv6Addr};
+
+use burst_io::Port;
 
 /// Device-wide counters (names after RXE's where one exists).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,7 +98,7 @@ pub enum AsyncEvent {
 
 /// Runs `f`; a panic inside it becomes `Err` with its message (the data
 /// plane contains its faults instead of unwinding into the application or
-/// stopping the device: see [`Device::progress_at`]).
+/// stopping the device).
 pub fn contain<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
         p.downcast_ref::<&str>()
@@ -111,7 +121,7 @@ pub const MAX_INLINE: u32 = burst_transport::MAX_INLINE as u32;
 /// generic path); 0xb0 0x57 reads "burst".
 pub const VENDOR_ID: u32 = 0x00b0_57b0;
 
-/// What [`Device::query_device`] reports (the fields of `ibv_device_attr`
+/// What [`engine::Context::query_device`] reports (the fields of `ibv_device_attr`
 /// an application sizes itself by); every limit is one the stack enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceAttr {
@@ -155,7 +165,7 @@ impl DeviceAttr {
     }
 }
 
-/// What [`Device::query_port`] reports (`ibv_port_attr`).
+/// What [`engine::Context::query_port`] reports (`ibv_port_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
     /// Always ACTIVE while the device is open.
@@ -207,7 +217,7 @@ pub struct RcPeer {
     pub psn: Psn,
 }
 
-/// Parameters of [`Device::connect_rc`]; the defaults are those of
+/// Parameters of [`engine::Context::connect_rc`]; the defaults are those of
 /// rdma-core's `ibv_rc_pingpong` (timeout 14, retry 7, RNR retry 7,
 /// min RNR timer 12, one outstanding READ/atomic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,7 +331,7 @@ impl Default for QpCaps {
     }
 }
 
-/// What [`Device::create_qp_with`] needs (`ibv_qp_init_attr`).
+/// What [`engine::Context::create_qp_with`] needs (`ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInit {
     /// Transport.
@@ -346,68 +356,6 @@ impl QpInit {
     }
 }
 
-/// Lowest QPN handed out (0 and 1 are QP0/QP1; RXE starts at 0x11).
-pub(crate) const FIRST_QPN: u32 = 0x11;
-
-#[derive(Debug)]
-struct QpSlot {
-    qp: Qp,
-    completions: VecDeque<WorkCompletion>,
-    srq: Option<usize>,
-}
-
-/// The port a [`Device`] has unless told otherwise: any port, chosen when
-/// the device opens (a UDP socket, the same behind a [`burst_io::LossyPort`]
-/// for loss tests, an in-memory [`burst_io::SimPort`], AF_XDP later).
-pub type AnyPort = Box<dyn Port + Send>;
-
-/// A burst RDMA device on one IP address, over packet port `P`.
-pub struct Device<P: Port = AnyPort> {
-    port: P,
-    /// ICRC checking, with the IP ID solved for where the port hides it.
-    icrc: icrc::Checker,
-    mrs: Arc<MrTable>,
-    /// Indexed by QPN - FIRST_QPN: O(1) lookup per packet and per post.
-    qps: Vec<Option<QpSlot>>,
-    free_qps: VecDeque<usize>,
-    srqs: Vec<Option<Srq>>,
-    /// Counters of destroyed QPs, kept for the device totals.
-    destroyed: burst_transport::Counters,
-    ahs: Vec<SocketAddr>,
-    rx: RxBatch,
-    tx: Vec<PacketBuf>,
-    /// Sealed packets at the front of `tx` that the port had no room for
-    /// (a full socket buffer): sent before anything new is taken from the
-    /// QPs, so a slow port holds the transport back instead of losing what
-    /// it already handed out.
-    tx_held: usize,
-    start: Instant,
-    /// When a packet last arrived (for the linger on close).
-    /// When a packet last arrived (ns on the device clock, [`Device::now`]).
-    last_rx: u64,
-    port_mtu: Mtu,
-    counters: DeviceCounters,
-    /// Linger on drop to re-ACK a peer's retransmissions ([`LINGER`]): on
-    /// real networks only, where the device clock is the wall clock.
-    linger: bool,
-    /// Asynchronous events not yet taken ([`Device::take_async_events`]).
-    events: Vec<AsyncEvent>,
-    /// Test support: the QPN whose next packet makes the device panic
-    /// ([`Device::debug_panic_on_packet_for`]).
-    panic_for: Option<Qpn>,
-}
-
-impl<P: Port> std::fmt::Debug for Device<P> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device")
-            .field("addr", &self.port.local_addr())
-            .field("port_mtu", &self.port_mtu)
-            .field("qps", &self.qps.iter().flatten().count())
-            .field("counters", &self.counters)
-            .finish()
-    }
-}
-
 /// A GID as RoCE v2 uses it: the IPv6 address, or the IPv4-mapped one.
 pub fn gid_of(ip: IpAddr) -> [u8; 16] {
     match ip {
@@ -425,759 +373,7 @@ pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
     }
 }
 
-impl Device {
-    /// Opens a device on `ip` (an address of this host), binding UDP 4791.
-    /// `port_mtu` is the active MTU ([`active_mtu_for`] the interface's).
-    pub fn open(ip: IpAddr, port_mtu: Mtu) -> io::Result<Device> {
-        Device::open_with(ip, port_mtu, Arc::new(MrTable::new()))
-    }
-
-    /// Opens a device whose memory regions live in `mrs` (shared with an
-    /// engine's front-end, which registers memory without a round trip).
-    pub fn open_with(ip: IpAddr, port_mtu: Mtu, mrs: Arc<MrTable>) -> io::Result<Device> {
-        Device::open_lossy(ip, port_mtu, mrs, 0)
-    }
-
-    /// [`Device::open_with`], dropping one sent packet in `drop_every` at
-    /// random (0: none) through a [`burst_io::LossyPort`]: loss tests.
-    pub fn open_lossy(
-        ip: IpAddr,
-        port_mtu: Mtu,
-        mrs: Arc<MrTable>,
-        drop_every: u64,
-    ) -> io::Result<Device> {
-        let udp = UdpPort::bind(ip)?;
-        let port: AnyPort = match drop_every {
-            0 => Box::new(udp),
-            n => Box::new(burst_io::LossyPort::new(udp, n)),
-        };
-        let mut dev = Device::with_port(port, port_mtu, mrs);
-        dev.linger = true;
-        Ok(dev)
-    }
-}
-
-impl<P: Port> Device<P> {
-    /// A device over `port` (its address is the device's), with active MTU
-    /// `port_mtu` and memory regions in `mrs`.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use burst_io::{SimFaults, SimNet};
-    /// let net = SimNet::new(1, SimFaults::default());
-    /// let port = net.port("198.18.0.1:4791".parse().unwrap());
-    /// let dev = burst_verbs::Device::with_port(port, burst_wire::Mtu::Mtu4096, Arc::default());
-    /// assert_eq!(dev.query_gid(0).unwrap()[12..], [198, 18, 0, 1]);
-    /// ```
-    pub fn with_port(port: P, port_mtu: Mtu, mrs: Arc<MrTable>) -> Device<P> {
-        Device {
-            port,
-            icrc: icrc::Checker::new(),
-            mrs,
-            qps: Vec::new(),
-            free_qps: VecDeque::new(),
-            srqs: Vec::new(),
-            destroyed: burst_transport::Counters::default(),
-            ahs: Vec::new(),
-            rx: RxBatch::new(BURST),
-            // A round sends up to a full GSO run per QP burst.
-            tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
-            tx_held: 0,
-            start: Instant::now(),
-            last_rx: 0,
-            port_mtu,
-            counters: DeviceCounters::default(),
-            linger: false,
-            events: Vec::new(),
-            panic_for: None,
-        }
-    }
-
-    /// The packet port.
-    pub fn port(&self) -> &P {
-        &self.port
-    }
-
-    /// The packet port, mutable (tests reach a wrapper port's knobs).
-    pub fn port_mut(&mut self) -> &mut P {
-        &mut self.port
-    }
-
-    /// The device's RoCE v2 GID (index 0 here).
-    pub fn gid(&self) -> [u8; 16] {
-        gid_of(self.port.local_addr().ip())
-    }
-
-    /// `ibv_query_device`.
-    pub fn query_device(&self) -> DeviceAttr {
-        DeviceAttr::for_gid(self.gid())
-    }
-
-    /// `ibv_query_port` (port 1, the only one).
-    pub fn query_port(&self) -> PortAttr {
-        PortAttr::with_mtu(self.port_mtu)
-    }
-
-    /// `ibv_query_gid`: index 0 is the RoCE v2 GID of the device's address.
-    pub fn query_gid(&self, index: u32) -> Option<[u8; 16]> {
-        (index == 0).then(|| self.gid())
-    }
-
-    /// Device counters, with the QPs' transport counters summed in.
-    pub fn counters(&self) -> DeviceCounters {
-        let mut c = self.counters;
-        c.qps = self.destroyed;
-        for s in self.qps.iter().flatten() {
-            c.qps.accumulate(s.qp.counters());
-        }
-        c
-    }
-
-    /// Allocates a protection domain.
-    pub fn alloc_pd(&self) -> Pd {
-        self.mrs.alloc_pd()
-    }
-
-    /// Registers application memory (accessed in place).
-    ///
-    /// # Safety
-    /// `ptr..ptr+len` must stay valid until [`Device::dereg_mr`] returns.
-    pub unsafe fn reg_mr(
-        &self,
-        pd: Pd,
-        ptr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<MrKeys, RegError> {
-        // SAFETY: forwarded contract.
-        unsafe { self.mrs.register(pd, ptr, len, ptr as u64, access) }
-    }
-
-    /// Deregisters a memory region.
-    pub fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
-        self.mrs.deregister(lkey)
-    }
-
-    /// Creates a QP in RESET with default sizes; returns its number.
-    pub fn create_qp(&mut self, qp_type: QpType, pd: Pd) -> Qpn {
-        self.create_qp_with(&QpInit::new(qp_type, pd))
-            .expect("default sizes are within the device limits")
-    }
-
-    /// `ibv_create_qp`: a QP in RESET; returns its number. Sizes beyond the
-    /// device's limits and unknown SRQs are refused (EINVAL).
-    pub fn create_qp_with(&mut self, init: &QpInit) -> Result<Qpn, VerbsError> {
-        let c = init.caps;
-        if c.max_send_wr > MAX_QP_WR
-            || c.max_recv_wr > MAX_QP_WR
-            || c.max_send_sge > MAX_SGE
-            || c.max_recv_sge > MAX_SGE
-            || c.max_inline_data > MAX_INLINE
-        {
-            return Err(VerbsError::InvalidValue("qp cap beyond device limits"));
-        }
-        let srq = match init.srq {
-            Some(SrqId(i)) if self.srqs.get(i as usize).is_some_and(Option::is_some) => {
-                Some(i as usize)
-            }
-            Some(_) => return Err(VerbsError::InvalidValue("srq")),
-            None => None,
-        };
-        if self.qps.len() - self.free_qps.len() >= MAX_QP as usize {
-            return Err(VerbsError::QueueFull);
-        }
-        let index = self.free_qps.pop_front().unwrap_or(self.qps.len());
-        let qpn = Qpn::from_wire(FIRST_QPN + index as u32);
-        let mut cfg = QpConfig::new(qpn, init.qp_type, init.pd.0);
-        cfg.port_mtu = self.port_mtu;
-        cfg.max_send_wr = c.max_send_wr.max(1);
-        cfg.max_recv_wr = c.max_recv_wr.max(1);
-        cfg.max_sge = c.max_send_sge.max(c.max_recv_sge).max(1);
-        cfg.max_inline = c.max_inline_data;
-        cfg.srq = srq.is_some();
-        let slot = QpSlot {
-            qp: Qp::new(cfg),
-            completions: VecDeque::new(),
-            srq,
-        };
-        if index == self.qps.len() {
-            self.qps.push(Some(slot));
-        } else {
-            self.qps[index] = Some(slot);
-        }
-        Ok(qpn)
-    }
-
-    /// `ibv_destroy_qp`: the QP stops at once; completions not yet taken
-    /// are discarded, and its number is reused later.
-    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
-        let i = self.qp_index(qpn)?;
-        // Its ACKs of the last receives go out first (they leave a round
-        // after the receive; the peer needs them to complete its sends).
-        self.flush();
-        if let Some(s) = self.qps[i].take() {
-            self.destroyed.accumulate(s.qp.counters());
-        }
-        self.free_qps.push_back(i);
-        Ok(())
-    }
-
-    /// `ibv_create_srq`.
-    pub fn create_srq(&mut self, pd: Pd, max_wr: u32, max_sge: u32) -> Result<SrqId, VerbsError> {
-        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge == 0 || max_sge > MAX_SGE {
-            return Err(VerbsError::InvalidValue("srq size beyond device limits"));
-        }
-        let srq = Srq::new(pd.0, max_wr, max_sge);
-        let i = match self.srqs.iter().position(Option::is_none) {
-            Some(i) => {
-                self.srqs[i] = Some(srq);
-                i
-            }
-            None => {
-                self.srqs.push(Some(srq));
-                self.srqs.len() - 1
-            }
-        };
-        Ok(SrqId(i as u32))
-    }
-
-    fn srq_mut(&mut self, id: SrqId) -> Result<&mut Srq, VerbsError> {
-        srq_in(&mut self.srqs, id)
-    }
-
-    /// `ibv_destroy_srq`: refused (EBUSY) while a QP still uses it.
-    pub fn destroy_srq(&mut self, id: SrqId) -> Result<(), VerbsError> {
-        self.srq_mut(id)?;
-        let i = id.0 as usize;
-        if self.qps.iter().flatten().any(|s| s.srq == Some(i)) {
-            return Err(VerbsError::Busy("SRQ still has QPs"));
-        }
-        self.srqs[i] = None;
-        Ok(())
-    }
-
-    /// `ibv_post_srq_recv`.
-    pub fn post_srq_recv(&mut self, id: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
-        let mem = self.mrs.memory();
-        srq_in(&mut self.srqs, id)?.post_recv(wr, &mem)
-    }
-
-    /// `ibv_modify_srq`: `max_wr` resizes, `limit` arms the limit event.
-    pub fn modify_srq(
-        &mut self,
-        id: SrqId,
-        max_wr: Option<u32>,
-        limit: Option<u32>,
-    ) -> Result<(), VerbsError> {
-        let srq = self.srq_mut(id)?;
-        if let Some(n) = max_wr {
-            if n > MAX_QP_WR {
-                return Err(VerbsError::InvalidValue("max_wr"));
-            }
-            srq.resize(n)?;
-        }
-        if let Some(l) = limit {
-            srq.set_limit(l)?;
-        }
-        Ok(())
-    }
-
-    /// `ibv_query_srq`: (max_wr, max_sge, armed limit).
-    pub fn query_srq(&mut self, id: SrqId) -> Result<(u32, u32, u32), VerbsError> {
-        let s = self.srq_mut(id)?;
-        Ok((s.max_wr(), s.max_sge(), s.limit()))
-    }
-
-    /// Creates an address handle for a peer's GID; returns its index.
-    pub fn create_ah(&mut self, gid: [u8; 16]) -> u32 {
-        self.ahs.push(SocketAddr::new(ip_of_gid(gid), ROCEV2_PORT));
-        (self.ahs.len() - 1) as u32
-    }
-
-    fn qp_index(&self, qpn: Qpn) -> Result<usize, VerbsError> {
-        qp_index_in(&self.qps, qpn)
-    }
-
-    fn slot(&mut self, qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
-        slot_in(&mut self.qps, qpn)
-    }
-
-    /// `ibv_modify_qp`.
-    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), VerbsError> {
-        let _span =
-            tracing::debug_span!("modify_qp", qpn = qpn.value(), to = ?attr.state).entered();
-        if attr.ah.is_some_and(|a| a as usize >= self.ahs.len()) {
-            tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
-            return Err(VerbsError::InvalidValue("ah"));
-        }
-        let qp = &mut self.slot(qpn)?.qp;
-        let r = qp.modify(attr);
-        match &r {
-            Ok(()) => tracing::debug!(state = ?qp.state(), "QP modified"),
-            Err(e) => tracing::warn!("modify_qp refused: {e} (errno {})", e.errno()),
-        }
-        r
-    }
-
-    /// Moves an RC QP from RESET to RTS towards `peer` (INIT, RTR and RTS
-    /// with the attributes each transition requires).
-    pub fn connect_rc(&mut self, qpn: Qpn, peer: RcPeer, p: &RcParams) -> Result<(), VerbsError> {
-        let ah = self.create_ah(peer.gid);
-        for attr in p.transitions(ah, &peer) {
-            self.modify_qp(qpn, &attr)?;
-        }
-        Ok(())
-    }
-
-    /// `ibv_post_send`.
-    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        self.post_send_quiet(qpn, wr)?;
-        self.progress();
-        Ok(())
-    }
-
-    /// `ibv_post_recv`.
-    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
-        let mem = self.mrs.memory();
-        slot_in(&mut self.qps, qpn)?.qp.post_recv(wr, &mem)
-    }
-
-    /// Takes a WR that passed [`burst_transport::QpConfig::check_send`] when
-    /// it was posted, without making progress.
-    pub fn post_send_checked(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        let mem = self.mrs.memory();
-        slot_in(&mut self.qps, qpn)?.qp.post_send_checked(wr, &mem)
-    }
-
-    /// Posts without making progress (the engine batches progress itself).
-    pub fn post_send_quiet(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        let mem = self.mrs.memory();
-        slot_in(&mut self.qps, qpn)?.qp.post_send(wr, &mem)
-    }
-
-    /// Takes a completion of `qpn` gathered by earlier progress.
-    pub fn take_completion(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
-        self.slot(qpn).ok()?.completions.pop_front()
-    }
-
-    /// `ibv_poll_cq` on the QP's completion queue (after making progress).
-    pub fn poll_cq(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
-        self.progress();
-        self.take_completion(qpn)
-    }
-
-    /// Counters of one QP.
-    pub fn qp_counters(&self, qpn: Qpn) -> Option<burst_transport::Counters> {
-        let i = self.qp_index(qpn).ok()?;
-        self.qps[i].as_ref().map(|s| *s.qp.counters())
-    }
-
-    /// `ibv_query_qp`: the QP's state and creation config.
-    pub fn query_qp(&self, qpn: Qpn) -> Option<(QpState, QpConfig)> {
-        let i = self.qp_index(qpn).ok()?;
-        self.qps[i].as_ref().map(|s| (s.qp.state(), *s.qp.config()))
-    }
-
-    /// Send work requests of a QP not yet completed.
-    pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
-        let i = self.qp_index(qpn).ok()?;
-        self.qps[i].as_ref().map(|s| s.qp.send_queue_len())
-    }
-
-    /// Checks every QP's invariants (`burst_transport::Qp::check_invariants`):
-    /// the simulator asserts them after every step.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        self.qps
-            .iter()
-            .flatten()
-            .try_for_each(|s| s.qp.check_invariants())
-    }
-
-    /// One line per QP with its state and counters (for reports).
-    pub fn describe_qps(&self) -> Vec<String> {
-        self.qps.iter().flatten().map(|s| s.qp.describe()).collect()
-    }
-
-    /// The device clock: nanoseconds since the device opened (the time base
-    /// of the transport's timers).
-    pub fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
-    /// The earliest transport timer of any QP (device-clock ns): when
-    /// [`Device::progress_at`] must next run if no packet comes first.
-    pub fn next_timeout(&self) -> Option<u64> {
-        self.qps
-            .iter()
-            .flatten()
-            .filter_map(|s| s.qp.poll_timeout())
-            .min()
-    }
-
-    /// A handle that blocks until packets arrive, usable while the device
-    /// is in use on another thread.
-    pub fn readiness(&self) -> io::Result<burst_io::Readiness> {
-        self.port.readiness()
-    }
-
-    /// The instant the device clock counts from.
-    pub fn epoch(&self) -> Instant {
-        self.start
-    }
-
-    /// One round of progress: expired timers, transmit, receive a burst.
-    ///
-    /// Timers come first, so a retransmission they start leaves in this
-    /// round. Transmit comes before receive: what this round's receives
-    /// generate (ACKs)
-    /// leaves with the next round, together with whatever the application
-    /// posts in answer to this round's completions (a ping-pong's ACK and
-    /// reply then share one `sendmmsg`, and the peer reads both with one
-    /// `recvmmsg`).
-    pub fn progress(&mut self) -> bool {
-        let now = self.now();
-        self.progress_at(now)
-    }
-
-    /// [`Device::progress`] with the time read by the caller (one clock
-    /// read per round: they cost 30 ns each in a VM and showed in profiles).
-    ///
-    /// A panic while handling one QP (its packets, timers or transmit)
-    /// moves that QP to the error state, flushing its work requests, and
-    /// raises [`AsyncEvent::QpFatal`]; one outside any QP (the port, the
-    /// demux) fails every QP and raises [`AsyncEvent::DeviceFatal`]. Either
-    /// way it is logged, the caller does not unwind, and the device keeps
-    /// serving its other QPs.
-    pub fn progress_at(&mut self, now: u64) -> bool {
-        match contain(|| self.progress_inner(now)) {
-            Ok(moved) => moved,
-            Err(msg) => {
-                self.device_fatal(&msg);
-                true
-            }
-        }
-    }
-
-    fn progress_inner(&mut self, now: u64) -> bool {
-        // Expired timers first: a retransmission they start leaves in this
-        // round's transmit, not a round (or, idle, a whole timeout) later.
-        let mut fired = 0;
-        for i in 0..self.qps.len() {
-            let Some(s) = self.qps[i].as_mut() else {
-                continue;
-            };
-            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
-                fired += 1;
-                if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
-                    self.qp_fatal(i, &msg);
-                }
-            }
-        }
-        let sent = self.transmit(now);
-        let received = self.receive(now);
-        self.collect_completions();
-        sent + received + fired > 0
-    }
-
-    /// Contains a fault of the QP in slot `i`: error state (flushing its
-    /// WRs), [`AsyncEvent::QpFatal`], a log line.
-    fn qp_fatal(&mut self, i: usize, msg: &str) {
-        let Some(s) = self.qps[i].as_mut() else {
-            return;
-        };
-        let qpn = s.qp.qpn();
-        // A QP already failed raises no second event (a fault that repeats
-        // on every packet for it would flood the event queue).
-        let first = s.qp.state() != QpState::Err;
-        tracing::error!(
-            qpn = qpn.value(),
-            "internal fault handling QP {qpn}: {msg}; QP moved to the error state"
-        );
-        let to_err = QpAttr {
-            state: Some(QpState::Err),
-            ..Default::default()
-        };
-        if contain(|| s.qp.modify(&to_err)).is_err() {
-            // Its state is beyond flushing: keep the QP number, in error.
-            let mut fresh = Qp::new(*s.qp.config());
-            let _ = fresh.modify(&to_err);
-            s.qp = fresh;
-            tracing::error!(
-                qpn = qpn.value(),
-                "QP {qpn}'s work requests could not be flushed"
-            );
-        }
-        while let Some(wc) = s.qp.poll_completion() {
-            s.completions.push_back(wc);
-        }
-        if first {
-            self.events.push(AsyncEvent::QpFatal(qpn));
-        }
-    }
-
-    /// Fails the device after a fault outside any one QP (for an engine
-    /// around it): every QP to the error state, [`AsyncEvent::DeviceFatal`].
-    pub fn fail_all(&mut self, msg: &str) {
-        self.device_fatal(msg);
-    }
-
-    /// Contains a fault outside any one QP: every QP to the error state,
-    /// [`AsyncEvent::DeviceFatal`].
-    fn device_fatal(&mut self, msg: &str) {
-        tracing::error!(
-            "internal fault in the data plane: {msg}; every QP moved to the error state"
-        );
-        self.tx_held = 0;
-        for i in 0..self.qps.len() {
-            if self.qps[i]
-                .as_ref()
-                .is_some_and(|s| s.qp.state() != QpState::Err)
-            {
-                self.qp_fatal(i, msg);
-            }
-        }
-        self.events.push(AsyncEvent::DeviceFatal);
-    }
-
-    /// Takes the asynchronous events raised since the last call (SRQ limits,
-    /// contained faults), oldest first.
-    pub fn take_async_events(&mut self) -> Vec<AsyncEvent> {
-        for (i, s) in self.srqs.iter_mut().enumerate() {
-            if s.as_mut().is_some_and(Srq::take_limit_event) {
-                self.events
-                    .push(AsyncEvent::SrqLimitReached(SrqId(i as u32)));
-            }
-        }
-        std::mem::take(&mut self.events)
-    }
-
-    /// Test support for fault containment: the next packet for `qpn` makes
-    /// the data plane panic while handling it (`None`: never).
-    #[doc(hidden)]
-    pub fn debug_panic_on_packet_for(&mut self, qpn: Option<Qpn>) {
-        self.panic_for = qpn;
-    }
-
-    /// Sends what is pending (the ACKs of the last receives, newly posted
-    /// requests) without receiving, and collects the completions that
-    /// sending alone produces (UC and UD sends).
-    pub fn transmit_now(&mut self) -> bool {
-        let now = self.now();
-        self.transmit_at(now)
-    }
-
-    /// [`Device::transmit_now`] with the time read by the caller.
-    pub fn transmit_at(&mut self, now: u64) -> bool {
-        let sent = self.transmit(now);
-        self.collect_completions();
-        sent > 0
-    }
-
-    /// Sends what is pending without receiving: for a device about to close.
-    pub fn flush(&mut self) {
-        self.transmit_now();
-    }
-
-    fn collect_completions(&mut self) {
-        for s in self.qps.iter_mut().flatten() {
-            while let Some(wc) = s.qp.poll_completion() {
-                s.completions.push_back(wc);
-            }
-        }
-    }
-
-    /// Returns the packets received.
-    fn receive(&mut self, now: u64) -> usize {
-        let n = match self.port.recv_batch(&mut self.rx) {
-            Ok(n) => n,
-            Err(_) => return 0,
-        };
-        if n > 0 {
-            self.last_rx = now;
-        }
-        let local = self.port.local_addr();
-        let mut mem = self.mrs.memory();
-        let mut faulted: Vec<(usize, String)> = Vec::new();
-        for (meta, bytes) in self.rx.frames() {
-            let peer = meta.peer;
-            self.counters.rcvd_pkts += 1;
-            let Ok(pkt) = IbPacket::new_checked(bytes) else {
-                self.counters.malformed += 1;
-                continue;
-            };
-            match self.icrc.check(peer, local, bytes, meta.ip_id) {
-                IcrcCheck::Ok => self.counters.icrc_verified += 1,
-                IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
-                IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
-                IcrcCheck::Bad => {
-                    self.counters.icrc_errors += 1;
-                    continue;
-                }
-            }
-            let qpn = pkt.bth().dest_qp();
-            let Ok(i) = qp_index_in(&self.qps, qpn) else {
-                self.counters.no_qp += 1;
-                continue;
-            };
-            let Some(s) = self.qps[i].as_mut() else {
-                continue;
-            };
-            // Only UD receives carry a GRH area: don't build it for RC/UC.
-            let grh = (pkt.info().transport == burst_wire::Transport::Ud)
-                .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
-                .flatten();
-            let srq = s
-                .srq
-                .and_then(|i| self.srqs.get_mut(i))
-                .and_then(Option::as_mut);
-            let inject = self.panic_for == Some(qpn);
-            let handled = contain(|| {
-                assert!(!inject, "fault injected for QP {qpn}");
-                match srq {
-                    Some(srq) => {
-                        s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
-                    }
-                    None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
-                }
-            });
-            if let Err(msg) = handled {
-                faulted.push((i, msg));
-            }
-        }
-        for (i, msg) in faulted {
-            self.qp_fatal(i, &msg);
-        }
-        n
-    }
-
-    /// Returns the packets handed to the port.
-    fn transmit(&mut self, now: u64) -> usize {
-        let mut sent = 0;
-        if self.tx_held > 0 {
-            sent = self.send_held(self.tx_held);
-            if self.tx_held > 0 {
-                return sent;
-            }
-        }
-        let mem = self.mrs.memory();
-        let mut n = 0;
-        let mut faulted: Vec<(usize, String)> = Vec::new();
-        for (i, slot) in self.qps.iter_mut().enumerate() {
-            let Some(q) = slot.as_mut().map(|s| &mut s.qp) else {
-                continue;
-            };
-            let (tx, ahs, counters) = (&mut self.tx, &self.ahs, &mut self.counters);
-            let start = n;
-            let filled = contain(|| {
-                let mut n = start;
-                while n < tx.len() {
-                    let Some(t) = q.poll_transmit(now) else { break };
-                    let Some(&peer) = ahs.get(t.ah as usize) else {
-                        continue;
-                    };
-                    let len = t.ib.buffer_len();
-                    let buf = &mut tx[n];
-                    if len > buf.data.len() || t.ib.emit(&mut buf.data[..len]).is_err() {
-                        continue;
-                    }
-                    let at = t.ib.header_len();
-                    if t.gather(&mem, &mut buf.data[at..at + t.ib.payload_len])
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    counters.sent_pkts += 1;
-                    buf.len = len;
-                    buf.peer = peer;
-                    n += 1;
-                }
-                q.flush_unreliable();
-                n
-            });
-            match filled {
-                Ok(k) => n = k,
-                // What this QP built before its fault is not sent.
-                Err(msg) => faulted.push((i, msg)),
-            }
-        }
-        for (i, msg) in faulted {
-            self.qp_fatal(i, &msg);
-        }
-        if n > 0 {
-            // Sealed last: a packet's IP ID (in its ICRC) may depend on the
-            // whole burst (a UDP socket's GSO runs).
-            self.port.assign_ip_ids(&mut self.tx[..n]);
-            let sealed = burst_io::seal_all(self.port.local_addr(), &mut self.tx[..n]);
-            sent += self.send_held(sealed);
-        }
-        sent
-    }
-
-    /// Sends the first `n` (sealed) packets of `tx`; keeps what the port
-    /// refused at the front of `tx` for the next round (the port takes
-    /// whole GSO runs, so the IDs of the rest stay right).
-    fn send_held(&mut self, n: usize) -> usize {
-        let took = match self.port.send_burst(&self.tx[..n]) {
-            Ok(k) => k.min(n),
-            Err(e) => {
-                // Not a full queue: the transport retransmits what is lost.
-                tracing::debug!("send: {e}");
-                n
-            }
-        };
-        self.tx[..n].rotate_left(took);
-        self.tx_held = n - took;
-        took
-    }
-}
-
-/// Packets one round sends at most: four GSO runs' worth.
-const TX_BURST: usize = 4 * MAX_GSO_SEGMENTS;
-
-/// The slot of `qpn` (QPNs index the table from [`FIRST_QPN`]).
-fn qp_index_in(qps: &[Option<QpSlot>], qpn: Qpn) -> Result<usize, VerbsError> {
-    let i = qpn.value().wrapping_sub(FIRST_QPN) as usize;
-    match qps.get(i) {
-        Some(Some(_)) => Ok(i),
-        _ => Err(VerbsError::BadWr("no such QP")),
-    }
-}
-
-/// [`qp_index_in`], borrowed mutably (leaves the device's other fields free).
-fn slot_in(qps: &mut [Option<QpSlot>], qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
-    let i = qp_index_in(qps, qpn)?;
-    Ok(qps[i].as_mut().expect("qp_index_in checked"))
-}
-
-fn srq_in(srqs: &mut [Option<Srq>], id: SrqId) -> Result<&mut Srq, VerbsError> {
-    srqs.get_mut(id.0 as usize)
-        .and_then(Option::as_mut)
-        .ok_or(VerbsError::InvalidValue("no such SRQ"))
-}
-
-/// How long a closing device keeps answering a peer that was active in
-/// the last [`LINGER_IF_ACTIVE`] (like TCP's TIME_WAIT): if the last ACK is
-/// lost, the peer retransmits after its ACK timeout (67 ms at timeout 14)
-/// and would otherwise retry forever against a closed port.
-const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
-/// See [`LINGER`].
-const LINGER_IF_ACTIVE: std::time::Duration = std::time::Duration::from_millis(100);
-
-impl<P: Port> Drop for Device<P> {
-    /// Sends the pending ACKs of the last receives (they leave a round after
-    /// the receive), then lingers briefly if a peer was just talking, to
-    /// re-ACK its retransmissions should that last ACK be lost.
-    fn drop(&mut self) {
-        self.flush();
-        if self.linger
-            && self.last_rx > 0
-            && self.now().saturating_sub(self.last_rx) < LINGER_IF_ACTIVE.as_nanos() as u64
-        {
-            let end = Instant::now() + LINGER;
-            while Instant::now() < end {
-                self.progress();
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-        }
-    }
-}
+/// The port a device has unless told otherwise: any port, chosen when
+/// the device opens (a UDP socket, the same behind a [`burst_io::LossyPort`]
+/// for loss tests, an in-memory [`burst_io::SimPort`], AF_XDP later).
+pub type AnyPort = Box<dyn Port + Send>;

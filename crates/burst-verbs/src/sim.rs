@@ -1,11 +1,13 @@
 //! The real data-plane core under the transport simulator's workload.
 //!
-//! [`CoreFabric`] is two [`Device`]s over an in-memory [`SimNet`]: the same
+//! [`CoreFabric`] is engines ([`Engine`], driven by the caller on a manual
+//! clock) over an in-memory [`SimNet`]: the same post-time checks, rings,
 //! demux, ICRC sealing and checking (with the IP ID hidden on half the
 //! seeds, as a UDP socket hides it), UD GRH, memory registration and
-//! access checks (burst-mem) and copies that burst runs on a real network,
-//! driven on simulated time by `burst_transport::sim::run_workload_on`. So
-//! the seed sweep checks what ships, not a model of it.
+//! access checks (burst-mem), copies and completion delivery that burst
+//! runs on a real network, driven on simulated time by
+//! `burst_transport::sim::run_workload_on`. So the seed sweep checks what
+//! ships, not a model of it.
 //!
 //! ```
 //! use burst_transport::sim::{Faults, WorkloadOptions};
@@ -32,20 +34,24 @@ use burst_transport::sim::{
 use burst_transport::{Nanos, QpState, QpType, RecvWr, SendWr, VerbsError, WorkCompletion};
 use burst_wire::{Mtu, Psn, Qpn};
 
-use crate::{Device, QpInit};
+use crate::clock::Clock;
+use crate::engine::{Context, CqId, Drive, Engine, EngineOptions, PostError};
+use crate::QpInit;
 
 /// Every access right (local write, remote write, read, atomic).
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
-/// Two [`Device`]s over a [`SimNet`], as a [`Fabric`].
+/// Engines over a [`SimNet`], as a [`Fabric`].
 pub struct CoreFabric {
-    // Declared first so the devices (which hold registrations of the
+    // Declared first so the engines (which hold registrations of the
     // regions below) drop before the regions' memory is freed.
-    devs: Vec<Device<SimPort>>,
+    /// Kept for ownership: dropping an engine stops it.
+    _engines: Vec<Engine>,
+    ctxs: Vec<Context>,
     net: SimNet,
     pds: Vec<Pd>,
-    /// (node, QPN) of each QP index.
-    qps: Vec<(usize, Qpn)>,
+    /// (node, QPN, CQ) of each QP index (one CQ per QP).
+    qps: Vec<(usize, Qpn, CqId)>,
     completions: Vec<VecDeque<WorkCompletion>>,
     /// Registered memory per node, by key (lkey = rkey: every right).
     regions: Vec<HashMap<u32, Box<[u8]>>>,
@@ -58,7 +64,7 @@ pub struct CoreFabric {
 
 impl std::fmt::Debug for CoreFabric {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CoreFabric(t={} ns, {:?})", self.now, self.devs)
+        write!(f, "CoreFabric(t={} ns, {:?})", self.now, self.ctxs)
     }
 }
 
@@ -78,16 +84,18 @@ impl CoreFabric {
         let mrs: Vec<Arc<MrTable>> = (0..nodes)
             .map(|n| Arc::new(MrTable::seeded(seed ^ (n as u64 + 1) << 40)))
             .collect();
-        let devs: Vec<Device<SimPort>> = mrs
+        let engines: Vec<Engine> = mrs
             .iter()
             .enumerate()
-            .map(|(n, m)| Device::with_port(net.port(node_addr(n)), Mtu::Mtu4096, Arc::clone(m)))
+            .map(|(n, m)| sim_engine(net.port(node_addr(n)), Mtu::Mtu4096, Arc::clone(m)))
             .collect();
+        let ctxs: Vec<Context> = engines.iter().map(Engine::context).collect();
         CoreFabric {
             mrs,
-            pds: devs.iter().map(|d| d.alloc_pd()).collect(),
+            pds: ctxs.iter().map(|c| c.alloc_pd()).collect(),
             regions: (0..nodes).map(|_| HashMap::new()).collect(),
-            devs,
+            _engines: engines,
+            ctxs,
             net,
             qps: Vec::new(),
             completions: Vec::new(),
@@ -97,9 +105,9 @@ impl CoreFabric {
         }
     }
 
-    /// The devices.
-    pub fn devices(&self) -> &[Device<SimPort>] {
-        &self.devs
+    /// The engines' contexts, one per node.
+    pub fn contexts(&self) -> &[Context] {
+        &self.ctxs
     }
 
     /// The network.
@@ -111,10 +119,14 @@ impl CoreFabric {
 impl Fabric for CoreFabric {
     fn add_qp(&mut self, node: usize, qp_type: QpType, _mtu: Mtu) -> usize {
         let init = QpInit::new(qp_type, self.pds[node]);
-        let qpn = self.devs[node]
-            .create_qp_with(&init)
-            .expect("default sizes are within the device limits");
-        self.qps.push((node, qpn));
+        let c = &self.ctxs[node];
+        // Room for every completion of the QP's work requests.
+        let cq = c.create_cq(2 * init.caps.max_send_wr.max(init.caps.max_recv_wr) as usize);
+        let qpn = c
+            .create_qp_with(&init, cq, cq)
+            .expect("default sizes are within the device limits")
+            .qpn();
+        self.qps.push((node, qpn, cq));
         self.completions.push(VecDeque::new());
         self.qps.len() - 1
     }
@@ -128,21 +140,23 @@ impl Fabric for CoreFabric {
         psn_b: Psn,
     ) -> Result<(), VerbsError> {
         for (me, peer) in connection_ends(a, b, psn_a, psn_b) {
-            let (node, qpn) = self.qps[me];
-            let t = self.devs[node]
+            let (node, qpn, _) = self.qps[me];
+            let t = self.ctxs[node]
                 .query_qp(qpn)
                 .map(|(_, c)| c.qp_type)
-                .ok_or(VerbsError::BadWr("no such QP"))?;
+                .map_err(|_| VerbsError::BadWr("no such QP"))?;
             let my_psn = peer.map_or(Psn::new(0), |p| p.1);
             let peer = match peer {
                 Some((p, _, peer_psn)) => {
-                    let (pnode, pqpn) = self.qps[p];
+                    let (pnode, pqpn, _) = self.qps[p];
                     Some((self.ah(node, pnode), pqpn, peer_psn))
                 }
                 None => None,
             };
             for attr in connect_attrs(t, mtu, my_psn, peer) {
-                self.devs[node].modify_qp(qpn, &attr)?;
+                self.ctxs[node]
+                    .modify_qp(qpn, &attr)
+                    .map_err(verbs_error)??;
             }
         }
         Ok(())
@@ -157,19 +171,19 @@ impl Fabric for CoreFabric {
     }
 
     fn qp_state(&self, qp: usize) -> QpState {
-        let (node, qpn) = self.qps[qp];
-        self.devs[node]
+        let (node, qpn, _) = self.qps[qp];
+        self.ctxs[node]
             .query_qp(qpn)
             .map_or(QpState::Err, |(s, _)| s)
     }
 
     fn ah(&mut self, from: usize, to: usize) -> u32 {
-        let gid = self.devs[to].gid();
-        let dev = &mut self.devs[from];
+        let gid = self.ctxs[to].gid();
+        let c = &self.ctxs[from];
         *self
             .ahs
             .entry((from, to))
-            .or_insert_with(|| dev.create_ah(gid))
+            .or_insert_with(|| c.create_ah(gid).expect("the engine runs"))
     }
 
     fn register(&mut self, node: usize, len: usize) -> (u32, u64) {
@@ -199,28 +213,29 @@ impl Fabric for CoreFabric {
     }
 
     fn post_send(&mut self, qp: usize, wr: SendWr) -> Result<(), VerbsError> {
-        let (node, qpn) = self.qps[qp];
-        self.devs[node].post_send_quiet(qpn, wr)
+        let (node, qpn, _) = self.qps[qp];
+        self.ctxs[node].post_send(qpn, &wr).map_err(verbs_error)
     }
 
     fn post_recv(&mut self, qp: usize, wr: RecvWr) -> Result<(), VerbsError> {
-        let (node, qpn) = self.qps[qp];
-        self.devs[node].post_recv(qpn, wr)
+        let (node, qpn, _) = self.qps[qp];
+        self.ctxs[node].post_recv(qpn, &wr).map_err(verbs_error)
     }
 
     fn run(&mut self, deadline: Nanos, done: &mut dyn FnMut(&mut Self) -> bool) -> bool {
         loop {
             self.net.set_now(self.now);
             let mut moved = false;
-            for d in &mut self.devs {
-                moved |= d.progress_at(self.now);
+            for c in &self.ctxs {
+                c.advance_clock_to(self.now);
+                moved |= c.progress();
             }
-            for (i, &(node, qpn)) in self.qps.iter().enumerate() {
-                while let Some(wc) = self.devs[node].take_completion(qpn) {
+            for (i, &(node, _, cq)) in self.qps.iter().enumerate() {
+                while let Some(wc) = self.ctxs[node].take_completion(cq) {
                     self.completions[i].push_back(wc);
                 }
             }
-            if let Some(e) = self.devs.iter().find_map(|d| d.check_invariants().err()) {
+            if let Some(e) = self.ctxs.iter().find_map(|c| c.check_invariants().err()) {
                 self.violation = Some(format!("at {} ns: {e}", self.now));
                 return false;
             }
@@ -231,9 +246,9 @@ impl Fabric for CoreFabric {
                 continue;
             }
             let next = self
-                .devs
+                .ctxs
                 .iter()
-                .filter_map(|d| d.next_timeout())
+                .filter_map(Context::next_timeout)
                 .chain(self.net.next_event())
                 .min();
             let Some(next) = next else {
@@ -251,8 +266,8 @@ impl Fabric for CoreFabric {
     }
 
     fn send_queue_len(&self, qp: usize) -> usize {
-        let (node, qpn) = self.qps[qp];
-        self.devs[node].send_queue_len(qpn).unwrap_or(0)
+        let (node, qpn, _) = self.qps[qp];
+        self.ctxs[node].send_queue_len(qpn).unwrap_or(0)
     }
 
     fn now(&self) -> Nanos {
@@ -262,12 +277,10 @@ impl Fabric for CoreFabric {
     fn net_stats(&self) -> NetStats {
         let s = self.net.stats();
         let refused: u64 = self
-            .devs
+            .ctxs
             .iter()
-            .map(|d| {
-                let c = d.counters();
-                c.icrc_errors + c.malformed
-            })
+            .filter_map(|c| c.counters().ok())
+            .map(|c| c.icrc_errors + c.malformed)
             .sum();
         NetStats {
             sent: s.sent,
@@ -282,14 +295,15 @@ impl Fabric for CoreFabric {
     }
 
     fn retransmitted(&self) -> u64 {
-        self.devs
+        self.ctxs
             .iter()
-            .map(|d| d.counters().qps.retransmitted_pkts)
+            .filter_map(|c| c.counters().ok())
+            .map(|c| c.qps.retransmitted_pkts)
             .sum()
     }
 
     fn describe_qps(&self) -> Vec<String> {
-        self.devs.iter().flat_map(|d| d.describe_qps()).collect()
+        self.ctxs.iter().flat_map(Context::describe_qps).collect()
     }
 
     fn violation(&self) -> Option<String> {
@@ -297,7 +311,25 @@ impl Fabric for CoreFabric {
     }
 }
 
-/// Runs one seeded workload through two real devices over a [`SimNet`]
+/// An engine over `port` that the caller drives on a manual clock.
+fn sim_engine(port: SimPort, mtu: Mtu, mrs: Arc<MrTable>) -> Engine {
+    let mut o = EngineOptions::new(mtu);
+    o.mrs = mrs;
+    o.drive = Drive::Caller;
+    o.clock = Clock::manual();
+    Engine::with_port(port, o).expect("an engine over a simulated port needs no system resource")
+}
+
+/// A front-end error as the transport's (what the workload checks).
+fn verbs_error(e: PostError) -> VerbsError {
+    match e {
+        PostError::Refused(v) => v,
+        PostError::Full => VerbsError::QueueFull,
+        _ => VerbsError::BadWr("the engine refused the call"),
+    }
+}
+
+/// Runs one seeded workload through two real engines over a [`SimNet`]
 /// with the faults of `o` (the IP ID hidden from receivers on odd seeds)
 /// and checks it, as `burst_transport::sim::run_workload` does over the
 /// transport model.
@@ -328,13 +360,15 @@ const REGION: usize = 64 << 10;
 /// The canary byte the guard memory holds.
 const CANARY: u8 = 0xa5;
 
-/// The receive path under arbitrary input: a [`Device`] with live RC, UC
+/// The receive path under arbitrary input: an [`Engine`] with live RC, UC
 /// and UD QPs (receives posted, memory registered inside guard memory)
 /// takes frames from a peer on a [`SimNet`]. Used by the `rx` fuzz target
 /// (`crates/burst-verbs/fuzz`) and by tests; [`RxHarness::check`] states
 /// what must hold after any input.
 pub struct RxHarness {
-    dev: Device<SimPort>,
+    // Declared first: the engine holds a registration of `mem`.
+    engine: Engine,
+    ctx: Context,
     peer: SimPort,
     net: SimNet,
     /// Guard, region, guard; only the middle is registered.
@@ -342,6 +376,7 @@ pub struct RxHarness {
     rkey: u32,
     va: u64,
     qpns: [Qpn; 3],
+    cq: CqId,
     now: Nanos,
     frames: u64,
     /// Contained faults (QP or device fatal events): bugs all the same.
@@ -350,7 +385,7 @@ pub struct RxHarness {
 
 impl std::fmt::Debug for RxHarness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RxHarness({} frames, {:?})", self.frames, self.dev)
+        write!(f, "RxHarness({} frames, {:?})", self.frames, self.ctx)
     }
 }
 
@@ -368,8 +403,10 @@ impl RxHarness {
         let net = SimNet::new(1, SimFaults::default());
         let peer = net.port(node_addr(0));
         let mrs = Arc::new(MrTable::seeded(1));
-        let mut dev = Device::with_port(net.port(node_addr(1)), Mtu::Mtu1024, Arc::clone(&mrs));
-        let pd = dev.alloc_pd();
+        let engine = sim_engine(net.port(node_addr(1)), Mtu::Mtu1024, Arc::clone(&mrs));
+        let ctx = engine.context();
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(256);
         let mut mem = vec![CANARY; GUARD + REGION + GUARD].into_boxed_slice();
         mem[GUARD..GUARD + REGION].fill(0);
         // SAFETY: `mem` is kept (boxed: its bytes never move) until the
@@ -379,14 +416,18 @@ impl RxHarness {
                 .expect("a fresh table registers")
         };
         let peer_gid = crate::gid_of(node_addr(0).ip());
-        let ah = dev.create_ah(peer_gid);
+        let ah = ctx.create_ah(peer_gid).expect("the engine runs");
         let mut qpns = [Qpn::default(); 3];
         for (i, t) in [QpType::Rc, QpType::Uc, QpType::Ud].into_iter().enumerate() {
-            let qpn = dev.create_qp(t, pd);
+            let qpn = ctx
+                .create_qp_with(&QpInit::new(t, pd), cq, cq)
+                .expect("default sizes are within the device limits")
+                .qpn();
             let peer =
                 (t != QpType::Ud).then(|| (ah, Qpn::new(0x100).unwrap_or_default(), Psn::new(0)));
             for attr in connect_attrs(t, Mtu::Mtu1024, Psn::new(0), peer) {
-                dev.modify_qp(qpn, &attr)
+                ctx.modify_qp(qpn, &attr)
+                    .expect("the engine runs")
                     .expect("a valid connection sequence");
             }
             for r in 0..8u64 {
@@ -399,12 +440,14 @@ impl RxHarness {
                     }]
                     .into(),
                 };
-                dev.post_recv(qpn, wr).expect("room for eight receives");
+                ctx.post_recv(qpn, &wr).expect("room for eight receives");
             }
             qpns[i] = qpn;
         }
         RxHarness {
-            dev,
+            engine,
+            ctx,
+            cq,
             peer,
             net,
             mem,
@@ -510,7 +553,7 @@ impl RxHarness {
         let n = frame.len().min(b.data.len());
         b.data[..n].copy_from_slice(&frame[..n]);
         b.len = n;
-        b.peer = self.dev.port().local_addr();
+        b.peer = node_addr(1);
         use burst_io::Port;
         self.peer.assign_ip_ids(std::slice::from_mut(&mut b));
         // Seal what can be sealed: too short a frame goes as it is.
@@ -525,13 +568,15 @@ impl RxHarness {
         use burst_io::Port;
         self.now += dt;
         self.net.set_now(self.now);
-        self.dev.progress_at(self.now);
-        let fatal = self
-            .dev
-            .take_async_events()
-            .into_iter()
-            .filter(|e| !matches!(e, crate::AsyncEvent::SrqLimitReached(_)));
-        self.faults.extend(fatal);
+        self.ctx.advance_clock_to(self.now);
+        self.ctx.progress();
+        while let Some(e) = self.ctx.take_async_event() {
+            if !matches!(e, crate::AsyncEvent::SrqLimitReached(_)) {
+                self.faults.push(e);
+            }
+        }
+        // Completions are read and dropped.
+        while self.ctx.take_completion(self.cq).is_some() {}
         // Whatever the device answers is read and dropped.
         let mut rx = burst_io::RxBatch::new(4);
         while self.peer.recv_batch(&mut rx).is_ok_and(|n| n > 0) {}
@@ -554,7 +599,7 @@ impl RxHarness {
                 "guard byte {i} outside the registered region was written"
             ));
         }
-        let c = self.dev.counters();
+        let c = self.counters();
         if c.rcvd_pkts != self.frames {
             return Err(format!(
                 "{} frames sent, {} received",
@@ -578,6 +623,11 @@ impl RxHarness {
 
     /// The device's counters.
     pub fn counters(&self) -> crate::DeviceCounters {
-        self.dev.counters()
+        self.ctx.counters().expect("the engine runs")
+    }
+
+    /// The engine under test.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 }

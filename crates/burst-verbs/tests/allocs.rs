@@ -137,9 +137,12 @@ fn allocations_per_posted_write() {
     println!(
         "allocations per posted 4 KiB WRITE (post to completion, both engines): {per_wr:.3} ({allocs} in {n})"
     );
-    // Was 1.03 (a Vec of SGEs per WR, a doorbell block per 31 pushes). A
-    // handful in total allows a queue's rare growth, not one per WR.
-    assert!(allocs <= 8, "{allocs} allocations for {n} WRs");
+    // Was 1.03 (a Vec of SGEs per WR, a doorbell block per 31 pushes). At
+    // most one per 100 WRs allows a bounded cache's rare growth, not one
+    // per WR: on a loaded machine, GSO runs split differently and the
+    // ICRC checker builds its IP-ID basis for a packet length it had not
+    // seen (traced: `icrc::IdBasis::new`, 9 in 5000 once).
+    assert!(allocs <= n / 100, "{allocs} allocations for {n} WRs");
     drop((qa, qb, ea, eb));
     assert_eq!(&dst[..16], &[3u8; 16]);
 }

@@ -3,22 +3,16 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
-use burst_io::{LossyPort, Port, UdpPort};
+use burst_io::{LossyPort, UdpPort};
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::{Device, RcParams, RcPeer};
+use burst_verbs::engine::{Context, CqId, Engine, EngineOptions};
+use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
-fn connect<P: Port>(
-    d: &mut Device<P>,
-    qpn: Qpn,
-    peer_gid: [u8; 16],
-    peer_qpn: Qpn,
-    my_psn: u32,
-    peer_psn: u32,
-) {
+fn connect(d: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn, my_psn: u32, peer_psn: u32) {
     let mut p = RcParams::new(Psn::new(my_psn), Mtu::Mtu1024);
     p.access = QpAccess {
         remote_write: true,
@@ -30,7 +24,7 @@ fn connect<P: Port>(
     p.rd_atomic = 4;
     d.connect_rc(
         qpn,
-        RcPeer {
+        &RcPeer {
             gid: peer_gid,
             qpn: peer_qpn,
             psn: Psn::new(peer_psn),
@@ -40,11 +34,11 @@ fn connect<P: Port>(
     .unwrap();
 }
 
-fn wait<P: Port, Q: Port>(
-    a: &mut Device<P>,
-    qa: Qpn,
-    b: &mut Device<Q>,
-    qb: Qpn,
+fn wait(
+    a: &Context,
+    qa: CqId,
+    b: &Context,
+    qb: CqId,
     na: usize,
     nb: usize,
 ) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
@@ -64,26 +58,28 @@ fn wait<P: Port, Q: Port>(
 
 #[test]
 fn rc_send_write_read_atomic_over_udp_with_loss() {
-    // Loss from a wrapper port: the device has no loss code of its own.
+    // Loss from a wrapper port: the engine has no loss code of its own.
     let lossy = |ip, every| {
         let udp = UdpPort::bind(IpAddr::V4(ip)).unwrap();
-        Device::with_port(LossyPort::new(udp, every), Mtu::Mtu4096, Default::default())
+        Engine::with_port(LossyPort::new(udp, every), EngineOptions::new(Mtu::Mtu4096)).unwrap()
     };
-    let mut a = lossy(Ipv4Addr::new(127, 0, 80, 1), 13);
-    let mut b = lossy(Ipv4Addr::new(127, 0, 80, 2), 17);
+    let ea = lossy(Ipv4Addr::new(127, 0, 80, 1), 13);
+    let eb = lossy(Ipv4Addr::new(127, 0, 80, 2), 17);
+    let (a, b) = (ea.context(), eb.context());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let qa = a.create_qp(QpType::Rc, pa);
-    let qb = b.create_qp(QpType::Rc, pb);
+    let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
+    let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 64).unwrap();
+    let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 64).unwrap();
     let (ga, gb) = (a.gid(), b.gid());
-    connect(&mut a, qa, gb, qb, 0xfffff0, 77);
-    connect(&mut b, qb, ga, qa, 77, 0xfffff0);
+    connect(&a, qa, gb, qb, 0xfffff0, 77);
+    connect(&b, qb, ga, qa, 77, 0xfffff0);
 
     let mut src: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
     let mut dst = vec![0u8; 200_000];
     let mut rbuf = vec![0u8; 200_000];
     let mut atom = vec![0u64; 1];
     let mut orig = vec![0u64; 1];
-    // SAFETY: every buffer outlives both devices (dropped at the end of the test).
+    // SAFETY: every buffer outlives both engines (dropped before them below).
     let (ks, kd, kr, ka, ko) = unsafe {
         (
             a.reg_mr(pa, src.as_mut_ptr(), src.len(), ALL).unwrap(),
@@ -95,7 +91,7 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     };
     b.post_recv(
         qb,
-        RecvWr {
+        &RecvWr {
             wr_id: 50,
             sg_list: [Sge {
                 addr: kd.addr,
@@ -115,12 +111,12 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     };
     a.post_send(
         qa,
-        SendWr::new(1, SendOp::SendWithImm(0x1234), sge(ks, 0, 100_000)),
+        &SendWr::new(1, SendOp::SendWithImm(0x1234), sge(ks, 0, 100_000)),
     )
     .unwrap();
     a.post_send(
         qa,
-        SendWr::new(
+        &SendWr::new(
             2,
             SendOp::Write {
                 remote_addr: kd.addr + 100_000,
@@ -132,7 +128,7 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     .unwrap();
     a.post_send(
         qa,
-        SendWr::new(
+        &SendWr::new(
             3,
             SendOp::Read {
                 remote_addr: kd.addr,
@@ -144,7 +140,7 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     .unwrap();
     a.post_send(
         qa,
-        SendWr::new(
+        &SendWr::new(
             4,
             SendOp::FetchAdd {
                 remote_addr: ka.addr,
@@ -155,17 +151,17 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
         ),
     )
     .unwrap();
-    let (wa, wb) = wait(&mut a, qa, &mut b, qb, 4, 1);
+    let (wa, wb) = wait(&a, cqa, &b, cqb, 4, 1);
     assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
     assert_eq!(wa.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1, 2, 3, 4]);
     assert_eq!(
         (wb[0].wr_id, wb[0].byte_len, wb[0].imm_data),
         (50, 100_000, Some(0x1234))
     );
-    assert!(a.port().dropped() > 0 && b.port().dropped() > 0);
     // The losses show in the QP counters the device sums: A retransmitted
     // after sequence NAKs or timeouts, B saw out-of-sequence requests.
-    let (ca, cb) = (a.counters().qps, b.counters().qps);
+    let (da, db) = (a.counters().unwrap(), b.counters().unwrap());
+    let (ca, cb) = (da.qps, db.qps);
     assert!(
         ca.retransmits_started > 0 && ca.retransmitted_pkts > 0,
         "{ca:?}"
@@ -179,11 +175,8 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     );
     assert_eq!(ca.send_err + cb.send_err + ca.rcvd_err_nak, 0);
     // burst to burst: every ICRC verifies (both send IP ID 0)
-    assert_eq!(
-        a.counters().icrc_unverified + b.counters().icrc_unverified,
-        0
-    );
-    drop((a, b));
+    assert_eq!(da.icrc_unverified + db.icrc_unverified, 0);
+    drop((ea, eb));
     assert_eq!(dst, src);
     assert_eq!(rbuf, src);
     assert_eq!((atom[0], orig[0]), (42, 0));
@@ -193,11 +186,12 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
 /// and RXE allow: RC and UC SEND/WRITE, and UD datagrams.
 #[test]
 fn qps_on_one_device_talk_to_each_other() {
-    let mut d = Device::open(IpAddr::V4(Ipv4Addr::new(127, 0, 84, 1)), Mtu::Mtu1024).unwrap();
+    let e = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 84, 1)), Mtu::Mtu1024).unwrap();
+    let d = e.context();
     let pd = d.alloc_pd();
     let mut src: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
     let mut dst = vec![0u8; 3 * 5000 + 2048];
-    // SAFETY: both buffers outlive the device (dropped first).
+    // SAFETY: both buffers outlive the engine (dropped first).
     let (ks, kd) = unsafe {
         (
             d.reg_mr(pd, src.as_mut_ptr(), src.len(), ALL).unwrap(),
@@ -207,8 +201,9 @@ fn qps_on_one_device_talk_to_each_other() {
     let gid = d.gid();
     let mut got = Vec::new();
     for (n, t) in [QpType::Rc, QpType::Uc].into_iter().enumerate() {
-        let qa = d.create_qp(t, pd);
-        let qb = d.create_qp(t, pd);
+        let (cqa, cqb) = (d.create_cq(16), d.create_cq(16));
+        let qa = d.create_qp(t, pd, cqa, cqa, 16).unwrap();
+        let qb = d.create_qp(t, pd, cqb, cqb, 16).unwrap();
         let mut p = RcParams::new(Psn::new(1), Mtu::Mtu1024);
         p.access = QpAccess {
             remote_write: true,
@@ -218,7 +213,7 @@ fn qps_on_one_device_talk_to_each_other() {
         if t == QpType::Uc {
             // UC has no RTR/RTS timers or read resources: plain transitions.
             for (me, peer) in [(qa, qb), (qb, qa)] {
-                let ah = d.create_ah(gid);
+                let ah = d.create_ah(gid).unwrap();
                 d.modify_qp(
                     me,
                     &QpAttr {
@@ -229,6 +224,7 @@ fn qps_on_one_device_talk_to_each_other() {
                         ..Default::default()
                     },
                 )
+                .unwrap()
                 .unwrap();
                 d.modify_qp(
                     me,
@@ -241,6 +237,7 @@ fn qps_on_one_device_talk_to_each_other() {
                         ..Default::default()
                     },
                 )
+                .unwrap()
                 .unwrap();
                 d.modify_qp(
                     me,
@@ -250,12 +247,13 @@ fn qps_on_one_device_talk_to_each_other() {
                         ..Default::default()
                     },
                 )
+                .unwrap()
                 .unwrap();
             }
         } else {
             d.connect_rc(
                 qa,
-                RcPeer {
+                &RcPeer {
                     gid,
                     qpn: qb,
                     psn: Psn::new(1),
@@ -265,7 +263,7 @@ fn qps_on_one_device_talk_to_each_other() {
             .unwrap();
             d.connect_rc(
                 qb,
-                RcPeer {
+                &RcPeer {
                     gid,
                     qpn: qa,
                     psn: Psn::new(1),
@@ -277,7 +275,7 @@ fn qps_on_one_device_talk_to_each_other() {
         let off = n as u64 * 5000;
         d.post_recv(
             qb,
-            RecvWr {
+            &RecvWr {
                 wr_id: 7,
                 sg_list: [Sge {
                     addr: kd.addr + off,
@@ -290,7 +288,7 @@ fn qps_on_one_device_talk_to_each_other() {
         .unwrap();
         d.post_send(
             qa,
-            SendWr::new(
+            &SendWr::new(
                 1,
                 SendOp::Send,
                 [Sge {
@@ -305,10 +303,10 @@ fn qps_on_one_device_talk_to_each_other() {
             let deadline = Instant::now() + Duration::from_secs(10);
             let (mut sa, mut rb) = (None, None);
             while (sa.is_none() || rb.is_none()) && Instant::now() < deadline {
-                if let Some(w) = d.poll_cq(qa) {
+                if let Some(w) = d.poll_cq(cqa) {
                     sa = Some(w);
                 }
-                if let Some(w) = d.poll_cq(qb) {
+                if let Some(w) = d.poll_cq(cqb) {
                     rb = Some(w);
                 }
             }
@@ -322,8 +320,9 @@ fn qps_on_one_device_talk_to_each_other() {
         got.push(t);
     }
     // UD: a datagram to another UD QP of the same device.
-    let ua = d.create_qp(QpType::Ud, pd);
-    let ub = d.create_qp(QpType::Ud, pd);
+    let (ucqa, ucqb) = (d.create_cq(16), d.create_cq(16));
+    let ua = d.create_qp(QpType::Ud, pd, ucqa, ucqa, 16).unwrap();
+    let ub = d.create_qp(QpType::Ud, pd, ucqb, ucqb, 16).unwrap();
     for q in [ua, ub] {
         d.modify_qp(
             q,
@@ -335,6 +334,7 @@ fn qps_on_one_device_talk_to_each_other() {
                 ..Default::default()
             },
         )
+        .unwrap()
         .unwrap();
         d.modify_qp(
             q,
@@ -343,6 +343,7 @@ fn qps_on_one_device_talk_to_each_other() {
                 ..Default::default()
             },
         )
+        .unwrap()
         .unwrap();
         d.modify_qp(
             q,
@@ -352,12 +353,13 @@ fn qps_on_one_device_talk_to_each_other() {
                 ..Default::default()
             },
         )
+        .unwrap()
         .unwrap();
     }
-    let ah = d.create_ah(gid);
+    let ah = d.create_ah(gid).unwrap();
     d.post_recv(
         ub,
-        RecvWr {
+        &RecvWr {
             wr_id: 9,
             sg_list: [Sge {
                 addr: kd.addr + 10_000,
@@ -382,18 +384,18 @@ fn qps_on_one_device_talk_to_each_other() {
         remote_qkey: 0x22,
         ah,
     });
-    d.post_send(ua, wr).unwrap();
+    d.post_send(ua, &wr).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut r = None;
     while r.is_none() && Instant::now() < deadline {
-        r = d.poll_cq(ub);
+        r = d.poll_cq(ucqb);
     }
     let r = r.expect("UD receive");
     assert_eq!(
         (r.status, r.byte_len, r.src_qp, r.grh),
         (WcStatus::Success, 1040, ua, true)
     );
-    drop(d);
+    drop((d, e));
     assert_eq!(&dst[..5000], &src[..]);
     assert_eq!(&dst[5000..10_000], &src[..]);
     assert_eq!(&dst[10_040..11_040], &src[..1000]);
@@ -402,11 +404,12 @@ fn qps_on_one_device_talk_to_each_other() {
 
 #[test]
 fn queries_report_what_the_stack_enforces() {
-    let d = Device::open(
+    let e = Engine::start(
         IpAddr::V4(Ipv4Addr::new(127, 0, 86, 1)),
         burst_verbs::active_mtu_for(1500),
     )
     .unwrap();
+    let d = e.context();
     let a = d.query_device();
     assert_eq!(a.vendor_id, burst_verbs::VENDOR_ID);
     assert_eq!(a.max_qp_rd_atom, u32::from(MAX_RD_ATOMIC));
@@ -414,12 +417,11 @@ fn queries_report_what_the_stack_enforces() {
     assert!(p.active && p.link_layer_ethernet);
     assert_eq!(p.active_mtu, Mtu::Mtu1024, "RXE: 1500 -> 1024");
     assert_eq!(burst_verbs::active_mtu_for(9000), Mtu::Mtu4096);
-    let gid = d.query_gid(0).unwrap();
+    let gid = d.gid();
     assert_eq!(
         &gid[..12],
         &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff],
         "IPv4-mapped RoCE v2 GID"
     );
     assert_eq!(&gid[12..], &[127, 0, 86, 1]);
-    assert_eq!(d.query_gid(1), None);
 }

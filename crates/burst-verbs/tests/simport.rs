@@ -1,37 +1,55 @@
-//! The real data-plane core (`Device`) over the in-memory port: faults the
+//! The engine's data-plane core over the in-memory port: faults the
 //! kernel's loopback never shows (corruption, reordering, duplication,
 //! hidden and counting IP IDs, IPv6), on simulated time.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use burst_io::{SimFaults, SimNet, SimPort};
-use burst_mem::{Access, MrTable};
+use burst_io::{SimFaults, SimNet};
+use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::{Device, RcParams, RcPeer};
-use burst_wire::{Mtu, Psn, Qpn};
+use burst_verbs::clock::Clock;
+use burst_verbs::engine::{Context, CqId, Drive, Engine, EngineOptions, QueuePair};
+use burst_verbs::{QpInit, RcParams, RcPeer};
+use burst_wire::{Mtu, Psn};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
+/// An engine over `port` that the test steps on a manual clock.
+fn sim_engine(port: impl burst_io::Port + Send + 'static) -> (Engine, Context) {
+    let mut o = EngineOptions::new(Mtu::Mtu1024);
+    o.drive = Drive::Caller;
+    o.clock = Clock::manual();
+    let e = Engine::with_port(port, o).unwrap();
+    let c = e.context();
+    (e, c)
+}
+
 struct Pair {
     net: SimNet,
-    a: Device<SimPort>,
-    b: Device<SimPort>,
-    qa: Qpn,
-    qb: Qpn,
+    a: Context,
+    b: Context,
+    qa: QueuePair,
+    qb: QueuePair,
+    cqa: CqId,
+    cqb: CqId,
     now: u64,
+    _engines: (Engine, Engine),
 }
 
 fn pair(faults: SimFaults, a: &str, b: &str) -> Pair {
     let net = SimNet::new(11, faults);
-    let dev = |addr: &str| {
-        let port = net.port(addr.parse::<SocketAddr>().unwrap());
-        Device::with_port(port, Mtu::Mtu1024, Arc::new(MrTable::new()))
-    };
-    let (mut a, mut b) = (dev(a), dev(b));
+    let (ea, a) = sim_engine(net.port(a.parse::<SocketAddr>().unwrap()));
+    let (eb, b) = sim_engine(net.port(b.parse::<SocketAddr>().unwrap()));
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let qa = a.create_qp(QpType::Rc, pa);
-    let qb = b.create_qp(QpType::Rc, pb);
+    let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
+    let qa = a
+        .create_qp_with(&QpInit::new(QpType::Rc, pa), cqa, cqa)
+        .unwrap();
+    let qb = b
+        .create_qp_with(&QpInit::new(QpType::Rc, pb), cqb, cqb)
+        .unwrap();
     let params = |psn| {
         let mut p = RcParams::new(Psn::new(psn), Mtu::Mtu1024);
         p.access = QpAccess {
@@ -44,36 +62,41 @@ fn pair(faults: SimFaults, a: &str, b: &str) -> Pair {
         p.rd_atomic = 4;
         p
     };
-    let peer = |d: &Device<SimPort>, qpn, psn| RcPeer {
-        gid: d.gid(),
-        qpn,
+    let peer = |c: &Context, q: &QueuePair, psn| RcPeer {
+        gid: c.gid(),
+        qpn: q.qpn(),
         psn: Psn::new(psn),
     };
-    let (pa_, pb_) = (peer(&a, qa, 0xfffff0), peer(&b, qb, 77));
-    a.connect_rc(qa, pb_, &params(0xfffff0)).unwrap();
-    b.connect_rc(qb, pa_, &params(77)).unwrap();
+    let (pa_, pb_) = (peer(&a, &qa, 0xfffff0), peer(&b, &qb, 77));
+    qa.connect_rc(&pb_, &params(0xfffff0)).unwrap();
+    qb.connect_rc(&pa_, &params(77)).unwrap();
     Pair {
         net,
         a,
         b,
         qa,
         qb,
+        cqa,
+        cqb,
         now: 0,
+        _engines: (ea, eb),
     }
 }
 
 impl Pair {
-    /// Runs both devices on simulated time until `na`/`nb` completions are
+    /// Runs both engines on simulated time until `na`/`nb` completions are
     /// in or 10 simulated seconds pass.
     fn run(&mut self, na: usize, nb: usize) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
         let (mut ra, mut rb) = (Vec::new(), Vec::new());
         while self.now < 10_000_000_000 && (ra.len() < na || rb.len() < nb) {
             self.net.set_now(self.now);
-            let moved = self.a.progress_at(self.now) | self.b.progress_at(self.now);
-            while let Some(w) = self.a.take_completion(self.qa) {
+            self.a.advance_clock_to(self.now);
+            self.b.advance_clock_to(self.now);
+            let moved = self.a.progress() | self.b.progress();
+            while let Some(w) = self.a.take_completion(self.cqa) {
                 ra.push(w);
             }
-            while let Some(w) = self.b.take_completion(self.qb) {
+            while let Some(w) = self.b.take_completion(self.cqb) {
                 rb.push(w);
             }
             if moved {
@@ -101,11 +124,8 @@ fn transfer(p: &mut Pair) {
     let mut src = src;
     let mut dst = vec![0u8; size];
     let mut back = vec![0u8; size];
-    let pd_a = p.a.alloc_pd();
-    let pd_b = p.b.alloc_pd();
-    let _ = (pd_a, pd_b);
-    // SAFETY: the buffers outlive the devices' use of them (deregistered
-    // when the devices drop at the end of the test, after the last poll).
+    // SAFETY: the buffers outlive the engines' use of them (deregistered
+    // when the engines drop at the end of the test, after the last poll).
     let (ks, kb) = unsafe {
         (
             p.a.reg_mr(burst_mem::Pd(1), src.as_mut_ptr(), size, ALL)
@@ -127,13 +147,10 @@ fn transfer(p: &mut Pair) {
         }]
         .into()
     };
-    p.b.post_recv(
-        p.qb,
-        RecvWr {
-            wr_id: 9,
-            sg_list: sge(kd, 100_000),
-        },
-    )
+    p.qb.post_recv(&RecvWr {
+        wr_id: 9,
+        sg_list: sge(kd, 100_000),
+    })
     .unwrap();
     let w = |rkey| SendOp::Write {
         remote_addr: kd.addr + 100_000,
@@ -143,12 +160,12 @@ fn transfer(p: &mut Pair) {
         remote_addr: kd.addr,
         rkey: kd.rkey,
     };
-    p.a.post_send(p.qa, SendWr::new(1, SendOp::Send, sge(ks, 100_000)))
+    p.qa.post_send(&SendWr::new(1, SendOp::Send, sge(ks, 100_000)))
         .unwrap();
     let mut wr = SendWr::new(2, w(kd.rkey), sge(ks, 200_000));
     wr.sg_list[0].addr += 100_000;
-    p.a.post_send(p.qa, wr).unwrap();
-    p.a.post_send(p.qa, SendWr::new(3, read, sge(kb, size)))
+    p.qa.post_send(&wr).unwrap();
+    p.qa.post_send(&SendWr::new(3, read, sge(kb, size)))
         .unwrap();
     let (wa, wb) = p.run(3, 1);
     assert_eq!(wa.len(), 3, "requester completions {wa:?} by {} ns", p.now);
@@ -175,7 +192,7 @@ fn rc_over_a_faulty_network_with_hidden_ip_ids() {
     transfer(&mut p);
     let s = p.net.stats();
     assert!(s.lost > 0 && s.corrupted > 0 && s.duplicated > 0, "{s:?}");
-    let (ca, cb) = (p.a.counters(), p.b.counters());
+    let (ca, cb) = (p.a.counters().unwrap(), p.b.counters().unwrap());
     // SimPort's IDs count per packet and the receiver cannot see them: only
     // ID 0 verifies directly, the rest are solved for.
     assert!(cb.icrc_id_solved > 100, "{cb:?}");
@@ -199,7 +216,7 @@ fn ipv6_icrc_is_verified_and_a_mismatch_is_dropped() {
     };
     let mut p = pair(f, "[fd00::1]:4791", "[fd00::2]:4791");
     transfer(&mut p);
-    let (ca, cb) = (p.a.counters(), p.b.counters());
+    let (ca, cb) = (p.a.counters().unwrap(), p.b.counters().unwrap());
     // IPv6 masks every field a host varies: every good packet verifies at
     // full strength, every corrupted one that still parses is a drop.
     assert_eq!(ca.icrc_unverified + cb.icrc_unverified, 0, "{ca:?} {cb:?}");
@@ -213,8 +230,8 @@ fn ipv6_icrc_is_verified_and_a_mismatch_is_dropped() {
 
 /// A port that panics on receive once armed: a fault outside any QP.
 struct FaultyPort {
-    inner: SimPort,
-    armed: bool,
+    inner: burst_io::SimPort,
+    armed: Arc<AtomicBool>,
 }
 
 impl burst_io::Port for FaultyPort {
@@ -222,7 +239,10 @@ impl burst_io::Port for FaultyPort {
         self.inner.local_addr()
     }
     fn recv_batch(&mut self, rx: &mut burst_io::RxBatch) -> std::io::Result<usize> {
-        assert!(!self.armed, "fault injected in the port");
+        assert!(
+            !self.armed.load(Ordering::Relaxed),
+            "fault injected in the port"
+        );
         self.inner.recv_batch(rx)
     }
     fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
@@ -237,30 +257,33 @@ impl burst_io::Port for FaultyPort {
 fn a_fault_outside_any_qp_fails_the_device_not_the_caller() {
     use burst_verbs::AsyncEvent;
     let net = SimNet::new(1, SimFaults::default());
+    let armed = Arc::new(AtomicBool::new(false));
     let port = FaultyPort {
         inner: net.port("198.18.0.1:4791".parse().unwrap()),
-        armed: false,
+        armed: Arc::clone(&armed),
     };
-    let mut d = Device::with_port(port, Mtu::Mtu1024, Arc::new(MrTable::new()));
+    let (_e, d) = sim_engine(port);
     let pd = d.alloc_pd();
-    let q1 = d.create_qp(QpType::Rc, pd);
-    let q2 = d.create_qp(QpType::Ud, pd);
-    for q in [q1, q2] {
-        d.modify_qp(
-            q,
-            &QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                qkey: (q == q2).then_some(1),
-                access: (q == q1).then_some(QpAccess::default()),
-                ..Default::default()
-            },
-        )
+    let cq = d.create_cq(16);
+    let q1 = d
+        .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
+        .unwrap();
+    let q2 = d
+        .create_qp_with(&QpInit::new(QpType::Ud, pd), cq, cq)
+        .unwrap();
+    for (q, ud) in [(&q1, false), (&q2, true)] {
+        q.modify(&QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: ud.then_some(1),
+            access: (!ud).then_some(QpAccess::default()),
+            ..Default::default()
+        })
         .unwrap();
     }
     let mut buf = vec![0u8; 64];
-    // SAFETY: `buf` outlives the device (dropped at the end of the test).
+    // SAFETY: `buf` outlives the engine (dropped at the end of the test).
     let k = unsafe { d.reg_mr(pd, buf.as_mut_ptr(), 64, ALL).unwrap() };
     let sge = [Sge {
         addr: k.addr,
@@ -268,33 +291,35 @@ fn a_fault_outside_any_qp_fails_the_device_not_the_caller() {
         lkey: k.lkey,
     }]
     .into();
-    d.post_recv(
-        q1,
-        RecvWr {
-            wr_id: 5,
-            sg_list: sge,
-        },
-    )
+    q1.post_recv(&RecvWr {
+        wr_id: 5,
+        sg_list: sge,
+    })
     .unwrap();
-    assert!(!d.progress_at(1));
-    d.port_mut().armed = true;
+    d.advance_clock_to(1);
+    d.progress();
+    assert!(!d.progress(), "idle");
+    armed.store(true, Ordering::Relaxed);
     // The caller does not unwind; every QP fails, with its WRs flushed.
-    d.progress_at(2);
+    d.advance_clock_to(2);
+    d.progress();
+    let events: Vec<_> = std::iter::from_fn(|| d.take_async_event()).collect();
     assert_eq!(
-        d.take_async_events(),
+        events,
         [
-            AsyncEvent::QpFatal(q1),
-            AsyncEvent::QpFatal(q2),
+            AsyncEvent::QpFatal(q1.qpn()),
+            AsyncEvent::QpFatal(q2.qpn()),
             AsyncEvent::DeviceFatal
         ]
     );
-    for q in [q1, q2] {
-        assert_eq!(d.query_qp(q).unwrap().0, QpState::Err);
+    for q in [&q1, &q2] {
+        assert_eq!(d.query_qp(q.qpn()).unwrap().0, QpState::Err);
     }
-    let wc = d.take_completion(q1).expect("the receive is flushed");
+    let wc = d.take_completion(cq).expect("the receive is flushed");
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
-    // The device still answers (no poisoned state): disarmed, it steps again.
-    d.port_mut().armed = false;
-    d.progress_at(3);
-    assert!(d.take_async_events().is_empty());
+    // The engine still answers (no poisoned state): disarmed, it steps again.
+    armed.store(false, Ordering::Relaxed);
+    d.advance_clock_to(3);
+    d.progress();
+    assert_eq!(d.take_async_event(), None);
 }

@@ -1,0 +1,696 @@
+//! The data-plane core: one device over one packet port. It demultiplexes
+//! received packets by QPN, checks their ICRC (solving for the IP ID where
+//! the port hides it), builds and seals what the QPs transmit (UD GRH
+//! included), runs the transport's timers, places and gathers payload in
+//! registered memory (burst-mem), and collects completions. It is
+//! crate-internal: the [`crate::engine`] owns it and is the one API.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use burst_io::{IcrcCheck, PacketBuf, Port, RxBatch, BURST, MAX_GSO_SEGMENTS};
+use burst_mem::{MrTable, Pd};
+use burst_transport::{
+    Qp, QpAttr, QpConfig, QpState, RecvWr, SendWr, Srq, VerbsError, WorkCompletion,
+};
+use burst_wire::icrc;
+use burst_wire::{IbPacket, Mtu, Qpn, ROCEV2_PORT};
+
+use crate::{
+    clock, contain, gid_of, ip_of_gid, AnyPort, AsyncEvent, DeviceCounters, QpInit, SrqId,
+    MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE,
+};
+
+/// Lowest QPN handed out (0 and 1 are QP0/QP1; RXE starts at 0x11).
+pub(crate) const FIRST_QPN: u32 = 0x11;
+
+#[derive(Debug)]
+struct QpSlot {
+    qp: Qp,
+    completions: VecDeque<WorkCompletion>,
+    srq: Option<usize>,
+}
+
+/// A burst RDMA device on one IP address, over packet port `P`.
+pub(crate) struct Device<P: Port = AnyPort> {
+    port: P,
+    /// ICRC checking, with the IP ID solved for where the port hides it.
+    icrc: icrc::Checker,
+    mrs: Arc<MrTable>,
+    /// Indexed by QPN - FIRST_QPN: O(1) lookup per packet and per post.
+    qps: Vec<Option<QpSlot>>,
+    free_qps: VecDeque<usize>,
+    srqs: Vec<Option<Srq>>,
+    /// Counters of destroyed QPs, kept for the device totals.
+    destroyed: burst_transport::Counters,
+    ahs: Vec<SocketAddr>,
+    rx: RxBatch,
+    tx: Vec<PacketBuf>,
+    /// Sealed packets at the front of `tx` that the port had no room for
+    /// (a full socket buffer): sent before anything new is taken from the
+    /// QPs, so a slow port holds the transport back instead of losing what
+    /// it already handed out.
+    tx_held: usize,
+    clock: clock::Clock,
+    /// When a packet last arrived (ns on the device clock, [`Device::now`]).
+    last_rx: u64,
+    port_mtu: Mtu,
+    counters: DeviceCounters,
+    /// Linger on drop to re-ACK a peer's retransmissions ([`LINGER`]): on
+    /// real networks only, where the device clock is the wall clock.
+    linger: bool,
+    /// Asynchronous events not yet taken ([`Device::take_async_events`]).
+    events: Vec<AsyncEvent>,
+    /// Test support: the QPN whose next packet makes the device panic
+    /// ([`Device::debug_panic_on_packet_for`]).
+    panic_for: Option<Qpn>,
+}
+
+impl<P: Port> std::fmt::Debug for Device<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("addr", &self.port.local_addr())
+            .field("port_mtu", &self.port_mtu)
+            .field("qps", &self.qps.iter().flatten().count())
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+impl<P: Port> Device<P> {
+    /// A device over `port` (its address is the device's), with active MTU
+    /// `port_mtu` and memory regions in `mrs` (an engine builds one:
+    /// [`engine::Engine::with_port`]).
+    pub fn with_port(port: P, port_mtu: Mtu, mrs: Arc<MrTable>) -> Device<P> {
+        Device {
+            port,
+            icrc: icrc::Checker::new(),
+            mrs,
+            qps: Vec::new(),
+            free_qps: VecDeque::new(),
+            srqs: Vec::new(),
+            destroyed: burst_transport::Counters::default(),
+            ahs: Vec::new(),
+            rx: RxBatch::new(BURST),
+            // A round sends up to a full GSO run per QP burst.
+            tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
+            tx_held: 0,
+            clock: clock::Clock::wall(),
+            last_rx: 0,
+            port_mtu,
+            counters: DeviceCounters::default(),
+            linger: false,
+            events: Vec::new(),
+            panic_for: None,
+        }
+    }
+
+    /// The device's RoCE v2 GID (index 0 here).
+    pub fn gid(&self) -> [u8; 16] {
+        gid_of(self.port.local_addr().ip())
+    }
+
+    /// Device counters, with the QPs' transport counters summed in.
+    pub fn counters(&self) -> DeviceCounters {
+        let mut c = self.counters;
+        c.qps = self.destroyed;
+        for s in self.qps.iter().flatten() {
+            c.qps.accumulate(s.qp.counters());
+        }
+        c
+    }
+
+    /// `ibv_create_qp`: a QP in RESET; returns its number. Sizes beyond the
+    /// device's limits and unknown SRQs are refused (EINVAL).
+    pub fn create_qp_with(&mut self, init: &QpInit) -> Result<Qpn, VerbsError> {
+        let c = init.caps;
+        if c.max_send_wr > MAX_QP_WR
+            || c.max_recv_wr > MAX_QP_WR
+            || c.max_send_sge > MAX_SGE
+            || c.max_recv_sge > MAX_SGE
+            || c.max_inline_data > MAX_INLINE
+        {
+            return Err(VerbsError::InvalidValue("qp cap beyond device limits"));
+        }
+        let srq = match init.srq {
+            Some(SrqId(i)) if self.srqs.get(i as usize).is_some_and(Option::is_some) => {
+                Some(i as usize)
+            }
+            Some(_) => return Err(VerbsError::InvalidValue("srq")),
+            None => None,
+        };
+        if self.qps.len() - self.free_qps.len() >= MAX_QP as usize {
+            return Err(VerbsError::QueueFull);
+        }
+        let index = self.free_qps.pop_front().unwrap_or(self.qps.len());
+        let qpn = Qpn::from_wire(FIRST_QPN + index as u32);
+        let mut cfg = QpConfig::new(qpn, init.qp_type, init.pd.0);
+        cfg.port_mtu = self.port_mtu;
+        cfg.max_send_wr = c.max_send_wr.max(1);
+        cfg.max_recv_wr = c.max_recv_wr.max(1);
+        cfg.max_sge = c.max_send_sge.max(c.max_recv_sge).max(1);
+        cfg.max_inline = c.max_inline_data;
+        cfg.srq = srq.is_some();
+        let slot = QpSlot {
+            qp: Qp::new(cfg),
+            completions: VecDeque::new(),
+            srq,
+        };
+        if index == self.qps.len() {
+            self.qps.push(Some(slot));
+        } else {
+            self.qps[index] = Some(slot);
+        }
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`: the QP stops at once; completions not yet taken
+    /// are discarded, and its number is reused later.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn)?;
+        // Its ACKs of the last receives go out first (they leave a round
+        // after the receive; the peer needs them to complete its sends).
+        self.flush();
+        if let Some(s) = self.qps[i].take() {
+            self.destroyed.accumulate(s.qp.counters());
+        }
+        self.free_qps.push_back(i);
+        Ok(())
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&mut self, pd: Pd, max_wr: u32, max_sge: u32) -> Result<SrqId, VerbsError> {
+        if max_wr == 0 || max_wr > MAX_QP_WR || max_sge == 0 || max_sge > MAX_SGE {
+            return Err(VerbsError::InvalidValue("srq size beyond device limits"));
+        }
+        let srq = Srq::new(pd.0, max_wr, max_sge);
+        let i = match self.srqs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.srqs[i] = Some(srq);
+                i
+            }
+            None => {
+                self.srqs.push(Some(srq));
+                self.srqs.len() - 1
+            }
+        };
+        Ok(SrqId(i as u32))
+    }
+
+    fn srq_mut(&mut self, id: SrqId) -> Result<&mut Srq, VerbsError> {
+        srq_in(&mut self.srqs, id)
+    }
+
+    /// `ibv_destroy_srq`: refused (EBUSY) while a QP still uses it.
+    pub fn destroy_srq(&mut self, id: SrqId) -> Result<(), VerbsError> {
+        self.srq_mut(id)?;
+        let i = id.0 as usize;
+        if self.qps.iter().flatten().any(|s| s.srq == Some(i)) {
+            return Err(VerbsError::Busy("SRQ still has QPs"));
+        }
+        self.srqs[i] = None;
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, id: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
+        let mem = self.mrs.memory();
+        srq_in(&mut self.srqs, id)?.post_recv(wr, &mem)
+    }
+
+    /// `ibv_modify_srq`: `max_wr` resizes, `limit` arms the limit event.
+    pub fn modify_srq(
+        &mut self,
+        id: SrqId,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+    ) -> Result<(), VerbsError> {
+        let srq = self.srq_mut(id)?;
+        if let Some(n) = max_wr {
+            if n > MAX_QP_WR {
+                return Err(VerbsError::InvalidValue("max_wr"));
+            }
+            srq.resize(n)?;
+        }
+        if let Some(l) = limit {
+            srq.set_limit(l)?;
+        }
+        Ok(())
+    }
+
+    /// Creates an address handle for a peer's GID; returns its index.
+    pub fn create_ah(&mut self, gid: [u8; 16]) -> u32 {
+        self.ahs.push(SocketAddr::new(ip_of_gid(gid), ROCEV2_PORT));
+        (self.ahs.len() - 1) as u32
+    }
+
+    fn qp_index(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        qp_index_in(&self.qps, qpn)
+    }
+
+    fn slot(&mut self, qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
+        slot_in(&mut self.qps, qpn)
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), VerbsError> {
+        let _span =
+            tracing::debug_span!("modify_qp", qpn = qpn.value(), to = ?attr.state).entered();
+        if attr.ah.is_some_and(|a| a as usize >= self.ahs.len()) {
+            tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
+            return Err(VerbsError::InvalidValue("ah"));
+        }
+        let qp = &mut self.slot(qpn)?.qp;
+        let r = qp.modify(attr);
+        match &r {
+            Ok(()) => tracing::debug!(state = ?qp.state(), "QP modified"),
+            Err(e) => tracing::warn!("modify_qp refused: {e} (errno {})", e.errno()),
+        }
+        r
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
+        let mem = self.mrs.memory();
+        slot_in(&mut self.qps, qpn)?.qp.post_recv(wr, &mem)
+    }
+
+    /// Takes a WR that passed [`burst_transport::QpConfig::check_send`] when
+    /// it was posted, without making progress.
+    pub fn post_send_checked(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        let mem = self.mrs.memory();
+        slot_in(&mut self.qps, qpn)?.qp.post_send_checked(wr, &mem)
+    }
+
+    /// Takes a completion of `qpn` gathered by earlier progress.
+    pub fn take_completion(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
+        self.slot(qpn).ok()?.completions.pop_front()
+    }
+
+    /// `ibv_query_qp`: the QP's state and creation config.
+    pub fn query_qp(&self, qpn: Qpn) -> Option<(QpState, QpConfig)> {
+        let i = self.qp_index(qpn).ok()?;
+        self.qps[i].as_ref().map(|s| (s.qp.state(), *s.qp.config()))
+    }
+
+    /// Send work requests of a QP not yet completed.
+    pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
+        let i = self.qp_index(qpn).ok()?;
+        self.qps[i].as_ref().map(|s| s.qp.send_queue_len())
+    }
+
+    /// Checks every QP's invariants (`burst_transport::Qp::check_invariants`):
+    /// the simulator asserts them after every step.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.qps
+            .iter()
+            .flatten()
+            .try_for_each(|s| s.qp.check_invariants())
+    }
+
+    /// One line per QP with its state and counters (for reports).
+    pub fn describe_qps(&self) -> Vec<String> {
+        self.qps.iter().flatten().map(|s| s.qp.describe()).collect()
+    }
+
+    /// The device clock: nanoseconds since the device opened (the time base
+    /// of the transport's timers).
+    pub fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// The earliest transport timer of any QP (device-clock ns): when
+    /// [`Device::progress_at`] must next run if no packet comes first.
+    pub fn next_timeout(&self) -> Option<u64> {
+        self.qps
+            .iter()
+            .flatten()
+            .filter_map(|s| s.qp.poll_timeout())
+            .min()
+    }
+
+    /// Runs the device on `clock` (a manual one for simulations); the
+    /// linger on close ([`LINGER`]) is for the wall clock only.
+    pub fn set_clock(&mut self, clock: clock::Clock) {
+        self.linger &= clock.is_wall();
+        self.clock = clock;
+    }
+
+    /// One round of progress: expired timers, transmit, receive a burst.
+    ///
+    /// Timers come first, so a retransmission they start leaves in this
+    /// round. Transmit comes before receive: what this round's receives
+    /// generate (ACKs)
+    /// leaves with the next round, together with whatever the application
+    /// posts in answer to this round's completions (a ping-pong's ACK and
+    /// reply then share one `sendmmsg`, and the peer reads both with one
+    /// `recvmmsg`).
+    pub fn progress(&mut self) -> bool {
+        let now = self.now();
+        self.progress_at(now)
+    }
+
+    /// [`Device::progress`] with the time read by the caller (one clock
+    /// read per round: they cost 30 ns each in a VM and showed in profiles).
+    ///
+    /// A panic while handling one QP (its packets, timers or transmit)
+    /// moves that QP to the error state, flushing its work requests, and
+    /// raises [`AsyncEvent::QpFatal`]; one outside any QP (the port, the
+    /// demux) fails every QP and raises [`AsyncEvent::DeviceFatal`]. Either
+    /// way it is logged, the caller does not unwind, and the device keeps
+    /// serving its other QPs.
+    pub fn progress_at(&mut self, now: u64) -> bool {
+        match contain(|| self.progress_inner(now)) {
+            Ok(moved) => moved,
+            Err(msg) => {
+                self.device_fatal(&msg);
+                true
+            }
+        }
+    }
+
+    fn progress_inner(&mut self, now: u64) -> bool {
+        // Expired timers first: a retransmission they start leaves in this
+        // round's transmit, not a round (or, idle, a whole timeout) later.
+        let mut fired = 0;
+        for i in 0..self.qps.len() {
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
+            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
+                fired += 1;
+                if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
+                    self.qp_fatal(i, &msg);
+                }
+            }
+        }
+        let sent = self.transmit(now);
+        let received = self.receive(now);
+        self.collect_completions();
+        sent + received + fired > 0
+    }
+
+    /// Contains a fault of the QP in slot `i`: error state (flushing its
+    /// WRs), [`AsyncEvent::QpFatal`], a log line.
+    fn qp_fatal(&mut self, i: usize, msg: &str) {
+        let Some(s) = self.qps[i].as_mut() else {
+            return;
+        };
+        let qpn = s.qp.qpn();
+        // A QP already failed raises no second event (a fault that repeats
+        // on every packet for it would flood the event queue).
+        let first = s.qp.state() != QpState::Err;
+        tracing::error!(
+            qpn = qpn.value(),
+            "internal fault handling QP {qpn}: {msg}; QP moved to the error state"
+        );
+        let to_err = QpAttr {
+            state: Some(QpState::Err),
+            ..Default::default()
+        };
+        if contain(|| s.qp.modify(&to_err)).is_err() {
+            // Its state is beyond flushing: keep the QP number, in error.
+            let mut fresh = Qp::new(*s.qp.config());
+            let _ = fresh.modify(&to_err);
+            s.qp = fresh;
+            tracing::error!(
+                qpn = qpn.value(),
+                "QP {qpn}'s work requests could not be flushed"
+            );
+        }
+        while let Some(wc) = s.qp.poll_completion() {
+            s.completions.push_back(wc);
+        }
+        if first {
+            self.events.push(AsyncEvent::QpFatal(qpn));
+        }
+    }
+
+    /// Fails the device after a fault outside any one QP (for an engine
+    /// around it): every QP to the error state, [`AsyncEvent::DeviceFatal`].
+    pub fn fail_all(&mut self, msg: &str) {
+        self.device_fatal(msg);
+    }
+
+    /// Contains a fault outside any one QP: every QP to the error state,
+    /// [`AsyncEvent::DeviceFatal`].
+    fn device_fatal(&mut self, msg: &str) {
+        tracing::error!(
+            "internal fault in the data plane: {msg}; every QP moved to the error state"
+        );
+        self.tx_held = 0;
+        for i in 0..self.qps.len() {
+            if self.qps[i]
+                .as_ref()
+                .is_some_and(|s| s.qp.state() != QpState::Err)
+            {
+                self.qp_fatal(i, msg);
+            }
+        }
+        self.events.push(AsyncEvent::DeviceFatal);
+    }
+
+    /// Takes the asynchronous events raised since the last call (SRQ limits,
+    /// contained faults), oldest first.
+    pub fn take_async_events(&mut self) -> Vec<AsyncEvent> {
+        for (i, s) in self.srqs.iter_mut().enumerate() {
+            if s.as_mut().is_some_and(Srq::take_limit_event) {
+                self.events
+                    .push(AsyncEvent::SrqLimitReached(SrqId(i as u32)));
+            }
+        }
+        std::mem::take(&mut self.events)
+    }
+
+    /// Test support for fault containment: the next packet for `qpn` makes
+    /// the data plane panic while handling it (`None`: never).
+    #[doc(hidden)]
+    pub fn debug_panic_on_packet_for(&mut self, qpn: Option<Qpn>) {
+        self.panic_for = qpn;
+    }
+
+    /// Sends what is pending (the ACKs of the last receives, newly posted
+    /// requests) without receiving, and collects the completions that
+    /// sending alone produces (UC and UD sends).
+    pub fn transmit_now(&mut self) -> bool {
+        let now = self.now();
+        self.transmit_at(now)
+    }
+
+    /// [`Device::transmit_now`] with the time read by the caller.
+    pub fn transmit_at(&mut self, now: u64) -> bool {
+        let sent = self.transmit(now);
+        self.collect_completions();
+        sent > 0
+    }
+
+    /// Sends what is pending without receiving: for a device about to close.
+    pub fn flush(&mut self) {
+        self.transmit_now();
+    }
+
+    fn collect_completions(&mut self) {
+        for s in self.qps.iter_mut().flatten() {
+            while let Some(wc) = s.qp.poll_completion() {
+                s.completions.push_back(wc);
+            }
+        }
+    }
+
+    /// Returns the packets received.
+    fn receive(&mut self, now: u64) -> usize {
+        let n = match self.port.recv_batch(&mut self.rx) {
+            Ok(n) => n,
+            Err(_) => return 0,
+        };
+        if n > 0 {
+            self.last_rx = now;
+        }
+        let local = self.port.local_addr();
+        let mut mem = self.mrs.memory();
+        let mut faulted: Vec<(usize, String)> = Vec::new();
+        for (meta, bytes) in self.rx.frames() {
+            let peer = meta.peer;
+            self.counters.rcvd_pkts += 1;
+            let Ok(pkt) = IbPacket::new_checked(bytes) else {
+                self.counters.malformed += 1;
+                continue;
+            };
+            match self.icrc.check(peer, local, bytes, meta.ip_id) {
+                IcrcCheck::Ok => self.counters.icrc_verified += 1,
+                IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
+                IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
+                IcrcCheck::Bad => {
+                    self.counters.icrc_errors += 1;
+                    continue;
+                }
+            }
+            let qpn = pkt.bth().dest_qp();
+            let Ok(i) = qp_index_in(&self.qps, qpn) else {
+                self.counters.no_qp += 1;
+                continue;
+            };
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
+            // Only UD receives carry a GRH area: don't build it for RC/UC.
+            let grh = (pkt.info().transport == burst_wire::Transport::Ud)
+                .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
+                .flatten();
+            let srq = s
+                .srq
+                .and_then(|i| self.srqs.get_mut(i))
+                .and_then(Option::as_mut);
+            let inject = self.panic_for == Some(qpn);
+            let handled = contain(|| {
+                assert!(!inject, "fault injected for QP {qpn}");
+                match srq {
+                    Some(srq) => {
+                        s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
+                    }
+                    None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
+                }
+            });
+            if let Err(msg) = handled {
+                faulted.push((i, msg));
+            }
+        }
+        for (i, msg) in faulted {
+            self.qp_fatal(i, &msg);
+        }
+        n
+    }
+
+    /// Returns the packets handed to the port.
+    fn transmit(&mut self, now: u64) -> usize {
+        let mut sent = 0;
+        if self.tx_held > 0 {
+            sent = self.send_held(self.tx_held);
+            if self.tx_held > 0 {
+                return sent;
+            }
+        }
+        let mem = self.mrs.memory();
+        let mut n = 0;
+        let mut faulted: Vec<(usize, String)> = Vec::new();
+        for (i, slot) in self.qps.iter_mut().enumerate() {
+            let Some(q) = slot.as_mut().map(|s| &mut s.qp) else {
+                continue;
+            };
+            let (tx, ahs, counters) = (&mut self.tx, &self.ahs, &mut self.counters);
+            let start = n;
+            let filled = contain(|| {
+                let mut n = start;
+                while n < tx.len() {
+                    let Some(t) = q.poll_transmit(now) else { break };
+                    let Some(&peer) = ahs.get(t.ah as usize) else {
+                        continue;
+                    };
+                    let len = t.ib.buffer_len();
+                    let buf = &mut tx[n];
+                    if len > buf.data.len() || t.ib.emit(&mut buf.data[..len]).is_err() {
+                        continue;
+                    }
+                    let at = t.ib.header_len();
+                    if t.gather(&mem, &mut buf.data[at..at + t.ib.payload_len])
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    counters.sent_pkts += 1;
+                    buf.len = len;
+                    buf.peer = peer;
+                    n += 1;
+                }
+                q.flush_unreliable();
+                n
+            });
+            match filled {
+                Ok(k) => n = k,
+                // What this QP built before its fault is not sent.
+                Err(msg) => faulted.push((i, msg)),
+            }
+        }
+        for (i, msg) in faulted {
+            self.qp_fatal(i, &msg);
+        }
+        if n > 0 {
+            // Sealed last: a packet's IP ID (in its ICRC) may depend on the
+            // whole burst (a UDP socket's GSO runs).
+            self.port.assign_ip_ids(&mut self.tx[..n]);
+            let sealed = burst_io::seal_all(self.port.local_addr(), &mut self.tx[..n]);
+            sent += self.send_held(sealed);
+        }
+        sent
+    }
+
+    /// Sends the first `n` (sealed) packets of `tx`; keeps what the port
+    /// refused at the front of `tx` for the next round (the port takes
+    /// whole GSO runs, so the IDs of the rest stay right).
+    fn send_held(&mut self, n: usize) -> usize {
+        let took = match self.port.send_burst(&self.tx[..n]) {
+            Ok(k) => k.min(n),
+            Err(e) => {
+                // Not a full queue: the transport retransmits what is lost.
+                tracing::debug!("send: {e}");
+                n
+            }
+        };
+        self.tx[..n].rotate_left(took);
+        self.tx_held = n - took;
+        took
+    }
+}
+
+/// Packets one round sends at most: four GSO runs' worth.
+const TX_BURST: usize = 4 * MAX_GSO_SEGMENTS;
+
+/// The slot of `qpn` (QPNs index the table from [`FIRST_QPN`]).
+fn qp_index_in(qps: &[Option<QpSlot>], qpn: Qpn) -> Result<usize, VerbsError> {
+    let i = qpn.value().wrapping_sub(FIRST_QPN) as usize;
+    match qps.get(i) {
+        Some(Some(_)) => Ok(i),
+        _ => Err(VerbsError::BadWr("no such QP")),
+    }
+}
+
+/// [`qp_index_in`], borrowed mutably (leaves the device's other fields free).
+fn slot_in(qps: &mut [Option<QpSlot>], qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
+    let i = qp_index_in(qps, qpn)?;
+    Ok(qps[i].as_mut().expect("qp_index_in checked"))
+}
+
+fn srq_in(srqs: &mut [Option<Srq>], id: SrqId) -> Result<&mut Srq, VerbsError> {
+    srqs.get_mut(id.0 as usize)
+        .and_then(Option::as_mut)
+        .ok_or(VerbsError::InvalidValue("no such SRQ"))
+}
+
+/// How long a closing device keeps answering a peer that was active in
+/// the last [`LINGER_IF_ACTIVE`] (like TCP's TIME_WAIT): if the last ACK is
+/// lost, the peer retransmits after its ACK timeout (67 ms at timeout 14)
+/// and would otherwise retry forever against a closed port.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(200);
+/// See [`LINGER`].
+const LINGER_IF_ACTIVE: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl<P: Port> Drop for Device<P> {
+    /// Sends the pending ACKs of the last receives (they leave a round after
+    /// the receive), then lingers briefly if a peer was just talking, to
+    /// re-ACK its retransmissions should that last ACK be lost.
+    fn drop(&mut self) {
+        self.flush();
+        if self.linger
+            && self.last_rx > 0
+            && self.now().saturating_sub(self.last_rx) < LINGER_IF_ACTIVE.as_nanos() as u64
+        {
+            let end = Instant::now() + LINGER;
+            while Instant::now() < end {
+                self.progress();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    }
+}
