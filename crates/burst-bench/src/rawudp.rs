@@ -4,6 +4,14 @@
 //! datagrams of the sizes an RDMA WRITE has on the wire: the first carries
 //! BTH + RETH + payload + ICRC, the others BTH + payload + ICRC (so GSO cuts
 //! the same runs as for burst: the first packet alone, then the rest).
+//!
+//! The stream is paced by credits, so the ceiling does not measure its own
+//! drops: the sink reports the bytes it has received (an 8-byte datagram
+//! back to the sender, every [`CREDIT_EVERY`] bytes), and the sender keeps
+//! at most [`WINDOW`] bytes unreported in flight, about what a receive
+//! socket buffer absorbs while its reader is descheduled. burst's own
+//! window does the same job for RDMA (a bounded number of packets in
+//! flight per QP), so both sides of the ratio are flow-controlled.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +26,16 @@ use crate::report::{Bw, Lat, Samples};
 const OVERHEAD: usize = 32;
 /// The RETH, which only the first packet carries.
 const RETH: usize = 16;
+
+/// Payload bytes the sender keeps in flight beyond the last credit.
+const WINDOW: u64 = 4 << 20;
+/// The sink reports what it has received at least this often (bytes).
+const CREDIT_EVERY: u64 = 256 << 10;
+/// With no credit for this long, the bytes in flight are taken as lost (a
+/// datagram dropped anyway) and the window opens again.
+const CREDIT_TIMEOUT: Duration = Duration::from_millis(50);
+/// A credit datagram: the sink's received payload bytes, little-endian.
+const CREDIT_LEN: usize = 8;
 
 fn datagrams(size: usize, mtu: usize) -> Vec<usize> {
     let mut v = Vec::new();
@@ -50,10 +68,14 @@ pub struct SinkCount {
     pub span_ns: AtomicU64,
 }
 
-/// Counts received bytes of payload until `stop`.
+/// Counts received bytes of payload until `stop`, reporting them to the
+/// sender as credits.
 pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &SinkCount) {
     let mut rx = RxBatch::default();
     let mut first: Option<Instant> = None;
+    let mut total = 0u64;
+    let mut reported = 0u64;
+    let mut credit = vec![PacketBuf::new()];
     while !stop.load(Ordering::Acquire) {
         if let Ok(n) = port.recv_batch(&mut rx) {
             if n > 0 {
@@ -65,10 +87,66 @@ pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &SinkCount) {
                     .packets()
                     .map(|(_, p)| p.len().saturating_sub(OVERHEAD - RETH))
                     .sum();
+                total += bytes as u64;
                 got.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
                 got.span_ns
                     .store((now - t0).as_nanos() as u64, Ordering::Relaxed);
+                if total - reported >= CREDIT_EVERY {
+                    if let Some((peer, _)) = rx.packets().last() {
+                        credit[0].data[..CREDIT_LEN].copy_from_slice(&total.to_le_bytes());
+                        credit[0].len = CREDIT_LEN;
+                        credit[0].peer = peer;
+                        // A credit lost to a full buffer is made up by the
+                        // next (they carry totals).
+                        let _ = port.send_burst(&credit);
+                        reported = total;
+                    }
+                }
             }
+        }
+    }
+}
+
+/// The sender's view of the sink's credits.
+struct Credits {
+    rx: RxBatch,
+    acked: u64,
+    last: Instant,
+}
+
+impl Credits {
+    /// Reads the credits that arrived (never blocks).
+    fn poll(&mut self, port: &mut UdpPort) {
+        while let Ok(n) = port.recv_batch(&mut self.rx) {
+            if n == 0 {
+                break;
+            }
+            for (_, p) in self.rx.packets() {
+                if let Ok(b) = <[u8; CREDIT_LEN]>::try_from(p) {
+                    let v = u64::from_le_bytes(b);
+                    if v > self.acked {
+                        self.acked = v;
+                        self.last = Instant::now();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until at most [`WINDOW`] bytes of `sent` are unreported; a
+    /// silence of [`CREDIT_TIMEOUT`] writes the bytes in flight off.
+    fn wait_for_room(&mut self, port: &mut UdpPort, sent: u64) {
+        loop {
+            self.poll(port);
+            if sent.saturating_sub(self.acked) <= WINDOW {
+                return;
+            }
+            if self.last.elapsed() > CREDIT_TIMEOUT {
+                self.acked = sent.saturating_sub(WINDOW);
+                self.last = Instant::now();
+                return;
+            }
+            std::hint::spin_loop();
         }
     }
 }
@@ -95,9 +173,16 @@ pub fn stream(
     }
     let plan = datagrams(size, mtu);
     let start = Instant::now();
+    let mut credits = Credits {
+        rx: RxBatch::default(),
+        acked: 0,
+        last: start,
+    };
+    let mut sent_payload = 0u64;
     let mut sent_msgs = 0u64;
     let mut k = 0;
     while crate::report::more(start, duration, sent_msgs, iters) {
+        credits.wait_for_room(port, sent_payload);
         let mut n = 0;
         while n < TX {
             bufs[n].len = plan[k];
@@ -112,6 +197,10 @@ pub fn stream(
                 }
             }
         }
+        sent_payload += bufs[..n]
+            .iter()
+            .map(|b| (b.len - (OVERHEAD - RETH)) as u64)
+            .sum::<u64>();
         let mut off = 0;
         while off < n {
             match port.send_burst(&bufs[off..n]) {
