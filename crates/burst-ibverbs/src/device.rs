@@ -337,7 +337,7 @@ fn port_attr(c: &Ctx) -> ibv_port_attr {
         active_mtu: u32::from(p.active_mtu.ibv_mtu()),
         gid_tbl_len: p.gid_tbl_len as c_int,
         port_cap_flags: 0x0401_0000, // CM_SUP | IP_BASED_GIDS
-        max_msg_sz: 1 << 31,
+        max_msg_sz: p.max_msg_sz,
         pkey_tbl_len: 1,
         max_vl_num: 1,
         active_width: 2,  // 4X

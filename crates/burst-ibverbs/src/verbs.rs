@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use burst_verbs::mem::Access;
 use burst_verbs::transport::{QpAccess, QpAttr, QpState, QpType};
 use burst_verbs::wire::{Mtu, Psn, Qpn};
-use burst_verbs::{AsyncEvent, QpCaps, QpInit, MAX_INLINE, MAX_QP_WR, MAX_SGE};
+use burst_verbs::{AsyncEvent, QpCaps, QpInit};
 
 use crate::abi::*;
 use crate::objects::*;
@@ -509,17 +509,9 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
         return fail_null(libc::EINVAL);
     };
     let srq = ours!(Srq, a.srq);
+    // Capabilities beyond the device's limits are refused by the engine
+    // (EINVAL), the one place that checks them.
     let cap = a.cap;
-    if cap.max_send_wr > MAX_QP_WR
-        || cap.max_recv_wr > MAX_QP_WR
-        || cap.max_send_sge > MAX_SGE
-        || cap.max_recv_sge > MAX_SGE
-        || cap.max_inline_data > MAX_INLINE
-    {
-        tracing::warn!(?cap.max_send_wr, ?cap.max_recv_wr, ?cap.max_send_sge, ?cap.max_recv_sge,
-            ?cap.max_inline_data, "ibv_create_qp: capabilities beyond the device limits");
-        return fail_null(libc::EINVAL);
-    }
     let init = QpInit {
         qp_type,
         pd: p.pd,
@@ -539,7 +531,8 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
     let qp = match c.ctx.create_qp_with(&init, scq.id, rcq.id) {
         Ok(q) => q,
         Err(e) => {
-            tracing::warn!("ibv_create_qp refused: {e:?}");
+            tracing::warn!(?cap.max_send_wr, ?cap.max_recv_wr, ?cap.max_send_sge,
+                ?cap.max_recv_sge, ?cap.max_inline_data, "ibv_create_qp refused: {e}");
             return fail_null(e.errno());
         }
     };

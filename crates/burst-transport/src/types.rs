@@ -147,6 +147,10 @@ pub struct SendWr {
 /// is never needed by the applications burst targets.
 pub const MAX_SGE: usize = 8;
 
+/// The longest message (and RETH DMA length) the IBA allows, 2^31 bytes
+/// (C9-94): the port's `max_msg_sz`.
+pub const MAX_MSG_SIZE: u64 = 1 << 31;
+
 /// Inline bytes a send work request holds (the device's `max_inline_data`).
 pub const MAX_INLINE: usize = 256;
 
@@ -580,8 +584,8 @@ impl QpConfig {
                 ));
             }
         }
-        if len > u64::from(u32::MAX) {
-            return Err(VerbsError::BadWr("message longer than 2^32-1"));
+        if len > MAX_MSG_SIZE {
+            return Err(VerbsError::BadWr("message longer than max_msg_sz (2^31)"));
         }
         if wr.inline && (wr.op.is_read_or_atomic() || len > u64::from(self.max_inline)) {
             return Err(VerbsError::BadWr("inline data too long or not allowed"));

@@ -712,3 +712,69 @@ fn send_with_invalidate_of_a_plain_mr_is_an_invalid_request() {
     assert_eq!(s[0].status, WcStatus::RemInvReqErr);
     assert_eq!(r[0].status, WcStatus::RemInvReqErr);
 }
+
+/// C9-94: a READ request whose RETH DMA length is above 2^31 is an invalid
+/// request (RXE answers it so): the responder NAKs it without reading, and
+/// the requester completes with REM_INV_REQ_ERR.
+#[test]
+fn a_dma_length_above_2_pow_31_is_an_invalid_request() {
+    use burst_wire::RoceFrame;
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 5);
+    p.w.sent_log = Some(Vec::new());
+    let (rk, ra) = p.buf(1, 64, 3);
+    let (lk, la) = p.buf(0, 64, 0);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Read {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        [Sge {
+            addr: la,
+            length: 64,
+            lkey: lk,
+        }],
+    ));
+    let (wa, _) = p.run(1, 0);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    let mut read =
+        p.w.sent_log
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|(dst, b)| *dst == 1 && b.len() > 28 && b[28] == Opcode::RC_RDMA_READ_REQUEST.0)
+            .map(|(_, b)| b)
+            .expect("the READ request was sent");
+    // The same request, its DMA length (RETH bytes 12..16, after the
+    // 20-byte IP, 8-byte UDP and 12-byte BTH headers) set to 2^31 + 1, at
+    // the next PSN, ICRC sealed again.
+    read[52..56].copy_from_slice(&(0x8000_0001u32).to_be_bytes());
+    read[36..40].copy_from_slice(&(6u32 & 0xff_ffff).to_be_bytes());
+    let crc = RoceFrame::parse_ip(&read).unwrap().computed_icrc();
+    let n = read.len();
+    read[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    let b = p.b;
+    let before = *p.w.qps[b].1.counters();
+    p.w.sent_log = Some(Vec::new());
+    p.w.inject(1, read);
+    p.w.run(1_000_000, |_| false);
+    let naks: Vec<Vec<u8>> =
+        p.w.sent_log
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(dst, _)| *dst == 0)
+            .map(|(_, b)| b)
+            .collect();
+    assert_eq!(naks.len(), 1, "one answer");
+    let f = RoceFrame::parse_ip(&naks[0]).unwrap();
+    assert_eq!(f.ib.bth().opcode(), Opcode::RC_ACKNOWLEDGE);
+    let aeth = f.ib.aeth().unwrap();
+    assert_eq!(
+        burst_wire::Syndrome::from_byte(aeth.syndrome()),
+        burst_wire::Syndrome::Nak(burst_wire::NakCode::InvalidRequest)
+    );
+    // Nothing was read or replayed for it.
+    let after = *p.w.qps[b].1.counters();
+    assert_eq!(after.sent_pkts, before.sent_pkts + 1);
+}

@@ -160,7 +160,7 @@ impl DeviceAttr {
             max_srq: MAX_QP,
             max_srq_wr: MAX_QP_WR,
             max_qp_rd_atom: u32::from(burst_transport::MAX_RD_ATOMIC),
-            max_msg_sz: u32::MAX,
+            max_msg_sz: burst_transport::MAX_MSG_SIZE as u32,
         }
     }
 }
@@ -178,6 +178,8 @@ pub struct PortAttr {
     pub link_layer_ethernet: bool,
     /// GID table length.
     pub gid_tbl_len: u32,
+    /// Longest message (2^31, the IBA's limit: C9-94).
+    pub max_msg_sz: u32,
 }
 
 impl PortAttr {
@@ -189,6 +191,7 @@ impl PortAttr {
             active_mtu,
             link_layer_ethernet: true,
             gid_tbl_len: 1,
+            max_msg_sz: burst_transport::MAX_MSG_SIZE as u32,
         }
     }
 }

@@ -49,6 +49,8 @@ impl Qp {
             {
                 self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }
+            // IBA 10.7.3.1: an error always generates a completion, even
+            // for an unsignaled work request.
             if w.status != WcStatus::Success || w.wr.signaled {
                 self.completions.push_back(WorkCompletion {
                     wr_id: w.wr.wr_id,

@@ -8,6 +8,9 @@
 
 use super::*;
 
+/// C9-94: the largest DMA length a RETH may carry.
+const MAX_DMA_LENGTH: u64 = MAX_MSG_SIZE;
+
 impl Qp {
     pub(super) fn credits(&self) -> Credits {
         if self.cfg.srq {
@@ -56,6 +59,7 @@ impl Qp {
                 };
                 let off = u64::from(k) * mtu;
                 let len = (job.len - off.min(job.len)).min(mtu);
+                // C9-96: READ response k carries the request's PSN + k.
                 let mut ib = IbRepr::new(BthRepr::new(op, dest, job.first_psn + k));
                 if op != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
                     ib.aeth = aeth(Syndrome::Ack(credits));
@@ -80,6 +84,8 @@ impl Qp {
         Some(Transmit { ib, payload, ah })
     }
 
+    /// Queues an ACK of the last request taken (C9-95: an ACK carries the
+    /// PSN of the most recent request packet it acknowledges).
     pub(super) fn queue_ack(&mut self) {
         self.resp.ack_psn = self.resp.epsn - 1;
         self.resp.unacked_pkts = 0;
@@ -88,6 +94,9 @@ impl Qp {
         }
     }
 
+    /// Queues a NAK at the expected PSN (class C errors: invalid request,
+    /// remote access, remote operational) and moves the QP to the error
+    /// state (NAKs already owed still go out).
     pub(super) fn nak(&mut self, code: NakCode) {
         self.counters.send_err += 1;
         let psn = self.resp.epsn;
@@ -100,10 +109,13 @@ impl Qp {
         let psn = bth.psn();
         let d = self.resp.epsn.distance_to(psn);
         if d < 0 {
+            // C9-105: a duplicate is answered again, never executed again.
             self.rc_duplicate(pkt, mem);
             return;
         }
         if d > 0 {
+            // Class B error (PSN sequence): dropped, with one NAK until
+            // the expected PSN arrives.
             self.counters.out_of_seq_request += 1;
             if !self.resp.nak_outstanding {
                 self.resp.nak_outstanding = true;
@@ -123,7 +135,8 @@ impl Qp {
         let starts = matches!(pos, Position::First | Position::Only);
         let ends = matches!(pos, Position::Last | Position::Only);
         let mtu = self.attrs.mtu.bytes();
-        // Packet length rules of the path MTU.
+        // C9-92: a first or middle packet carries exactly the path MTU, a
+        // last one 1..=MTU, an only one at most MTU (class C: NAK invalid).
         if self
             .attrs
             .mtu
@@ -146,6 +159,7 @@ impl Qp {
                     return;
                 }
                 if starts {
+                    // No receive WQE: class B, RNR NAK.
                     let Some(wr) = self.resp.rq.pop_front() else {
                         self.rnr_nak();
                         return;
@@ -196,6 +210,8 @@ impl Qp {
                     );
                     wc.imm_data = pkt.imm_dt().map(|i| i.imm());
                     if let Some(i) = pkt.ieth() {
+                        // Class J: an rkey that cannot be invalidated
+                        // completes the receive in error (REM_INV_REQ).
                         if mem.invalidate(pd, i.rkey()).is_err() {
                             self.completions.push_back(WorkCompletion {
                                 status: WcStatus::RemInvReqErr,
@@ -224,6 +240,14 @@ impl Qp {
                 if starts {
                     let Some(r) = pkt.reth() else { return };
                     let len = u64::from(r.dma_length());
+                    // C9-94: a DMA length above 2^31 is invalid.
+                    if len > MAX_DMA_LENGTH {
+                        self.nak(NakCode::InvalidRequest);
+                        return;
+                    }
+                    // Class C: rights or rkey refused, NAK remote access.
+                    // C9-88: a zero-length WRITE names no memory, so its
+                    // rkey and address are not checked.
                     if !self.attrs.access.remote_write {
                         self.nak(NakCode::RemoteAccessError);
                         return;
@@ -302,6 +326,12 @@ impl Qp {
                 }
                 let Some(r) = pkt.reth() else { return };
                 let len = u64::from(r.dma_length());
+                // C9-94.
+                if len > MAX_DMA_LENGTH {
+                    self.nak(NakCode::InvalidRequest);
+                    return;
+                }
+                // C9-88 for a zero-length READ, as for a WRITE.
                 if !self.attrs.access.remote_read
                     || (len > 0
                         && mem
@@ -331,6 +361,7 @@ impl Qp {
                     npkts,
                     next_pkt: 0,
                 }));
+                // C9-148: a READ counts in the MSN when it is accepted.
                 self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
             }
             Operation::CompareSwap | Operation::FetchAdd => {
