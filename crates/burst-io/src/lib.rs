@@ -348,8 +348,6 @@ pub const SOCKET_BUFFER: usize = 16 << 20;
 pub struct UdpPort {
     sock: UdpSocket,
     local: SocketAddr,
-    /// ICRC checking with the IP ID solved for (see [`UdpPort::check_icrc`]).
-    icrc: icrc::Checker,
     /// Send runs of packets as one GSO message (`UDP_SEGMENT`).
     gso: bool,
 }
@@ -385,12 +383,7 @@ impl UdpPort {
         sys::set_udp_opt(&sock, libc::UDP_GRO, 1);
         let gso = sys::gso_supported(&sock) && std::env::var_os("BURST_NO_GSO").is_none();
         let local = sock.local_addr()?;
-        Ok(UdpPort {
-            sock,
-            local,
-            icrc: icrc::Checker::new(),
-            gso,
-        })
+        Ok(UdpPort { sock, local, gso })
     }
 
     /// Blocks until a datagram is waiting or `timeout` passes; returns
@@ -425,12 +418,6 @@ impl UdpPort {
     pub fn seal_burst(&self, bufs: &mut [PacketBuf]) -> usize {
         self.assign_ip_ids(bufs);
         seal_all(self.local, bufs)
-    }
-
-    /// Checks the ICRC of a packet received from `src` on this port: the
-    /// socket hides the IP ID, so it is solved for (IPv4).
-    pub fn check_icrc(&mut self, src: SocketAddr, ib: &[u8]) -> IcrcCheck {
-        self.icrc.check(src, self.local, ib, None)
     }
 }
 
