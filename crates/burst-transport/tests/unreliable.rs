@@ -147,3 +147,70 @@ fn workload_seeds_pass_under_faults() {
         assert!(s.ops > 0 && s.net.lost > 0);
     }
 }
+
+/// UC WRITE WITH IMMEDIATE needs a receive WQE, as RC's does: without one
+/// the message is dropped (class D) before its last packet lands, and the
+/// next one, with a receive posted, completes (the placement code RC and
+/// UC share).
+#[test]
+fn uc_write_with_imm_without_a_receive_is_dropped() {
+    let mut w = World::new(2, 2, Faults::default());
+    let a = w.add_qp(0, QpType::Uc, Mtu::Mtu1024);
+    let b = w.add_qp(1, QpType::Uc, Mtu::Mtu1024);
+    w.connect(a, Some(b), Mtu::Mtu1024, Psn::new(1), Psn::new(9))
+        .unwrap();
+    let (k, ad) = w.mems[0].register(1, 512, Access::ALL);
+    w.mems[0].bytes_mut(k).fill(5);
+    let (rk, ra) = w.mems[1].register(1, 1024, Access::ALL);
+    let write = |id: u64, off: u64| {
+        SendWr::new(
+            id,
+            SendOp::WriteWithImm {
+                remote_addr: ra + off,
+                rkey: rk,
+                imm: id as u32,
+            },
+            sge(k, ad, 512),
+        )
+    };
+    {
+        let (n, q) = &mut w.qps[a];
+        q.post_send(write(1, 0), &w.mems[*n]).unwrap();
+    }
+    assert!(w.run(1_000_000_000, |w| w.completions[a].len() == 1));
+    w.run(10_000_000, |_| false);
+    assert!(w.completions[b].is_empty(), "no receive, no completion");
+    assert!(
+        w.mems[1].bytes(rk)[..512].iter().all(|&x| x == 0),
+        "dropped before its (only) packet landed"
+    );
+    assert_eq!(w.qps[b].1.counters().dropped_pkts, 1);
+    {
+        let (n, q) = &mut w.qps[b];
+        q.post_recv(
+            RecvWr {
+                wr_id: 8,
+                sg_list: SgList::new(),
+            },
+            &w.mems[*n],
+        )
+        .unwrap();
+    }
+    {
+        let (n, q) = &mut w.qps[a];
+        q.post_send(write(2, 512), &w.mems[*n]).unwrap();
+    }
+    assert!(w.run(1_000_000_000, |w| !w.completions[b].is_empty()));
+    let r = w.completions[b].pop_front().unwrap();
+    assert_eq!(
+        (r.wr_id, r.status, r.opcode, r.byte_len, r.imm_data),
+        (
+            8,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            512,
+            Some(2)
+        )
+    );
+    assert!(w.mems[1].bytes(rk)[512..].iter().all(|&x| x == 5));
+}

@@ -3,6 +3,7 @@
 //! work, received packets and time.
 
 mod completer;
+mod placement;
 mod requester;
 mod responder;
 mod unreliable;

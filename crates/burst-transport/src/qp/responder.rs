@@ -6,10 +6,8 @@
 //! sequence error NAK it stays quiet for new requests until the expected
 //! PSN arrives, but still answers duplicates.
 
+use super::placement::Refusal;
 use super::*;
-
-/// C9-94: the largest DMA length a RETH may carry.
-const MAX_DMA_LENGTH: u64 = MAX_MSG_SIZE;
 
 impl Qp {
     pub(super) fn credits(&self) -> Credits {
@@ -94,6 +92,18 @@ impl Qp {
         }
     }
 
+    /// Answers a payload that could not be placed: an RNR NAK when a
+    /// receive WQE is missing (class B), else a NAK that moves the QP to
+    /// the error state (class C).
+    fn refuse(&mut self, why: Refusal) {
+        match why {
+            Refusal::NoReceive => self.rnr_nak(),
+            Refusal::TooLong | Refusal::Length => self.nak(NakCode::InvalidRequest),
+            Refusal::LocalProtection => self.nak(NakCode::RemoteOperationalError),
+            Refusal::RemoteAccess => self.nak(NakCode::RemoteAccessError),
+        }
+    }
+
     /// Queues a NAK at the expected PSN (class C errors: invalid request,
     /// remote access, remote operational) and moves the QP to the error
     /// state (NAKs already owed still go out).
@@ -158,73 +168,30 @@ impl Qp {
                     self.nak(NakCode::InvalidRequest);
                     return;
                 }
-                if starts {
-                    // No receive WQE: class B, RNR NAK.
-                    let Some(wr) = self.resp.rq.pop_front() else {
-                        self.rnr_nak();
-                        return;
-                    };
-                    self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
-                }
-                let Some(cur) = self.resp.cur_recv.as_mut() else {
-                    return;
-                };
-                let data = pkt.payload();
-                if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list) {
-                    let wr = cur.wr.wr_id;
-                    self.resp.cur_recv = None;
-                    self.completions.push_back(recv_wc(
-                        self.cfg.qpn,
-                        wr,
-                        WcStatus::LocLenErr,
-                        WcOpcode::Recv,
-                        0,
-                    ));
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                if mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err() {
-                    let wr = cur.wr.wr_id;
-                    self.resp.cur_recv = None;
-                    self.completions.push_back(recv_wc(
-                        self.cfg.qpn,
-                        wr,
-                        WcStatus::LocProtErr,
-                        WcOpcode::Recv,
-                        0,
-                    ));
-                    self.nak(NakCode::RemoteOperationalError);
-                    return;
-                }
-                cur.offset += data.len() as u64;
-                if ends {
-                    let Some(cur) = self.resp.cur_recv.take() else {
-                        return;
-                    };
-                    let mut wc = recv_wc(
-                        self.cfg.qpn,
-                        cur.wr.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::Recv,
-                        cur.offset as u32,
-                    );
-                    wc.imm_data = pkt.imm_dt().map(|i| i.imm());
-                    if let Some(i) = pkt.ieth() {
-                        // Class J: an rkey that cannot be invalidated
-                        // completes the receive in error (REM_INV_REQ).
-                        if mem.invalidate(pd, i.rkey()).is_err() {
-                            self.completions.push_back(WorkCompletion {
-                                status: WcStatus::RemInvReqErr,
-                                ..wc
-                            });
-                            self.nak(NakCode::InvalidRequest);
-                            return;
+                match self.place_send(pkt, starts, ends, mem) {
+                    Ok(None) => {}
+                    Ok(Some(mut wc)) => {
+                        if let Some(i) = pkt.ieth() {
+                            // Class J: an rkey that cannot be invalidated
+                            // completes the receive in error (REM_INV_REQ).
+                            if mem.invalidate(pd, i.rkey()).is_err() {
+                                self.completions.push_back(WorkCompletion {
+                                    status: WcStatus::RemInvReqErr,
+                                    ..wc
+                                });
+                                self.nak(NakCode::InvalidRequest);
+                                return;
+                            }
+                            wc.invalidated_rkey = Some(i.rkey());
                         }
-                        wc.invalidated_rkey = Some(i.rkey());
+                        self.completions.push_back(wc);
+                        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+                        self.counters.rdma_recvs += 1;
                     }
-                    self.completions.push_back(wc);
-                    self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
-                    self.counters.rdma_recvs += 1;
+                    Err(why) => {
+                        self.refuse(why);
+                        return;
+                    }
                 }
             }
             Operation::RdmaWrite => {
@@ -232,86 +199,13 @@ impl Qp {
                     self.nak(NakCode::InvalidRequest);
                     return;
                 }
-                // WRITE WITH IMM needs a receive WQE: refuse before any side effect.
-                if ends && pkt.imm_dt().is_some() && self.resp.rq.is_empty() {
-                    self.rnr_nak();
-                    return;
-                }
-                if starts {
-                    let Some(r) = pkt.reth() else { return };
-                    let len = u64::from(r.dma_length());
-                    // C9-94: a DMA length above 2^31 is invalid.
-                    if len > MAX_DMA_LENGTH {
-                        self.nak(NakCode::InvalidRequest);
+                match self.place_write(pkt, pos, mem) {
+                    Ok(true) => self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff,
+                    Ok(false) => {}
+                    Err(why) => {
+                        self.refuse(why);
                         return;
                     }
-                    // Class C: rights or rkey refused, NAK remote access.
-                    // C9-88: a zero-length WRITE names no memory, so its
-                    // rkey and address are not checked.
-                    if !self.attrs.access.remote_write {
-                        self.nak(NakCode::RemoteAccessError);
-                        return;
-                    }
-                    if len > 0
-                        && mem
-                            .check_remote(
-                                pd,
-                                r.rkey(),
-                                r.virtual_address(),
-                                len,
-                                RemoteAccess::Write,
-                            )
-                            .is_err()
-                    {
-                        self.nak(NakCode::RemoteAccessError);
-                        return;
-                    }
-                    if (pos == Position::Only && pkt.payload_len() as u64 != len)
-                        || (pos == Position::First && len <= mtu as u64)
-                    {
-                        self.nak(NakCode::InvalidRequest);
-                        return;
-                    }
-                    self.resp.cur_write = Some(WriteInProgress {
-                        rkey: r.rkey(),
-                        va: r.virtual_address(),
-                        remaining: len,
-                        total: len,
-                    });
-                }
-                let Some(mut w) = self.resp.cur_write else {
-                    return;
-                };
-                let data = pkt.payload();
-                if data.len() as u64 > w.remaining || (ends && data.len() as u64 != w.remaining) {
-                    self.resp.cur_write = None;
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                if !data.is_empty() && mem.write_remote(w.rkey, w.va, data).is_err() {
-                    self.resp.cur_write = None;
-                    self.nak(NakCode::RemoteAccessError);
-                    return;
-                }
-                w.va += data.len() as u64;
-                w.remaining -= data.len() as u64;
-                self.resp.cur_write = Some(w);
-                if ends {
-                    self.resp.cur_write = None;
-                    if let Some(imm) = pkt.imm_dt() {
-                        if let Some(wr) = self.resp.rq.pop_front() {
-                            let mut wc = recv_wc(
-                                self.cfg.qpn,
-                                wr.wr_id,
-                                WcStatus::Success,
-                                WcOpcode::RecvRdmaWithImm,
-                                w.total as u32,
-                            );
-                            wc.imm_data = Some(imm.imm());
-                            self.completions.push_back(wc);
-                        }
-                    }
-                    self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
                 }
             }
             Operation::RdmaReadRequest => {
@@ -326,8 +220,8 @@ impl Qp {
                 }
                 let Some(r) = pkt.reth() else { return };
                 let len = u64::from(r.dma_length());
-                // C9-94.
-                if len > MAX_DMA_LENGTH {
+                // C9-94: a DMA length above 2^31 is invalid.
+                if len > MAX_MSG_SIZE {
                     self.nak(NakCode::InvalidRequest);
                     return;
                 }

@@ -3,6 +3,7 @@
 //! whole and its receive WQE reused, a UD datagram is checked against the
 //! Q_Key and lands after its 40-byte GRH area.
 
+use super::placement::Refusal;
 use super::*;
 
 impl Qp {
@@ -43,106 +44,27 @@ impl Qp {
             self.uc_drop();
             return;
         }
-        let data = pkt.payload();
-        match info.operation {
-            Operation::Send => {
-                if starts {
-                    let Some(wr) = self.resp.rq.pop_front() else {
-                        self.counters.dropped_pkts += 1;
-                        return;
-                    };
-                    self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
-                }
-                let Some(cur) = self.resp.cur_recv.as_mut() else {
-                    return;
-                };
-                if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list)
-                    || mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err()
-                {
-                    let wr = cur.wr.wr_id;
-                    self.resp.cur_recv = None;
-                    self.completions.push_back(recv_wc(
-                        self.cfg.qpn,
-                        wr,
-                        WcStatus::LocLenErr,
-                        WcOpcode::Recv,
-                        0,
-                    ));
-                    return;
-                }
-                cur.offset += data.len() as u64;
-                if ends {
-                    let Some(cur) = self.resp.cur_recv.take() else {
-                        return;
-                    };
-                    let mut wc = recv_wc(
-                        self.cfg.qpn,
-                        cur.wr.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::Recv,
-                        cur.offset as u32,
-                    );
-                    wc.imm_data = pkt.imm_dt().map(|i| i.imm());
+        let placed = match info.operation {
+            Operation::Send => match self.place_send(pkt, starts, ends, mem) {
+                Ok(Some(wc)) => {
                     self.completions.push_back(wc);
+                    Ok(())
                 }
+                Ok(None) => Ok(()),
+                Err(why) => Err(why),
+            },
+            Operation::RdmaWrite => self.place_write(pkt, pos, mem).map(|_| ()),
+            _ => {
+                self.counters.dropped_pkts += 1;
+                return;
             }
-            Operation::RdmaWrite => {
-                if starts {
-                    let Some(r) = pkt.reth() else { return };
-                    let len = u64::from(r.dma_length());
-                    if !self.attrs.access.remote_write
-                        || (len > 0
-                            && mem
-                                .check_remote(
-                                    self.cfg.pd,
-                                    r.rkey(),
-                                    r.virtual_address(),
-                                    len,
-                                    RemoteAccess::Write,
-                                )
-                                .is_err())
-                    {
-                        self.uc_drop();
-                        return;
-                    }
-                    self.resp.cur_write = Some(WriteInProgress {
-                        rkey: r.rkey(),
-                        va: r.virtual_address(),
-                        remaining: len,
-                        total: len,
-                    });
-                }
-                let Some(mut w) = self.resp.cur_write else {
-                    return;
-                };
-                if data.len() as u64 > w.remaining || (ends && data.len() as u64 != w.remaining) {
-                    self.uc_drop();
-                    return;
-                }
-                if !data.is_empty() && mem.write_remote(w.rkey, w.va, data).is_err() {
-                    self.uc_drop();
-                    return;
-                }
-                w.va += data.len() as u64;
-                w.remaining -= data.len() as u64;
-                self.resp.cur_write = if ends { None } else { Some(w) };
-                if ends {
-                    if let Some(imm) = pkt.imm_dt() {
-                        if let Some(wr) = self.resp.rq.pop_front() {
-                            let mut wc = recv_wc(
-                                self.cfg.qpn,
-                                wr.wr_id,
-                                WcStatus::Success,
-                                WcOpcode::RecvRdmaWithImm,
-                                w.total as u32,
-                            );
-                            wc.imm_data = Some(imm.imm());
-                            self.completions.push_back(wc);
-                        }
-                    }
-                }
-            }
-            _ => self.counters.dropped_pkts += 1,
+        };
+        match placed {
+            Ok(()) => {}
+            // The receive completed with the error already.
+            Err(Refusal::TooLong | Refusal::LocalProtection) => {}
+            // Class D: the message is dropped.
+            Err(Refusal::NoReceive | Refusal::RemoteAccess | Refusal::Length) => self.uc_drop(),
         }
     }
 
