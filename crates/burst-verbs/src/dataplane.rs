@@ -59,7 +59,7 @@ pub(crate) struct Device<P: Port = AnyPort> {
     port_mtu: Mtu,
     counters: DeviceCounters,
     /// Linger on drop to re-ACK a peer's retransmissions ([`LINGER`]): on
-    /// real networks only, where the device clock is the wall clock.
+    /// the wall clock only (a simulation's manual clock turns it off).
     linger: bool,
     /// Asynchronous events not yet taken ([`Device::take_async_events`]).
     events: Vec<AsyncEvent>,
@@ -101,7 +101,7 @@ impl<P: Port> Device<P> {
             last_rx: 0,
             port_mtu,
             counters: DeviceCounters::default(),
-            linger: false,
+            linger: true,
             events: Vec::new(),
             panic_for: None,
         }
