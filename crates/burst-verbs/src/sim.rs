@@ -419,8 +419,12 @@ impl RxHarness {
         let ah = ctx.create_ah(peer_gid).expect("the engine runs");
         let mut qpns = [Qpn::default(); 3];
         for (i, t) in [QpType::Rc, QpType::Uc, QpType::Ud].into_iter().enumerate() {
+            // Small queues: the fuzz target builds a harness per input.
+            let mut init = QpInit::new(t, pd);
+            init.caps.max_send_wr = 16;
+            init.caps.max_recv_wr = 16;
             let qpn = ctx
-                .create_qp_with(&QpInit::new(t, pd), cq, cq)
+                .create_qp_with(&init, cq, cq)
                 .expect("default sizes are within the device limits")
                 .qpn();
             let peer =
