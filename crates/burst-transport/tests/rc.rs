@@ -778,3 +778,27 @@ fn a_dma_length_above_2_pow_31_is_an_invalid_request() {
     let after = *p.w.qps[b].1.counters();
     assert_eq!(after.sent_pkts, before.sent_pkts + 1);
 }
+
+/// Model seed 41568 (sweep of seeds 40000-42999): a 3 MiB READ lost a
+/// response packet; every later packet of the stream asked for the READ
+/// again from a new PSN, each start of a replay behind the last, until
+/// 82,000 packets had crossed and the requester ran out of retries. One
+/// re-request per READ until the ACK timer expires (RXE asks for none).
+#[test]
+fn a_gap_in_read_responses_asks_for_the_read_once() {
+    use burst_transport::sim::{run_workload, WorkloadOptions};
+    let o = WorkloadOptions {
+        faults: Faults {
+            loss: 0.0567,
+            reorder: 0.0335,
+            dup: 0.0102,
+            corrupt: 0.0068,
+            ..Faults::default()
+        },
+        ops_per_pair: 40,
+        max_size: 3 << 20,
+        ..WorkloadOptions::default()
+    };
+    let s = run_workload(41568, &o).unwrap_or_else(|e| panic!("{e}"));
+    assert!(s.ops > 0 && s.retransmitted > 0, "{s:?}");
+}

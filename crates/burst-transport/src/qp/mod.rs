@@ -100,6 +100,9 @@ struct SendWqe {
     next_pkt: u32,
     /// READ response packets placed so far.
     read_got: u32,
+    /// A READ whose responses showed a gap was asked for again from the
+    /// gap; until the ACK timer expires, later gaps ask for nothing more.
+    read_rerequested: bool,
     done: bool,
     status: WcStatus,
 }
@@ -606,6 +609,7 @@ impl Qp {
             npsn,
             next_pkt: 0,
             read_got: 0,
+            read_rerequested: false,
             done: status != WcStatus::Success,
             status,
         };

@@ -40,6 +40,9 @@ impl Qp {
             self.req.retry_left -= 1;
             let una = self.req.una_psn;
             self.req.last_rewind = None;
+            for w in self.req.sq.iter_mut() {
+                w.read_rerequested = false;
+            }
             self.rewind(una);
             self.req.timer = self.ack_timeout_ns().map(|d| now + d);
         }
