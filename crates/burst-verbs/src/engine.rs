@@ -1,13 +1,19 @@
-//! The engine: a data-plane thread that owns the port and the queue pairs,
-//! and the front-end handle applications use from any thread.
+//! The engine: the one device API. It owns the data-plane core (the port
+//! and the queue pairs), stepped by its own thread ([`Drive::Thread`]) or
+//! only by the application ([`Drive::Caller`]), and hands out the
+//! front-end handle applications use from any thread ([`Context`]).
 //!
-//! Applications never touch the transport. They write work-queue entries into
-//! per-QP rings, ring a doorbell (push the QP number on a multi-producer,
-//! single-consumer queue) and read completions from CQ rings. Ring entries
-//! hold no pointers, only integers (addresses in registered memory, lengths,
-//! keys, QP numbers), so the same rings can later live in memory shared
-//! between an application and a daemon process. Memory registration goes
-//! straight to the shared [`MrTable`], which is built for concurrent use.
+//! Applications never touch the transport. A posted work request is checked
+//! once ([`burst_transport::QpConfig::check_send`]); then a thread that
+//! finds the core free hands it straight to the transport, and otherwise it
+//! goes into the QP's ring with a doorbell (the QP number pushed on a
+//! multi-producer, single-consumer queue) for whoever steps the core next.
+//! Completions are read from CQ rings. Ring entries are the transport's own
+//! `SendWr`/`RecvWr`: no pointers, only integers (addresses in registered
+//! memory, lengths, keys, QP numbers) and fixed arrays, so the same rings can
+//! later live in memory shared between an application and a daemon process.
+//! Memory registration goes straight to the shared [`MrTable`], which is
+//! built for concurrent use.
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
