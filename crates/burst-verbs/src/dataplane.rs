@@ -271,10 +271,10 @@ impl<P: Port> Device<P> {
         r
     }
 
-    /// `ibv_post_recv`.
-    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
+    /// Takes a receive that passed `QpConfig::check_recv` when it was posted.
+    pub fn post_recv_checked(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
         let mem = self.mrs.memory();
-        slot_in(&mut self.qps, qpn)?.qp.post_recv(wr, &mem)
+        slot_in(&mut self.qps, qpn)?.qp.post_recv_checked(wr, &mem)
     }
 
     /// Takes a WR that passed [`burst_transport::QpConfig::check_send`] when

@@ -720,7 +720,7 @@ impl Core {
         while let Some(w) = r.recv.pop() {
             busy = true;
             let id = w.wr_id;
-            if dev.post_recv(r.qpn, w).is_err() {
+            if dev.post_recv_checked(r.qpn, w).is_err() {
                 spill.push_back(Spill {
                     cq: r.recv_cq.0 as usize,
                     wc: refused(id, WcOpcode::Recv, r.qpn),
@@ -752,7 +752,7 @@ impl Core {
     fn post_recv_now(&mut self, r: &QpRings, wr: RecvWr) -> Result<(), PostError> {
         let dev = self.dev.as_mut().ok_or(PostError::Stopped)?;
         Core::take_rings(dev, &mut self.spill, r);
-        dev.post_recv(r.qpn, wr).map_err(PostError::Refused)
+        dev.post_recv_checked(r.qpn, wr).map_err(PostError::Refused)
     }
 
     /// One round: control requests, doorbells, transmit (and, for a full

@@ -629,6 +629,14 @@ impl Qp {
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
         self.cfg.check_recv(&wr)?;
+        self.post_recv_checked(wr, mem)
+    }
+
+    /// Takes a receive that passed [`QpConfig::check_recv`] when it was
+    /// posted (as [`Qp::post_send_checked`] for sends): only what depends
+    /// on the moment is checked (state, room in the receive queue).
+    pub fn post_recv_checked(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
+        debug_assert_eq!(self.cfg.check_recv(&wr).err(), None);
         if self.state == QpState::Reset {
             return Err(VerbsError::InvalidState(self.state));
         }
