@@ -202,6 +202,48 @@ pub const CASES: &[Case] = &[
         "-F -s 4096 -n 20 -q 4",
     ),
     pt("ib_read_lat 2 B", "ib_read_lat", "-F -s 2 -n 20"),
+    // Many QPs at once (issue 12): without congestion control burst overran
+    // RXE and ended in RETRY_EXC_ERR (2 of 4 runs at 8 x 4 KiB).
+    pt(
+        "ib_write_bw 4 KiB -q 8",
+        "ib_write_bw",
+        "-F -s 4096 -n 400 -q 8",
+    ),
+    pt(
+        "ib_write_bw 4 KiB -q 16",
+        "ib_write_bw",
+        "-F -s 4096 -n 200 -q 16",
+    ),
+    pt(
+        "ib_write_bw 64 KiB -q 8",
+        "ib_write_bw",
+        "-F -s 65536 -n 25 -q 8",
+    ),
+    pt(
+        "ib_write_bw 64 KiB -q 16",
+        "ib_write_bw",
+        "-F -s 65536 -n 12 -q 16",
+    ),
+    pt(
+        "ib_read_bw 4 KiB -q 8",
+        "ib_read_bw",
+        "-F -s 4096 -n 400 -q 8",
+    ),
+    pt(
+        "ib_read_bw 4 KiB -q 16",
+        "ib_read_bw",
+        "-F -s 4096 -n 200 -q 16",
+    ),
+    pt(
+        "ib_read_bw 64 KiB -q 8",
+        "ib_read_bw",
+        "-F -s 65536 -n 25 -q 8",
+    ),
+    pt(
+        "ib_read_bw 64 KiB -q 16",
+        "ib_read_bw",
+        "-F -s 65536 -n 12 -q 16",
+    ),
     pt("ib_send_bw 64 KiB", "ib_send_bw", "-F -s 65536 -n 20"),
     pt("ib_send_bw 4 KiB -b", "ib_send_bw", "-F -s 4096 -n 20 -b"),
     pt("ib_send_lat 2 B", "ib_send_lat", "-F -s 2 -n 20"),
@@ -274,6 +316,11 @@ pub const QUICK: &[Case] = &[
         "-q 4 -s 4096 -n 5 -c -e",
     ),
     pt("ib_write_bw 64 KiB", "ib_write_bw", "-F -s 65536 -n 20"),
+    pt(
+        "ib_write_bw 4 KiB -q 8",
+        "ib_write_bw",
+        "-F -s 4096 -n 400 -q 8",
+    ),
     pt("ib_send_lat 2 B", "ib_send_lat", "-F -s 2 -n 20"),
 ];
 

@@ -2,6 +2,7 @@
 //! README and `.ci/run` both call it.
 
 mod bench;
+mod congestion;
 mod dropin;
 
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
        cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
        cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]...
+       cargo xtask congestion [FLOWS]...
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -38,7 +40,10 @@ dropin  build the drop-in libibverbs (target/dropin), check its exports
         against rdma-core 44's, and run the Debian tools on it: on loopback
         (default), over a veth pair (--veth), against RXE (--rxe);
         --numbers: perftest on burst next to iperf3/sockperf (TCP) over the
-        veth pair, 3 alternating rounds";
+        veth pair, 3 alternating rounds
+congestion  flows through a shared bottleneck on simulated time under each
+        congestion control (default 8 and 64 flows): plots of each flow's
+        rate and the queue, docs/congestion-report.md";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -321,6 +326,31 @@ fn test(args: &[String]) -> ExitCode {
             step("pcap-check", &mut c),
         ));
     }
+
+    // Congestion control through a shared bottleneck on simulated time:
+    // 2 to 64 flows share it fairly with a bounded queue, and overflow it
+    // without control (burst-verbs examples/bottleneck.rs --check).
+    let mut bn = cargo(
+        &root,
+        &[
+            "run",
+            "--release",
+            "-q",
+            "-p",
+            "burst-verbs",
+            "--example",
+            "bottleneck",
+            "--",
+            "--check",
+            "2",
+            "16",
+            "64",
+        ],
+    );
+    results.push((
+        "bottleneck (congestion control, 2-64 flows)",
+        step("bottleneck", &mut bn),
+    ));
 
     // The deterministic simulation through the real data plane (Device over
     // the in-memory port): a thousand seeds across loss 0-10%, reordering
@@ -761,6 +791,7 @@ fn main() -> ExitCode {
         Some("dropin") => dropin_cmd(&args[1..]),
         Some("bench") => bench::bench(&root(), &args[1..]),
         Some("sweep") => sweep(&args[1..]),
+        Some("congestion") => congestion::report(&root(), &args[1..]),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)

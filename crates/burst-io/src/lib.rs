@@ -381,6 +381,8 @@ impl UdpPort {
         // Coalesced receive is optional: without it each packet is its own
         // datagram, which RxBatch handles the same way.
         sys::set_udp_opt(&sock, libc::UDP_GRO, 1);
+        // Best effort: without it packets leave Not-ECT and CE goes unseen.
+        let _ = sys::set_ecn(&sock, ip.is_ipv4());
         let gso = sys::gso_supported(&sock) && std::env::var_os("BURST_NO_GSO").is_none();
         let local = sock.local_addr()?;
         Ok(UdpPort { sock, local, gso })

@@ -43,8 +43,16 @@ pub struct SimFaults {
     /// Packets a receiver's queue holds; more are dropped (0: no limit).
     pub rx_queue: usize,
     /// Mark CE (ECN 3) on packets that find at least this many queued ahead
-    /// of them at the receiver (0: never).
+    /// of them at the receiver (0: never): `Kmin` of RED marking.
     pub ecn_threshold: usize,
+    /// RED marking as DCQCN's switches do (Zhu et al. 2015, §4: `Kmin`,
+    /// `Kmax`, `Pmax`): between [`SimFaults::ecn_threshold`] and this many
+    /// queued, mark with a probability rising linearly to
+    /// [`SimFaults::ecn_pmax`]; from here on, mark every packet. 0: step
+    /// marking at the threshold.
+    pub ecn_max: usize,
+    /// See [`SimFaults::ecn_max`].
+    pub ecn_pmax: f64,
     /// Hide the IP ID from receivers, as a UDP socket does (the receiver
     /// must solve for it); else [`crate::RxMeta::ip_id`] carries it.
     pub hide_ip_id: bool,
@@ -64,6 +72,8 @@ impl Default for SimFaults {
             rx_gbps: 0,
             rx_queue: 0,
             ecn_threshold: 0,
+            ecn_max: 0,
+            ecn_pmax: 0.0,
             hide_ip_id: false,
         }
     }
@@ -86,6 +96,9 @@ pub struct SimStats {
     pub overflowed: u64,
     /// Marked CE.
     pub ecn_marked: u64,
+    /// The most packets a receiver's queue held (in flight to it and
+    /// waiting), seen as packets arrived: the bottleneck queue's peak.
+    pub max_rx_queue: u64,
     /// Sent to an address no port has.
     pub unroutable: u64,
     /// Handed to a receiving port.
@@ -193,6 +206,7 @@ impl Inner {
             self.stats.unroutable += 1;
             return;
         };
+        self.stats.max_rx_queue = self.stats.max_rx_queue.max(queued as u64 + 1);
         if f.rx_queue > 0 && queued >= f.rx_queue {
             self.stats.overflowed += 1;
             return;
@@ -203,7 +217,15 @@ impl Inner {
             let i = self.below(bytes.len() as u64) as usize;
             bytes[i] ^= 1 << self.below(8);
         }
-        let ecn = if f.ecn_threshold > 0 && queued >= f.ecn_threshold {
+        let mark = f.ecn_threshold > 0
+            && queued >= f.ecn_threshold
+            && (f.ecn_max <= f.ecn_threshold
+                || queued >= f.ecn_max
+                || self.chance(
+                    f.ecn_pmax * (queued - f.ecn_threshold) as f64
+                        / (f.ecn_max - f.ecn_threshold) as f64,
+                ));
+        let ecn = if mark {
             self.stats.ecn_marked += 1;
             3
         } else {
@@ -341,6 +363,11 @@ impl SimNet {
     /// What the network did so far.
     pub fn stats(&self) -> SimStats {
         self.lock().stats
+    }
+
+    /// Packets on their way to or waiting at `addr`'s receive queue now.
+    pub fn queue_len(&self, addr: SocketAddr) -> usize {
+        self.lock().rx.get(&addr).map_or(0, |r| r.queue.len())
     }
 }
 

@@ -76,6 +76,21 @@ fn set_int(sock: &UdpSocket, level: libc::c_int, name: libc::c_int, val: libc::c
     }
 }
 
+/// ECN for RoCEv2 (DCQCN): what leaves is ECN-capable, ECT(0) in the IP
+/// TOS / traffic class (RFC 3168), so a switch or qdisc can mark CE instead
+/// of dropping; and the TOS of each received datagram comes with it as a
+/// control message, so the receiver sees CE. Returns whether both took.
+pub(crate) fn set_ecn(sock: &UdpSocket, v4: bool) -> bool {
+    const ECT0: libc::c_int = 0b10;
+    if v4 {
+        set_int(sock, libc::IPPROTO_IP, libc::IP_TOS, ECT0)
+            & set_int(sock, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)
+    } else {
+        set_int(sock, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, ECT0)
+            & set_int(sock, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)
+    }
+}
+
 /// Asks for `bytes` of receive and send buffer: RoCE senders burst a whole
 /// window at once and a drop costs a go-back-N (or a 67 ms timeout), so the
 /// receive queue must hold a window. The FORCE options (root) pass
@@ -180,6 +195,10 @@ pub(crate) fn wait_readable(sock: &UdpSocket, timeout: std::time::Duration) -> i
 /// 64-bit Linux), aligned for `cmsghdr`.
 type Control = [u64; 4];
 
+/// Room for a received message's control data: a `UDP_GRO` segment size and
+/// an `IP_TOS` / `IPV6_TCLASS` (24 bytes each with their headers).
+type RxControl = [u64; 8];
+
 /// The `recvmmsg` headers of an [`RxBatch`], built once: each message's
 /// name, iovec and control pointers point into this boxed struct and at the
 /// batch's boxed buffers, which never move. A call only resets the lengths
@@ -188,7 +207,7 @@ type Control = [u64; 4];
 pub(crate) struct RxHeaders {
     addrs: [SockAddr; BURST],
     iovs: [libc::iovec; BURST],
-    ctrl: [Control; BURST],
+    ctrl: [RxControl; BURST],
     msgs: [libc::mmsghdr; BURST],
     /// Headers built (the batch's buffer count, at most BURST).
     n: usize,
@@ -214,7 +233,7 @@ impl RxHeaders {
         for i in 0..h.n {
             let addr = (&mut h.addrs[i] as *mut SockAddr).cast();
             let iov = &mut h.iovs[i] as *mut libc::iovec;
-            let ctrl = (&mut h.ctrl[i] as *mut Control).cast();
+            let ctrl = (&mut h.ctrl[i] as *mut RxControl).cast();
             let m = &mut h.msgs[i].msg_hdr;
             m.msg_name = addr;
             m.msg_iov = iov;
@@ -236,7 +255,7 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
         // leaves the previous bytes, so clear the family.
         h.addrs[i].sin6_family = 0;
         h.msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<SockAddr>() as libc::socklen_t;
-        h.msgs[i].msg_hdr.msg_controllen = std::mem::size_of::<Control>() as _;
+        h.msgs[i].msg_hdr.msg_controllen = std::mem::size_of::<RxControl>() as _;
         h.msgs[i].msg_hdr.msg_flags = 0;
     }
     // SAFETY: `msgs[..n]` point at live iovecs over the batch's live
@@ -262,32 +281,44 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
     for i in 0..got as usize {
         let m = &h.msgs[i];
         let len = m.msg_len as usize;
+        let (seg, tos) = control(&m.msg_hdr);
         rx.msgs.push(RxMsg {
             len,
-            seg: gro_segment(&m.msg_hdr).unwrap_or(len),
+            seg: seg.unwrap_or(len),
             peer: from_sockaddr(&h.addrs[i]),
             ip_id: None,
-            ecn: 0,
+            ecn: tos & 0b11,
         });
     }
     Ok(())
 }
 
-/// The `UDP_GRO` segment size in a received message's control data.
-fn gro_segment(h: &libc::msghdr) -> Option<usize> {
+/// A received message's control data: the `UDP_GRO` segment size, and the
+/// IP TOS or IPv6 traffic class (0 when absent).
+fn control(h: &libc::msghdr) -> (Option<usize>, u8) {
+    let (mut seg, mut tos) = (None, 0);
     // SAFETY: `h` is a msghdr the kernel filled, whose control pointer and
     // (updated) length describe live memory; the CMSG macros stay within it.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
-                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
-                return usize::try_from(v).ok().filter(|&v| v > 0);
+            let data = libc::CMSG_DATA(c);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_UDP, libc::UDP_GRO) => {
+                    let v = std::ptr::read_unaligned(data.cast::<libc::c_int>());
+                    seg = usize::try_from(v).ok().filter(|&v| v > 0);
+                }
+                // IP_TOS comes as one byte, IPV6_TCLASS as an int.
+                (libc::IPPROTO_IP, libc::IP_TOS) => tos = *data,
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    tos = std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8;
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
     }
-    None
+    (seg, tos)
 }
 
 /// Sends `bufs`, each run of [`gso_run`] as one message (with a

@@ -240,3 +240,53 @@ fn icrc_with_a_nonzero_ip_id_is_solved_for() {
         );
     }
 }
+
+/// ECN through the UDP port: what it sends is ECN-capable (ECT(0), RFC
+/// 3168), and the ECN bits of what arrives (CE set by a congested queue)
+/// reach the receiver in [`RxMeta::ecn`], read from the IP TOS
+/// (`IP_RECVTOS`).
+#[test]
+fn ecn_bits_are_sent_as_ect0_and_seen_on_receive() {
+    use std::os::fd::AsRawFd;
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 77, 21));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 77, 22));
+    let mut a = UdpPort::bind(a_ip).unwrap();
+    let mut b = UdpPort::bind(b_ip).unwrap();
+    let bytes = packet(64, 1);
+    let mut p = PacketBuf::new();
+    p.data[..bytes.len()].copy_from_slice(&bytes);
+    p.len = bytes.len();
+    p.peer = b.local_addr();
+    a.seal(p.peer, &mut p.data[..p.len]).unwrap();
+    assert_eq!(a.send_burst(std::slice::from_ref(&p)).unwrap(), 1);
+    // A plain socket marking CE, as a congested switch would have.
+    let ce = std::net::UdpSocket::bind((Ipv4Addr::new(127, 0, 77, 23), 0)).unwrap();
+    let tos: libc::c_int = 0b11;
+    // SAFETY: a valid fd, a pointer to a live c_int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            ce.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_TOS,
+            (&tos as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    ce.send_to(&bytes, b.local_addr()).unwrap();
+    let mut rx = RxBatch::default();
+    let mut ecn = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ecn.len() < 2 && Instant::now() < deadline {
+        b.recv_batch(&mut rx).unwrap();
+        ecn.extend(rx.frames().map(|(m, _)| (m.peer.ip(), m.ecn)));
+    }
+    ecn.sort();
+    assert_eq!(
+        ecn,
+        [
+            (a_ip, 0b10),
+            (IpAddr::V4(Ipv4Addr::new(127, 0, 77, 23)), 0b11)
+        ]
+    );
+}

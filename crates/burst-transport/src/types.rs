@@ -631,3 +631,60 @@ impl QpConfig {
         }
     }
 }
+
+/// What a requester's path saw since it was last asked
+/// ([`crate::Qp::take_path_events`]): the input of congestion control.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathEvents {
+    /// Request PSNs newly acknowledged (ACKs, READ responses, atomic ACKs).
+    pub acked: u64,
+    /// A round trip timed on a packet sent once (Karn's rule), ns.
+    pub rtt: Option<Nanos>,
+    /// NAK-sequence errors (and implied NAKs) that started a retry.
+    pub seq_errs: u32,
+    /// Local ACK timeouts that started a retry.
+    pub timeouts: u32,
+    /// Request packets sent, and their bytes (headers included).
+    pub sent_pkts: u64,
+    /// See `sent_pkts`.
+    pub sent_bytes: u64,
+}
+
+impl PathEvents {
+    /// Hands the events to a congestion controller at `now`: bytes sent,
+    /// progress with its round-trip sample, one signal per NAK-sequence
+    /// error and timeout.
+    ///
+    /// ```
+    /// use burst_cc::{Controller, LossWindow, LossWindowConfig};
+    /// use burst_transport::PathEvents;
+    /// let mut cc = LossWindow::new(LossWindowConfig::default());
+    /// PathEvents { seq_errs: 1, ..Default::default() }.feed(0, &mut cc);
+    /// assert_eq!(cc.window(), Some(8)); // half the initial 16
+    /// ```
+    pub fn feed(&self, now: Nanos, cc: &mut (impl burst_cc::Controller + ?Sized)) {
+        if self.sent_bytes > 0 {
+            cc.on_sent(now, self.sent_bytes);
+        }
+        if self.acked > 0 || self.rtt.is_some() {
+            cc.on_ack(
+                now,
+                burst_cc::Acked {
+                    packets: self.acked,
+                    rtt: self.rtt,
+                },
+            );
+        }
+        for _ in 0..self.seq_errs.min(4) {
+            cc.on_congestion(now, burst_cc::Signal::SequenceError);
+        }
+        for _ in 0..self.timeouts.min(4) {
+            cc.on_congestion(now, burst_cc::Signal::Timeout);
+        }
+    }
+
+    /// Whether nothing happened.
+    pub fn is_empty(&self) -> bool {
+        *self == PathEvents::default()
+    }
+}

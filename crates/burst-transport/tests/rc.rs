@@ -529,10 +529,11 @@ fn send_with_invalidate_revokes_the_rkey() {
 }
 
 /// A receiver at a tenth of the link rate whose queue holds 64 packets,
-/// against a 1024-packet window:
-/// every go-back halves the window, so the transfer settles instead of
-/// overflowing the queue until the retry count runs out (which is what a
-/// slow receiver behind a 16 MiB socket buffer saw before).
+/// against a 1024-packet QP window: the congestion window (burst-cc's loss
+/// window, which the model runs per QP) halves on each NAK-sequence error,
+/// so the transfer settles instead of overflowing the queue until the
+/// retry count runs out (which is what a slow receiver behind a 16 MiB
+/// socket buffer saw before).
 #[test]
 fn a_full_receive_queue_shrinks_the_window() {
     let mut p = pair(
@@ -801,4 +802,107 @@ fn a_gap_in_read_responses_asks_for_the_read_once() {
     };
     let s = run_workload(41568, &o).unwrap_or_else(|e| panic!("{e}"));
     assert!(s.ops > 0 && s.retransmitted > 0, "{s:?}");
+}
+
+/// A 3-packet WRITE whose first packet is dropped `drops` times.
+fn write_with_first_packet_dropped(p: &mut Pair, drops: u32, id: u64) -> WorkCompletion {
+    let (k, a) = p.buf(0, 3000, 1);
+    let (rk, ra) = p.buf(1, 3000, 0);
+    p.w.drop_next(Opcode::RC_RDMA_WRITE_FIRST, drops);
+    p.post_send(SendWr::new(
+        id,
+        SendOp::Write {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 3000),
+    ));
+    let (s, _) = p.run(1, 0);
+    s[0]
+}
+
+/// IBA 9.7.5.2: a NAK-sequence error starts a retry and spends one, as a
+/// local ACK timeout does (NVIDIA's RNIC documentation: the retry count
+/// covers timeouts, NAK-sequence errors and implied NAKs). The first
+/// packet lost 7 times: one NAK (the later packets arrive) and then, the
+/// responder quiet until the gap fills, 6 timeouts: 7 retries, all
+/// `retry_cnt` 7 allows, and the 8th copy goes through. Lost 8 times: the
+/// 7th timeout finds no retry left (it would be the 8th).
+#[test]
+fn a_nak_sequence_error_spends_a_retry() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let wc = write_with_first_packet_dropped(&mut p, 7, 1);
+    assert_eq!(wc.status, WcStatus::Success);
+    let c = *p.w.qps[p.a].1.counters();
+    assert_eq!((c.rcvd_seq_err, c.completer_retry_err), (1, 6), "{c:?}");
+
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let wc = write_with_first_packet_dropped(&mut p, 8, 1);
+    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    let c = *p.w.qps[p.a].1.counters();
+    assert_eq!((c.rcvd_seq_err, c.completer_retry_err), (1, 7), "{c:?}");
+    assert_eq!(c.retry_exceeded_err, 1);
+}
+
+/// Forward progress restores the retry count: two messages each needing
+/// 5 retries (10 in all, more than `retry_cnt` 7) both complete.
+#[test]
+fn progress_restores_the_retry_count() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    assert_eq!(
+        write_with_first_packet_dropped(&mut p, 5, 1).status,
+        WcStatus::Success
+    );
+    assert_eq!(
+        write_with_first_packet_dropped(&mut p, 5, 2).status,
+        WcStatus::Success
+    );
+    assert_eq!(p.w.qps[p.a].1.counters().completer_retry_err, 8);
+}
+
+/// Consecutive ACK timeouts double the timer up to four times the QP's
+/// (4.096 us * 2^9 here), each with a jitter of at most an eighth;
+/// IBA's retry count still bounds the attempts.
+#[test]
+fn ack_timeouts_back_off_to_four_times_the_timeout() {
+    let mut p = pair(
+        Faults {
+            loss: 1.0,
+            ..Faults::default()
+        },
+        Mtu::Mtu1024,
+        1,
+    );
+    let (k, a) = p.buf(0, 64, 1);
+    let (rk, ra) = p.buf(1, 64, 0);
+    p.post_send(SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: ra,
+            rkey: rk,
+        },
+        sge(k, a, 64),
+    ));
+    let qa = p.a;
+    let mut fired = Vec::new();
+    let mut seen = 0;
+    p.w.run(10_000_000_000, |w| {
+        let n = w.qps[qa].1.counters().completer_retry_err;
+        if n > seen {
+            seen = n;
+            fired.push(w.now);
+        }
+        !w.completions[qa].is_empty()
+    });
+    let base = 4096u64 << 9;
+    let gaps: Vec<u64> = fired.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps.len(), 7, "{fired:?}");
+    for (i, &g) in gaps.iter().enumerate() {
+        let want = base << (i + 1).min(2);
+        assert!(
+            g >= want && g <= (want + base / 8).min(4 * base) + 10_000,
+            "timeout {} after {g} ns, want {want} (+ jitter)",
+            i + 2
+        );
+    }
 }

@@ -115,6 +115,7 @@ fn run(o: Opts) -> Result<(), String> {
         interface: None,
         mtu: Mtu::Mtu4096,
         drop_every: o.drop_every,
+        congestion_control: burst_verbs::cc::Algorithm::default(),
     })
     .map_err(|e| e.to_string())?;
     let dev = engine.context();

@@ -81,6 +81,7 @@ fn run() -> Result<(), String> {
         interface: None,
         mtu: Mtu::Mtu4096,
         drop_every: loss,
+        congestion_control: burst_verbs::cc::Algorithm::default(),
     })
     .map_err(|e| e.to_string())?;
     let dev = engine.context();

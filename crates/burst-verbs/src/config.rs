@@ -12,6 +12,7 @@
 //! | `BURST_LOG` | log filter (`error`, `warn`, `info`, `debug`, `trace`) |
 //! | `BURST_CONFIG` | config file (default `$XDG_CONFIG_HOME/burst/burst.toml`, then `/etc/burst/burst.toml`) |
 //! | `BURST_TEST_DROP` | drop one sent packet in N at random (loss tests) |
+//! | `BURST_CC` | congestion control: `loss-window` (default), `dcqcn`, `dcqcn+loss-window`, `none` |
 //!
 //! The file, in TOML; variables override it:
 //!
@@ -21,6 +22,7 @@
 //! name = "burst0"
 //! address = "198.18.0.1"     # or: interface = "veth0"
 //! mtu = 4096                 # optional; default from the interface MTU
+//! congestion_control = "dcqcn"  # optional; default "loss-window"
 //! ```
 //!
 //! ```
@@ -75,7 +77,7 @@ pub enum ConfigError {
 }
 
 /// One device to open.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeviceConfig {
     /// Device name (`burst0`).
     pub name: String,
@@ -87,10 +89,12 @@ pub struct DeviceConfig {
     pub mtu: Mtu,
     /// Drop one sent packet in N at random (0 = never): loss tests.
     pub drop_every: u64,
+    /// Congestion control.
+    pub congestion_control: burst_cc::Algorithm,
 }
 
 /// Everything configured.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Config {
     /// Devices, in order.
     pub devices: Vec<DeviceConfig>,
@@ -113,8 +117,17 @@ struct FileDevice {
     address: Option<String>,
     interface: Option<String>,
     mtu: Option<u32>,
+    congestion_control: Option<String>,
     /// Engine threads per device; only 1 is supported today.
     threads: Option<u32>,
+}
+
+fn parse_cc(key: &str, v: &str) -> Result<burst_cc::Algorithm, ConfigError> {
+    burst_cc::Algorithm::from_name(v).ok_or(ConfigError::BadValue {
+        key: key.into(),
+        value: v.into(),
+        why: "one of loss-window, dcqcn, dcqcn+loss-window, none",
+    })
 }
 
 fn parse_mtu(key: &str, v: u32) -> Result<Mtu, ConfigError> {
@@ -154,6 +167,7 @@ impl DeviceConfig {
             interface: iface,
             mtu,
             drop_every: 0,
+            congestion_control: burst_cc::Algorithm::default(),
         })
     }
 
@@ -186,6 +200,7 @@ impl DeviceConfig {
             interface: Some(iface.into()),
             mtu: active_mtu_for(if_mtu),
             drop_every: 0,
+            congestion_control: burst_cc::Algorithm::default(),
         })
     }
 }
@@ -282,6 +297,10 @@ impl Config {
                 if let Some(m) = d.mtu {
                     dc.mtu = parse_mtu(&format!("device {name}: mtu"), m)?;
                 }
+                if let Some(c) = &d.congestion_control {
+                    dc.congestion_control =
+                        parse_cc(&format!("device {name}: congestion_control"), c)?;
+                }
                 devices.push(dc);
             }
         }
@@ -301,6 +320,10 @@ impl Config {
                 why: "a whole number N (drop 1 in N)",
             })?;
             devices.iter_mut().for_each(|d| d.drop_every = v);
+        }
+        if let Some(c) = env("BURST_CC") {
+            let algo = parse_cc("BURST_CC", &c)?;
+            devices.iter_mut().for_each(|d| d.congestion_control = algo);
         }
         if devices.is_empty() {
             return Err(ConfigError::NotConfigured);
@@ -385,5 +408,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.devices[0].addr, IpAddr::from([127, 0, 0, 1]));
         assert_eq!(c.devices[0].drop_every, 50);
+        let c = Config::from_sources(env(&[("BURST_IFACE", "lo"), ("BURST_CC", "dcqcn")]), None)
+            .unwrap();
+        assert_eq!(c.devices[0].congestion_control.name(), "dcqcn");
+        let bad = Config::from_sources(env(&[("BURST_IFACE", "lo"), ("BURST_CC", "cubic")]), None);
+        assert!(matches!(bad, Err(ConfigError::BadValue { .. })), "{bad:?}");
     }
 }

@@ -18,6 +18,7 @@ use burst_transport::{
 use burst_wire::icrc;
 use burst_wire::{IbPacket, Mtu, Qpn, ROCEV2_PORT};
 
+use crate::congestion::{Congestion, QpFlow};
 use crate::{
     clock, contain, gid_of, ip_of_gid, AnyPort, AsyncEvent, DeviceCounters, QpInit, SrqId,
     MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE,
@@ -31,6 +32,7 @@ struct QpSlot {
     qp: Qp,
     completions: VecDeque<WorkCompletion>,
     srq: Option<usize>,
+    flow: QpFlow,
 }
 
 /// A burst RDMA device on one IP address, over packet port `P`.
@@ -66,6 +68,11 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// Test support: the QPN whose next packet makes the device panic
     /// ([`Device::debug_panic_on_packet_for`]).
     panic_for: Option<Qpn>,
+    /// Congestion control: peer windows, QP rates, CNPs.
+    cc: Congestion,
+    /// The QP slot the next transmit round starts at (round robin, so the
+    /// first QPs do not take every round's burst and window).
+    tx_next: usize,
 }
 
 impl<P: Port> std::fmt::Debug for Device<P> {
@@ -104,6 +111,29 @@ impl<P: Port> Device<P> {
             linger: true,
             events: Vec::new(),
             panic_for: None,
+            cc: Congestion::new(burst_cc::Algorithm::default()),
+            tx_next: 0,
+        }
+    }
+
+    /// Selects the congestion control (before any QP is created).
+    pub fn set_congestion_control(&mut self, algo: burst_cc::Algorithm) {
+        self.cc = Congestion::new(algo);
+    }
+
+    /// The congestion control in use, each peer window's state (peer,
+    /// state, request packets in flight to it) and the DCQCN state of
+    /// each QP that runs one.
+    pub fn congestion_state(&self) -> crate::CongestionReport {
+        crate::CongestionReport {
+            algorithm: self.cc.algorithm(),
+            peers: self.cc.peer_states(),
+            qps: self
+                .qps
+                .iter()
+                .flatten()
+                .filter_map(|s| Congestion::rate_state(&s.flow).map(|r| (s.qp.qpn(), r)))
+                .collect(),
         }
     }
 
@@ -115,6 +145,7 @@ impl<P: Port> Device<P> {
     /// Device counters, with the QPs' transport counters summed in.
     pub fn counters(&self) -> DeviceCounters {
         let mut c = self.counters;
+        c.cc = self.cc.counters;
         c.qps = self.destroyed;
         for s in self.qps.iter().flatten() {
             c.qps.accumulate(s.qp.counters());
@@ -157,6 +188,7 @@ impl<P: Port> Device<P> {
             qp: Qp::new(cfg),
             completions: VecDeque::new(),
             srq,
+            flow: self.cc.flow(),
         };
         if index == self.qps.len() {
             self.qps.push(Some(slot));
@@ -173,7 +205,8 @@ impl<P: Port> Device<P> {
         // Its ACKs of the last receives go out first (they leave a round
         // after the receive; the peer needs them to complete its sends).
         self.flush();
-        if let Some(s) = self.qps[i].take() {
+        if let Some(mut s) = self.qps[i].take() {
+            self.cc.forget(&mut s.flow, &s.qp);
             self.destroyed.accumulate(s.qp.counters());
         }
         self.free_qps.push_back(i);
@@ -262,11 +295,23 @@ impl<P: Port> Device<P> {
             tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
             return Err(VerbsError::InvalidValue("ah"));
         }
-        let qp = &mut self.slot(qpn)?.qp;
-        let r = qp.modify(attr);
+        let now = self.now();
+        let s = slot_in(&mut self.qps, qpn)?;
+        let r = s.qp.modify(attr);
         match &r {
-            Ok(()) => tracing::debug!(state = ?qp.state(), "QP modified"),
+            Ok(()) => tracing::debug!(state = ?s.qp.state(), "QP modified"),
             Err(e) => tracing::warn!("modify_qp refused: {e} (errno {})", e.errno()),
+        }
+        // A connected QP joins its peer's congestion state.
+        match s.qp.remote() {
+            Some((ah, dest)) => {
+                if let Some(&peer) = self.ahs.get(ah as usize) {
+                    if Congestion::connected_to(&s.flow) != Some((peer, dest)) {
+                        self.cc.connect(&mut s.flow, &s.qp, peer, dest, now);
+                    }
+                }
+            }
+            None => self.cc.forget(&mut s.flow, &s.qp),
         }
         r
     }
@@ -328,6 +373,7 @@ impl<P: Port> Device<P> {
             .iter()
             .flatten()
             .filter_map(|s| s.qp.poll_timeout())
+            .chain(self.cc.pace_wakeup())
             .min()
     }
 
@@ -383,6 +429,8 @@ impl<P: Port> Device<P> {
                 fired += 1;
                 if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
                     self.qp_fatal(i, &msg);
+                } else if let Some(s) = self.qps[i].as_mut() {
+                    let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
                 }
             }
         }
@@ -535,6 +583,14 @@ impl<P: Port> Device<P> {
             let Some(s) = self.qps[i].as_mut() else {
                 continue;
             };
+            if pkt.info().transport == burst_wire::Transport::Cnp {
+                // Congestion notification: for the controllers, not the QP.
+                self.cc.on_cnp(&mut s.flow, now);
+                continue;
+            }
+            if meta.ecn == ECN_CE {
+                self.cc.on_ce(&mut s.flow, now);
+            }
             // Only UD receives carry a GRH area: don't build it for RC/UC.
             let grh = (pkt.info().transport == burst_wire::Transport::Ud)
                 .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
@@ -555,6 +611,8 @@ impl<P: Port> Device<P> {
             });
             if let Err(msg) = handled {
                 faulted.push((i, msg));
+            } else {
+                let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
             }
         }
         for (i, msg) in faulted {
@@ -574,11 +632,37 @@ impl<P: Port> Device<P> {
         }
         let mem = self.mrs.memory();
         let mut n = 0;
+        // CNPs first: they are what slows the congested senders down.
+        while n < self.tx.len() {
+            let Some((peer, dest)) = self.cc.cnps.pop() else {
+                break;
+            };
+            let ib = burst_wire::IbRepr::cnp(dest);
+            let len = ib.buffer_len();
+            let buf = &mut self.tx[n];
+            if ib.emit(&mut buf.data[..len]).is_ok() {
+                buf.len = len;
+                buf.peer = peer;
+                self.counters.sent_pkts += 1;
+                self.cc.counters.cnp_sent += 1;
+                n += 1;
+            }
+        }
+        self.cc.begin_round();
         let mut faulted: Vec<(usize, String)> = Vec::new();
-        for (i, slot) in self.qps.iter_mut().enumerate() {
-            let Some(q) = slot.as_mut().map(|s| &mut s.qp) else {
+        let nq = self.qps.len();
+        let start = if nq == 0 { 0 } else { self.tx_next % nq };
+        self.tx_next = start + 1;
+        for i in (start..nq).chain(0..start) {
+            let Some(s) = self.qps[i].as_mut() else {
                 continue;
             };
+            if !s.qp.has_transmit_pending() {
+                continue;
+            }
+            let credit = self.cc.credit(&mut s.flow, &mut s.qp, now);
+            s.qp.set_request_credit(credit);
+            let q = &mut s.qp;
             let (tx, ahs, counters) = (&mut self.tx, &self.ahs, &mut self.counters);
             let start = n;
             let filled = contain(|| {
@@ -608,7 +692,13 @@ impl<P: Port> Device<P> {
                 n
             });
             match filled {
-                Ok(k) => n = k,
+                Ok(k) => {
+                    // Requests left while the burst had room: held by the
+                    // window or rate.
+                    let held = k < tx.len() && credit.is_some() && q.has_requests_pending();
+                    n = k;
+                    self.cc.sent(&mut s.flow, &mut s.qp, held, now);
+                }
                 // What this QP built before its fault is not sent.
                 Err(msg) => faulted.push((i, msg)),
             }
@@ -643,6 +733,9 @@ impl<P: Port> Device<P> {
         took
     }
 }
+
+/// The ECN codepoint "congestion experienced" (RFC 3168).
+const ECN_CE: u8 = 0b11;
 
 /// Packets one round sends at most: four GSO runs' worth.
 const TX_BURST: usize = 4 * MAX_GSO_SEGMENTS;
@@ -692,5 +785,31 @@ impl<P: Port> Drop for Device<P> {
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
         }
+        // What RXE shows in its hw_counters, once, for whoever asks
+        // (BURST_LOG=info): how the device's traffic went.
+        let c = self.counters();
+        tracing::info!(
+            target: "burst::counters",
+            "device {} closing: sent {} packets ({} request payload bytes), received {}, \
+             retransmitted {} in {} go-backs, ACK timeouts {}, sequence errors (NAKs, READ gaps) {}, \
+             RETRY_EXC_ERR {}, CNPs sent {} received {}, CE seen {}, window cuts {}, rate cuts {}, \
+             ICRC errors {}, congestion control {}",
+            self.port.local_addr().ip(),
+            c.sent_pkts,
+            c.qps.sent_bytes,
+            c.rcvd_pkts,
+            c.qps.retransmitted_pkts,
+            c.qps.retransmits_started,
+            c.qps.completer_retry_err,
+            c.qps.rcvd_seq_err,
+            c.qps.retry_exceeded_err,
+            c.cc.cnp_sent,
+            c.cc.cnp_rcvd,
+            c.cc.ce_rcvd,
+            c.cc.window_cuts,
+            c.cc.rate_cuts,
+            c.icrc_errors,
+            self.cc.algorithm().name()
+        );
     }
 }

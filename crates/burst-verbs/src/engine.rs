@@ -238,6 +238,9 @@ enum Control {
     Counters {
         reply: Sender<DeviceCounters>,
     },
+    Congestion {
+        reply: Sender<crate::CongestionReport>,
+    },
     DebugPanicFor {
         qpn: Option<Qpn>,
         reply: Sender<()>,
@@ -334,6 +337,9 @@ pub struct EngineOptions {
     pub interface: Option<String>,
     /// The loss the port injects (reported only; [`burst_io::LossyPort`] does it).
     pub drop_every: u64,
+    /// Congestion control ([`burst_cc::Algorithm`]; a loss window per peer
+    /// by default).
+    pub congestion_control: burst_cc::Algorithm,
 }
 
 impl EngineOptions {
@@ -348,6 +354,7 @@ impl EngineOptions {
             clock: Clock::wall(),
             interface: None,
             drop_every: 0,
+            congestion_control: burst_cc::Algorithm::default(),
         }
     }
 }
@@ -409,6 +416,7 @@ impl Engine {
             interface: None,
             mtu: port_mtu,
             drop_every: 0,
+            congestion_control: burst_cc::Algorithm::default(),
         })
     }
 
@@ -432,6 +440,7 @@ impl Engine {
         o.name.clone_from(&cfg.name);
         o.interface.clone_from(&cfg.interface);
         o.drop_every = cfg.drop_every;
+        o.congestion_control = cfg.congestion_control;
         Engine::with_port(port, o)
     }
 
@@ -462,6 +471,7 @@ impl Engine {
         };
         let mut dev = Device::with_port(port, o.port_mtu, Arc::clone(&o.mrs));
         dev.set_clock(o.clock.clone());
+        dev.set_congestion_control(o.congestion_control);
         let gid = dev.gid();
         let (control, control_rx) = bounded(64);
         let shared = Arc::new(Shared {
@@ -492,6 +502,7 @@ impl Engine {
                 interface: o.interface,
                 mtu: o.port_mtu,
                 drop_every: o.drop_every,
+                congestion_control: o.congestion_control,
             }),
         };
         let thread = match ready {
@@ -533,7 +544,7 @@ impl Drop for Engine {
             // ACKs of the last packets received leave with the next round:
             // send them, or the peer retries into RETRY_EXC_ERR.
             dev.flush();
-            tracing::info!(counters = ?dev.counters(), "device closed");
+            tracing::debug!(counters = ?dev.counters(), "device closed");
         }
     }
 }
@@ -600,6 +611,9 @@ fn control(dev: &mut Device, c: Control) {
         }
         Control::Counters { reply } => {
             let _ = reply.send(dev.counters());
+        }
+        Control::Congestion { reply } => {
+            let _ = reply.send(dev.congestion_state());
         }
         Control::DebugPanicFor { qpn, reply } => {
             dev.debug_panic_on_packet_for(qpn);
@@ -1322,6 +1336,12 @@ impl Context {
     /// Device counters.
     pub fn counters(&self) -> Result<DeviceCounters, PostError> {
         self.call(|reply| Control::Counters { reply })
+    }
+
+    /// The congestion control's state: the algorithm, each peer's window,
+    /// each QP's DCQCN rate.
+    pub fn congestion(&self) -> Result<crate::CongestionReport, PostError> {
+        self.call(|reply| Control::Congestion { reply })
     }
 
     fn ring(&self, qpn: Qpn) -> Result<Arc<QpRings>, PostError> {

@@ -25,6 +25,7 @@
 //! assert_eq!(c.query_qp(qp).unwrap().0, burst_verbs::QpState::Reset);
 //! ```
 
+pub mod bottleneck;
 pub mod clock;
 pub mod config;
 pub mod engine;
@@ -32,7 +33,10 @@ pub mod engine;
 /// The crates burst-verbs composes, for users that reach below the Verbs
 /// API (a port benchmark, a packet tool): one dependency brings them all,
 /// in the versions burst-verbs was built with.
-pub use {burst_io as ports, burst_mem as mem, burst_transport as transport, burst_wire as wire};
+pub use {
+    burst_cc as cc, burst_io as ports, burst_mem as mem, burst_transport as transport,
+    burst_wire as wire,
+};
 
 // The Verbs vocabulary, re-exported: an application or the C library
 // names every type of the API through burst-verbs.
@@ -42,6 +46,7 @@ pub use burst_transport::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 pub use burst_wire::{Mtu, Psn, Qpn};
+mod congestion;
 mod dataplane;
 pub mod eventfd;
 pub mod netif;
@@ -78,6 +83,23 @@ pub struct DeviceCounters {
     /// The transport counters of every QP, live and destroyed, summed
     /// (retransmissions, NAKs by kind, RNR events, duplicates, out-of-sequence).
     pub qps: burst_transport::Counters,
+    /// Congestion control: CNPs, CE marks, window and rate cuts.
+    pub cc: CongestionCounters,
+}
+
+pub use congestion::CongestionCounters;
+
+/// The congestion-control state of a device
+/// ([`engine::Context::congestion`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CongestionReport {
+    /// The algorithm configured.
+    pub algorithm: burst_cc::Algorithm,
+    /// Each peer's window: its address, state, and request packets in
+    /// flight to it.
+    pub peers: Vec<(std::net::IpAddr, burst_cc::CcState, u64)>,
+    /// Each QP's DCQCN state (when DCQCN runs).
+    pub qps: Vec<(Qpn, burst_cc::CcState)>,
 }
 
 /// An asynchronous event (`ibv_async_event`): something that happened to a

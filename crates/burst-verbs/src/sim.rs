@@ -347,6 +347,8 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         rx_gbps: f.rx_gbps,
         rx_queue: f.rx_queue,
         ecn_threshold: 0,
+        ecn_max: 0,
+        ecn_pmax: 0.0,
         hide_ip_id: seed % 2 == 1,
     };
     let mut fab = CoreFabric::new(seed, 2, faults);
@@ -610,7 +612,7 @@ impl RxHarness {
                 self.frames, c.rcvd_pkts
             ));
         }
-        let accounted = c.malformed + c.icrc_errors + c.no_qp + c.qps.rcvd_pkts;
+        let accounted = c.malformed + c.icrc_errors + c.no_qp + c.qps.rcvd_pkts + c.cc.cnp_rcvd;
         if accounted != c.rcvd_pkts {
             return Err(format!(
                 "{} frames received, {accounted} accounted for: {c:?}",

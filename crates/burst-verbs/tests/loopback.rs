@@ -169,8 +169,11 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     assert!(ca.rcvd_seq_err + ca.completer_retry_err > 0, "{ca:?}");
     assert!(cb.out_of_seq_request > 0 && cb.send_seq_nak > 0, "{cb:?}");
     assert_eq!(cb.rcvd_seq_err, ca.send_seq_nak, "no requests from B to A");
+    // A sent the SEND's and the WRITE's payload at least once (plus what
+    // it resent: how much depends on the loss draws and the congestion
+    // window, so it is not a bound).
     assert!(
-        ca.sent_bytes >= 3 * 100_000 && cb.rcvd_bytes >= 100_000,
+        ca.sent_bytes >= 2 * 100_000 && cb.rcvd_bytes >= 100_000,
         "{ca:?} {cb:?}"
     );
     assert_eq!(ca.send_err + cb.send_err + ca.rcvd_err_nak, 0);

@@ -31,7 +31,15 @@ impl Qp {
             .iter()
             .find(|w| !w.done)
             .map_or(self.req.next_psn, |w| {
-                w.first_psn.unwrap_or(self.req.next_psn)
+                // A READ's responses already placed are acknowledged too
+                // (as `ack_upto` counts them): what is in flight starts at
+                // its first missing one.
+                let got = if matches!(w.wr.op, SendOp::Read { .. }) {
+                    w.read_got
+                } else {
+                    0
+                };
+                w.first_psn.map_or(self.req.next_psn, |f| f + got)
             });
         if self.req.una_psn.distance_to(floor) > 0 {
             self.req.una_psn = floor;
@@ -110,20 +118,25 @@ impl Qp {
         };
         if self.req.una_psn.distance_to(new_una) > 0 && new_una.distance_to(self.req.next_psn) >= 0
         {
-            let acked = self.req.una_psn.distance_to(new_una) as u32;
-            if self.req.cwnd != 0 {
-                self.req.cwnd =
-                    (self.req.cwnd + (acked / 16).max(1)).min(self.cfg.max_inflight_packets.max(1));
-            }
+            self.req.events.acked += u64::from(self.req.una_psn.distance_to(new_una) as u32);
             self.req.una_psn = new_una;
             progress = true;
+            if let Some((p, t)) = self.req.rtt_probe {
+                if p.distance_to(new_una) > 0 {
+                    self.req.events.rtt = Some(now.saturating_sub(t));
+                    self.req.rtt_probe = None;
+                }
+            }
         }
         if progress {
+            // Forward progress restores the retry counts and the timeout.
             self.req.retry_left = self.attrs.retry_cnt;
             self.req.rnr_left = self.attrs.rnr_retry;
-            self.req.timer = (self.req.una_psn != self.req.next_psn)
-                .then(|| self.ack_timeout_ns().map(|d| now + d))
-                .flatten();
+            self.req.backoff = 0;
+            self.req.timer = None;
+            if self.packets_in_flight() > 0 {
+                self.req.timer = self.retransmit_deadline(now);
+            }
         }
         lost_response
     }
@@ -148,8 +161,12 @@ impl Qp {
         match pkt.info().operation {
             Operation::Acknowledge => match syndrome {
                 Some(Syndrome::Ack(_)) => {
+                    // An implied NAK: the responder went past a READ or
+                    // atomic whose response never came.
                     if let Some(p) = self.ack_upto(now, psn) {
-                        self.rewind(p);
+                        if !self.retry_from(p) {
+                            return;
+                        }
                     }
                 }
                 Some(Syndrome::RnrNak(t)) => {
@@ -173,7 +190,9 @@ impl Qp {
                 Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
                     self.counters.rcvd_seq_err += 1;
                     let lost = self.ack_upto(now, psn - 1);
-                    self.rewind(lost.unwrap_or(psn));
+                    if !self.retry_from(lost.unwrap_or(psn)) {
+                        return;
+                    }
                 }
                 Some(Syndrome::Nak(code)) => {
                     self.counters.rcvd_err_nak += 1;

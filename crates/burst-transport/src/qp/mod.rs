@@ -143,16 +143,18 @@ struct Requester {
     last_rewind: Option<Psn>,
     /// First PSN never transmitted: anything before it is a retransmission.
     sent_high: Psn,
-    /// Packets the requester lets be in flight now (0 until the first
-    /// loss: the configured maximum). A go-back halves it (a receiver whose
-    /// queue overflowed gets a smaller burst next time, instead of the same
-    /// overflow until the retry count runs out); acknowledged packets grow
-    /// it back by a sixteenth of their number (about 6% per round trip).
-    cwnd: u32,
+    /// Request packets the data plane lets out now, PSNs counted (`None`:
+    /// no limit): its congestion control's share for this QP.
+    credit: Option<u32>,
+    /// Consecutive ACK timeouts without progress: each doubles the next
+    /// timeout, up to four times the QP's (see `Qp::retransmit_deadline`).
+    backoff: u8,
+    /// The PSN whose acknowledgement times a round trip, and when it left
+    /// (never a retransmitted packet: Karn's rule).
+    rtt_probe: Option<(Psn, Nanos)>,
+    /// What the path saw since [`Qp::take_path_events`].
+    events: PathEvents,
 }
-
-/// The smallest packet window a go-back shrinks to.
-const MIN_WINDOW: u32 = 16;
 
 #[derive(Debug)]
 enum Out {
@@ -673,6 +675,67 @@ impl Qp {
         self.completions.pop_front()
     }
 
+    /// Request packets in flight: PSNs from the oldest unacknowledged one to
+    /// the next one the requester will send (after a go-back, what lies
+    /// beyond the resend point counts as lost). What a congestion window
+    /// limits; 0 for UC and UD, which get no acknowledgements.
+    pub fn packets_in_flight(&self) -> u32 {
+        let r = &self.req;
+        if self.cfg.qp_type != QpType::Rc
+            || r.una_psn == r.next_psn
+            || !matches!(self.state, QpState::Rts | QpState::Sqd)
+        {
+            return 0;
+        }
+        r.una_psn.distance_to(self.send_position()).max(0) as u32
+    }
+
+    /// The PSN of the next request packet the requester will send.
+    pub(super) fn send_position(&self) -> Psn {
+        for w in self.req.sq.iter().skip(self.req.send_idx) {
+            if w.done || w.next_pkt >= w.request_pkts() {
+                continue;
+            }
+            return w.first_psn.map_or(self.req.next_psn, |f| f + w.next_pkt);
+        }
+        self.req.next_psn
+    }
+
+    /// Whether the requester has request packets it has not sent (new work
+    /// requests, or resends after a go-back).
+    pub fn has_requests_pending(&self) -> bool {
+        self.req.send_idx < self.req.sq.len()
+    }
+
+    /// Whether [`Qp::poll_transmit`] may have a packet: responses queued or
+    /// requests pending (a cheap test for a data plane with many idle QPs).
+    pub fn has_transmit_pending(&self) -> bool {
+        !self.resp.out.is_empty() || self.has_requests_pending()
+    }
+
+    /// The address handle and QP of the peer of a connected RC or UC QP
+    /// (from RTR on).
+    pub fn remote(&self) -> Option<(u32, Qpn)> {
+        (self.cfg.qp_type != QpType::Ud
+            && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd))
+        .then_some((self.attrs.ah, self.attrs.dest_qpn))
+    }
+
+    /// Lets `credit` more request packets (PSNs) out, `None` for no limit:
+    /// the data plane's congestion control sets it before asking for
+    /// packets. Responses (ACKs, READ responses) are never held by it.
+    pub fn set_request_credit(&mut self, credit: Option<u32>) {
+        self.req.credit = credit;
+    }
+
+    /// Takes what the requester's path saw since the last call: packets
+    /// acknowledged, a round-trip sample, NAK-sequence errors and
+    /// timeouts that started a retry, request bytes sent (the input of
+    /// congestion control).
+    pub fn take_path_events(&mut self) -> PathEvents {
+        std::mem::take(&mut self.req.events)
+    }
+
     /// The next time [`Qp::handle_timeout`] must run.
     pub fn poll_timeout(&self) -> Option<Nanos> {
         match (self.req.timer, self.req.rnr_until) {
@@ -699,8 +762,11 @@ impl Qp {
     pub fn check_invariants(&self) -> Result<(), String> {
         if self.outstanding_without_timer() {
             return Err(format!(
-                "qp {:?}: unacknowledged packets (una {:?}, next {:?}) and no timer",
-                self.cfg.qpn, self.req.una_psn, self.req.next_psn
+                "qp {:?}: packets in flight (una {:?}, next {:?}, sending at {:?}) and no timer",
+                self.cfg.qpn,
+                self.req.una_psn,
+                self.req.next_psn,
+                self.send_position()
             ));
         }
         Ok(())

@@ -1,9 +1,26 @@
 //! The requester (IBA ch. 9.7, send side; RXE's `rxe_req.c`): admits work
 //! requests into the PSN space (fence, READ/atomic credits, the packet
-//! window), builds request packets, and runs the ACK and RNR timers: a
-//! local ACK timeout goes back to the oldest unacknowledged PSN and spends
-//! one retry (`retry_cnt`), an RNR NAK waits its delay and spends one RNR
-//! retry (`rnr_retry`, 7 meaning infinite).
+//! window, the data plane's congestion credit), builds request packets,
+//! and runs the ACK and RNR timers.
+//!
+//! Retries (IBA 9.7.5.2; the retry count `retry_cnt` of the QP): a local
+//! ACK timeout, a NAK-sequence error and an implied NAK (an ACK past a
+//! READ or atomic whose response is missing) each start a retry from the
+//! first unacknowledged PSN and spend one; any forward progress (an ACK
+//! or response that retires PSNs) restores the full count, so a responder
+//! that keeps answering with progress never exhausts it. A NAK for the PSN
+//! a retry already resends from starts nothing new (as RXE's completer,
+//! which counts one per retry sequence). 7 is a count like any other for
+//! `retry_cnt` (only `rnr_retry` 7 means infinite); kernel RXE treats
+//! `retry_cnt` 7 as infinite too, burst follows the specification.
+//!
+//! The ACK timer runs while request packets are in flight: it starts with
+//! the first packet sent after progress or a go-back, so time spent held
+//! back by congestion control (nothing sent, nothing lost) spends no
+//! retry. Consecutive timeouts double it, up to four times the QP's value,
+//! with a per-QP jitter of up to 1/8 (QPs that lost packets together do
+//! not retransmit together); progress restores it (NVIDIA's adaptive
+//! retransmission likewise backs off and randomises the first timeout).
 
 use super::*;
 
@@ -11,6 +28,18 @@ impl Qp {
     pub(super) fn ack_timeout_ns(&self) -> Option<Nanos> {
         // 4.096 us * 2^timeout; 0 means infinite.
         (self.attrs.timeout != 0).then(|| 4096u64 << self.attrs.timeout.min(31))
+    }
+
+    /// When the ACK timer started at `now` expires: the QP's timeout,
+    /// doubled per consecutive timeout up to 4x, plus a jitter of up to
+    /// 1/8 that depends on the QP number and the retries left.
+    pub(super) fn retransmit_deadline(&self, now: Nanos) -> Option<Nanos> {
+        let base = self.ack_timeout_ns()?;
+        let mut h = u64::from(self.cfg.qpn.value()) << 8 | u64::from(self.req.retry_left);
+        h = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let jitter = (base / 8) * ((h >> 60) & 7) / 8;
+        let d = (base << self.req.backoff.min(2)) + jitter;
+        Some(now + d.min(4 * base))
     }
 
     /// Runs expired timers.
@@ -28,7 +57,9 @@ impl Qp {
             if self.state != QpState::Rts && self.state != QpState::Sqd {
                 return;
             }
-            if self.req.una_psn == self.req.next_psn {
+            if self.packets_in_flight() == 0 {
+                // Nothing sent since the last go-back or progress: the
+                // requester was held back, not unanswered.
                 return;
             }
             self.counters.completer_retry_err += 1;
@@ -38,35 +69,54 @@ impl Qp {
                 return;
             }
             self.req.retry_left -= 1;
+            self.req.backoff = self.req.backoff.saturating_add(1);
+            self.req.events.timeouts += 1;
             let una = self.req.una_psn;
             self.req.last_rewind = None;
             for w in self.req.sq.iter_mut() {
                 w.read_rerequested = false;
             }
             self.rewind(una);
-            self.req.timer = self.ack_timeout_ns().map(|d| now + d);
         }
     }
 
-    /// The requester's liveness rule: an RC requester that may send and has
-    /// unacknowledged packets always waits on a timer (the ACK timeout, or
-    /// the RNR delay), or it could wait forever when its resends are held by
-    /// the window: the local ACK timeout guards every unacknowledged packet.
-    /// The RNR delay and the ACK timer never run together, so the end of an
-    /// RNR delay is where the ACK timer is armed again.
+    /// A NAK-sequence error or an implied NAK asks for everything from
+    /// `psn` again: a retry, unless one from `psn` is under way. Returns
+    /// false when the retry count was exhausted (the QP failed).
+    pub(super) fn retry_from(&mut self, psn: Psn) -> bool {
+        if self.req.last_rewind != Some(psn) {
+            if self.req.retry_left == 0 {
+                self.counters.retry_exceeded_err += 1;
+                self.fail_front(WcStatus::RetryExcErr);
+                return false;
+            }
+            self.req.retry_left -= 1;
+            self.req.events.seq_errs += 1;
+        }
+        self.rewind(psn);
+        true
+    }
+
+    /// The requester's liveness rule: an RC requester with request packets
+    /// in flight always waits on a timer (the ACK timeout, or the RNR
+    /// delay), or it could wait forever for an answer that was lost. The
+    /// RNR delay and the ACK timer never run together, so the end of an
+    /// RNR delay is where the ACK timer is armed again. Unacknowledged
+    /// PSNs not in flight (after a go-back) are the requester's to send:
+    /// sending them starts the timer.
     pub(super) fn guard_outstanding(&mut self, now: Nanos) {
         if self.outstanding_without_timer() {
-            self.req.timer = self.ack_timeout_ns().map(|d| now + d);
+            self.req.timer = self.retransmit_deadline(now);
         }
     }
 
     pub(super) fn outstanding_without_timer(&self) -> bool {
         self.cfg.qp_type == QpType::Rc
             && matches!(self.state, QpState::Rts | QpState::Sqd)
-            && self.req.una_psn != self.req.next_psn
             && self.req.timer.is_none()
             && self.req.rnr_until.is_none()
             && self.attrs.timeout != 0
+            && self.packets_in_flight() > 0
     }
 
     /// Go-back-N: retransmit from `psn`.
@@ -92,18 +142,23 @@ impl Qp {
                 0
             };
         }
-        self.req.send_idx = i;
+        // Never forward: resends pending before `i` (an earlier go-back
+        // the window or the congestion credit holds) still go first.
+        self.req.send_idx = self.req.send_idx.min(i);
         self.counters.retransmits_started += 1;
-        self.req.cwnd = (self.window() / 2).max(MIN_WINDOW);
+        // With nothing left in flight the timer starts again with the
+        // first resend (what is still in flight keeps the running one); no
+        // round trip is timed across a go-back (Karn).
+        if self.packets_in_flight() == 0 {
+            self.req.timer = None;
+        }
+        self.req.rtt_probe = None;
     }
 
-    /// The packet window now (see `Requester::cwnd`).
+    /// The QP's own packet window (`QpConfig::max_inflight_packets`);
+    /// congestion control limits further through the request credit.
     pub(super) fn window(&self) -> u32 {
-        let max = self.cfg.max_inflight_packets.max(1);
-        match self.req.cwnd {
-            0 => max,
-            c => c.min(max),
-        }
+        self.cfg.max_inflight_packets.max(1)
     }
 
     /// The send-queue index of the request packet that may go now, if any:
@@ -114,6 +169,9 @@ impl Qp {
             return None;
         }
         let t = self.cfg.qp_type;
+        if t != QpType::Ud && self.req.credit == Some(0) {
+            return None;
+        }
         // Skip over WQEs with nothing left to send.
         loop {
             let w = self.req.sq.get(self.req.send_idx)?;
@@ -163,10 +221,10 @@ impl Qp {
     pub(super) fn poll_request(&mut self, idx: usize, now: Nanos) -> Option<Transmit<'_>> {
         let t = self.cfg.qp_type;
         let mtu = self.attrs.mtu.bytes() as u64;
-        let timeout = self.ack_timeout_ns();
+        let deadline = self.retransmit_deadline(now);
         let qkey_own = self.attrs.qkey;
         let (dest_qpn, own_ah, own_qpn) = (self.attrs.dest_qpn, self.attrs.ah, self.cfg.qpn);
-        let (window, una) = (self.window(), self.req.una_psn);
+        let (window, una, credit) = (self.window(), self.req.una_psn, self.req.credit);
         let w = &mut self.req.sq[idx];
         if w.first_psn.is_none() {
             if t == QpType::Rc && w.wr.op.is_read_or_atomic() {
@@ -178,15 +236,23 @@ impl Qp {
         let first = w.first_psn.unwrap_or_default();
         let k = w.next_pkt;
         let psn = first + k;
+        // PSNs this packet puts in flight: a READ request all its
+        // responses from here on.
+        let span = if matches!(w.wr.op, SendOp::Read { .. }) {
+            w.npsn - k.min(w.npsn)
+        } else {
+            1
+        };
         if psn.distance_to(self.req.sent_high) > 0 {
             self.counters.retransmitted_pkts += 1;
         } else {
-            let span = if w.wr.op.is_read_or_atomic() {
-                w.npsn
-            } else {
-                1
-            };
             self.req.sent_high = psn + span;
+            if t == QpType::Rc && self.req.rtt_probe.is_none() {
+                self.req.rtt_probe = Some((psn + (span - 1), now));
+            }
+        }
+        if let Some(c) = self.req.credit.as_mut() {
+            *c = c.saturating_sub(span);
         }
         let dest = match w.wr.ud {
             Some(d) if t == QpType::Ud => d.remote_qpn,
@@ -261,7 +327,7 @@ impl Qp {
                 // every few packets, or a duplicate that asks (after a
                 // go-back, resends below its expected PSN would otherwise
                 // draw no ACK and the retry count would run out).
-                let fills_window = una.distance_to(psn + 1) >= window as i32;
+                let fills_window = una.distance_to(psn + 1) >= window as i32 || credit == Some(1);
                 bth.ack_req &= end || fills_window;
                 ib = IbRepr::new(bth);
                 match op {
@@ -316,10 +382,12 @@ impl Qp {
             w.done = true;
         }
         if t == QpType::Rc && self.req.timer.is_none() {
-            self.req.timer = timeout.map(|d| now + d);
+            self.req.timer = deadline;
         }
         self.counters.sent_pkts += 1;
         self.counters.sent_bytes += ib.payload_len as u64;
+        self.req.events.sent_pkts += 1;
+        self.req.events.sent_bytes += ib.buffer_len() as u64;
         Some(Transmit { ib, payload, ah })
     }
 
