@@ -103,6 +103,13 @@ impl Side {
     pub fn open(addr: IpAddr, p: &Params, psn0: u32) -> Result<Side, String> {
         let mut cfg = DeviceConfig::for_addr("burst0", addr).map_err(|e| e.to_string())?;
         cfg.mtu = cfg.mtu.max(p.mtu);
+        // The congestion control, as the drop-in takes it (BURST_CC).
+        if let Ok(name) = std::env::var("BURST_CC") {
+            cfg.congestion_control =
+                burst_verbs::cc::Algorithm::from_name(&name).ok_or_else(|| {
+                    format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
+                })?;
+        }
         let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
         let ctx = engine.context();
         let pd = ctx.alloc_pd();

@@ -97,7 +97,8 @@ pub struct Report {
     pub queue: Vec<usize>,
     /// The largest bottleneck queue seen.
     pub max_queue: u64,
-    /// Jain's index of the flows' rates over the last half of the run.
+    /// Jain's index of the flows' rates over the last half of the run (0
+    /// when no flow moved: a collapse is not fairness).
     pub jain: f64,
     /// How long (ns) after the last flow started their rates (averaged
     /// over 4 intervals) reached Jain's index 0.95 and stayed there; `None`
@@ -314,9 +315,17 @@ pub fn run(s: &Scenario) -> Report {
         now = next.max(now + 1);
     }
     let last_start = (s.flows.saturating_sub(1) as u64) * s.stagger_ns;
+    // Flows that all stopped (congestion collapse) are not "fair": 0.
+    let fairness = |r: &[f64]| {
+        if r.iter().sum::<f64>() > 0.0 {
+            jain_index(r)
+        } else {
+            0.0
+        }
+    };
     let jain_at = |k: usize| {
         let from = k.saturating_sub(3);
-        jain_index(
+        fairness(
             &rates
                 .iter()
                 .map(|r| r[from..=k].iter().sum::<f64>())
@@ -348,7 +357,7 @@ pub fn run(s: &Scenario) -> Report {
     drop(engines);
     drop(rbufs);
     Report {
-        jain: jain_index(&means),
+        jain: fairness(&means),
         flows: rates,
         queue,
         max_queue: st.max_rx_queue,
