@@ -906,3 +906,27 @@ fn ack_timeouts_back_off_to_four_times_the_timeout() {
         );
     }
 }
+
+/// Model seed 769 (top fault point, 10% loss and reordering): a READ's
+/// replay after an ACK timeout lost its first response; the gap the rest
+/// showed asked for the READ again, but the go-back bookkeeping took it
+/// for the timeout's own go-back (same PSN) and dropped it, so each such
+/// loss cost a whole timeout and a retry: RETRY_EXC_ERR after 7.
+#[test]
+fn a_replay_that_loses_its_first_response_is_asked_for_again_at_once() {
+    use burst_transport::sim::{run_workload, WorkloadOptions};
+    let o = WorkloadOptions {
+        faults: Faults {
+            loss: 0.1,
+            reorder: 0.1,
+            dup: 0.02,
+            corrupt: 0.01,
+            ..Faults::default()
+        },
+        ops_per_pair: 40,
+        max_size: 3 << 20,
+        ..WorkloadOptions::default()
+    };
+    let s = run_workload(769, &o).unwrap_or_else(|e| panic!("{e}"));
+    assert!(s.ops > 0 && s.retransmitted > 0, "{s:?}");
+}

@@ -251,6 +251,14 @@ impl Qp {
                     // for nothing here and waits for the timer.
                     if !self.req.sq[i].read_rerequested {
                         self.req.sq[i].read_rerequested = true;
+                        // A deliberate new request even when the last
+                        // go-back started at this PSN (a timeout's, whose
+                        // replay lost its first response): the dedup of
+                        // `last_rewind` is for a burst of NAKs, and here
+                        // it held every such re-request until the next
+                        // timeout, spending a retry each time (7 in a row
+                        // at 10% loss: RETRY_EXC_ERR, model seed 769).
+                        self.req.last_rewind = None;
                         self.rewind(expected);
                     }
                     return;
