@@ -8,9 +8,9 @@
 //! - A NAK-sequence error (the receiver saw a gap: a packet was dropped)
 //!   halves the window, once per round trip (a burst of NAKs from the QPs
 //!   that lost packets in one overflow is one congestion event).
-//! - A local ACK timeout (nothing came back at all) halves the threshold and
-//!   restarts from the minimum window, as TCP after a retransmission
-//!   timeout.
+//! - A local ACK timeout (nothing came back at all) halves it too, once
+//!   per round trip (not a restart from the minimum as TCP's RTO: the
+//!   window is shared by every QP to the peer).
 //! - Growth stops while the measured round trip exceeds the smallest one
 //!   by more than [`LossWindowConfig::delay_target`]: a queue is building
 //!   at the receiver (a socket buffer, a slow VM) before it overflows.
@@ -22,12 +22,12 @@ use crate::{Acked, CcState, Controller, Nanos, Signal};
 pub struct LossWindowConfig {
     /// The window a peer starts with.
     pub initial: u64,
-    /// The least window (after a timeout).
+    /// The least window.
     pub min: u64,
     /// The largest window.
     pub max: u64,
     /// Queueing delay (round trip above the smallest seen) above which the
-    /// window stops growing.
+    /// window stops growing (0: never held).
     pub delay_target: Nanos,
     /// The least time between two cuts when no round trip is measured yet.
     pub min_epoch: Nanos,
@@ -97,7 +97,9 @@ impl LossWindow {
 
     /// Whether the last round trip says a queue is building.
     fn delayed(&self) -> bool {
-        self.min_rtt > 0 && self.last_rtt > self.min_rtt.saturating_add(self.cfg.delay_target)
+        self.cfg.delay_target > 0
+            && self.min_rtt > 0
+            && self.last_rtt > self.min_rtt.saturating_add(self.cfg.delay_target)
     }
 
     fn epoch(&self) -> Nanos {
@@ -143,13 +145,14 @@ impl Controller for LossWindow {
             return;
         }
         match signal {
-            Signal::SequenceError | Signal::Cnp => {
+            // A timeout halves too, rather than restarting from the
+            // minimum as TCP does: the window is shared by every QP to the
+            // peer, and one QP's lost ACK would otherwise throttle them all
+            // (4,000 QPs of `ib_write_bw -q 4000 -n 5 -s 64` on loopback:
+            // 0.006 Mpps restarting, 0.038 halving).
+            Signal::SequenceError | Signal::Cnp | Signal::Timeout => {
                 self.ssthresh = (self.cwnd / 2).max(self.cfg.min);
                 self.cwnd = self.ssthresh;
-            }
-            Signal::Timeout => {
-                self.ssthresh = (self.cwnd / 2).max(self.cfg.min);
-                self.cwnd = self.cfg.min;
             }
         }
         self.grow = 0;
@@ -216,25 +219,16 @@ mod tests {
     }
 
     #[test]
-    fn a_timeout_restarts_from_the_minimum_and_slow_starts_to_half() {
+    fn a_timeout_halves_the_shared_window() {
         let mut w = LossWindow::new(LossWindowConfig {
             initial: 64,
             ..Default::default()
         });
         w.on_congestion(0, Signal::Timeout);
-        assert_eq!(w.window(), Some(2));
+        assert_eq!(w.window(), Some(32));
+        // Past ssthresh: additive increase (1 per 32 acknowledged).
         w.on_ack(1_000_000, ack(64, 10_000));
-        assert_eq!(
-            w.window(),
-            Some(32),
-            "slow start stops at half the old window"
-        );
-        w.on_ack(1_000_000, ack(64, 10_000));
-        assert_eq!(
-            w.window(),
-            Some(33),
-            "then 1 per 32 acknowledged (64 = 32 + 33 - 1)"
-        );
+        assert_eq!(w.window(), Some(33));
         assert_eq!(w.state().cuts, 1);
     }
 
@@ -249,7 +243,7 @@ mod tests {
         w.on_congestion(1_400_000, Signal::SequenceError);
         assert_eq!(w.window(), Some(32));
         w.on_congestion(1_500_000, Signal::Timeout);
-        assert_eq!(w.window(), Some(2), "a new round trip: cut again");
+        assert_eq!(w.window(), Some(16), "a new round trip: cut again");
     }
 
     #[test]
