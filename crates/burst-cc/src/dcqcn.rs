@@ -105,7 +105,7 @@ pub enum DcqcnStage {
 /// ```
 /// use burst_cc::{Controller, Dcqcn, DcqcnConfig, DcqcnStage, Signal};
 /// let cfg = DcqcnConfig::with_line_rate(1_000_000);
-/// let mut rp = Dcqcn::new(cfg, 0);
+/// let mut rp = Dcqcn::new(cfg);
 /// rp.on_congestion(0, Signal::Cnp);
 /// assert_eq!(rp.rate(), Some(500_000));
 /// rp.handle_timeout(cfg.timer); // one timer step of fast recovery
@@ -135,9 +135,8 @@ pub struct Dcqcn {
 }
 
 impl Dcqcn {
-    /// A flow at the line rate at `now`.
-    pub fn new(cfg: DcqcnConfig, now: Nanos) -> Dcqcn {
-        let _ = now;
+    /// A flow at the line rate (its timers start with the first CNP).
+    pub fn new(cfg: DcqcnConfig) -> Dcqcn {
         Dcqcn {
             cfg,
             rc: cfg.line_rate as f64,
@@ -380,7 +379,7 @@ mod tests {
     fn rate_after_k_cnps_follows_the_papers_recurrence() {
         // CNPs 10 us apart (less than K: alpha only grows).
         let c = cfg();
-        let mut rp = Dcqcn::new(c, 0);
+        let mut rp = Dcqcn::new(c);
         let (mut rc, mut alpha) = (1_000_000f64, 1.0f64);
         for k in 0..6u64 {
             rp.on_congestion(k * 10_000, Signal::Cnp);
@@ -395,7 +394,7 @@ mod tests {
     #[test]
     fn alpha_decays_every_k_without_a_cnp() {
         let c = cfg();
-        let mut rp = Dcqcn::new(c, 0);
+        let mut rp = Dcqcn::new(c);
         rp.on_congestion(0, Signal::Cnp);
         let a0 = rp.alpha();
         rp.handle_timeout(3 * 55_000 + 1);
@@ -417,7 +416,7 @@ mod tests {
         // steps halve the distance to RT, then RT is already at the line
         // rate, so additive steps keep halving toward it.
         let c = cfg();
-        let mut rp = Dcqcn::new(c, 0);
+        let mut rp = Dcqcn::new(c);
         rp.on_congestion(0, Signal::Cnp);
         let mut rc = 500_000f64;
         let mut t = 0;
@@ -442,7 +441,7 @@ mod tests {
     fn additive_and_hyper_increase_raise_the_target() {
         // Two cuts so RT is below the line: RT = 500k after the second.
         let c = cfg();
-        let mut rp = Dcqcn::new(c, 0);
+        let mut rp = Dcqcn::new(c);
         rp.on_congestion(0, Signal::Cnp); // RC 500k, RT 1M, alpha 1
         rp.on_congestion(10_000, Signal::Cnp); // RC 250k, RT 500k
         assert_eq!(rp.target_rate(), 500_000);
@@ -482,7 +481,7 @@ mod tests {
     fn cuts_are_bounded_below_and_spaced() {
         let mut c = cfg();
         c.min_dec_factor = 0.75;
-        let mut rp = Dcqcn::new(c, 0);
+        let mut rp = Dcqcn::new(c);
         rp.on_congestion(0, Signal::Cnp);
         assert_eq!(rp.rate(), Some(750_000), "min_dec_factor bounds one cut");
         rp.on_congestion(1_000, Signal::Cnp);
@@ -492,7 +491,7 @@ mod tests {
         }
         assert_eq!(rp.rate(), Some(1_000), "never below min_rate");
         // Losses are not DCQCN's signal.
-        let mut other = Dcqcn::new(c, 0);
+        let mut other = Dcqcn::new(c);
         other.on_congestion(0, Signal::Timeout);
         other.on_congestion(0, Signal::SequenceError);
         assert_eq!(other.rate(), Some(1_000_000));

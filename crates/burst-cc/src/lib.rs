@@ -18,7 +18,7 @@
 //!
 //! ```
 //! use burst_cc::{Controller, Dcqcn, DcqcnConfig, Signal};
-//! let mut cc = Dcqcn::new(DcqcnConfig::default(), 0);
+//! let mut cc = Dcqcn::new(DcqcnConfig::default());
 //! let line = cc.rate().unwrap();
 //! cc.on_congestion(10_000, Signal::Cnp);
 //! // The first cut halves the rate (alpha starts at 1: RC *= 1 - alpha/2).

@@ -106,11 +106,11 @@ impl Congestion {
     }
 
     /// The QP was connected to `peer`'s QP `dest_qpn` (modify to RTR).
-    pub fn connect(&mut self, f: &mut QpFlow, qp: &Qp, peer: SocketAddr, dest: Qpn, now: u64) {
+    pub fn connect(&mut self, f: &mut QpFlow, qp: &Qp, peer: SocketAddr, dest: Qpn) {
         self.forget(f, qp);
         f.peer = Some(peer);
         f.dest_qpn = dest;
-        f.rate = self.algo.dcqcn().map(|c| Dcqcn::new(c, now));
+        f.rate = self.algo.dcqcn().map(Dcqcn::new);
         if self.algo.loss_window() {
             self.peers.entry(peer.ip()).or_insert_with(|| Peer {
                 window: LossWindow::new(Default::default()),
@@ -173,8 +173,7 @@ impl Congestion {
             r.handle_timeout(now);
             if now < f.next_send {
                 credit = Some(0);
-                self.pace_wakeup =
-                    Some(self.pace_wakeup.map_or(f.next_send, |w| w.min(f.next_send)));
+                self.wake_at(f.next_send);
             } else {
                 let gap = packet_gap(qp.mtu().bytes() as u64, r.rate());
                 let due = (1 + (now - f.next_send) / gap.max(1)).min(PACE_BURST) as u32;
@@ -200,8 +199,7 @@ impl Congestion {
         if held {
             self.counters.held += 1;
             if f.rate.is_some() && f.next_send > now {
-                self.pace_wakeup =
-                    Some(self.pace_wakeup.map_or(f.next_send, |w| w.min(f.next_send)));
+                self.wake_at(f.next_send);
             }
         }
     }
@@ -231,6 +229,11 @@ impl Congestion {
                 self.cnps.push((peer, f.dest_qpn));
             }
         }
+    }
+
+    /// A paced QP may send again at `t`: the round's wake-up is the earliest.
+    fn wake_at(&mut self, t: u64) {
+        self.pace_wakeup = Some(self.pace_wakeup.map_or(t, |w| w.min(t)));
     }
 
     /// A transmit round begins: the pacing wake-up is found again.

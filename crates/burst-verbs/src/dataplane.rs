@@ -295,7 +295,6 @@ impl<P: Port> Device<P> {
             tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
             return Err(VerbsError::InvalidValue("ah"));
         }
-        let now = self.now();
         let s = slot_in(&mut self.qps, qpn)?;
         let r = s.qp.modify(attr);
         match &r {
@@ -307,7 +306,7 @@ impl<P: Port> Device<P> {
             Some((ah, dest)) => {
                 if let Some(&peer) = self.ahs.get(ah as usize) {
                     if Congestion::connected_to(&s.flow) != Some((peer, dest)) {
-                        self.cc.connect(&mut s.flow, &s.qp, peer, dest, now);
+                        self.cc.connect(&mut s.flow, &s.qp, peer, dest);
                     }
                 }
             }
