@@ -31,8 +31,12 @@
 //! implement the same [`Port`] trait.
 
 mod lossy;
+mod neigh;
+pub mod raw;
 mod sim;
 mod sys;
+#[cfg(feature = "af-xdp")]
+pub mod xdp;
 
 pub use burst_wire::icrc::Check as IcrcCheck;
 pub use lossy::LossyPort;
@@ -112,6 +116,49 @@ pub struct RxMeta {
     /// The IP ECN bits (0 where the port cannot see them); 3 is CE, the
     /// congestion mark DCQCN reacts to.
     pub ecn: u8,
+    /// The port verified the packet's ICRC over its IP and UDP headers as
+    /// received (whole-frame ports); the caller need not check it again.
+    pub icrc_verified: bool,
+}
+
+/// What a port counted of the frames it moved (whole-frame ports; a UDP
+/// socket leaves these at 0: the kernel filters for it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    /// Frames received from the link.
+    pub rx_frames: u64,
+    /// Frames that were not RoCEv2 (not IP, not UDP, not port 4791,
+    /// fragments), dropped.
+    pub rx_not_roce: u64,
+    /// Frames for another MAC or IP address, dropped.
+    pub rx_not_ours: u64,
+    /// RoCEv2 frames that were truncated or malformed (bad lengths, IP
+    /// checksum, BTH), dropped.
+    pub rx_malformed: u64,
+    /// RoCEv2 frames whose ICRC did not verify, dropped.
+    pub rx_bad_icrc: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Packets that could not be framed (no room, mixed families), dropped.
+    pub tx_errors: u64,
+    /// Packets held while their peer's MAC was resolved.
+    pub tx_held: u64,
+    /// Packets dropped because their peer's MAC did not resolve in time
+    /// (or too many waited).
+    pub tx_unresolved: u64,
+    /// Neighbour resolutions started.
+    pub resolutions: u64,
+    /// Neighbours resolved.
+    pub resolved: u64,
+    /// Resolutions that could not be asked for (netlink errors, IPv6
+    /// without a kernel to ask).
+    pub resolve_errors: u64,
+    /// ARP packets received (ports that own their link).
+    pub arp_received: u64,
+    /// ARP requests sent.
+    pub arp_requests: u64,
+    /// ARP replies sent.
+    pub arp_replies: u64,
 }
 
 /// Burst receive and transmit of RoCEv2 transport packets (UDP payloads:
@@ -156,6 +203,10 @@ pub trait Port {
             "this port has no readiness handle",
         ))
     }
+    /// What the port counted (zero for ports that count nothing).
+    fn counters(&self) -> PortCounters {
+        PortCounters::default()
+    }
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
@@ -173,6 +224,9 @@ impl<P: Port + ?Sized> Port for Box<P> {
     }
     fn readiness(&self) -> io::Result<Readiness> {
         (**self).readiness()
+    }
+    fn counters(&self) -> PortCounters {
+        (**self).counters()
     }
 }
 
@@ -230,6 +284,7 @@ struct RxMsg {
     peer: SocketAddr,
     ip_id: Option<u16>,
     ecn: u8,
+    icrc_verified: bool,
 }
 
 /// Receive buffers for [`Port::recv_batch`]: up to [`BURST`] datagrams of up
@@ -289,9 +344,32 @@ impl RxBatch {
                 peer: m.peer,
                 ip_id: m.ip_id,
                 ecn: m.ecn,
+                icrc_verified: m.icrc_verified,
             };
             segments(&b[..m.len], m.seg).map(move |p| (meta, p))
         })
+    }
+
+    /// Appends a copy of one packet (ports that do not receive into the
+    /// batch's buffers); false when the batch is full or the packet too big.
+    pub(crate) fn push(&mut self, meta: RxMeta, bytes: &[u8]) -> bool {
+        let i = self.msgs.len();
+        let Some(buf) = self.bufs.get_mut(i) else {
+            return false;
+        };
+        let Some(dst) = buf.get_mut(..bytes.len()) else {
+            return false;
+        };
+        dst.copy_from_slice(bytes);
+        self.msgs.push(RxMsg {
+            len: bytes.len(),
+            seg: bytes.len(),
+            peer: meta.peer,
+            ip_id: meta.ip_id,
+            ecn: meta.ecn,
+            icrc_verified: meta.icrc_verified,
+        });
+        true
     }
 
     /// Datagrams (system-level messages) the last call received.
@@ -327,16 +405,23 @@ impl std::fmt::Debug for RxBatch {
     }
 }
 
-/// Waits for a [`UdpPort`]'s datagrams without receiving them (see
-/// [`UdpPort::readiness`]): lets an engine thread sleep until traffic comes.
+/// Waits for a port's traffic without receiving it (see
+/// [`Port::readiness`]): lets an engine thread sleep until traffic comes.
 #[derive(Debug)]
-pub struct Readiness(UdpSocket);
+pub struct Readiness(std::os::fd::OwnedFd);
 
 impl Readiness {
+    /// A handle over a file descriptor that polls readable when the port
+    /// has traffic (a socket, an AF_XDP socket, an eventfd).
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Readiness {
+        Readiness(fd)
+    }
+
     /// Blocks until a datagram is waiting or `timeout` passes; returns
     /// whether one is.
     pub fn wait(&self, timeout: std::time::Duration) -> io::Result<bool> {
-        sys::wait_readable(&self.0, timeout)
+        use std::os::fd::AsRawFd;
+        sys::wait_readable(self.0.as_raw_fd(), timeout)
     }
 }
 
@@ -392,7 +477,8 @@ impl UdpPort {
     /// whether one is (for event-driven receivers; the port itself never
     /// blocks).
     pub fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
-        sys::wait_readable(&self.sock, timeout)
+        use std::os::fd::AsRawFd;
+        sys::wait_readable(self.sock.as_raw_fd(), timeout)
     }
 
     /// Whether sends use GSO (off where the kernel lacks `UDP_SEGMENT`, or
@@ -472,6 +558,6 @@ impl Port for UdpPort {
     }
 
     fn readiness(&self) -> io::Result<Readiness> {
-        Ok(Readiness(self.sock.try_clone()?))
+        Ok(Readiness(self.sock.try_clone()?.into()))
     }
 }

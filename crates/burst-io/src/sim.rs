@@ -416,6 +416,7 @@ impl Port for SimPort {
                 peer: f.src,
                 ip_id: (!hide).then_some(f.ip_id),
                 ecn: f.ecn,
+                icrc_verified: false,
             });
             got += 1;
         }

@@ -168,9 +168,12 @@ fn from_sockaddr(s: &SockAddr) -> SocketAddr {
 }
 
 /// poll(2) for readability.
-pub(crate) fn wait_readable(sock: &UdpSocket, timeout: std::time::Duration) -> io::Result<bool> {
+pub(crate) fn wait_readable(
+    fd: std::os::fd::RawFd,
+    timeout: std::time::Duration,
+) -> io::Result<bool> {
     let mut p = libc::pollfd {
-        fd: sock.as_raw_fd(),
+        fd,
         events: libc::POLLIN,
         revents: 0,
     };
@@ -288,6 +291,7 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
             peer: from_sockaddr(&h.addrs[i]),
             ip_id: None,
             ecn: tos & 0b11,
+            icrc_verified: false,
         });
     }
     Ok(())

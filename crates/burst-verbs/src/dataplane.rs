@@ -146,6 +146,7 @@ impl<P: Port> Device<P> {
     pub fn counters(&self) -> DeviceCounters {
         let mut c = self.counters;
         c.cc = self.cc.counters;
+        c.port = self.port.counters();
         c.qps = self.destroyed;
         for s in self.qps.iter().flatten() {
             c.qps.accumulate(s.qp.counters());
@@ -565,7 +566,13 @@ impl<P: Port> Device<P> {
                 self.counters.malformed += 1;
                 continue;
             };
-            match self.icrc.check(peer, local, bytes, meta.ip_id) {
+            let check = if meta.icrc_verified {
+                // Checked by the port over the headers as received.
+                IcrcCheck::Ok
+            } else {
+                self.icrc.check(peer, local, bytes, meta.ip_id)
+            };
+            match check {
                 IcrcCheck::Ok => self.counters.icrc_verified += 1,
                 IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
                 IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
@@ -792,7 +799,7 @@ impl<P: Port> Drop for Device<P> {
             "device {} closing: sent {} packets ({} request payload bytes), received {}, \
              retransmitted {} in {} go-backs, ACK timeouts {}, sequence errors (NAKs, READ gaps) {}, \
              RETRY_EXC_ERR {}, CNPs sent {} received {}, CE seen {}, window cuts {}, rate cuts {}, \
-             ICRC errors {}, congestion control {}",
+             ICRC errors {}, congestion control {}; port: {:?}",
             self.port.local_addr().ip(),
             c.sent_pkts,
             c.qps.sent_bytes,
@@ -808,7 +815,8 @@ impl<P: Port> Drop for Device<P> {
             c.cc.window_cuts,
             c.cc.rate_cuts,
             c.icrc_errors,
-            self.cc.algorithm().name()
+            self.cc.algorithm().name(),
+            c.port
         );
     }
 }

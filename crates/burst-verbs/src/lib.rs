@@ -85,6 +85,9 @@ pub struct DeviceCounters {
     pub qps: burst_transport::Counters,
     /// Congestion control: CNPs, CE marks, window and rate cuts.
     pub cc: CongestionCounters,
+    /// What the port counted (whole-frame ports: frames not for burst,
+    /// malformed, bad ICRC, neighbour resolution).
+    pub port: burst_io::PortCounters,
 }
 
 pub use congestion::CongestionCounters;

@@ -1,0 +1,726 @@
+//! Whole-frame ports: burst builds and parses Ethernet, IP and UDP itself.
+//!
+//! Kernel-bypass links (AF_XDP, DPDK) move Ethernet frames, not UDP
+//! payloads. [`RawPort`] turns any such [`FrameLink`] into a [`Port`]: on
+//! send it writes the Ethernet header (the peer's MAC from its neighbour
+//! table), the IP header with an IP ID sequence of its own (like a kernel
+//! sender; the ICRC covers the ID, so [`Port::assign_ip_ids`] hands it out
+//! before sealing), UDP from port 4791 and ECT(0); on receive it parses the
+//! frame with burst-wire and verifies the ICRC over the headers as they came
+//! (full strength: nothing is solved for or assumed), so the data plane sees
+//! [`RxMeta::icrc_verified`] and skips its own check. Frames it cannot use
+//! are counted in [`PortCounters`] and dropped.
+//!
+//! **Neighbours.** A peer's MAC comes from one of two places
+//! ([`Resolution`]): the kernel's neighbour table through netlink, with
+//! resolution triggered when the entry is missing (AF_XDP, where the kernel
+//! still owns the interface and answers ARP), or burst's own ARP (DPDK,
+//! where burst owns the link: it answers ARP requests for its address and
+//! asks for its peers'). Packets to a peer being resolved are held, as the
+//! kernel's `unres_qlen` does, and sent once its MAC is known; after
+//! [`RESOLVE_TIMEOUT`] without an answer they are dropped and counted (the
+//! transport retransmits). A RoCE frame received from a peer also teaches
+//! its MAC. Peers are taken to be on the link (no gateway lookup).
+//!
+//! ```
+//! use burst_io::raw::{MemLink, RawPort, Resolution};
+//! use burst_io::{PacketBuf, Port, RxBatch};
+//! let (la, lb) = MemLink::pair([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+//! let mut a = RawPort::new(la, "198.18.0.1".parse().unwrap(), Resolution::Own);
+//! let mut b = RawPort::new(lb, "198.18.0.2".parse().unwrap(), Resolution::Own);
+//! let mut p = PacketBuf::new();
+//! // A 12-byte BTH (SEND ONLY to QP 0x11) and the ICRC.
+//! p.data[..12].copy_from_slice(&[4, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1]);
+//! p.len = 16;
+//! p.peer = b.local_addr();
+//! a.assign_ip_ids(std::slice::from_mut(&mut p));
+//! burst_io::seal(a.local_addr(), p.peer, &mut p.data[..16], p.ip_id).unwrap();
+//! assert_eq!(a.send_burst(std::slice::from_ref(&p)).unwrap(), 1); // held: ARP first
+//! let mut rx = RxBatch::default();
+//! b.recv_batch(&mut rx).unwrap(); // answers the ARP request
+//! a.recv_batch(&mut rx).unwrap(); // learns the MAC, sends the held packet
+//! assert_eq!(b.recv_batch(&mut rx).unwrap(), 1);
+//! let (meta, bytes) = rx.frames().next().unwrap();
+//! assert!(meta.icrc_verified);
+//! assert_eq!((meta.peer, bytes), (a.local_addr(), p.bytes()));
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burst_wire::frame::{ETH_LEN, UDP_LEN};
+use burst_wire::{IpRepr, RoceFrame, UdpRepr, ROCEV2_PORT};
+
+use crate::{PacketBuf, Port, PortCounters, Readiness, RxBatch, RxMeta};
+
+/// A link that moves whole Ethernet frames (without FCS): an AF_XDP socket,
+/// a DPDK port queue, or an in-memory pair ([`MemLink`]).
+pub trait FrameLink: Send {
+    /// The interface or device name (for messages).
+    fn name(&self) -> &str;
+    /// The link's MAC address.
+    fn mac(&self) -> [u8; 6];
+    /// Receives up to `max` frames without blocking, calling `f` on each
+    /// (the bytes are valid only during the call); returns how many.
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize>;
+    /// Sends up to `n` frames: `fill(i, buf)` writes frame `i` into the
+    /// link's buffer `buf` and returns its length (0: skip it). Returns how
+    /// many of the `n` the link took (fewer when its queue is full).
+    fn send(
+        &mut self,
+        n: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
+    ) -> io::Result<usize>;
+    /// A handle that waits for received frames from another thread.
+    fn readiness(&self) -> io::Result<Readiness> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this link has no readiness handle",
+        ))
+    }
+}
+
+/// Where a [`RawPort`] learns its peers' MAC addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The kernel owns the interface (AF_XDP): read its neighbour table
+    /// through netlink and ask it to resolve missing entries.
+    Kernel {
+        /// The interface index.
+        ifindex: u32,
+    },
+    /// burst owns the link (DPDK): answer ARP for the local address and
+    /// send ARP requests for peers.
+    Own,
+}
+
+/// How long packets wait for a peer's MAC before they are dropped.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Packets held per peer while it is resolved (the kernel's default
+/// `unres_qlen` is 101).
+pub const HELD_PER_PEER: usize = 128;
+/// Between two looks at the kernel's table (or two ARP requests) for a
+/// peer being resolved.
+const PROBE_EVERY: Duration = Duration::from_millis(1);
+const ARP_EVERY: Duration = Duration::from_millis(200);
+/// How often a known kernel neighbour is looked up again (its MAC may change).
+const REFRESH_EVERY: Duration = Duration::from_secs(10);
+
+const ETHERTYPE_ARP: u16 = 0x0806;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const ETHERTYPE_IPV6: u16 = 0x86dd;
+const ARP_LEN: usize = 28;
+/// ECT(0): RoCEv2 senders mark their packets ECN-capable (DCQCN).
+const ECT0: u8 = 0b10;
+
+struct Held {
+    peer: SocketAddr,
+    ip_id: u16,
+    bytes: Vec<u8>,
+}
+
+struct Neighbour {
+    mac: Option<[u8; 6]>,
+    /// When resolution started (or the MAC was last confirmed).
+    since: Instant,
+    /// Last look at the kernel's table, or last ARP request.
+    probed: Option<Instant>,
+    held: VecDeque<Held>,
+}
+
+/// A [`Port`] over a [`FrameLink`]: see the module documentation.
+pub struct RawPort<L> {
+    link: L,
+    local: SocketAddr,
+    mac: [u8; 6],
+    resolution: Resolution,
+    netlink: Option<crate::neigh::Netlink>,
+    neighbours: HashMap<IpAddr, Neighbour>,
+    next_id: std::cell::Cell<u16>,
+    counters: PortCounters,
+    /// Frames to send besides transport packets (ARP replies, requests).
+    control: Vec<Vec<u8>>,
+    /// Scratch: the MAC of each packet of a send burst.
+    macs: Vec<[u8; 6]>,
+    /// Scratch: which packets of a send burst go out now.
+    ready: Vec<usize>,
+}
+
+impl<L: FrameLink> RawPort<L> {
+    /// A port for `ip` (an address of the link; RoCEv2's UDP port 4791).
+    pub fn new(link: L, ip: IpAddr, resolution: Resolution) -> RawPort<L> {
+        let mac = link.mac();
+        // Start the ID sequence somewhere arbitrary, as kernels do.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        RawPort {
+            link,
+            local: SocketAddr::new(ip, ROCEV2_PORT),
+            mac,
+            netlink: None,
+            resolution,
+            neighbours: HashMap::new(),
+            next_id: std::cell::Cell::new((seed ^ (seed >> 16)) as u16),
+            counters: PortCounters::default(),
+            control: Vec::new(),
+            macs: Vec::new(),
+            ready: Vec::new(),
+        }
+    }
+
+    /// The link.
+    pub fn link(&self) -> &L {
+        &self.link
+    }
+
+    /// The link, mutably.
+    pub fn link_mut(&mut self) -> &mut L {
+        &mut self.link
+    }
+
+    /// Records `mac` as the MAC of `ip` (a static neighbour entry).
+    pub fn set_neighbour(&mut self, ip: IpAddr, mac: [u8; 6]) {
+        self.learn(ip, mac);
+    }
+
+    /// The MAC known for `ip`, if any.
+    pub fn neighbour(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        self.neighbours.get(&ip).and_then(|n| n.mac)
+    }
+
+    fn learn(&mut self, ip: IpAddr, mac: [u8; 6]) {
+        let now = Instant::now();
+        let n = self.neighbours.entry(ip).or_insert_with(|| Neighbour {
+            mac: None,
+            since: now,
+            probed: None,
+            held: VecDeque::new(),
+        });
+        if n.mac.is_none() {
+            self.counters.resolved += 1;
+        }
+        n.mac = Some(mac);
+        n.since = now;
+    }
+
+    /// The MAC of `ip`, or `None` after starting (or continuing) its resolution.
+    fn lookup(&mut self, ip: IpAddr, now: Instant) -> Option<[u8; 6]> {
+        if let Some(n) = self.neighbours.get(&ip) {
+            if n.mac.is_some() {
+                return n.mac;
+            }
+        } else {
+            self.neighbours.insert(
+                ip,
+                Neighbour {
+                    mac: None,
+                    since: now,
+                    probed: None,
+                    held: VecDeque::new(),
+                },
+            );
+            self.counters.resolutions += 1;
+            self.probe(ip, now);
+        }
+        self.neighbours.get(&ip).and_then(|n| n.mac)
+    }
+
+    /// Asks for `ip`'s MAC: the kernel's table (triggering its resolution),
+    /// or an ARP request of our own.
+    fn probe(&mut self, ip: IpAddr, now: Instant) {
+        match self.resolution.clone() {
+            Resolution::Kernel { ifindex } => {
+                if self.netlink.is_none() {
+                    match crate::neigh::Netlink::open() {
+                        Ok(n) => self.netlink = Some(n),
+                        Err(e) => {
+                            self.counters.resolve_errors += 1;
+                            tracing::warn!("burst-io: netlink: {e}");
+                            return;
+                        }
+                    }
+                }
+                let nl = self.netlink.as_mut().expect("opened above");
+                let first = self.neighbours.get(&ip).is_some_and(|n| n.probed.is_none());
+                match nl.lookup(ifindex, ip) {
+                    Ok(Some(mac)) => {
+                        self.learn(ip, mac);
+                        return;
+                    }
+                    Ok(None) if first => {
+                        if nl.solicit(ifindex, ip).is_err() {
+                            self.counters.resolve_errors += 1;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(_) => self.counters.resolve_errors += 1,
+                }
+                if let Some(n) = self.neighbours.get_mut(&ip) {
+                    n.probed = Some(now);
+                }
+            }
+            Resolution::Own => {
+                let due = self
+                    .neighbours
+                    .get(&ip)
+                    .is_none_or(|n| n.probed.is_none_or(|t| now - t >= ARP_EVERY));
+                if !due {
+                    return;
+                }
+                if let (IpAddr::V4(target), IpAddr::V4(me)) = (ip, self.local.ip()) {
+                    let frame = arp(1, self.mac, me, [0xff; 6], [0; 6], target);
+                    self.control.push(frame);
+                    self.counters.arp_requests += 1;
+                } else {
+                    // IPv6 neighbour discovery is not spoken by burst yet.
+                    self.counters.resolve_errors += 1;
+                }
+                if let Some(n) = self.neighbours.get_mut(&ip) {
+                    n.probed = Some(now);
+                }
+            }
+        }
+    }
+
+    /// Moves along the peers being resolved: asks again, drops what waited
+    /// too long, sends what can go; and refreshes old kernel entries.
+    fn poll_neighbours(&mut self) -> io::Result<()> {
+        if self.neighbours.values().all(|n| n.mac.is_some() && n.held.is_empty())
+            && !matches!(self.resolution, Resolution::Kernel { .. })
+        {
+            return self.flush_control();
+        }
+        let now = Instant::now();
+        let pending: Vec<IpAddr> = self
+            .neighbours
+            .iter()
+            .filter(|(_, n)| {
+                n.mac.is_none() && n.probed.is_none_or(|t| now - t >= PROBE_EVERY)
+                    || (n.mac.is_some()
+                        && matches!(self.resolution, Resolution::Kernel { .. })
+                        && now - n.since >= REFRESH_EVERY)
+            })
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in pending {
+            let known = self.neighbours.get(&ip).is_some_and(|n| n.mac.is_some());
+            if known {
+                // A refresh: forget and look again (packets meanwhile wait).
+                if let Some(n) = self.neighbours.get_mut(&ip) {
+                    n.mac = None;
+                    n.since = now;
+                    n.probed = None;
+                }
+                self.counters.resolutions += 1;
+            }
+            self.probe(ip, now);
+        }
+        let mut expired = 0;
+        for n in self.neighbours.values_mut() {
+            if n.mac.is_none() && now - n.since >= RESOLVE_TIMEOUT && !n.held.is_empty() {
+                expired += n.held.len() as u64;
+                n.held.clear();
+            }
+        }
+        self.counters.tx_unresolved += expired;
+        self.flush_control()?;
+        self.flush_held()
+    }
+
+    fn flush_control(&mut self) -> io::Result<()> {
+        if self.control.is_empty() {
+            return Ok(());
+        }
+        let frames = std::mem::take(&mut self.control);
+        let took = self.link.send(frames.len(), &mut |i, buf| {
+            let f = &frames[i];
+            if buf.len() < f.len() {
+                return 0;
+            }
+            buf[..f.len()].copy_from_slice(f);
+            f.len()
+        })?;
+        // What the link could not take now goes next time.
+        self.control.extend(frames.into_iter().skip(took));
+        Ok(())
+    }
+
+    /// Sends the packets held for peers now resolved.
+    fn flush_held(&mut self) -> io::Result<()> {
+        let ready: Vec<IpAddr> = self
+            .neighbours
+            .iter()
+            .filter(|(_, n)| n.mac.is_some() && !n.held.is_empty())
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in ready {
+            let n = self.neighbours.get_mut(&ip).expect("listed above");
+            let mac = n.mac.expect("resolved");
+            let held = std::mem::take(&mut n.held);
+            let (src, smac) = (self.local, self.mac);
+            let items: Vec<&Held> = held.iter().collect();
+            let took = self.link.send(items.len(), &mut |i, buf| {
+                let h = items[i];
+                write_frame(buf, smac, mac, src, h.peer, h.ip_id, &h.bytes)
+            })?;
+            self.counters.tx_frames += took as u64;
+            let n = self.neighbours.get_mut(&ip).expect("listed above");
+            n.held = held.into_iter().skip(took).collect();
+        }
+        Ok(())
+    }
+}
+
+/// Writes the frame of transport packet `ib` from `src` to `dst` into `buf`;
+/// returns its length, or 0 when `buf` is too small or the families differ.
+fn write_frame(
+    buf: &mut [u8],
+    smac: [u8; 6],
+    dmac: [u8; 6],
+    src: SocketAddr,
+    dst: SocketAddr,
+    ip_id: u16,
+    ib: &[u8],
+) -> usize {
+    let mut ip = match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::v4(s, d),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IpRepr::v6(s, d),
+        _ => return 0,
+    };
+    match &mut ip {
+        IpRepr::V4(v) => {
+            v.ident = ip_id;
+            v.ecn = ECT0;
+        }
+        IpRepr::V6(v) => v.traffic_class = ECT0,
+    }
+    let ethertype = match ip {
+        IpRepr::V4(_) => ETHERTYPE_IPV4,
+        IpRepr::V6(_) => ETHERTYPE_IPV6,
+    };
+    let udp = UdpRepr {
+        src_port: src.port(),
+        dst_port: dst.port(),
+        checksum: 0,
+    };
+    let at = ETH_LEN + ip.header_len() + UDP_LEN;
+    let len = at + ib.len();
+    if buf.len() < len {
+        return 0;
+    }
+    buf[0..6].copy_from_slice(&dmac);
+    buf[6..12].copy_from_slice(&smac);
+    buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
+    if burst_wire::emit_ip_udp(&ip, &udp, UDP_LEN + ib.len(), &mut buf[ETH_LEN..at]).is_err() {
+        return 0;
+    }
+    buf[at..len].copy_from_slice(ib);
+    len
+}
+
+/// An ARP frame (`op` 1 request, 2 reply).
+fn arp(
+    op: u16,
+    smac: [u8; 6],
+    sip: Ipv4Addr,
+    dmac: [u8; 6],
+    tmac: [u8; 6],
+    tip: Ipv4Addr,
+) -> Vec<u8> {
+    let mut f = vec![0u8; ETH_LEN + ARP_LEN];
+    f[0..6].copy_from_slice(&dmac);
+    f[6..12].copy_from_slice(&smac);
+    f[12..14].copy_from_slice(&ETHERTYPE_ARP.to_be_bytes());
+    let a = &mut f[ETH_LEN..];
+    a[0..2].copy_from_slice(&1u16.to_be_bytes()); // Ethernet
+    a[2..4].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    a[4] = 6;
+    a[5] = 4;
+    a[6..8].copy_from_slice(&op.to_be_bytes());
+    a[8..14].copy_from_slice(&smac);
+    a[14..18].copy_from_slice(&sip.octets());
+    a[18..24].copy_from_slice(&tmac);
+    a[24..28].copy_from_slice(&tip.octets());
+    f
+}
+
+/// What a received frame is.
+enum Rx {
+    /// A RoCEv2 packet for us: meta, and where the transport packet lies.
+    Roce(RxMeta, std::ops::Range<usize>, [u8; 6]),
+    /// An ARP packet: operation, sender MAC and IP, target IP.
+    Arp(u16, [u8; 6], Ipv4Addr, Ipv4Addr),
+    /// Dropped; the counter was bumped.
+    Dropped,
+}
+
+fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], c: &mut PortCounters) -> Rx {
+    if frame.len() >= ETH_LEN + ARP_LEN
+        && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_ARP
+    {
+        let a = &frame[ETH_LEN..];
+        if a[0..2] == [0, 1] && a[2..4] == [8, 0] && a[4] == 6 && a[5] == 4 {
+            let op = u16::from_be_bytes([a[6], a[7]]);
+            let smac: [u8; 6] = a[8..14].try_into().expect("6 bytes");
+            let sip = Ipv4Addr::new(a[14], a[15], a[16], a[17]);
+            let tip = Ipv4Addr::new(a[24], a[25], a[26], a[27]);
+            return Rx::Arp(op, smac, sip, tip);
+        }
+    }
+    let dst_mac = frame.get(0..6).unwrap_or(&[]);
+    if dst_mac.len() == 6 && dst_mac != mac && dst_mac[0] & 1 == 0 {
+        c.rx_not_ours += 1;
+        return Rx::Dropped;
+    }
+    let f = match RoceFrame::parse_ethernet(frame) {
+        Ok(f) => f,
+        Err(
+            burst_wire::Error::NotIp(_)
+            | burst_wire::Error::NotUdp(_)
+            | burst_wire::Error::WrongUdpPort(_)
+            | burst_wire::Error::IpFragment,
+        ) => {
+            c.rx_not_roce += 1;
+            return Rx::Dropped;
+        }
+        Err(_) => {
+            c.rx_malformed += 1;
+            return Rx::Dropped;
+        }
+    };
+    let (src, dst, ip_id, ecn) = match f.ip {
+        IpRepr::V4(v) => (IpAddr::V4(v.src), IpAddr::V4(v.dst), Some(v.ident), v.ecn),
+        IpRepr::V6(v) => (
+            IpAddr::V6(v.src),
+            IpAddr::V6(v.dst),
+            None,
+            v.traffic_class & 0b11,
+        ),
+    };
+    if dst != local.ip() {
+        c.rx_not_ours += 1;
+        return Rx::Dropped;
+    }
+    if f.verify_icrc().is_err() {
+        c.rx_bad_icrc += 1;
+        return Rx::Dropped;
+    }
+    let ib = f.ib.as_bytes();
+    let start = ib.as_ptr() as usize - frame.as_ptr() as usize;
+    let meta = RxMeta {
+        peer: SocketAddr::new(src, f.udp.src_port),
+        ip_id,
+        ecn,
+        icrc_verified: true,
+    };
+    let smac = f.eth.map_or([0; 6], |e| e.src);
+    Rx::Roce(meta, start..start + ib.len(), smac)
+}
+
+impl<L: FrameLink> Port for RawPort<L> {
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
+        rx.msgs.clear();
+        let (local, mac) = (self.local, self.mac);
+        let max = rx.bufs.len();
+        let mut learned: Vec<(IpAddr, [u8; 6])> = Vec::new();
+        let mut arps: Vec<(u16, [u8; 6], Ipv4Addr, Ipv4Addr)> = Vec::new();
+        let counters = &mut self.counters;
+        self.link.recv(max, &mut |frame| {
+            counters.rx_frames += 1;
+            match classify(frame, local, mac, counters) {
+                Rx::Roce(meta, range, smac) => {
+                    if !rx.push(meta, &frame[range]) {
+                        counters.rx_malformed += 1;
+                    }
+                    learned.push((meta.peer.ip(), smac));
+                }
+                Rx::Arp(op, smac, sip, tip) => arps.push((op, smac, sip, tip)),
+                Rx::Dropped => {}
+            }
+        })?;
+        for (ip, smac) in learned {
+            if self.neighbours.get(&ip).is_none_or(|n| n.mac.is_none()) {
+                self.learn(ip, smac);
+            }
+        }
+        for (op, smac, sip, tip) in arps {
+            self.counters.arp_received += 1;
+            let IpAddr::V4(me) = self.local.ip() else {
+                continue;
+            };
+            if self.resolution != Resolution::Own {
+                continue;
+            }
+            // Learn the sender if it asks for us or answers us (RFC 826).
+            if tip == me || self.neighbours.contains_key(&IpAddr::V4(sip)) {
+                self.learn(IpAddr::V4(sip), smac);
+            }
+            if op == 1 && tip == me {
+                self.control.push(arp(2, self.mac, me, smac, smac, sip));
+                self.counters.arp_replies += 1;
+            }
+        }
+        self.poll_neighbours()?;
+        Ok(rx.msgs.len())
+    }
+
+    fn assign_ip_ids(&self, bufs: &mut [PacketBuf]) {
+        let mut id = self.next_id.get();
+        for b in bufs {
+            b.ip_id = id;
+            id = id.wrapping_add(1);
+        }
+        self.next_id.set(id);
+    }
+
+    fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
+        let now = Instant::now();
+        self.macs.clear();
+        self.ready.clear();
+        let mut held = 0;
+        for (i, b) in bufs.iter().enumerate() {
+            match self.lookup(b.peer.ip(), now) {
+                Some(m) => {
+                    self.ready.push(i);
+                    self.macs.push(m);
+                }
+                None => {
+                    let n = self.neighbours.get_mut(&b.peer.ip()).expect("lookup made it");
+                    if n.held.len() < HELD_PER_PEER {
+                        n.held.push_back(Held {
+                            peer: b.peer,
+                            ip_id: b.ip_id,
+                            bytes: b.bytes().to_vec(),
+                        });
+                        self.counters.tx_held += 1;
+                    } else {
+                        self.counters.tx_unresolved += 1;
+                    }
+                    held += 1;
+                }
+            }
+        }
+        self.flush_control()?;
+        let (src, smac) = (self.local, self.mac);
+        let (ready, macs) = (&self.ready, &self.macs);
+        let mut bad = 0;
+        let took = if ready.is_empty() {
+            0
+        } else {
+            self.link.send(ready.len(), &mut |k, buf| {
+                let b = &bufs[ready[k]];
+                let n = write_frame(buf, smac, macs[k], src, b.peer, b.ip_id, b.bytes());
+                if n == 0 {
+                    bad += 1;
+                }
+                n
+            })?
+        };
+        self.counters.tx_frames += (took - bad.min(took)) as u64;
+        self.counters.tx_errors += bad as u64;
+        if took < self.ready.len() {
+            // The link is full: report the packets before the first one it
+            // did not take, so the caller keeps the rest in order (held
+            // packets after it are held again when retried: a duplicate the
+            // transport discards).
+            return Ok(self.ready[took]);
+        }
+        let _ = held;
+        Ok(bufs.len())
+    }
+
+    fn readiness(&self) -> io::Result<Readiness> {
+        self.link.readiness()
+    }
+
+    fn counters(&self) -> PortCounters {
+        self.counters
+    }
+}
+
+/// An in-memory pair of [`FrameLink`]s joined back to back (tests, examples):
+/// what one sends, the other receives, in order.
+pub struct MemLink {
+    name: String,
+    mac: [u8; 6],
+    tx: Arc<Mutex<VecDeque<Vec<u8>>>>,
+    rx: Arc<Mutex<VecDeque<Vec<u8>>>>,
+    /// Frames the link takes per send call (a full ring takes fewer).
+    pub room: usize,
+}
+
+impl MemLink {
+    /// Two links joined to each other, with these MACs.
+    pub fn pair(a: [u8; 6], b: [u8; 6]) -> (MemLink, MemLink) {
+        let (x, y) = (Arc::default(), Arc::default());
+        let la = MemLink {
+            name: "mem0".into(),
+            mac: a,
+            tx: Arc::clone(&x),
+            rx: Arc::clone(&y),
+            room: usize::MAX,
+        };
+        let lb = MemLink {
+            name: "mem1".into(),
+            mac: b,
+            tx: y,
+            rx: x,
+            room: usize::MAX,
+        };
+        (la, lb)
+    }
+
+    /// Puts a frame on the wire towards this link (as if the peer sent it).
+    pub fn inject(&self, frame: &[u8]) {
+        self.rx.lock().expect("not poisoned").push_back(frame.to_vec());
+    }
+
+    /// Takes the frames this link sent that the peer has not received.
+    pub fn take_sent(&self) -> Vec<Vec<u8>> {
+        self.tx.lock().expect("not poisoned").drain(..).collect()
+    }
+}
+
+impl FrameLink for MemLink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let mut n = 0;
+        while n < max {
+            let Some(frame) = self.rx.lock().expect("not poisoned").pop_front() else {
+                break;
+            };
+            f(&frame);
+            n += 1;
+        }
+        Ok(n)
+    }
+    fn send(
+        &mut self,
+        n: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
+    ) -> io::Result<usize> {
+        let n = n.min(self.room);
+        let mut buf = vec![0u8; crate::MAX_PACKET];
+        let mut q = self.tx.lock().expect("not poisoned");
+        for i in 0..n {
+            let len = fill(i, &mut buf);
+            if len > 0 {
+                q.push_back(buf[..len].to_vec());
+            }
+        }
+        Ok(n)
+    }
+}
