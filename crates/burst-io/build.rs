@@ -11,7 +11,8 @@ mod af_xdp {
     use std::path::PathBuf;
 
     pub fn build() {
-        let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+        let manifest =
+            PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
         let src = manifest.join("../../ebpf/xdp_roce.bpf.c");
         let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"));
         println!("cargo:rerun-if-changed={}", src.display());

@@ -110,6 +110,11 @@ impl Side {
                     format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
                 })?;
         }
+        // The packet port, as the drop-in takes it (BURST_PORT).
+        if let Ok(name) = std::env::var("BURST_PORT") {
+            cfg.port = burst_verbs::config::PortKind::from_name(&name)
+                .ok_or_else(|| format!("BURST_PORT={name}: one of udp, af-xdp, af-xdp-generic"))?;
+        }
         let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
         let ctx = engine.context();
         let pd = ctx.alloc_pd();

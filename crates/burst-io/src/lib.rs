@@ -37,6 +37,8 @@ mod sim;
 mod sys;
 #[cfg(feature = "af-xdp")]
 pub mod xdp;
+#[cfg(feature = "af-xdp")]
+pub mod xsk;
 
 pub use burst_wire::icrc::Check as IcrcCheck;
 pub use lossy::LossyPort;

@@ -151,7 +151,10 @@ impl Netlink {
                 let ty = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2"));
                 let mseq = u32::from_ne_bytes(buf[at + 8..at + 12].try_into().expect("4"));
                 if len < NLMSG_HDR || at + len > n {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "bad netlink message"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "bad netlink message",
+                    ));
                 }
                 if mseq == seq {
                     match ty {
@@ -160,7 +163,8 @@ impl Netlink {
                             return Err(io::Error::new(io::ErrorKind::Other, "netlink dump error"))
                         }
                         RTM_NEWNEIGH => {
-                            if let Some(mac) = parse_neigh(&buf[at + NLMSG_HDR..at + len], ifindex, &want)
+                            if let Some(mac) =
+                                parse_neigh(&buf[at + NLMSG_HDR..at + len], ifindex, &want)
                             {
                                 found = Some(mac);
                             }
@@ -180,7 +184,12 @@ impl Netlink {
         nd[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
         nd[10] = NTF_USE;
         let dst = ip_bytes(&ip);
-        let m = self.request(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_ACK, nd, &[(NDA_DST, &dst)]);
+        let m = self.request(
+            RTM_NEWNEIGH,
+            NLM_F_CREATE | NLM_F_ACK,
+            nd,
+            &[(NDA_DST, &dst)],
+        );
         let seq = self.seq;
         self.send(&m)?;
         let mut buf = vec![0u8; 4096];
@@ -242,7 +251,10 @@ mod tests {
         body[0] = libc::AF_INET as u8;
         body[4..8].copy_from_slice(&3i32.to_ne_bytes());
         body[8..10].copy_from_slice(&0x02u16.to_ne_bytes()); // REACHABLE
-        for (t, v) in [(NDA_DST, &[198u8, 18, 0, 2][..]), (NDA_LLADDR, &[2, 0, 0, 0, 0, 9][..])] {
+        for (t, v) in [
+            (NDA_DST, &[198u8, 18, 0, 2][..]),
+            (NDA_LLADDR, &[2, 0, 0, 0, 0, 9][..]),
+        ] {
             body.extend_from_slice(&((4 + v.len()) as u16).to_ne_bytes());
             body.extend_from_slice(&t.to_ne_bytes());
             body.extend_from_slice(v);

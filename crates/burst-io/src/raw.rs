@@ -289,7 +289,10 @@ impl<L: FrameLink> RawPort<L> {
     /// Moves along the peers being resolved: asks again, drops what waited
     /// too long, sends what can go; and refreshes old kernel entries.
     fn poll_neighbours(&mut self) -> io::Result<()> {
-        if self.neighbours.values().all(|n| n.mac.is_some() && n.held.is_empty())
+        if self
+            .neighbours
+            .values()
+            .all(|n| n.mac.is_some() && n.held.is_empty())
             && !matches!(self.resolution, Resolution::Kernel { .. })
         {
             return self.flush_control();
@@ -593,7 +596,10 @@ impl<L: FrameLink> Port for RawPort<L> {
                     self.macs.push(m);
                 }
                 None => {
-                    let n = self.neighbours.get_mut(&b.peer.ip()).expect("lookup made it");
+                    let n = self
+                        .neighbours
+                        .get_mut(&b.peer.ip())
+                        .expect("lookup made it");
                     if n.held.len() < HELD_PER_PEER {
                         n.held.push_back(Held {
                             peer: b.peer,
@@ -680,7 +686,10 @@ impl MemLink {
 
     /// Puts a frame on the wire towards this link (as if the peer sent it).
     pub fn inject(&self, frame: &[u8]) {
-        self.rx.lock().expect("not poisoned").push_back(frame.to_vec());
+        self.rx
+            .lock()
+            .expect("not poisoned")
+            .push_back(frame.to_vec());
     }
 
     /// Takes the frames this link sent that the peer has not received.

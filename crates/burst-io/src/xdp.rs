@@ -57,7 +57,11 @@ pub struct XdpProgram {
 
 impl std::fmt::Debug for XdpProgram {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "XdpProgram(attached: {:?})", self.attached.as_ref().map(|a| a.0))
+        write!(
+            f,
+            "XdpProgram(attached: {:?})",
+            self.attached.as_ref().map(|a| a.0)
+        )
     }
 }
 
@@ -178,7 +182,10 @@ impl XdpProgram {
             .map_or(0, |per_cpu| {
                 per_cpu
                     .iter()
-                    .filter_map(|v| v.get(..8).map(|b| u64::from_ne_bytes(b.try_into().expect("8"))))
+                    .filter_map(|v| {
+                        v.get(..8)
+                            .map(|b| u64::from_ne_bytes(b.try_into().expect("8")))
+                    })
                     .sum()
             })
     }

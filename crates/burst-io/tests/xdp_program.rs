@@ -22,7 +22,11 @@ fn program() -> Option<XdpProgram> {
 }
 
 fn roce(ip: IpRepr, qpn: u32) -> Vec<u8> {
-    let mut ib = IbRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, Qpn::new(qpn).unwrap(), Psn::new(1)));
+    let mut ib = IbRepr::new(BthRepr::new(
+        Opcode::RC_SEND_ONLY,
+        Qpn::new(qpn).unwrap(),
+        Psn::new(1),
+    ));
     ib.payload_len = 64;
     let f = FrameRepr {
         eth: Some(EthRepr {
@@ -51,10 +55,16 @@ fn roce_to_a_local_address_is_steered_by_qpn_and_the_rest_passes() {
     p.set_qpn_slot(0x11, 3).unwrap();
 
     // RoCE to a known QPN: its slot (no socket there: the fallback drops).
-    assert_eq!(p.test_run(&roce(IpRepr::v4(PEER, ME), 0x11)).unwrap(), XDP_DROP);
+    assert_eq!(
+        p.test_run(&roce(IpRepr::v4(PEER, ME), 0x11)).unwrap(),
+        XDP_DROP
+    );
     assert_eq!(p.slot_hits(3), 1);
     // RoCE to an unknown QPN: slot 0, counted.
-    assert_eq!(p.test_run(&roce(IpRepr::v4(PEER, ME), 0x99)).unwrap(), XDP_DROP);
+    assert_eq!(
+        p.test_run(&roce(IpRepr::v4(PEER, ME), 0x99)).unwrap(),
+        XDP_DROP
+    );
     assert_eq!(p.slot_hits(0), 1);
     // RoCE over IPv6 to a local address, known QPN.
     let v6 = IpRepr::v6("fd00::2".parse().unwrap(), me6);
@@ -73,11 +83,16 @@ fn roce_to_a_local_address_is_steered_by_qpn_and_the_rest_passes() {
     let mut arp = vec![0xffu8; 6];
     arp.extend_from_slice(&[2, 0, 0, 0, 0, 2, 0x08, 0x06]);
     arp.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-    arp.extend_from_slice(&[2, 0, 0, 0, 0, 2, 198, 18, 0, 2, 0, 0, 0, 0, 0, 0, 198, 18, 0, 1]);
+    arp.extend_from_slice(&[
+        2, 0, 0, 0, 0, 2, 198, 18, 0, 2, 0, 0, 0, 0, 0, 0, 198, 18, 0, 1,
+    ]);
     assert_eq!(p.test_run(&arp).unwrap(), XDP_PASS);
     // A frame cut inside its IP header: the kernel's (it is not RoCE that
     // the program can see).
-    assert_eq!(p.test_run(&roce(IpRepr::v4(PEER, ME), 0x11)[..30]).unwrap(), XDP_PASS);
+    assert_eq!(
+        p.test_run(&roce(IpRepr::v4(PEER, ME), 0x11)[..30]).unwrap(),
+        XDP_PASS
+    );
     // RoCE cut after its UDP header, before a whole BTH: to burst's slot 0,
     // which counts and drops it.
     let cut = &roce(IpRepr::v4(PEER, ME), 0x11)[..14 + 20 + 8 + 4];

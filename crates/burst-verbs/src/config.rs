@@ -13,6 +13,7 @@
 //! | `BURST_CONFIG` | config file (default `$XDG_CONFIG_HOME/burst/burst.toml`, then `/etc/burst/burst.toml`) |
 //! | `BURST_TEST_DROP` | drop one sent packet in N at random (loss tests) |
 //! | `BURST_CC` | congestion control: `loss-window` (default), `dcqcn`, `dcqcn+loss-window`, `none` |
+//! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path) |
 //!
 //! The file, in TOML; variables override it:
 //!
@@ -23,6 +24,7 @@
 //! address = "198.18.0.1"     # or: interface = "veth0"
 //! mtu = 4096                 # optional; default from the interface MTU
 //! congestion_control = "dcqcn"  # optional; default "loss-window"
+//! port = "af-xdp"            # optional; default "udp"
 //! ```
 //!
 //! ```
@@ -91,6 +93,51 @@ pub struct DeviceConfig {
     pub drop_every: u64,
     /// Congestion control.
     pub congestion_control: burst_cc::Algorithm,
+    /// The packet port.
+    pub port: PortKind,
+}
+
+/// Which packet port a device runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PortKind {
+    /// A kernel UDP socket on port 4791 (no privilege, no setup).
+    #[default]
+    Udp,
+    /// An AF_XDP socket on the device's interface, fed by burst's XDP
+    /// program; `generic` runs the program in the kernel's generic path.
+    AfXdp {
+        /// Generic (SKB) XDP rather than native where the driver has it.
+        generic: bool,
+    },
+}
+
+impl PortKind {
+    /// Parses `udp`, `af-xdp`, `af-xdp-generic`.
+    pub fn from_name(s: &str) -> Option<PortKind> {
+        match s.trim() {
+            "udp" => Some(PortKind::Udp),
+            "af-xdp" | "af_xdp" | "xdp" => Some(PortKind::AfXdp { generic: false }),
+            "af-xdp-generic" => Some(PortKind::AfXdp { generic: true }),
+            _ => None,
+        }
+    }
+
+    /// The name [`PortKind::from_name`] reads.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PortKind::Udp => "udp",
+            PortKind::AfXdp { generic: false } => "af-xdp",
+            PortKind::AfXdp { generic: true } => "af-xdp-generic",
+        }
+    }
+}
+
+fn parse_port(key: &str, v: &str) -> Result<PortKind, ConfigError> {
+    PortKind::from_name(v).ok_or(ConfigError::BadValue {
+        key: key.into(),
+        value: v.into(),
+        why: "one of udp, af-xdp, af-xdp-generic",
+    })
 }
 
 /// Everything configured.
@@ -118,6 +165,7 @@ struct FileDevice {
     interface: Option<String>,
     mtu: Option<u32>,
     congestion_control: Option<String>,
+    port: Option<String>,
     /// Engine threads per device; only 1 is supported today.
     threads: Option<u32>,
 }
@@ -168,6 +216,7 @@ impl DeviceConfig {
             mtu,
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
+            port: PortKind::default(),
         })
     }
 
@@ -201,6 +250,7 @@ impl DeviceConfig {
             mtu: active_mtu_for(if_mtu),
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
+            port: PortKind::default(),
         })
     }
 }
@@ -301,6 +351,9 @@ impl Config {
                     dc.congestion_control =
                         parse_cc(&format!("device {name}: congestion_control"), c)?;
                 }
+                if let Some(p) = &d.port {
+                    dc.port = parse_port(&format!("device {name}: port"), p)?;
+                }
                 devices.push(dc);
             }
         }
@@ -324,6 +377,10 @@ impl Config {
         if let Some(c) = env("BURST_CC") {
             let algo = parse_cc("BURST_CC", &c)?;
             devices.iter_mut().for_each(|d| d.congestion_control = algo);
+        }
+        if let Some(p) = env("BURST_PORT") {
+            let kind = parse_port("BURST_PORT", &p)?;
+            devices.iter_mut().for_each(|d| d.port = kind);
         }
         if devices.is_empty() {
             return Err(ConfigError::NotConfigured);

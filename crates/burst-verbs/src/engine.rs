@@ -340,6 +340,8 @@ pub struct EngineOptions {
     /// Congestion control ([`burst_cc::Algorithm`]; a loss window per peer
     /// by default).
     pub congestion_control: burst_cc::Algorithm,
+    /// Which kind of port it is (reported only).
+    pub port: crate::config::PortKind,
 }
 
 impl EngineOptions {
@@ -355,6 +357,7 @@ impl EngineOptions {
             interface: None,
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
+            port: crate::config::PortKind::Udp,
         }
     }
 }
@@ -402,6 +405,74 @@ fn with_remedy(e: std::io::Error, cfg: &DeviceConfig) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{e}; {remedy}"))
 }
 
+/// `port`, dropping one sent packet in `drop_every` if that is not 0.
+fn lossy(port: impl burst_io::Port + Send + 'static, drop_every: u64) -> crate::AnyPort {
+    match drop_every {
+        0 => Box::new(port),
+        n => Box::new(burst_io::LossyPort::new(port, n)),
+    }
+}
+
+/// The AF_XDP port of `cfg`'s interface.
+#[cfg(feature = "af-xdp")]
+fn open_af_xdp(
+    cfg: &DeviceConfig,
+    generic: bool,
+) -> std::io::Result<burst_io::raw::RawPort<burst_io::xsk::XskLink>> {
+    let iface = cfg.interface.as_deref().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "device {}: AF_XDP needs an interface (BURST_IFACE)",
+                cfg.name
+            ),
+        )
+    })?;
+    let mut x = burst_io::xsk::XskConfig::new(iface);
+    if generic {
+        x.mode = burst_io::xdp::XdpMode::Generic;
+    }
+    let port = burst_io::xsk::open_port(&x, cfg.addr).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "device {} on {iface}: {e}; the UDP port works without it (BURST_PORT=udp)",
+                cfg.name
+            ),
+        )
+    })?;
+    let l = port.link();
+    tracing::info!(
+        "device {}: AF_XDP on {iface} queue 0, XDP {:?}, {}, {}",
+        cfg.name,
+        l.xdp_mode(),
+        if l.zero_copy() {
+            "zero-copy"
+        } else {
+            "copy mode"
+        },
+        if l.multi_buffer() {
+            "multi-buffer"
+        } else {
+            "single-buffer frames"
+        }
+    );
+    Ok(port)
+}
+
+#[cfg(not(feature = "af-xdp"))]
+fn open_af_xdp(cfg: &DeviceConfig, _generic: bool) -> std::io::Result<burst_io::UdpPort> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!(
+            "device {}: BURST_PORT=af-xdp, but this burst was built without the af-xdp \
+             feature (cargo build --features af-xdp); the UDP port works without it \
+             (BURST_PORT=udp)",
+            cfg.name
+        ),
+    ))
+}
+
 /// The configured devices (`ibv_get_device_list`): see [`crate::config`].
 pub fn device_list() -> Result<Vec<DeviceConfig>, ConfigError> {
     Ok(Config::from_env()?.devices)
@@ -417,6 +488,7 @@ impl Engine {
             mtu: port_mtu,
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
+            port: Default::default(),
         })
     }
 
@@ -431,16 +503,21 @@ impl Engine {
 
     /// Opens a device as `cfg` describes and starts its engine thread.
     pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
-        let udp = burst_io::UdpPort::bind(cfg.addr).map_err(|e| with_remedy(e, cfg))?;
-        let port: crate::AnyPort = match cfg.drop_every {
-            0 => Box::new(udp),
-            n => Box::new(burst_io::LossyPort::new(udp, n)),
+        let port: crate::AnyPort = match cfg.port {
+            crate::config::PortKind::Udp => {
+                let udp = burst_io::UdpPort::bind(cfg.addr).map_err(|e| with_remedy(e, cfg))?;
+                lossy(udp, cfg.drop_every)
+            }
+            crate::config::PortKind::AfXdp { generic } => {
+                lossy(open_af_xdp(cfg, generic)?, cfg.drop_every)
+            }
         };
         let mut o = EngineOptions::new(cfg.mtu);
         o.name.clone_from(&cfg.name);
         o.interface.clone_from(&cfg.interface);
         o.drop_every = cfg.drop_every;
         o.congestion_control = cfg.congestion_control;
+        o.port = cfg.port;
         Engine::with_port(port, o)
     }
 
@@ -503,6 +580,7 @@ impl Engine {
                 mtu: o.port_mtu,
                 drop_every: o.drop_every,
                 congestion_control: o.congestion_control,
+                port: o.port,
             }),
         };
         let thread = match ready {

@@ -1,0 +1,659 @@
+//! An AF_XDP socket as a [`FrameLink`]: UMEM, fill/completion/rx/tx rings,
+//! need-wakeup, copy or zero-copy mode, multi-buffer frames.
+//!
+//! The socket is driven with the kernel's UAPI (`linux/if_xdp.h`) directly
+//! rather than through libxdp (xsk-rs): libxdp loads its own XDP program
+//! and dispatcher, which fail on this kind of kernel (dataplane-notes:
+//! "libxdp multi-prog dispatcher: no"), while burst loads its own steering
+//! program ([`crate::xdp`]); and xsk-rs pins a libbpf-sys that conflicts
+//! with libbpf-rs. The rings are a few atomics over shared memory.
+//!
+//! The UMEM is split in two: frames for receive live in the fill ring or
+//! the kernel; frames for transmit sit in a free list, leave through the tx
+//! ring and come back through the completion ring. A frame longer than one
+//! chunk (RoCE MTU 4096 plus headers on a 4 KiB chunk) is carried in
+//! several descriptors chained with `XDP_PKT_CONTD` (`XDP_USE_SG`).
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::raw::{FrameLink, RawPort, Resolution};
+use crate::xdp::{XdpMode, XdpProgram};
+use crate::Readiness;
+
+/// How an AF_XDP link is set up.
+#[derive(Debug, Clone)]
+pub struct XskConfig {
+    /// The interface.
+    pub iface: String,
+    /// Its receive queue the socket binds.
+    pub queue: u32,
+    /// Where the XDP program runs.
+    pub mode: XdpMode,
+    /// Ask for zero-copy (falls back to copy mode when the driver has none).
+    pub zero_copy: bool,
+    /// UMEM frames (half receive, half transmit).
+    pub frames: u32,
+    /// Ring sizes (a power of two).
+    pub ring: u32,
+}
+
+impl XskConfig {
+    /// Defaults for `iface`: queue 0, XDP where the driver runs it, copy or
+    /// zero-copy as the driver offers, 8192 frames of 4 KiB, rings of 2048.
+    pub fn new(iface: &str) -> XskConfig {
+        XskConfig {
+            iface: iface.into(),
+            queue: 0,
+            mode: XdpMode::Auto,
+            zero_copy: true,
+            frames: 8192,
+            ring: 2048,
+        }
+    }
+}
+
+/// Size of a UMEM chunk: a page (the largest aligned chunk the kernel takes).
+pub const CHUNK: usize = 4096;
+
+/// One mapped ring: producer and consumer indices, flags, descriptors.
+struct Ring {
+    map: NonNull<u8>,
+    map_len: usize,
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    flags: *const AtomicU32,
+    desc: *mut u8,
+    mask: u32,
+    size: u32,
+}
+
+impl Ring {
+    /// Maps ring `pgoff` of `fd` with the kernel's offsets.
+    fn map(
+        fd: &OwnedFd,
+        off: &libc::xdp_ring_offset,
+        size: u32,
+        desc_size: usize,
+        pgoff: i64,
+    ) -> io::Result<Ring> {
+        let map_len = off.desc as usize + size as usize * desc_size;
+        // SAFETY: mapping a region of the socket the kernel sized for this
+        // ring; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                pgoff,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = p.cast::<u8>();
+        // SAFETY: the offsets come from XDP_MMAP_OFFSETS and lie inside the
+        // mapping; the kernel aligns the indices for atomic access.
+        unsafe {
+            Ok(Ring {
+                map: NonNull::new_unchecked(base),
+                map_len,
+                producer: base.add(off.producer as usize).cast(),
+                consumer: base.add(off.consumer as usize).cast(),
+                flags: base.add(off.flags as usize).cast(),
+                desc: base.add(off.desc as usize),
+                mask: size - 1,
+                size,
+            })
+        }
+    }
+
+    fn producer(&self) -> &AtomicU32 {
+        // SAFETY: points into the live mapping (see `map`).
+        unsafe { &*self.producer }
+    }
+    fn consumer(&self) -> &AtomicU32 {
+        // SAFETY: as above.
+        unsafe { &*self.consumer }
+    }
+    fn needs_wakeup(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { &*self.flags }.load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
+    }
+
+    /// Slots free to produce into (we are the producer).
+    fn free(&self) -> u32 {
+        let prod = self.producer().load(Ordering::Relaxed);
+        let cons = self.consumer().load(Ordering::Acquire);
+        self.size - prod.wrapping_sub(cons)
+    }
+
+    /// Entries ready to consume (we are the consumer).
+    fn ready(&self) -> u32 {
+        let cons = self.consumer().load(Ordering::Relaxed);
+        let prod = self.producer().load(Ordering::Acquire);
+        prod.wrapping_sub(cons)
+    }
+
+    fn addr_at(&self, i: u32) -> *mut u64 {
+        // SAFETY: `i & mask` is inside the descriptor array of an address ring.
+        unsafe { self.desc.cast::<u64>().add((i & self.mask) as usize) }
+    }
+    fn desc_at(&self, i: u32) -> *mut libc::xdp_desc {
+        // SAFETY: `i & mask` is inside the descriptor array of an rx/tx ring.
+        unsafe {
+            self.desc
+                .cast::<libc::xdp_desc>()
+                .add((i & self.mask) as usize)
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped.
+        unsafe { libc::munmap(self.map.as_ptr().cast(), self.map_len) };
+    }
+}
+
+/// An AF_XDP socket with its UMEM and rings; with the XDP program that
+/// feeds it (see the module documentation).
+pub struct XskLink {
+    name: String,
+    mac: [u8; 6],
+    ifindex: u32,
+    fd: OwnedFd,
+    umem: NonNull<u8>,
+    umem_len: usize,
+    fill: Ring,
+    comp: Ring,
+    rx: Ring,
+    tx: Ring,
+    /// Transmit frames not in the kernel.
+    free_tx: Vec<u64>,
+    /// Multi-buffer descriptors were negotiated.
+    sg: bool,
+    zero_copy: bool,
+    mode: XdpMode,
+    /// A frame being reassembled from several receive descriptors.
+    partial: Vec<u8>,
+    program: Option<XdpProgram>,
+}
+
+// SAFETY: the raw pointers point into mappings owned by this value; the
+// rings are single-producer/single-consumer on our side and used only
+// through `&mut self`, so moving the link to another thread is sound.
+unsafe impl Send for XskLink {}
+
+fn os_err(what: &str, iface: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(
+        e.kind(),
+        format!("burst-io: AF_XDP on {iface}: {what}: {e}"),
+    )
+}
+
+fn set_opt<T>(fd: &OwnedFd, name: libc::c_int, v: &T, iface: &str, what: &str) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_XDP,
+            name,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(os_err(what, iface));
+    }
+    Ok(())
+}
+
+/// The MAC address of `iface` (from sysfs).
+pub fn interface_mac(iface: &str) -> io::Result<[u8; 6]> {
+    let s = std::fs::read_to_string(format!("/sys/class/net/{iface}/address"))?;
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = s.trim().split(':').collect();
+    if parts.len() != 6 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad MAC {s:?}"),
+        ));
+    }
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad MAC"))?;
+    }
+    Ok(mac)
+}
+
+/// The index of `iface`, or an error naming it.
+pub fn interface_index(iface: &str) -> io::Result<u32> {
+    let c = std::ffi::CString::new(iface)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has a NUL"))?;
+    // SAFETY: a NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("burst-io: no interface named {iface:?}"),
+        ));
+    }
+    Ok(i)
+}
+
+impl XskLink {
+    /// Opens an AF_XDP socket on `cfg.iface` queue `cfg.queue`, loads and
+    /// attaches burst's XDP program and steers RoCEv2 for `local` to it.
+    pub fn open(cfg: &XskConfig, local: IpAddr) -> io::Result<XskLink> {
+        let iface = cfg.iface.as_str();
+        let ifindex = interface_index(iface)?;
+        let mac = interface_mac(iface)?;
+        let mut link = XskLink::socket(cfg, ifindex, mac)?;
+        let mut prog = XdpProgram::load()?;
+        prog.add_local_addr(local)?;
+        prog.set_socket(0, &link.fd)?;
+        link.mode = prog.attach(ifindex, cfg.mode).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("{e} (interface {iface} does not take XDP; use the UDP port instead: BURST_PORT=udp)"),
+            )
+        })?;
+        link.program = Some(prog);
+        Ok(link)
+    }
+
+    fn socket(cfg: &XskConfig, ifindex: u32, mac: [u8; 6]) -> io::Result<XskLink> {
+        let iface = cfg.iface.as_str();
+        if !cfg.ring.is_power_of_two() || cfg.frames < 2 * cfg.ring {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "AF_XDP: ring must be a power of two and frames at least twice the ring",
+            ));
+        }
+        // SAFETY: plain socket(2); checked.
+        let fd = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(os_err("socket (needs root or CAP_NET_RAW)", iface));
+        }
+        // SAFETY: a descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let umem_len = cfg.frames as usize * CHUNK;
+        // SAFETY: an anonymous private mapping; checked.
+        let umem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                umem_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if umem == libc::MAP_FAILED {
+            return Err(os_err("UMEM mmap", iface));
+        }
+        let umem = NonNull::new(umem.cast::<u8>()).expect("mmap succeeded");
+        // From here the UMEM must be unmapped on error: a guard does it.
+        struct Unmap(NonNull<u8>, usize);
+        impl Drop for Unmap {
+            fn drop(&mut self) {
+                // SAFETY: unmapping the UMEM mapped above.
+                unsafe { libc::munmap(self.0.as_ptr().cast(), self.1) };
+            }
+        }
+        let guard = Unmap(umem, umem_len);
+        // SAFETY: all-zero is a valid xdp_umem_reg.
+        let mut reg: libc::xdp_umem_reg = unsafe { std::mem::zeroed() };
+        reg.addr = umem.as_ptr() as u64;
+        reg.len = umem_len as u64;
+        reg.chunk_size = CHUNK as u32;
+        set_opt(&fd, libc::XDP_UMEM_REG, &reg, iface, "UMEM registration")?;
+        let ring = cfg.ring;
+        let fill_size = ring * 2;
+        set_opt(
+            &fd,
+            libc::XDP_UMEM_FILL_RING,
+            &fill_size,
+            iface,
+            "fill ring",
+        )?;
+        set_opt(
+            &fd,
+            libc::XDP_UMEM_COMPLETION_RING,
+            &ring,
+            iface,
+            "completion ring",
+        )?;
+        set_opt(&fd, libc::XDP_RX_RING, &ring, iface, "rx ring")?;
+        set_opt(&fd, libc::XDP_TX_RING, &ring, iface, "tx ring")?;
+        // SAFETY: all-zero is valid; getsockopt fills it and its length.
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+        // SAFETY: `off` and `len` are live and describe each other.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_XDP,
+                libc::XDP_MMAP_OFFSETS,
+                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(os_err("XDP_MMAP_OFFSETS", iface));
+        }
+        let addr = std::mem::size_of::<u64>();
+        let desc = std::mem::size_of::<libc::xdp_desc>();
+        let fill = Ring::map(
+            &fd,
+            &off.fr,
+            fill_size,
+            addr,
+            libc::XDP_UMEM_PGOFF_FILL_RING as i64,
+        )?;
+        let comp = Ring::map(
+            &fd,
+            &off.cr,
+            ring,
+            addr,
+            libc::XDP_UMEM_PGOFF_COMPLETION_RING as i64,
+        )?;
+        let rx = Ring::map(&fd, &off.rx, ring, desc, libc::XDP_PGOFF_RX_RING)?;
+        let tx = Ring::map(&fd, &off.tx, ring, desc, libc::XDP_PGOFF_TX_RING)?;
+        // Receive frames: the first half of the UMEM, all in the fill ring.
+        let half = cfg.frames / 2;
+        let give = half.min(fill_size);
+        let prod = fill.producer().load(Ordering::Relaxed);
+        for i in 0..give {
+            // SAFETY: slot inside the fill ring's descriptor array.
+            unsafe { fill.addr_at(prod + i).write((i as usize * CHUNK) as u64) };
+        }
+        fill.producer().store(prod + give, Ordering::Release);
+        let free_tx = (half..cfg.frames)
+            .map(|i| (i as usize * CHUNK) as u64)
+            .collect();
+        let mut link = XskLink {
+            name: iface.into(),
+            mac,
+            ifindex,
+            fd,
+            umem,
+            umem_len,
+            fill,
+            comp,
+            rx,
+            tx,
+            free_tx,
+            sg: false,
+            zero_copy: false,
+            mode: cfg.mode,
+            partial: Vec::new(),
+            program: None,
+        };
+        std::mem::forget(guard); // the link unmaps it now
+        link.bind(cfg)?;
+        Ok(link)
+    }
+
+    /// Binds, trying zero-copy with multi-buffer first, then without each.
+    fn bind(&mut self, cfg: &XskConfig) -> io::Result<()> {
+        let base = libc::XDP_USE_NEED_WAKEUP;
+        let mut tries = Vec::new();
+        if cfg.zero_copy {
+            tries.push((libc::XDP_ZEROCOPY | libc::XDP_USE_SG, true, true));
+            tries.push((libc::XDP_ZEROCOPY, true, false));
+        }
+        tries.push((libc::XDP_COPY | libc::XDP_USE_SG, false, true));
+        tries.push((libc::XDP_COPY, false, false));
+        let mut last = None;
+        for (flags, zc, sg) in tries {
+            // SAFETY: all-zero is a valid sockaddr_xdp.
+            let mut sa: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
+            sa.sxdp_family = libc::AF_XDP as u16;
+            sa.sxdp_flags = base | flags;
+            sa.sxdp_ifindex = self.ifindex;
+            sa.sxdp_queue_id = cfg.queue;
+            // SAFETY: a live sockaddr_xdp and its size.
+            let rc = unsafe {
+                libc::bind(
+                    self.fd.as_raw_fd(),
+                    (&sa as *const libc::sockaddr_xdp).cast(),
+                    std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                self.zero_copy = zc;
+                self.sg = sg;
+                return Ok(());
+            }
+            last = Some(os_err(&format!("bind to queue {}", cfg.queue), &self.name));
+        }
+        Err(last.expect("tried at least once"))
+    }
+
+    /// Whether the socket runs in zero-copy mode.
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    /// Whether frames longer than a chunk can be carried (multi-buffer).
+    pub fn multi_buffer(&self) -> bool {
+        self.sg
+    }
+
+    /// Where the XDP program runs.
+    pub fn xdp_mode(&self) -> XdpMode {
+        self.mode
+    }
+
+    /// The steering program (to add QPN slots, read its counters).
+    pub fn program(&self) -> Option<&XdpProgram> {
+        self.program.as_ref()
+    }
+
+    fn frame(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let at = addr as usize;
+        let len = len.min(self.umem_len.saturating_sub(at));
+        // SAFETY: `at..at+len` lies inside the UMEM (clamped above); the
+        // kernel does not write a frame while we own its descriptor.
+        unsafe { std::slice::from_raw_parts_mut(self.umem.as_ptr().add(at), len) }
+    }
+
+    /// Takes transmit frames back from the completion ring.
+    fn reclaim(&mut self) {
+        let n = self.comp.ready();
+        if n == 0 {
+            return;
+        }
+        let cons = self.comp.consumer().load(Ordering::Relaxed);
+        for i in 0..n {
+            // SAFETY: a slot the kernel produced.
+            let a = unsafe { self.comp.addr_at(cons + i).read() };
+            self.free_tx.push(a & !(CHUNK as u64 - 1));
+        }
+        self.comp.consumer().store(cons + n, Ordering::Release);
+    }
+
+    fn kick(&self) {
+        // SAFETY: a zero-length sendto on our socket only wakes its tx path.
+        unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+    }
+}
+
+impl Drop for XskLink {
+    fn drop(&mut self) {
+        self.program = None; // detach before the socket goes
+                             // SAFETY: unmapping the UMEM mapped in `socket`; the rings unmap
+                             // themselves and the socket closes after this.
+        unsafe { libc::munmap(self.umem.as_ptr().cast(), self.umem_len) };
+    }
+}
+
+impl FrameLink for XskLink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let n = self.rx.ready().min(self.fill.free()).min(max as u32 * 4);
+        if n == 0 {
+            if self.fill.needs_wakeup() {
+                // SAFETY: a zero-length non-blocking recvfrom wakes the rx path.
+                unsafe {
+                    libc::recvfrom(
+                        self.fd.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        0,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                };
+            }
+            return Ok(0);
+        }
+        let cons = self.rx.consumer().load(Ordering::Relaxed);
+        let fprod = self.fill.producer().load(Ordering::Relaxed);
+        let mut frames = 0;
+        for i in 0..n {
+            // SAFETY: a descriptor the kernel produced.
+            let d = unsafe { self.rx.desc_at(cons + i).read() };
+            let contd = d.options & libc::XDP_PKT_CONTD != 0;
+            let (addr, len) = (d.addr, d.len as usize);
+            if contd || !self.partial.is_empty() {
+                let part = self.frame(addr, len).to_vec();
+                self.partial.extend_from_slice(&part);
+                if !contd {
+                    let whole = std::mem::take(&mut self.partial);
+                    f(&whole);
+                    self.partial = whole;
+                    self.partial.clear();
+                    frames += 1;
+                }
+            } else {
+                let bytes: &[u8] = self.frame(addr, len);
+                f(bytes);
+                frames += 1;
+            }
+            // The chunk goes straight back to the fill ring.
+            // SAFETY: a free fill slot (n <= fill.free()).
+            unsafe {
+                self.fill
+                    .addr_at(fprod + i)
+                    .write(addr & !(CHUNK as u64 - 1))
+            };
+        }
+        self.rx.consumer().store(cons + n, Ordering::Release);
+        self.fill.producer().store(fprod + n, Ordering::Release);
+        Ok(frames)
+    }
+
+    fn send(
+        &mut self,
+        n: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
+    ) -> io::Result<usize> {
+        self.reclaim();
+        let prod = self.tx.producer().load(Ordering::Relaxed);
+        let mut used = 0u32;
+        let mut scratch = [0u8; crate::MAX_PACKET];
+        let mut sent = 0;
+        for i in 0..n {
+            // Room for the largest frame this link carries in chunks.
+            let most = if self.sg {
+                scratch.len().div_ceil(CHUNK)
+            } else {
+                1
+            };
+            if self.free_tx.len() < most || (self.tx.free() - used) < most as u32 {
+                break;
+            }
+            let len = if self.sg {
+                let len = fill(i, &mut scratch);
+                let mut at = 0;
+                while at < len {
+                    let part = (len - at).min(CHUNK);
+                    let a = self.free_tx.pop().expect("room checked");
+                    self.frame(a, part).copy_from_slice(&scratch[at..at + part]);
+                    at += part;
+                    let d = libc::xdp_desc {
+                        addr: a,
+                        len: part as u32,
+                        options: if at < len { libc::XDP_PKT_CONTD } else { 0 },
+                    };
+                    // SAFETY: a free tx slot (room checked).
+                    unsafe { self.tx.desc_at(prod + used).write(d) };
+                    used += 1;
+                }
+                len
+            } else {
+                let a = self.free_tx.pop().expect("room checked");
+                let len = fill(i, self.frame(a, CHUNK));
+                if len == 0 {
+                    self.free_tx.push(a);
+                } else {
+                    let d = libc::xdp_desc {
+                        addr: a,
+                        len: len as u32,
+                        options: 0,
+                    };
+                    // SAFETY: a free tx slot (room checked).
+                    unsafe { self.tx.desc_at(prod + used).write(d) };
+                    used += 1;
+                }
+                len
+            };
+            let _ = len;
+            sent += 1;
+        }
+        if used > 0 {
+            self.tx.producer().store(prod + used, Ordering::Release);
+        }
+        // Copy mode sends at most 32 descriptors per wake-up: kick until the
+        // kernel has taken what we produced (bounded), or once when it asks.
+        if used > 0 || self.tx.ready() > 0 {
+            for _ in 0..(used / 32 + 2) {
+                if !self.tx.needs_wakeup() && self.zero_copy {
+                    break;
+                }
+                self.kick();
+                if self.tx.ready() == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(sent)
+    }
+
+    fn readiness(&self) -> io::Result<Readiness> {
+        Ok(Readiness::from_fd(self.fd.try_clone()?))
+    }
+}
+
+/// An AF_XDP [`RawPort`] for `ip` on `cfg.iface`: the kernel keeps the
+/// interface (and answers ARP); burst takes its RoCEv2 frames.
+pub fn open_port(cfg: &XskConfig, ip: IpAddr) -> io::Result<RawPort<XskLink>> {
+    let link = XskLink::open(cfg, ip)?;
+    let ifindex = link.ifindex;
+    Ok(RawPort::new(link, ip, Resolution::Kernel { ifindex }))
+}
