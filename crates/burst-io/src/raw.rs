@@ -684,17 +684,18 @@ impl MemLink {
         (la, lb)
     }
 
-    /// Puts a frame on the wire towards this link (as if the peer sent it).
+    /// Sends a raw frame from this end (a test playing the peer).
     pub fn inject(&self, frame: &[u8]) {
-        self.rx
+        self.tx
             .lock()
             .expect("not poisoned")
             .push_back(frame.to_vec());
     }
 
-    /// Takes the frames this link sent that the peer has not received.
-    pub fn take_sent(&self) -> Vec<Vec<u8>> {
-        self.tx.lock().expect("not poisoned").drain(..).collect()
+    /// Takes the frames waiting to be received at this end (a test playing
+    /// the peer reads what the other end sent).
+    pub fn take_received(&self) -> Vec<Vec<u8>> {
+        self.rx.lock().expect("not poisoned").drain(..).collect()
     }
 }
 

@@ -1,0 +1,256 @@
+//! The whole-frame port on crafted frames: what it sends (Ethernet, IP ID
+//! sequence, ECT(0), an ICRC over the real headers), what it refuses and
+//! counts, and its ARP.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use burst_io::raw::{MemLink, RawPort, Resolution, HELD_PER_PEER};
+use burst_io::{PacketBuf, Port, PortCounters, RxBatch};
+use burst_wire::{
+    BthRepr, EthRepr, FrameRepr, IbRepr, IpRepr, Opcode, Psn, Qpn, RoceFrame, UdpRepr,
+};
+
+const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 2];
+const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+fn port_a() -> (RawPort<MemLink>, MemLink) {
+    let (la, lb) = MemLink::pair(MAC_A, MAC_B);
+    (RawPort::new(la, A.into(), Resolution::Own), lb)
+}
+
+/// A transport packet to QP 0x11 with `n` payload bytes, sealed for `id`.
+fn packet(from: SocketAddr, to: SocketAddr, n: usize, id: u16) -> PacketBuf {
+    let mut ib = IbRepr::new(BthRepr::new(
+        Opcode::RC_SEND_ONLY,
+        Qpn::new(0x11).unwrap(),
+        Psn::new(1),
+    ));
+    ib.payload_len = n;
+    let mut p = PacketBuf::new();
+    p.len = ib.buffer_len();
+    ib.emit(&mut p.data[..p.len]).unwrap();
+    p.peer = to;
+    p.ip_id = id;
+    burst_io::seal(from, to, &mut p.data[..p.len], id).unwrap();
+    p
+}
+
+/// A frame from B to A as a peer would send it.
+fn frame_to_a(n: usize) -> Vec<u8> {
+    let mut ib = IbRepr::new(BthRepr::new(
+        Opcode::RC_SEND_ONLY,
+        Qpn::new(0x11).unwrap(),
+        Psn::new(1),
+    ));
+    ib.payload_len = n;
+    let mut ip = IpRepr::v4(B, A);
+    if let IpRepr::V4(v) = &mut ip {
+        v.ident = 0x1234;
+        v.ecn = 3; // CE
+    }
+    let f = FrameRepr {
+        eth: Some(EthRepr {
+            src: MAC_B,
+            dst: MAC_A,
+            vlan: None,
+        }),
+        ip,
+        udp: UdpRepr::new(0xc001),
+        ib,
+    };
+    let mut buf = vec![0u8; f.frame_len()];
+    f.emit(&mut buf, &vec![5u8; n]).unwrap();
+    buf
+}
+
+fn sa(ip: Ipv4Addr) -> SocketAddr {
+    SocketAddr::new(ip.into(), 4791)
+}
+
+#[test]
+fn sent_frames_carry_an_id_sequence_ect0_and_a_valid_icrc() {
+    let (mut a, b) = port_a();
+    a.set_neighbour(B.into(), MAC_B);
+    let mut bufs: Vec<PacketBuf> = (0..3).map(|_| packet(sa(A), sa(B), 100, 0)).collect();
+    a.assign_ip_ids(&mut bufs);
+    assert_eq!(burst_io::seal_all(sa(A), &mut bufs), 3);
+    assert_eq!(a.send_burst(&bufs).unwrap(), 3);
+    let sent = b.take_received();
+    assert_eq!(sent.len(), 3);
+    let mut ids = Vec::new();
+    for f in &sent {
+        let r = burst_wire::parse_verified(f).expect("a valid RoCEv2 frame, ICRC included");
+        assert_eq!(r.eth.unwrap().dst, MAC_B);
+        assert_eq!(r.eth.unwrap().src, MAC_A);
+        let IpRepr::V4(v) = r.ip else { panic!() };
+        assert_eq!((v.src, v.dst, v.ecn, v.dont_frag), (A, B, 0b10, true));
+        assert_eq!((r.udp.src_port, r.udp.dst_port), (4791, 4791));
+        ids.push(v.ident);
+    }
+    assert_eq!(ids[1], ids[0].wrapping_add(1));
+    assert_eq!(ids[2], ids[0].wrapping_add(2));
+    assert_eq!(a.counters().tx_frames, 3);
+}
+
+#[test]
+fn received_roce_gives_its_id_ecn_and_a_verified_icrc() {
+    let (mut a, b) = port_a();
+    b.inject(&frame_to_a(64));
+    let mut rx = RxBatch::default();
+    assert_eq!(a.recv_batch(&mut rx).unwrap(), 1);
+    let (meta, bytes) = rx.frames().next().unwrap();
+    assert_eq!(meta.peer, SocketAddr::new(B.into(), 0xc001));
+    assert_eq!(
+        (meta.ip_id, meta.ecn, meta.icrc_verified),
+        (Some(0x1234), 3, true)
+    );
+    assert_eq!(bytes.len(), 12 + 64 + 4);
+    // It also taught A the sender's MAC.
+    assert_eq!(a.neighbour(B.into()), Some(MAC_B));
+}
+
+#[test]
+fn frames_burst_cannot_use_are_counted_and_dropped() {
+    let (mut a, b) = port_a();
+    let good = frame_to_a(64);
+    // Bad ICRC: one payload bit flipped.
+    let mut bad = good.clone();
+    bad[60] ^= 1;
+    b.inject(&bad);
+    // Truncated inside the BTH (lengths disagree with the IP header).
+    b.inject(&good[..14 + 20 + 8 + 6]);
+    // Truncated Ethernet header.
+    b.inject(&good[..10]);
+    // Other UDP (DNS) to A.
+    let mut dns = good.clone();
+    dns[14 + 20 + 2..14 + 20 + 4].copy_from_slice(&53u16.to_be_bytes());
+    b.inject(&dns);
+    // RoCE for another IP address (checksum fixed up by re-emitting).
+    let mut other = good.clone();
+    other[14 + 16..14 + 20].copy_from_slice(&[198, 18, 0, 9]);
+    b.inject(&other);
+    // RoCE for another MAC.
+    let mut mac = good.clone();
+    mac[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+    b.inject(&mac);
+    // IP protocol TCP: not RoCE.
+    let mut tcp = good.clone();
+    tcp[14 + 9] = 6;
+    b.inject(&tcp);
+    b.inject(&good);
+    let mut rx = RxBatch::default();
+    assert_eq!(
+        a.recv_batch(&mut rx).unwrap(),
+        1,
+        "only the good frame is delivered"
+    );
+    let c = a.counters();
+    assert_eq!(
+        c,
+        PortCounters {
+            rx_frames: 8,
+            rx_bad_icrc: 1,
+            // cut BTH, cut Ethernet, changed address (its IP checksum is
+            // now wrong)
+            rx_malformed: 3,
+            // DNS, TCP (the protocol is read before the checksum)
+            rx_not_roce: 2,
+            rx_not_ours: 1,
+            resolved: 1,
+            ..PortCounters::default()
+        },
+        "{c:?}"
+    );
+}
+
+#[test]
+fn arp_is_answered_for_our_address_only_and_peers_resolve() {
+    let (mut a, b) = port_a();
+    let req = |target: [u8; 4]| {
+        let mut f = vec![0xffu8; 6];
+        f.extend_from_slice(&MAC_B);
+        f.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1]);
+        f.extend_from_slice(&MAC_B);
+        f.extend_from_slice(&B.octets());
+        f.extend_from_slice(&[0; 6]);
+        f.extend_from_slice(&target);
+        f
+    };
+    b.inject(&req([198, 18, 0, 7]));
+    b.inject(&req(A.octets()));
+    let mut rx = RxBatch::default();
+    assert_eq!(a.recv_batch(&mut rx).unwrap(), 0);
+    let replies = b.take_received();
+    assert_eq!(replies.len(), 1, "one reply, for our own address");
+    let r = &replies[0];
+    assert_eq!(&r[0..6], &MAC_B);
+    assert_eq!(&r[20..22], &[0, 2], "an ARP reply");
+    assert_eq!(&r[22..28], &MAC_A);
+    assert_eq!(&r[28..32], &A.octets());
+    assert_eq!(a.neighbour(B.into()), Some(MAC_B), "the asker is learned");
+    assert_eq!(
+        (a.counters().arp_received, a.counters().arp_replies),
+        (2, 1)
+    );
+}
+
+#[test]
+fn packets_to_an_unresolved_peer_are_held_up_to_a_limit_then_sent_on_resolution() {
+    let (mut a, b) = port_a();
+    let n = HELD_PER_PEER + 10;
+    let mut bufs: Vec<PacketBuf> = (0..n).map(|_| packet(sa(A), sa(B), 8, 0)).collect();
+    a.assign_ip_ids(&mut bufs);
+    burst_io::seal_all(sa(A), &mut bufs);
+    assert_eq!(
+        a.send_burst(&bufs).unwrap(),
+        n,
+        "held packets count as taken"
+    );
+    let c = a.counters();
+    assert_eq!(
+        (c.tx_held, c.tx_unresolved, c.arp_requests),
+        (HELD_PER_PEER as u64, 10, 1)
+    );
+    let sent = b.take_received();
+    assert_eq!(sent.len(), 1, "only the ARP request left");
+    assert_eq!(&sent[0][0..6], &[0xff; 6]);
+    // The peer answers: the held packets go out in order.
+    let mut reply = MAC_A.to_vec();
+    reply.extend_from_slice(&MAC_B);
+    reply.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+    reply.extend_from_slice(&MAC_B);
+    reply.extend_from_slice(&B.octets());
+    reply.extend_from_slice(&MAC_A);
+    reply.extend_from_slice(&A.octets());
+    b.inject(&reply);
+    let mut rx = RxBatch::default();
+    a.recv_batch(&mut rx).unwrap();
+    let sent = b.take_received();
+    assert_eq!(sent.len(), HELD_PER_PEER);
+    let ids: Vec<u16> = sent
+        .iter()
+        .map(|f| match RoceFrame::parse_ethernet(f).unwrap().ip {
+            IpRepr::V4(v) => v.ident,
+            IpRepr::V6(_) => unreachable!(),
+        })
+        .collect();
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0].wrapping_add(1)),
+        "in order"
+    );
+    assert!(sent.iter().all(|f| burst_wire::parse_verified(f).is_ok()));
+}
+
+#[test]
+fn a_full_link_takes_part_of_a_burst_and_the_caller_keeps_the_rest() {
+    let (la, lb) = MemLink::pair(MAC_A, MAC_B);
+    let mut la = la;
+    la.room = 2;
+    let mut a = RawPort::new(la, IpAddr::V4(A), Resolution::Own);
+    a.set_neighbour(B.into(), MAC_B);
+    let bufs: Vec<PacketBuf> = (0..5).map(|_| packet(sa(A), sa(B), 8, 0)).collect();
+    assert_eq!(a.send_burst(&bufs).unwrap(), 2);
+    assert_eq!(lb.take_received().len(), 2);
+}
