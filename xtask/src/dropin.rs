@@ -13,10 +13,13 @@ use crate::{cargo, step};
 /// Builds the library (release) and lays out `target/dropin` with the two
 /// sonames pointing at it. Returns the directory for `LD_LIBRARY_PATH`.
 pub fn build(root: &Path) -> Option<PathBuf> {
-    if !step(
-        "build burst-ibverbs",
-        &mut cargo(root, &["build", "--release", "-p", "burst-ibverbs"]),
-    ) {
+    // A kernel-bypass port asked for (BURST_PORT, see `--port`) needs its feature.
+    let xdp = std::env::var("BURST_PORT").is_ok_and(|p| p.starts_with("af-xdp"));
+    let mut args = vec!["build", "--release", "-p", "burst-ibverbs"];
+    if xdp {
+        args.extend(["--features", "af-xdp"]);
+    }
+    if !step("build burst-ibverbs", &mut cargo(root, &args)) {
         return None;
     }
     let dir = root.join("target/dropin");

@@ -10,10 +10,10 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
-       cargo xtask interop [--quick] [--examples-only WORD]
+       cargo xtask interop [--quick] [--examples-only WORD] [--port udp|af-xdp|af-xdp-generic]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
        cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
-       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]...
+       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic]
        cargo xtask congestion [FLOWS]...
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
@@ -40,7 +40,8 @@ dropin  build the drop-in libibverbs (target/dropin), check its exports
         against rdma-core 44's, and run the Debian tools on it: on loopback
         (default), over a veth pair (--veth), against RXE (--rxe);
         --numbers: perftest on burst next to iperf3/sockperf (TCP) over the
-        veth pair, 3 alternating rounds
+        veth pair, 3 alternating rounds; --port af-xdp: every burst process
+        on the AF_XDP port (the library built with feature af-xdp)
 congestion  flows through a shared bottleneck on simulated time under each
         congestion control (default 8 and 64 flows): plots of each flow's
         rate and the queue, docs/congestion-report.md";
@@ -516,6 +517,9 @@ const SCENARIOS: &[Scenario] = &[
 ];
 
 fn interop(args: &[String]) -> ExitCode {
+    if let Err(c) = take_port_flag(args) {
+        return c;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let root = root();
     let lab = root.join("../shared/rxe-lab/rxe-vm");
@@ -720,8 +724,25 @@ fn dropin_rxe(
     all
 }
 
+/// `--port NAME`: burst's packet port for the drop-in runs (BURST_PORT,
+/// inherited by every burst process started; the build adds the feature).
+fn take_port_flag(args: &[String]) -> Result<(), ExitCode> {
+    if let Some(w) = args.windows(2).find(|w| w[0] == "--port") {
+        if !matches!(w[1].as_str(), "udp" | "af-xdp" | "af-xdp-generic") {
+            eprintln!("xtask: --port: one of udp, af-xdp, af-xdp-generic");
+            return Err(ExitCode::FAILURE);
+        }
+        // SAFETY (edition 2021: safe fn): set before any thread starts.
+        std::env::set_var("BURST_PORT", &w[1]);
+    }
+    Ok(())
+}
+
 fn dropin_cmd(args: &[String]) -> ExitCode {
     let root = root();
+    if let Err(c) = take_port_flag(args) {
+        return c;
+    }
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
     // --only WORD (repeatable): just the cases whose name contains a WORD.

@@ -166,6 +166,11 @@ struct Cli {
     /// One JSON object per result.
     #[arg(long)]
     json: bool,
+    /// The out-of-band TCP address, when the RDMA addresses are not the
+    /// host's (a DPDK port owns its address): the server listens on it,
+    /// the client connects to it.
+    #[arg(long)]
+    oob: Option<IpAddr>,
 }
 
 const LOOP_A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 90, 1));
@@ -688,14 +693,16 @@ fn run(cli: &Cli) -> Result<(), String> {
     }
     if cli.server {
         let local = cli.local.ok_or("--server needs --local ADDR")?;
-        let l = TcpListener::bind((local, cli.port))
-            .map_err(|e| format!("bind {local}:{}: {e}", cli.port))?;
+        let at = cli.oob.unwrap_or(local);
+        let l = TcpListener::bind((at, cli.port))
+            .map_err(|e| format!("bind {at}:{}: {e}", cli.port))?;
         return serve(l, local);
     }
     if let Some(peer) = cli.peer {
         let local = cli.local.ok_or("the client needs --local ADDR")?;
-        let s = TcpStream::connect((peer, cli.port))
-            .map_err(|e| format!("connect {peer}:{}: {e}", cli.port))?;
+        let at = cli.oob.unwrap_or(peer);
+        let s = TcpStream::connect((at, cli.port))
+            .map_err(|e| format!("connect {at}:{}: {e}", cli.port))?;
         let mut o = Oob::new(s)?;
         let r = drive(cli, test, cli.transport, &mut o, local, peer, fmt);
         let _ = o.send("BYE");

@@ -101,7 +101,21 @@ fn err<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
 impl Side {
     /// Opens an engine on `addr` with `qps` RC QPs and `slot` bytes per QP.
     pub fn open(addr: IpAddr, p: &Params, psn0: u32) -> Result<Side, String> {
-        let mut cfg = DeviceConfig::for_addr("burst0", addr).map_err(|e| e.to_string())?;
+        let port =
+            match std::env::var("BURST_PORT") {
+                Ok(name) => Some(burst_verbs::config::PortKind::from_name(&name).ok_or_else(
+                    || format!("BURST_PORT={name}: one of udp, af-xdp, af-xdp-generic, dpdk"),
+                )?),
+                Err(_) => None,
+            };
+        let mut cfg = if port == Some(burst_verbs::config::PortKind::Dpdk) {
+            // The DPDK port owns its address: it need not be the host's.
+            let mut c = DeviceConfig::owned_link("burst0", addr);
+            c.dpdk = std::env::var("BURST_DPDK").unwrap_or_default();
+            c
+        } else {
+            DeviceConfig::for_addr("burst0", addr).map_err(|e| e.to_string())?
+        };
         cfg.mtu = cfg.mtu.max(p.mtu);
         // The congestion control, as the drop-in takes it (BURST_CC).
         if let Ok(name) = std::env::var("BURST_CC") {
@@ -111,9 +125,8 @@ impl Side {
                 })?;
         }
         // The packet port, as the drop-in takes it (BURST_PORT).
-        if let Ok(name) = std::env::var("BURST_PORT") {
-            cfg.port = burst_verbs::config::PortKind::from_name(&name)
-                .ok_or_else(|| format!("BURST_PORT={name}: one of udp, af-xdp, af-xdp-generic"))?;
+        if let Some(p) = port {
+            cfg.port = p;
         }
         let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
         let ctx = engine.context();

@@ -30,6 +30,8 @@
 //! share of what it sends (loss tests on real sockets). AF_XDP and DPDK ports
 //! implement the same [`Port`] trait.
 
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 mod lossy;
 mod neigh;
 pub mod raw;
@@ -410,20 +412,35 @@ impl std::fmt::Debug for RxBatch {
 /// Waits for a port's traffic without receiving it (see
 /// [`Port::readiness`]): lets an engine thread sleep until traffic comes.
 #[derive(Debug)]
-pub struct Readiness(std::os::fd::OwnedFd);
+pub struct Readiness(Option<std::os::fd::OwnedFd>);
+
+/// How long [`Readiness::wait`] of a poll-mode port sleeps at most.
+const POLL_MODE_NAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 impl Readiness {
     /// A handle over a file descriptor that polls readable when the port
     /// has traffic (a socket, an AF_XDP socket, an eventfd).
     pub fn from_fd(fd: std::os::fd::OwnedFd) -> Readiness {
-        Readiness(fd)
+        Readiness(Some(fd))
+    }
+
+    /// For poll-mode ports (DPDK), which nothing can wait on: a wait is a
+    /// short nap, so an idle engine checks the port every 50 us or so.
+    pub fn poll_mode() -> Readiness {
+        Readiness(None)
     }
 
     /// Blocks until a datagram is waiting or `timeout` passes; returns
-    /// whether one is.
+    /// whether one is (a poll-mode port: naps and says no).
     pub fn wait(&self, timeout: std::time::Duration) -> io::Result<bool> {
         use std::os::fd::AsRawFd;
-        sys::wait_readable(self.0.as_raw_fd(), timeout)
+        match &self.0 {
+            Some(fd) => sys::wait_readable(fd.as_raw_fd(), timeout),
+            None => {
+                std::thread::sleep(timeout.min(POLL_MODE_NAP));
+                Ok(false)
+            }
+        }
     }
 }
 
@@ -560,6 +577,6 @@ impl Port for UdpPort {
     }
 
     fn readiness(&self) -> io::Result<Readiness> {
-        Ok(Readiness(self.sock.try_clone()?.into()))
+        Ok(Readiness::from_fd(self.sock.try_clone()?.into()))
     }
 }

@@ -13,7 +13,8 @@
 //! | `BURST_CONFIG` | config file (default `$XDG_CONFIG_HOME/burst/burst.toml`, then `/etc/burst/burst.toml`) |
 //! | `BURST_TEST_DROP` | drop one sent packet in N at random (loss tests) |
 //! | `BURST_CC` | congestion control: `loss-window` (default), `dcqcn`, `dcqcn+loss-window`, `none` |
-//! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path) |
+//! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path), `dpdk` (a DPDK port burst owns; feature `dpdk`; the address need not be the host's) |
+//! | `BURST_DPDK` | the DPDK port: EAL arguments (`--vdev=net_memif0,role=server,socket=/tmp/m.sock`, ...) and `device=NAME`, `mbuf=BYTES` |
 //!
 //! The file, in TOML; variables override it:
 //!
@@ -25,6 +26,7 @@
 //! mtu = 4096                 # optional; default from the interface MTU
 //! congestion_control = "dcqcn"  # optional; default "loss-window"
 //! port = "af-xdp"            # optional; default "udp"
+//! dpdk = "--vdev=net_memif0,role=client device=net_memif0"  # with port = "dpdk"
 //! ```
 //!
 //! ```
@@ -95,6 +97,9 @@ pub struct DeviceConfig {
     pub congestion_control: burst_cc::Algorithm,
     /// The packet port.
     pub port: PortKind,
+    /// The DPDK port's EAL arguments and keys (see `BURST_DPDK`), with
+    /// [`PortKind::Dpdk`].
+    pub dpdk: String,
 }
 
 /// Which packet port a device runs over.
@@ -109,6 +114,9 @@ pub enum PortKind {
         /// Generic (SKB) XDP rather than native where the driver has it.
         generic: bool,
     },
+    /// A DPDK ethdev (a vdev: memif, af_packet, af_xdp, tap, or a NIC)
+    /// that burst owns, answering ARP itself.
+    Dpdk,
 }
 
 impl PortKind {
@@ -118,6 +126,7 @@ impl PortKind {
             "udp" => Some(PortKind::Udp),
             "af-xdp" | "af_xdp" | "xdp" => Some(PortKind::AfXdp { generic: false }),
             "af-xdp-generic" => Some(PortKind::AfXdp { generic: true }),
+            "dpdk" => Some(PortKind::Dpdk),
             _ => None,
         }
     }
@@ -128,6 +137,7 @@ impl PortKind {
             PortKind::Udp => "udp",
             PortKind::AfXdp { generic: false } => "af-xdp",
             PortKind::AfXdp { generic: true } => "af-xdp-generic",
+            PortKind::Dpdk => "dpdk",
         }
     }
 }
@@ -136,7 +146,7 @@ fn parse_port(key: &str, v: &str) -> Result<PortKind, ConfigError> {
     PortKind::from_name(v).ok_or(ConfigError::BadValue {
         key: key.into(),
         value: v.into(),
-        why: "one of udp, af-xdp, af-xdp-generic",
+        why: "one of udp, af-xdp, af-xdp-generic, dpdk",
     })
 }
 
@@ -166,6 +176,7 @@ struct FileDevice {
     mtu: Option<u32>,
     congestion_control: Option<String>,
     port: Option<String>,
+    dpdk: Option<String>,
     /// Engine threads per device; only 1 is supported today.
     threads: Option<u32>,
 }
@@ -217,7 +228,23 @@ impl DeviceConfig {
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
             port: PortKind::default(),
+            dpdk: String::new(),
         })
+    }
+
+    /// A device on `addr` over a link burst owns (DPDK): the address is
+    /// burst's alone, not the host's; MTU 4096 unless set.
+    pub fn owned_link(name: &str, addr: IpAddr) -> DeviceConfig {
+        DeviceConfig {
+            name: name.into(),
+            addr,
+            interface: None,
+            mtu: Mtu::Mtu4096,
+            drop_every: 0,
+            congestion_control: burst_cc::Algorithm::default(),
+            port: PortKind::Dpdk,
+            dpdk: String::new(),
+        }
     }
 
     /// A device on interface `iface`: its first IPv4 address, else its
@@ -251,6 +278,7 @@ impl DeviceConfig {
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
             port: PortKind::default(),
+            dpdk: String::new(),
         })
     }
 }
@@ -296,6 +324,9 @@ impl Config {
             None => FileConfig::default(),
         };
         let mut devices = Vec::new();
+        let port_env = env("BURST_PORT")
+            .map(|p| parse_port("BURST_PORT", &p))
+            .transpose()?;
         let addrs = env("BURST_ADDR").filter(|s| !s.trim().is_empty());
         let ifaces = env("BURST_IFACE").filter(|s| !s.trim().is_empty());
         if addrs.is_some() || ifaces.is_some() {
@@ -305,10 +336,12 @@ impl Config {
                     value: a.into(),
                     why: "an IPv4 or IPv6 address",
                 })?;
-                devices.push(DeviceConfig::for_addr(
-                    &format!("burst{}", devices.len()),
-                    ip,
-                )?);
+                let name = format!("burst{}", devices.len());
+                devices.push(if port_env == Some(PortKind::Dpdk) {
+                    DeviceConfig::owned_link(&name, ip)
+                } else {
+                    DeviceConfig::for_addr(&name, ip)?
+                });
             }
             for i in ifaces.iter().flat_map(|s| s.split(',')).map(str::trim) {
                 devices.push(DeviceConfig::for_interface(
@@ -333,7 +366,11 @@ impl Config {
                             value: a.clone(),
                             why: "an IPv4 or IPv6 address",
                         })?;
-                        DeviceConfig::for_addr(&name, ip)?
+                        if d.port.as_deref() == Some("dpdk") || port_env == Some(PortKind::Dpdk) {
+                            DeviceConfig::owned_link(&name, ip)
+                        } else {
+                            DeviceConfig::for_addr(&name, ip)?
+                        }
                     }
                     (None, Some(i)) => DeviceConfig::for_interface(&name, i)?,
                     (None, None) => {
@@ -353,6 +390,9 @@ impl Config {
                 }
                 if let Some(p) = &d.port {
                     dc.port = parse_port(&format!("device {name}: port"), p)?;
+                }
+                if let Some(a) = &d.dpdk {
+                    dc.dpdk.clone_from(a);
                 }
                 devices.push(dc);
             }
@@ -378,9 +418,11 @@ impl Config {
             let algo = parse_cc("BURST_CC", &c)?;
             devices.iter_mut().for_each(|d| d.congestion_control = algo);
         }
-        if let Some(p) = env("BURST_PORT") {
-            let kind = parse_port("BURST_PORT", &p)?;
+        if let Some(kind) = port_env {
             devices.iter_mut().for_each(|d| d.port = kind);
+        }
+        if let Some(a) = env("BURST_DPDK") {
+            devices.iter_mut().for_each(|d| d.dpdk.clone_from(&a));
         }
         if devices.is_empty() {
             return Err(ConfigError::NotConfigured);

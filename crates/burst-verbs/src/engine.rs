@@ -473,6 +473,43 @@ fn open_af_xdp(cfg: &DeviceConfig, _generic: bool) -> std::io::Result<burst_io::
     ))
 }
 
+/// The DPDK port of `cfg` (`BURST_DPDK`).
+#[cfg(feature = "dpdk")]
+fn open_dpdk(
+    cfg: &DeviceConfig,
+) -> std::io::Result<burst_io::raw::RawPort<burst_io::dpdk::DpdkLink>> {
+    let d = burst_io::dpdk::DpdkConfig::parse(&cfg.dpdk);
+    let port = burst_io::dpdk::open_port(&d, cfg.addr).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "device {}: {e}; the UDP port works without DPDK (BURST_PORT=udp)",
+                cfg.name
+            ),
+        )
+    })?;
+    tracing::info!(
+        "device {}: DPDK {} (port {}), EAL {:?}",
+        cfg.name,
+        burst_io::raw::FrameLink::name(port.link()),
+        port.link().port_id(),
+        d.eal_args()
+    );
+    Ok(port)
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk(cfg: &DeviceConfig) -> std::io::Result<burst_io::UdpPort> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!(
+            "device {}: BURST_PORT=dpdk, but this burst was built without the dpdk feature \
+             (cargo build --features dpdk); the UDP port works without it (BURST_PORT=udp)",
+            cfg.name
+        ),
+    ))
+}
+
 /// The configured devices (`ibv_get_device_list`): see [`crate::config`].
 pub fn device_list() -> Result<Vec<DeviceConfig>, ConfigError> {
     Ok(Config::from_env()?.devices)
@@ -489,6 +526,7 @@ impl Engine {
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
             port: Default::default(),
+            dpdk: String::new(),
         })
     }
 
@@ -511,6 +549,7 @@ impl Engine {
             crate::config::PortKind::AfXdp { generic } => {
                 lossy(open_af_xdp(cfg, generic)?, cfg.drop_every)
             }
+            crate::config::PortKind::Dpdk => lossy(open_dpdk(cfg)?, cfg.drop_every),
         };
         let mut o = EngineOptions::new(cfg.mtu);
         o.name.clone_from(&cfg.name);
@@ -581,6 +620,7 @@ impl Engine {
                 drop_every: o.drop_every,
                 congestion_control: o.congestion_control,
                 port: o.port,
+                dpdk: String::new(),
             }),
         };
         let thread = match ready {

@@ -1,0 +1,505 @@
+//! A DPDK ethdev queue as a [`FrameLink`] (feature `dpdk`): burst owns the
+//! link, so the [`RawPort`] over it answers ARP and resolves its peers
+//! itself ([`Resolution::Own`]); frames that are not RoCEv2 for burst are
+//! counted and dropped (no TAP hand-off to the kernel).
+//!
+//! The bindings are generated at build time from Debian's libdpdk-dev
+//! 22.11 (bindgen, with C wrappers for DPDK's inline fast path). The EAL is
+//! started once per process from burst's configuration: by default
+//! `--no-huge -m 512 --no-pci --file-prefix burst-<pid>` (no hugepages, no
+//! PCI devices, a runtime directory of its own) plus the caller's
+//! arguments, typically a virtual device (`--vdev=net_memif0,...`,
+//! `net_af_packet0,iface=...`, `net_af_xdp0,...`, `net_tap0,...`).
+
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code,
+    missing_docs,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    unsafe_op_in_unsafe_fn,
+    rustdoc::all
+)]
+mod sys {
+    include!(concat!(env!("OUT_DIR"), "/dpdk_bindings.rs"));
+}
+
+use std::ffi::CString;
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use crate::raw::{FrameLink, RawPort, Resolution};
+use crate::Readiness;
+
+/// `RTE_ETH_RX_OFFLOAD_SCATTER` (a macro bindgen cannot see).
+const RX_OFFLOAD_SCATTER: u64 = 1 << 13;
+/// `RTE_ETH_TX_OFFLOAD_MULTI_SEGS`.
+const TX_OFFLOAD_MULTI_SEGS: u64 = 1 << 15;
+/// Packets one rx/tx burst call moves.
+const BURST: usize = 32;
+
+/// How a DPDK link is set up.
+#[derive(Debug, Clone)]
+pub struct DpdkConfig {
+    /// EAL arguments after burst's defaults (vdevs, lcores, `--huge-dir`,
+    /// ...). A later `-m`, `--file-prefix` or `--huge` choice overrides the
+    /// default (see [`DpdkConfig::eal_args`]).
+    pub eal: Vec<String>,
+    /// The ethdev to use, by name (`net_memif0`); `None`: the first port.
+    pub device: Option<String>,
+    /// Bytes of packet data per mbuf (frames longer than this are chained).
+    pub mbuf_data: u16,
+    /// Mbufs in the pool.
+    pub mbufs: u32,
+    /// Rx and tx descriptors.
+    pub descriptors: u16,
+}
+
+impl DpdkConfig {
+    /// Defaults with these EAL arguments: the first port, 9216-byte mbufs
+    /// (one per jumbo frame), 8191 of them, 1024 descriptors.
+    pub fn new(eal: &[&str]) -> DpdkConfig {
+        DpdkConfig {
+            eal: eal.iter().map(|s| s.to_string()).collect(),
+            device: None,
+            mbuf_data: 9216,
+            mbufs: 8191,
+            descriptors: 1024,
+        }
+    }
+
+    /// Parses `BURST_DPDK`-style text: EAL arguments separated by spaces,
+    /// with burst's own keys `device=NAME` and `mbuf=BYTES` among them.
+    ///
+    /// ```
+    /// let c = burst_io::dpdk::DpdkConfig::parse("--vdev=net_memif0,role=server device=net_memif0 mbuf=3800");
+    /// assert_eq!(c.eal, ["--vdev=net_memif0,role=server"]);
+    /// assert_eq!((c.device.as_deref(), c.mbuf_data), (Some("net_memif0"), 3800));
+    /// ```
+    pub fn parse(text: &str) -> DpdkConfig {
+        let mut c = DpdkConfig::new(&[]);
+        for w in text.split_whitespace() {
+            if let Some(d) = w.strip_prefix("device=") {
+                c.device = Some(d.into());
+            } else if let Some(m) = w.strip_prefix("mbuf=").and_then(|m| m.parse().ok()) {
+                c.mbuf_data = m;
+            } else {
+                c.eal.push(w.into());
+            }
+        }
+        c
+    }
+
+    /// The whole EAL command line: a program name, burst's defaults unless
+    /// the caller set them, then the caller's arguments.
+    pub fn eal_args(&self) -> Vec<String> {
+        let has = |k: &str| self.eal.iter().any(|a| a.starts_with(k));
+        let mut v = vec!["burst".to_string()];
+        if !has("--huge") && !has("--in-memory") && !has("--no-huge") {
+            v.push("--no-huge".into());
+        }
+        if !has("-m") && !has("--socket-mem") {
+            v.extend(["-m".into(), "512".into()]);
+        }
+        if !has("--no-pci") && !has("-a") && !has("--allow") {
+            v.push("--no-pci".into());
+        }
+        if !has("--file-prefix") && !has("--in-memory") {
+            v.push(format!("--file-prefix=burst-{}", std::process::id()));
+        }
+        if !has("--log-level") {
+            v.push("--log-level=warning".into());
+        }
+        v.extend(self.eal.iter().cloned());
+        v
+    }
+}
+
+/// The EAL, started once per process (DPDK allows no second start).
+static EAL: OnceLock<Result<(), String>> = OnceLock::new();
+
+fn start_eal(args: &[String]) -> io::Result<()> {
+    let r = EAL.get_or_init(|| {
+        // rte_eal_init pins the calling thread to its main lcore's CPU;
+        // burst's callers are application threads: give them back their
+        // CPUs afterwards.
+        // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is live and of the size passed.
+        let got =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        // The EAL keeps argv: leak it.
+        let c: Vec<*mut libc::c_char> = args
+            .iter()
+            .map(|a| CString::new(a.as_str()).unwrap_or_default().into_raw())
+            .collect();
+        let argv: &'static mut [*mut libc::c_char] = Vec::leak(c);
+        // SAFETY: argc/argv describe live NUL-terminated strings kept forever.
+        let rc = unsafe { sys::rte_eal_init(argv.len() as i32, argv.as_mut_ptr()) };
+        if got == 0 {
+            // SAFETY: restoring the mask read above, for this thread.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        }
+        if rc < 0 {
+            Err(format!(
+                "DPDK EAL did not start with {:?} (see DPDK's messages above; \
+                 each process needs its own --file-prefix, and without hugepages --no-huge)",
+                &args[1..]
+            ))
+        } else {
+            Ok(())
+        }
+    });
+    r.clone().map_err(io::Error::other)
+}
+
+/// A DPDK port queue with its mbuf pool.
+pub struct DpdkLink {
+    name: String,
+    port: u16,
+    pool: *mut sys::rte_mempool,
+    mac: [u8; 6],
+    /// Bytes of data an mbuf holds.
+    room: usize,
+    /// Scratch for frames split over (or joined from) several mbufs.
+    scratch: Vec<u8>,
+    /// Frames the device did not take and burst dropped.
+    pub tx_dropped: u64,
+}
+
+// SAFETY: the pool pointer is owned by this link (one queue, used through
+// `&mut self` only); DPDK's ethdev and mempool calls may be made from any
+// thread, EAL or not.
+unsafe impl Send for DpdkLink {}
+
+fn errno(rc: i32, what: &str, name: &str) -> io::Error {
+    let e = io::Error::from_raw_os_error(-rc);
+    io::Error::new(e.kind(), format!("burst-io: DPDK {name}: {what}: {e}"))
+}
+
+impl DpdkLink {
+    /// Starts the EAL (first call in the process) and opens `cfg`'s port
+    /// with one rx and one tx queue.
+    pub fn open(cfg: &DpdkConfig) -> io::Result<DpdkLink> {
+        start_eal(&cfg.eal_args())?;
+        let port = match &cfg.device {
+            Some(n) => {
+                let c = CString::new(n.as_str())
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
+                let mut id = 0u16;
+                // SAFETY: a NUL-terminated name and a live out-parameter.
+                let rc = unsafe { sys::rte_eth_dev_get_port_by_name(c.as_ptr(), &mut id) };
+                if rc != 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("burst-io: DPDK has no port named {n:?} (add its --vdev)"),
+                    ));
+                }
+                id
+            }
+            None => {
+                // SAFETY: plain query.
+                if unsafe { sys::rte_eth_dev_count_avail() } == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "burst-io: DPDK found no port (give a --vdev in BURST_DPDK)",
+                    ));
+                }
+                0
+            }
+        };
+        let name = cfg
+            .device
+            .clone()
+            .unwrap_or_else(|| format!("dpdk port {port}"));
+        // SAFETY: zeroed plain C structs are valid; the calls fill them.
+        let mut info: sys::rte_eth_dev_info = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid port id and a live out-parameter.
+        let rc = unsafe { sys::rte_eth_dev_info_get(port, &mut info) };
+        if rc != 0 {
+            return Err(errno(rc, "device info", &name));
+        }
+        let room = usize::from(cfg.mbuf_data);
+        // SAFETY: as above.
+        let mut conf: sys::rte_eth_conf = unsafe { std::mem::zeroed() };
+        if info.rx_offload_capa & RX_OFFLOAD_SCATTER != 0 {
+            conf.rxmode.offloads |= RX_OFFLOAD_SCATTER;
+        }
+        if info.tx_offload_capa & TX_OFFLOAD_MULTI_SEGS != 0 {
+            conf.txmode.offloads |= TX_OFFLOAD_MULTI_SEGS;
+        }
+        // SAFETY: a valid port and a live configuration.
+        let rc = unsafe { sys::rte_eth_dev_configure(port, 1, 1, &conf) };
+        if rc != 0 {
+            return Err(errno(rc, "configure", &name));
+        }
+        // Jumbo frames where the device takes them (RoCE MTU 4096).
+        let mtu = (room.min(9000) as u16).min(info.max_mtu.max(1500));
+        // SAFETY: plain call on a configured port; failure is harmless.
+        unsafe { sys::rte_eth_dev_set_mtu(port, mtu) };
+        // Pools outlive their link (DPDK frees memzones only at exit): a
+        // port opened again gets a pool of another name.
+        static POOLS: AtomicU32 = AtomicU32::new(0);
+        let nth = POOLS.fetch_add(1, Ordering::Relaxed);
+        let pool_name = CString::new(format!("burst_pool_{port}_{nth}")).expect("no NUL");
+        // SAFETY: plain calls; the result is checked.
+        let pool = unsafe {
+            sys::rte_pktmbuf_pool_create(
+                pool_name.as_ptr(),
+                cfg.mbufs,
+                256,
+                0,
+                (room + sys::RTE_PKTMBUF_HEADROOM as usize).min(u16::MAX as usize) as u16,
+                sys::rte_socket_id() as i32,
+            )
+        };
+        if pool.is_null() {
+            return Err(io::Error::other(format!(
+                "burst-io: DPDK {name}: no mbuf pool of {} x {room} B (more memory: -m)",
+                cfg.mbufs
+            )));
+        }
+        // SAFETY: a configured port, our pool, default queue configurations.
+        let rc = unsafe {
+            sys::rte_eth_rx_queue_setup(
+                port,
+                0,
+                cfg.descriptors,
+                sys::rte_socket_id(),
+                std::ptr::null(),
+                pool,
+            )
+        };
+        if rc != 0 {
+            return Err(errno(rc, "rx queue", &name));
+        }
+        // SAFETY: as above.
+        let rc = unsafe {
+            sys::rte_eth_tx_queue_setup(
+                port,
+                0,
+                cfg.descriptors,
+                sys::rte_socket_id(),
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(errno(rc, "tx queue", &name));
+        }
+        // SAFETY: a fully set-up port.
+        let rc = unsafe { sys::rte_eth_dev_start(port) };
+        if rc != 0 {
+            return Err(errno(rc, "start", &name));
+        }
+        // SAFETY: plain call; some vdevs have no promiscuous mode.
+        unsafe { sys::rte_eth_promiscuous_enable(port) };
+        // SAFETY: as for info.
+        let mut mac: sys::rte_ether_addr = unsafe { std::mem::zeroed() };
+        // SAFETY: a started port and a live out-parameter.
+        unsafe { sys::rte_eth_macaddr_get(port, &mut mac) };
+        Ok(DpdkLink {
+            name,
+            port,
+            pool,
+            mac: mac.addr_bytes,
+            room,
+            scratch: vec![0u8; crate::MAX_PACKET],
+            tx_dropped: 0,
+        })
+    }
+
+    /// The device's port id.
+    pub fn port_id(&self) -> u16 {
+        self.port
+    }
+
+    /// The device's statistics: (rx packets, tx packets, rx missed, rx errors).
+    pub fn stats(&self) -> (u64, u64, u64, u64) {
+        // SAFETY: zeroed stats are valid; the call fills them.
+        let mut s: sys::rte_eth_stats = unsafe { std::mem::zeroed() };
+        // SAFETY: our port and a live out-parameter.
+        unsafe { sys::rte_eth_stats_get(self.port, &mut s) };
+        (s.ipackets, s.opackets, s.imissed, s.ierrors)
+    }
+}
+
+/// The data of one mbuf segment.
+///
+/// # Safety
+/// `m` must be a live mbuf whose data lies in its buffer.
+unsafe fn seg_data<'a>(m: *const sys::rte_mbuf) -> &'a [u8] {
+    // SAFETY: the caller's contract; data_off + data_len lie in the buffer.
+    unsafe {
+        let base = ((*m).buf_addr as *const u8).add(usize::from((*m).data_off));
+        std::slice::from_raw_parts(base, usize::from((*m).data_len))
+    }
+}
+
+impl FrameLink for DpdkLink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+        let want = max.min(BURST) as u16;
+        // SAFETY: our started port's queue 0 and room for `want` pointers.
+        let n = unsafe { sys::rte_eth_rx_burst(self.port, 0, pkts.as_mut_ptr(), want) };
+        for &m in &pkts[..usize::from(n)] {
+            // SAFETY: `m` is a live mbuf the device handed us; freed below.
+            unsafe {
+                if (*m).nb_segs <= 1 {
+                    f(seg_data(m));
+                } else {
+                    // A chained frame: join its segments.
+                    let mut len = 0;
+                    let mut s = m;
+                    while !s.is_null() {
+                        let d = seg_data(s);
+                        let end = (len + d.len()).min(self.scratch.len());
+                        self.scratch[len..end].copy_from_slice(&d[..end - len]);
+                        len = end;
+                        s = (*s).next;
+                    }
+                    f(&self.scratch[..len]);
+                }
+                sys::rte_pktmbuf_free(m);
+            }
+        }
+        Ok(usize::from(n))
+    }
+
+    fn send(
+        &mut self,
+        n: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
+    ) -> io::Result<usize> {
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(BURST);
+            let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+            // SAFETY: our pool and room for `k` pointers.
+            if unsafe { sys::rte_pktmbuf_alloc_bulk(self.pool, pkts.as_mut_ptr(), k as u32) } != 0 {
+                break; // pool empty: the caller retries the rest
+            }
+            let mut ready = 0;
+            // Which of the `k` frames each ready mbuf carries.
+            let mut orig = [0usize; BURST];
+            for i in 0..k {
+                let m = pkts[i];
+                // SAFETY: a fresh mbuf: its data area is `buf_len - data_off`
+                // writable bytes at `buf_addr + data_off`.
+                let len = unsafe {
+                    let cap = usize::from((*m).buf_len - (*m).data_off);
+                    let base = ((*m).buf_addr as *mut u8).add(usize::from((*m).data_off));
+                    let buf = std::slice::from_raw_parts_mut(base, cap);
+                    let len = if cap >= crate::MAX_PACKET {
+                        fill(done + i, buf)
+                    } else {
+                        // Frames may not fit one mbuf: build, then chain.
+                        let len = fill(done + i, &mut self.scratch);
+                        if len > 0 && !chain(self.pool, m, &self.scratch[..len]) {
+                            0
+                        } else {
+                            len
+                        }
+                    };
+                    if len > 0 && (*m).nb_segs <= 1 {
+                        (*m).data_len = len as u16;
+                        (*m).pkt_len = len as u32;
+                    }
+                    len
+                };
+                if len == 0 {
+                    // SAFETY: an mbuf we own that goes nowhere.
+                    unsafe { sys::rte_pktmbuf_free(m) };
+                } else {
+                    pkts[ready] = m;
+                    orig[ready] = i;
+                    ready += 1;
+                }
+            }
+            // SAFETY: `ready` live, filled mbufs; the device takes ownership
+            // of those it accepts.
+            let took = usize::from(unsafe {
+                sys::rte_eth_tx_burst(self.port, 0, pkts.as_mut_ptr(), ready as u16)
+            });
+            if took < ready {
+                // SAFETY: the mbufs the device did not take are still ours.
+                unsafe {
+                    sys::rte_pktmbuf_free_bulk(pkts[took..].as_mut_ptr(), (ready - took) as u32)
+                };
+                // Report the frames before the first one not taken: the
+                // caller keeps the rest, in order.
+                return Ok(done + orig[took]);
+            }
+            done += k;
+        }
+        Ok(done)
+    }
+
+    fn readiness(&self) -> io::Result<Readiness> {
+        Ok(Readiness::poll_mode())
+    }
+}
+
+/// Puts `frame` into `head` and as many mbufs chained after it as needed.
+///
+/// # Safety
+/// `head` is a fresh mbuf of `pool`.
+unsafe fn chain(pool: *mut sys::rte_mempool, head: *mut sys::rte_mbuf, frame: &[u8]) -> bool {
+    // SAFETY: the caller's contract; every mbuf touched is fresh and ours.
+    unsafe {
+        let mut at = 0;
+        let mut seg = head;
+        loop {
+            let cap = usize::from((*seg).buf_len - (*seg).data_off);
+            let part = (frame.len() - at).min(cap);
+            let base = ((*seg).buf_addr as *mut u8).add(usize::from((*seg).data_off));
+            std::ptr::copy_nonoverlapping(frame[at..].as_ptr(), base, part);
+            (*seg).data_len = part as u16;
+            at += part;
+            if seg != head {
+                if sys::rte_pktmbuf_chain(head, seg) != 0 {
+                    sys::rte_pktmbuf_free(seg);
+                    return false;
+                }
+            }
+            if at >= frame.len() {
+                break;
+            }
+            let mut next = [std::ptr::null_mut::<sys::rte_mbuf>(); 1];
+            if sys::rte_pktmbuf_alloc_bulk(pool, next.as_mut_ptr(), 1) != 0 {
+                return false;
+            }
+            seg = next[0];
+        }
+        (*head).pkt_len = frame.len() as u32;
+        true
+    }
+}
+
+impl Drop for DpdkLink {
+    fn drop(&mut self) {
+        // SAFETY: our port; stopping it returns its mbufs to the pool. The
+        // pool itself stays (DPDK keeps memzones until the process ends;
+        // a second open in the process creates a pool with another name).
+        unsafe {
+            sys::rte_eth_dev_stop(self.port);
+        }
+    }
+}
+
+/// A DPDK [`RawPort`] for `ip`: burst owns the link (ARP of its own).
+pub fn open_port(cfg: &DpdkConfig, ip: IpAddr) -> io::Result<RawPort<DpdkLink>> {
+    let link = DpdkLink::open(cfg)?;
+    Ok(RawPort::new(link, ip, Resolution::Own))
+}
