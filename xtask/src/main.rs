@@ -3,6 +3,7 @@
 
 mod bench;
 mod congestion;
+mod dataplanes;
 mod dropin;
 
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
        cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic]
        cargo xtask congestion [FLOWS]...
+       cargo xtask dataplanes [--quick] [--only WORD]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -42,6 +44,10 @@ dropin  build the drop-in libibverbs (target/dropin), check its exports
         --numbers: perftest on burst next to iperf3/sockperf (TCP) over the
         veth pair, 3 alternating rounds; --port af-xdp: every burst process
         on the AF_XDP port (the library built with feature af-xdp)
+dataplanes  burst to burst over each kernel-bypass port (root): AF_XDP
+        over a veth pair, DPDK over net_memif and net_af_packet; burst-bench's
+        eight tests with data verified, ibv_rc_pingpong and ib_write_bw on
+        the drop-in (--quick: write_bw and send_lat)
 congestion  flows through a shared bottleneck on simulated time under each
         congestion control (default 8 and 64 flows): plots of each flow's
         rate and the queue, docs/congestion-report.md";
@@ -96,6 +102,27 @@ fn ensure_cargo_fuzz() -> bool {
         ) && have_cargo_fuzz()
 }
 
+/// What the kernel-bypass features build against (clang and libbpf for the
+/// XDP program, DPDK for the DPDK port).
+const BYPASS_DEBS: &[&str] = &[
+    "clang",
+    "llvm",
+    "libbpf-dev",
+    "libelf-dev",
+    "zlib1g-dev",
+    "libclang-dev",
+    "dpdk",
+    "libdpdk-dev",
+    "pkg-config",
+];
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
 /// Debian packages the lab steps build or run against: installed when
 /// missing and we are root, else a clear message naming them.
 fn ensure_debs(pkgs: &[&str]) -> bool {
@@ -112,11 +139,7 @@ fn ensure_debs(pkgs: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let root_user = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-    if !root_user {
+    if !is_root() {
         eprintln!(
             "xtask: missing Debian packages: {} (apt-get install them, or run as root)",
             missing.join(" ")
@@ -275,6 +298,47 @@ fn test(args: &[String]) -> ExitCode {
         "test",
         step("test", &mut cargo(&root, &["test", "--workspace"])),
     ));
+    // The kernel-bypass ports (features af-xdp and dpdk): lint and unit
+    // tests (the XDP program under BPF_PROG_TEST_RUN), then burst to burst
+    // over each port (root: namespaces, XDP, DPDK vdevs).
+    let debs = ensure_debs(BYPASS_DEBS);
+    results.push((
+        "clippy --all-features",
+        debs && step(
+            "clippy --all-features",
+            &mut cargo(
+                &root,
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--all-features",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+            ),
+        ),
+    ));
+    results.push((
+        "test burst-io --features af-xdp,dpdk",
+        debs && step(
+            "test burst-io --features af-xdp,dpdk",
+            &mut cargo(
+                &root,
+                &["test", "-p", "burst-io", "--features", "af-xdp,dpdk"],
+            ),
+        ),
+    ));
+    if is_root() && debs {
+        let runs = dataplanes::run(&root, false, None);
+        results.push((
+            "kernel-bypass ports burst to burst (AF_XDP, DPDK memif, DPDK af_packet)",
+            dropin::summary("dataplanes", &runs),
+        ));
+    } else {
+        skipped.push("kernel-bypass ports burst to burst (needs root)");
+    }
     // The drop-in libibverbs under the unmodified Debian tools, burst to
     // burst on loopback (the RXE and veth matrix: cargo xtask interop).
     let dropin_ok = match dropin::build(&root) {
@@ -809,6 +873,23 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("interop") => interop(&args[1..]),
+        Some("dataplanes") => {
+            let root = root();
+            if !ensure_debs(BYPASS_DEBS) {
+                return ExitCode::FAILURE;
+            }
+            let quick = args.iter().any(|a| a == "--quick");
+            let only = args
+                .windows(2)
+                .find(|w| w[0] == "--only")
+                .map(|w| w[1].as_str());
+            let runs = dataplanes::run(&root, quick, only);
+            if dropin::summary("dataplanes", &runs) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Some("dropin") => dropin_cmd(&args[1..]),
         Some("bench") => bench::bench(&root(), &args[1..]),
         Some("sweep") => sweep(&args[1..]),

@@ -366,7 +366,14 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
                 let r = h.join().map_err(|_| "server role panicked".to_string())?;
                 done?;
                 r
-            })?;
+            });
+            let result = match result.and_then(|r| side.verify(test, &peer, &p, true).map(|()| r)) {
+                Ok(r) => r,
+                Err(e) => {
+                    o.send(&format!("FAILED {e}"))?;
+                    return Err(e);
+                }
+            };
             o.send(&format!("COUNT {result}"))
         }
         Transport::Tcp => {
@@ -468,7 +475,11 @@ fn client_run_inner(
             };
             o.send("DONE")?;
             let count = o.recv()?;
+            if let Some(e) = count.strip_prefix("FAILED ") {
+                return Err(format!("server: {e}"));
+            }
             let mut line = r?;
+            side.verify(run.test, &peer, &p, false)?;
             if let (Line::Bw(b), true) = (&mut line, run.bidir) {
                 // The server's direction, measured over the same time.
                 let n: u64 = count_of(&count).parse().unwrap_or(0);

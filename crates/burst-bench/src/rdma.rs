@@ -134,6 +134,16 @@ impl Side {
         // Each QP's slot: a receive/target half and a source half.
         let slot = 2 * p.size.max(64);
         let mut buf = vec![0u8; slot * p.qps];
+        // Each QP's source half carries a pattern of its own (seeded by its
+        // first PSN, which the peer learns), so the receiver can check
+        // every byte that reached it.
+        for i in 0..p.qps {
+            let seed = (psn0 + i as u32 * 1000) & 0xff_ffff;
+            let src = &mut buf[i * slot + slot / 2..(i + 1) * slot];
+            for (off, b) in src.iter_mut().enumerate() {
+                *b = pattern(seed, off);
+            }
+        }
         // SAFETY: `buf` lives in this Side; Drop deregisters it before the
         // Vec is freed (and the engine waits for in-flight users).
         let mr = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access(1 | 2 | 4 | 8)) }
@@ -288,11 +298,76 @@ impl Side {
     }
 }
 
-fn op_for(test: Test, peer: &Info, i: u64) -> SendOp {
+/// Byte `off` of the source pattern of the QP whose first PSN is `seed`.
+fn pattern(seed: u32, off: usize) -> u8 {
+    let x = (seed as usize).wrapping_mul(0x9e37_79b9) ^ off.wrapping_mul(31) ^ (off >> 8);
+    (x ^ (x >> 13)) as u8
+}
+
+/// Whether this side's target halves receive the peer's data in `test`
+/// (`server`: the passive side).
+fn receives_data(test: Test, server: bool) -> bool {
+    match test {
+        Test::WriteBw | Test::SendBw => server,
+        Test::ReadBw | Test::ReadLat => !server,
+        Test::SendLat | Test::WriteLat => true,
+        Test::AtomicBw | Test::AtomicLat => false,
+    }
+}
+
+impl Side {
+    /// Checks that every byte the peer's messages put in our target halves
+    /// is the peer's pattern (the data verified end to end). Tests where
+    /// this side receives nothing, or nothing arrived, pass.
+    pub fn verify(
+        &self,
+        test: Test,
+        peer: &[Info],
+        p: &Params,
+        server: bool,
+    ) -> Result<(), String> {
+        if !receives_data(test, server) {
+            return Ok(());
+        }
+        let len = msg_len(test, p.size);
+        // write_lat's last byte carries the iteration, not the pattern.
+        let checked = if test == Test::WriteLat {
+            len.saturating_sub(1)
+        } else {
+            len
+        };
+        for (i, info) in peer.iter().enumerate().take(self.qps.len()) {
+            // SAFETY: our registered buffer; the run is over, so nothing
+            // writes it while we read.
+            let got = unsafe {
+                std::slice::from_raw_parts(self.buf.as_ptr().add(i * self.slot), checked)
+            };
+            if got.iter().all(|&b| b == 0) {
+                continue; // nothing arrived on this QP (e.g. a short bidir run)
+            }
+            if let Some(off) = (0..checked).find(|&o| got[o] != pattern(info.psn, o)) {
+                return Err(format!(
+                    "data mismatch: QP {i} byte {off} is {:#04x}, the peer sent {:#04x}",
+                    got[off],
+                    pattern(info.psn, off)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The operation of message `i`: WRITEs and atomics target the peer's
+/// target half, READs read its source half (`half` bytes further: both
+/// sides' slots are the same size), so what arrives is the peer's pattern.
+fn op_for(test: Test, peer: &Info, i: u64, half: u64) -> SendOp {
     let (remote_addr, rkey) = (peer.addr, peer.rkey);
     match test {
         Test::WriteBw | Test::WriteLat => SendOp::Write { remote_addr, rkey },
-        Test::ReadBw | Test::ReadLat => SendOp::Read { remote_addr, rkey },
+        Test::ReadBw | Test::ReadLat => SendOp::Read {
+            remote_addr: remote_addr + half,
+            rkey,
+        },
         Test::AtomicBw | Test::AtomicLat => {
             if i % 2 == 0 {
                 SendOp::FetchAdd {
@@ -361,7 +436,11 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
                 } else {
                     s.src(q, len)
                 };
-                let mut wr = SendWr::new(q as u64, op_for(test, &peer[q], i), [local]);
+                let mut wr = SendWr::new(
+                    q as u64,
+                    op_for(test, &peer[q], i, (s.slot / 2) as u64),
+                    [local],
+                );
                 wr.signaled = (i + 1) % cq_mod == 0 || (end.is_none() && i + 1 == target);
                 if p.inline as usize >= len && matches!(test, Test::WriteBw | Test::SendBw) {
                     wr.inline = true;
@@ -466,7 +545,11 @@ pub fn lat(test: Test, s: &Side, peer: &[Info], p: &Params) -> Result<Lat, Strin
                 while s.scq.poll().is_some() {}
             }
             _ => {
-                let wr = SendWr::new(i, op_for(test, &peer[0], i), [s.sge(0, len)]);
+                let wr = SendWr::new(
+                    i,
+                    op_for(test, &peer[0], i, (s.slot / 2) as u64),
+                    [s.sge(0, len)],
+                );
                 s.qps[0].post_send(&wr).map_err(err("post_send"))?;
                 s.wait(&s.scq, deadline)?;
                 h.record(t.elapsed().as_nanos() as u64);
@@ -494,7 +577,11 @@ fn post_write_lat(
     // SAFETY: the source half's last byte, inside our registered buffer,
     // which we own; the engine reads it when building the packet.
     unsafe { std::ptr::write_volatile(s.buf.as_ptr().add(s.slot / 2 + len - 1).cast_mut(), v) };
-    let mut wr = SendWr::new(i, op_for(test, &peer[0], i), [s.src(0, len)]);
+    let mut wr = SendWr::new(
+        i,
+        op_for(test, &peer[0], i, (s.slot / 2) as u64),
+        [s.src(0, len)],
+    );
     wr.signaled = i % 64 == 63;
     wr.inline = p.inline as usize >= len;
     s.qps[0].post_send(&wr).map_err(err("post_send"))

@@ -494,6 +494,8 @@ impl Drop for DpdkLink {
         // a second open in the process creates a pool with another name).
         unsafe {
             sys::rte_eth_dev_stop(self.port);
+            // Closing releases the vdev's resources (memif's socket file).
+            sys::rte_eth_dev_close(self.port);
         }
     }
 }

@@ -1,0 +1,389 @@
+//! burst to burst over each kernel-bypass port (root): AF_XDP over a veth
+//! pair, DPDK over net_memif between two processes and over net_af_packet
+//! on the veth pair. burst-bench's eight tests with the data verified, and
+//! the unmodified `ibv_rc_pingpong -c` and `ib_write_bw` on the drop-in.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::dropin::{self, Outcome};
+use crate::{cargo, step};
+
+/// One way of running a burst process: environment and namespace, the
+/// RDMA address, and where out-of-band TCP goes.
+struct Way {
+    ns: Option<&'static str>,
+    env: Vec<(String, String)>,
+    addr: &'static str,
+    /// The kernel's address for out-of-band TCP (listen / connect).
+    oob: &'static str,
+}
+
+/// A port and its two ends.
+struct PortCase {
+    name: &'static str,
+    server: Way,
+    client: Way,
+}
+
+const MEMIF_SOCKET: &str = "/tmp/burst-xtask-memif.sock";
+
+fn memif_args(role: &str, cpu: u32) -> String {
+    format!(
+        "--lcores=0@{cpu} --vdev=net_memif0,role={role},socket={MEMIF_SOCKET},\
+         socket-abstract=no,bsize=9216 device=net_memif0"
+    )
+}
+
+fn af_packet_args(iface: &str) -> String {
+    format!(
+        "--vdev=net_af_packet0,iface={iface},framesz=8192,blocksz=8192,framecnt=512 \
+         device=net_af_packet0"
+    )
+}
+
+fn env(kv: &[(&str, String)]) -> Vec<(String, String)> {
+    kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+fn cases() -> Vec<PortCase> {
+    vec![
+        PortCase {
+            name: "AF_XDP over veth",
+            server: Way {
+                ns: Some("burstbb1"),
+                env: env(&[("BURST_PORT", "af-xdp".into())]),
+                addr: "198.18.0.101",
+                oob: "198.18.0.101",
+            },
+            client: Way {
+                ns: Some("burstbb2"),
+                env: env(&[("BURST_PORT", "af-xdp".into())]),
+                addr: "198.18.0.102",
+                oob: "198.18.0.101",
+            },
+        },
+        PortCase {
+            name: "DPDK net_memif",
+            server: Way {
+                ns: None,
+                env: env(&[
+                    ("BURST_PORT", "dpdk".into()),
+                    ("BURST_DPDK", memif_args("server", 1)),
+                ]),
+                addr: "198.18.0.201",
+                oob: "127.0.0.1",
+            },
+            client: Way {
+                ns: None,
+                env: env(&[
+                    ("BURST_PORT", "dpdk".into()),
+                    ("BURST_DPDK", memif_args("client", 0)),
+                ]),
+                addr: "198.18.0.202",
+                oob: "127.0.0.1",
+            },
+        },
+        PortCase {
+            name: "DPDK net_af_packet over veth",
+            server: Way {
+                ns: Some("burstbb1"),
+                env: env(&[
+                    ("BURST_PORT", "dpdk".into()),
+                    ("BURST_DPDK", af_packet_args("bbveth1")),
+                ]),
+                // Addresses of burst's own, beside the kernel's on the veths.
+                addr: "198.18.0.131",
+                oob: "198.18.0.101",
+            },
+            client: Way {
+                ns: Some("burstbb2"),
+                env: env(&[
+                    ("BURST_PORT", "dpdk".into()),
+                    ("BURST_DPDK", af_packet_args("bbveth2")),
+                ]),
+                addr: "198.18.0.132",
+                oob: "198.18.0.101",
+            },
+        },
+    ]
+}
+
+fn command(w: &Way, argv: &[String]) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg("120");
+    if let Some(ns) = w.ns {
+        c.args(["ip", "netns", "exec", ns]);
+    }
+    c.args(argv);
+    for (k, v) in &w.env {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+fn output(child: Child) -> (bool, String) {
+    match child.wait_with_output() {
+        Ok(o) => (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        ),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(6)..].join(" | ")
+}
+
+/// Runs a server and a client (started 2 s later); both must succeed.
+fn pair(
+    name: String,
+    server: Command,
+    client: Command,
+    numbers: fn(&str) -> Option<String>,
+) -> Outcome {
+    let (mut server, mut client) = (server, client);
+    let s = match server.spawn() {
+        Ok(s) => s,
+        Err(e) => {
+            return Outcome {
+                name,
+                ok: false,
+                numbers: None,
+                why: e.to_string(),
+            }
+        }
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let t = Instant::now();
+    let c = client.spawn();
+    let (cok, cout) = match c {
+        Ok(c) => output(c),
+        Err(e) => (false, e.to_string()),
+    };
+    let (sok, sout) = output(s);
+    let ok = cok && sok;
+    let o = Outcome {
+        numbers: numbers(&cout),
+        ok,
+        why: if ok {
+            String::new()
+        } else {
+            format!(
+                "client ({:.1}s): {} / server: {}",
+                t.elapsed().as_secs_f64(),
+                tail(&cout),
+                tail(&sout)
+            )
+        },
+        name,
+    };
+    println!(
+        "xtask: {} {}{}",
+        if o.ok { "ok    " } else { "FAILED" },
+        o.name,
+        o.numbers
+            .as_deref()
+            .map(|n| format!("  [{n}]"))
+            .unwrap_or_default()
+    );
+    if !o.ok {
+        println!("xtask:        {}", o.why);
+    }
+    o
+}
+
+/// The last result line of burst-bench.
+fn bench_numbers(out: &str) -> Option<String> {
+    out.lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .last()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// The last line of a pingpong / perftest run.
+fn tool_numbers(out: &str) -> Option<String> {
+    out.lines()
+        .filter(|l| {
+            l.contains("iters in") || l.trim_start().starts_with(|c: char| c.is_ascii_digit())
+        })
+        .last()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+const TESTS: [&str; 8] = [
+    "write_bw",
+    "read_bw",
+    "send_bw",
+    "atomic_bw",
+    "write_lat",
+    "read_lat",
+    "send_lat",
+    "atomic_lat",
+];
+
+/// Builds burst-bench and the drop-in with both features, then runs every
+/// port case. `quick`: write_bw and send_lat only.
+pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let feats = ["--features", "af-xdp,dpdk"];
+    let built = step(
+        "build burst-bench (af-xdp, dpdk)",
+        cargo(root, &["build", "--release", "-p", "burst-bench"]).args(feats),
+    ) && step(
+        "build burst-ibverbs (af-xdp, dpdk)",
+        cargo(root, &["build", "--release", "-p", "burst-ibverbs"]).args(feats),
+    );
+    if !built {
+        out.push(Outcome {
+            name: "build with af-xdp and dpdk".into(),
+            ok: false,
+            numbers: None,
+            why: "see the build output (clang, libbpf-dev, libdpdk-dev installed?)".into(),
+        });
+        return out;
+    }
+    // The drop-in with the features, in a directory of its own.
+    let lib = root.join("target/dropin-bypass");
+    let _ = std::fs::create_dir_all(&lib);
+    let so = lib.join("libburst_ibverbs.so");
+    let _ = std::fs::remove_file(&so);
+    let _ = std::fs::copy(root.join("target/release/libburst_ibverbs.so"), &so);
+    for n in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let l = lib.join(n);
+        let _ = std::fs::remove_file(&l);
+        let _ = std::os::unix::fs::symlink("libburst_ibverbs.so", &l);
+    }
+    if !dropin::veth_setup(9000) {
+        out.push(Outcome {
+            name: "veth set-up".into(),
+            ok: false,
+            numbers: None,
+            why: "ip netns failed".into(),
+        });
+        return out;
+    }
+    let bench = root.join("target/release/burst-bench");
+    let bench = bench.to_string_lossy().to_string();
+    let tests: &[&str] = if quick {
+        &["write_bw", "send_lat"]
+    } else {
+        &TESTS
+    };
+    for pc in cases()
+        .into_iter()
+        .filter(|c| only.is_none_or(|o| c.name.contains(o)))
+    {
+        for (k, t) in tests.iter().enumerate() {
+            // A memif server whose process ended leaves its socket file.
+            let _ = std::fs::remove_file(MEMIF_SOCKET);
+            let bw = t.ends_with("_bw");
+            let size = if bw { "65536" } else { "64" };
+            let n = if bw { "2000" } else { "2000" };
+            let port = (19600 + k).to_string();
+            let s = command(
+                &pc.server,
+                &[
+                    bench.clone(),
+                    t.to_string(),
+                    "--server".into(),
+                    "--local".into(),
+                    pc.server.addr.into(),
+                    "--oob".into(),
+                    pc.server.oob.into(),
+                    "-p".into(),
+                    port.clone(),
+                ],
+            );
+            let c = command(
+                &pc.client,
+                &[
+                    bench.clone(),
+                    t.to_string(),
+                    "--local".into(),
+                    pc.client.addr.into(),
+                    "--oob".into(),
+                    pc.client.oob.into(),
+                    "-p".into(),
+                    port,
+                    "-s".into(),
+                    size.into(),
+                    "-n".into(),
+                    n.into(),
+                    pc.server.addr.into(),
+                ],
+            );
+            out.push(pair(
+                format!("{}: burst-bench {t} (data verified)", pc.name),
+                s,
+                c,
+                bench_numbers,
+            ));
+        }
+        // The unmodified tools on the drop-in.
+        let libdir = lib.to_string_lossy().to_string();
+        let tools: [(&str, Vec<&str>); 2] = [
+            (
+                "ibv_rc_pingpong -c",
+                vec![
+                    "ibv_rc_pingpong",
+                    "-d",
+                    "burst0",
+                    "-g",
+                    "0",
+                    "-c",
+                    "-n",
+                    "500",
+                    "-s",
+                    "4096",
+                ],
+            ),
+            (
+                "ib_write_bw 64 KiB",
+                vec![
+                    "ib_write_bw",
+                    "-d",
+                    "burst0",
+                    "-x",
+                    "0",
+                    "-s",
+                    "65536",
+                    "-n",
+                    "2000",
+                ],
+            ),
+        ];
+        for (i, (what, argv)) in tools.iter().enumerate() {
+            let _ = std::fs::remove_file(MEMIF_SOCKET);
+            let tcp_port = (19700 + i).to_string();
+            let with = |w: &Way, server_name: Option<&str>| {
+                let mut a: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+                a.extend(["-p".to_string(), tcp_port.clone()]);
+                if let Some(s) = server_name {
+                    a.push(s.into());
+                }
+                let mut c = command(w, &a);
+                c.env("LD_LIBRARY_PATH", &libdir).env("BURST_ADDR", w.addr);
+                c
+            };
+            let s = with(&pc.server, None);
+            let c = with(&pc.client, Some(pc.client.oob));
+            out.push(pair(
+                format!("{}: {what} on the drop-in", pc.name),
+                s,
+                c,
+                tool_numbers,
+            ));
+        }
+    }
+    dropin::veth_teardown();
+    out
+}
