@@ -204,18 +204,16 @@ fn pair(
 /// The last result line of burst-bench.
 fn bench_numbers(out: &str) -> Option<String> {
     out.lines()
-        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
-        .last()
+        .rfind(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 /// The last line of a pingpong / perftest run.
 fn tool_numbers(out: &str) -> Option<String> {
     out.lines()
-        .filter(|l| {
+        .rfind(|l| {
             l.contains("iters in") || l.trim_start().starts_with(|c: char| c.is_ascii_digit())
         })
-        .last()
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
@@ -287,7 +285,7 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
             let _ = std::fs::remove_file(MEMIF_SOCKET);
             let bw = t.ends_with("_bw");
             let size = if bw { "65536" } else { "64" };
-            let n = if bw { "2000" } else { "2000" };
+            let n = "2000";
             let port = (19600 + k).to_string();
             let s = command(
                 &pc.server,

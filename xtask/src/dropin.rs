@@ -14,10 +14,12 @@ use crate::{cargo, step};
 /// sonames pointing at it. Returns the directory for `LD_LIBRARY_PATH`.
 pub fn build(root: &Path) -> Option<PathBuf> {
     // A kernel-bypass port asked for (BURST_PORT, see `--port`) needs its feature.
-    let xdp = std::env::var("BURST_PORT").is_ok_and(|p| p.starts_with("af-xdp"));
+    let port = std::env::var("BURST_PORT").unwrap_or_default();
     let mut args = vec!["build", "--release", "-p", "burst-ibverbs"];
-    if xdp {
+    if port.starts_with("af-xdp") {
         args.extend(["--features", "af-xdp"]);
+    } else if port == "dpdk" {
+        args.extend(["--features", "dpdk"]);
     }
     if !step("build burst-ibverbs", &mut cargo(root, &args)) {
         return None;
@@ -431,6 +433,10 @@ pub struct BurstSide {
     pub ns: Option<String>,
     pub addr: String,
     pub libdir: PathBuf,
+    /// burst's RDMA address when it is not `addr` (a DPDK port owns an
+    /// address of its own beside the kernel's, which carries the tools'
+    /// out-of-band TCP).
+    pub rdma_addr: Option<String>,
 }
 
 impl BurstSide {
@@ -440,7 +446,10 @@ impl BurstSide {
             v.extend(["ip", "netns", "exec", n].map(String::from));
         }
         v.push("env".into());
-        v.push(format!("BURST_ADDR={}", self.addr));
+        v.push(format!(
+            "BURST_ADDR={}",
+            self.rdma_addr.as_deref().unwrap_or(&self.addr)
+        ));
         v.push(format!("LD_LIBRARY_PATH={}", self.libdir.display()));
         v.extend(tool_args(c, "burst0", "0", port, peer));
         v
@@ -607,11 +616,13 @@ pub fn veth(dir: &Path, cases: &[Case], cases_4096: &[Case]) -> Vec<Outcome> {
         ns: Some("burstbb1".into()),
         addr: "198.18.0.101".into(),
         libdir: dir.into(),
+        rdma_addr: None,
     };
     let b = BurstSide {
         ns: Some("burstbb2".into()),
         addr: "198.18.0.102".into(),
         libdir: dir.into(),
+        rdma_addr: None,
     };
     let mut out = Vec::new();
     if !veth_setup(1500) {
@@ -714,10 +725,14 @@ fn rxe_run(
     let lab = root.join("../shared/rxe-lab/rxe-vm");
     let labnet = root.join("../shared/rxe-lab/labnet.py");
     let labnet = labnet.canonicalize().unwrap_or(labnet);
+    // Through DPDK (--port dpdk), burst owns 198.18.0.10 on the bridge
+    // (net_af_packet on rxebr0) beside the kernel's 198.18.0.1.
+    let dpdk = std::env::var("BURST_PORT").is_ok_and(|p| p == "dpdk");
     let host = BurstSide {
         ns: Some("burstlab".into()),
         addr: "198.18.0.1".into(),
         libdir: dir.into(),
+        rdma_addr: dpdk.then(|| "198.18.0.10".into()),
     };
     let dirn = if vm_serves {
         "burst client -> RXE server"

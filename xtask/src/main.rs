@@ -11,10 +11,10 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
-       cargo xtask interop [--quick] [--examples-only WORD] [--port udp|af-xdp|af-xdp-generic]
+       cargo xtask interop [--quick] [--examples-only WORD] [--port udp|af-xdp|af-xdp-generic|dpdk]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
        cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
-       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic]
+       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
 
@@ -756,6 +756,7 @@ fn dropin_loopback(dir: &Path, cases: &[dropin::Case]) -> Vec<dropin::Outcome> {
         ns: None,
         addr: addr.into(),
         libdir: dir.into(),
+        rdma_addr: None,
     };
     dropin::burst_pair(
         cases,
@@ -792,12 +793,20 @@ fn dropin_rxe(
 /// inherited by every burst process started; the build adds the feature).
 fn take_port_flag(args: &[String]) -> Result<(), ExitCode> {
     if let Some(w) = args.windows(2).find(|w| w[0] == "--port") {
-        if !matches!(w[1].as_str(), "udp" | "af-xdp" | "af-xdp-generic") {
-            eprintln!("xtask: --port: one of udp, af-xdp, af-xdp-generic");
+        if !matches!(w[1].as_str(), "udp" | "af-xdp" | "af-xdp-generic" | "dpdk") {
+            eprintln!("xtask: --port: one of udp, af-xdp, af-xdp-generic, dpdk");
             return Err(ExitCode::FAILURE);
         }
-        // SAFETY (edition 2021: safe fn): set before any thread starts.
+        // Edition 2021: a safe call; made before any thread starts.
         std::env::set_var("BURST_PORT", &w[1]);
+        if w[1] == "dpdk" && std::env::var_os("BURST_DPDK").is_none() {
+            // The lab's bridge (RXE runs: burst's address 198.18.0.10).
+            std::env::set_var(
+                "BURST_DPDK",
+                "--vdev=net_af_packet0,iface=rxebr0,framesz=8192,blocksz=8192,framecnt=512 \
+                 device=net_af_packet0",
+            );
+        }
     }
     Ok(())
 }

@@ -389,7 +389,7 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
             o.send("COUNT 0")
         }
         Transport::RawUdp => {
-            let port_ = burst_verbs::ports::UdpPort::bind(local).map_err(|e| e.to_string())?;
+            let (port_, _) = rawudp::open(local)?;
             let got = Arc::new(rawudp::SinkCount::default());
             let (st, g) = (Arc::clone(&stop), Arc::clone(&got));
             let (bw, events) = (run.test.is_bw(), run.p.events);
@@ -508,14 +508,21 @@ fn client_run_inner(
             r.map(|l| (l, server_cpu(&count)))
         }
         Transport::RawUdp => {
-            let mut udp = burst_verbs::ports::UdpPort::bind(local).map_err(|e| e.to_string())?;
+            let (mut udp, name) = rawudp::open(local)?;
             if o.recv()? != "READY" {
                 return Err("server not ready".into());
             }
             let to = SocketAddr::new(server, burst_verbs::wire::ROCEV2_PORT);
             if run.test.is_bw() {
-                let (mut b, sent) =
-                    rawudp::stream(&mut udp, to, p.size, p.mtu.bytes(), p.iters, p.duration)?;
+                let (mut b, sent) = rawudp::stream(
+                    &mut *udp,
+                    &name,
+                    to,
+                    p.size,
+                    p.mtu.bytes(),
+                    p.iters,
+                    p.duration,
+                )?;
                 // Until the last datagram is in (or stops coming): the
                 // receiver's clock ends the window, not a sleep here.
                 std::thread::sleep(Duration::from_millis(50));
@@ -543,7 +550,8 @@ fn client_run_inner(
                 }
                 Ok((Line::Bw(b), server_cpu(&c)))
             } else {
-                let r = rawudp::pingpong(&mut udp, to, p.size, p.iters, p.duration, p.events);
+                let r =
+                    rawudp::pingpong(&mut *udp, &name, to, p.size, p.iters, p.duration, p.events);
                 o.send("DONE")?;
                 let c = o.recv()?;
                 r.map(|l| (Line::Lat(l), server_cpu(&c)))

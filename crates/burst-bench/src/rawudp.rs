@@ -1,6 +1,9 @@
-//! The path's ceiling: the same frames through the same UDP port code
-//! (burst-io's `UdpPort`: recvmmsg/sendmmsg bursts, GSO runs and GRO, as
-//! burst uses them), with no transport, no ICRC and no placement. A `size`-byte message is `ceil(size / mtu)`
+//! The path's ceiling: the same frames through the same port code (the
+//! port BURST_PORT names, as burst's engine would open it: burst-io's
+//! `UdpPort` with recvmmsg/sendmmsg bursts, GSO runs and GRO, or an AF_XDP
+//! or DPDK port in raw mode, which skips the ICRC check), with no
+//! transport, no ICRC and no placement. Every datagram starts with a BTH, so
+//! whole-frame ports parse it as they parse burst's. A `size`-byte message is `ceil(size / mtu)`
 //! datagrams of the sizes an RDMA WRITE has on the wire: the first carries
 //! BTH + RETH + payload + ICRC, the others BTH + payload + ICRC (so GSO cuts
 //! the same runs as for burst: the first packet alone, then the rest).
@@ -17,7 +20,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use burst_verbs::ports::{PacketBuf, Port, RxBatch, UdpPort, MAX_GSO_SEGMENTS};
+use burst_verbs::ports::{PacketBuf, Port, RxBatch, MAX_GSO_SEGMENTS};
+use burst_verbs::AnyPort;
 
 use crate::report::{Bw, Lat, Samples};
 
@@ -34,8 +38,28 @@ const CREDIT_EVERY: u64 = 256 << 10;
 /// With no credit for this long, the bytes in flight are taken as lost (a
 /// datagram dropped anyway) and the window opens again.
 const CREDIT_TIMEOUT: Duration = Duration::from_millis(50);
-/// A credit datagram: the sink's received payload bytes, little-endian.
-const CREDIT_LEN: usize = 8;
+/// A credit datagram: a UD SEND ONLY (BTH, DETH) carrying the sink's
+/// received payload bytes, little-endian, then the ICRC's room.
+const CREDIT_LEN: usize = 12 + 8 + 8 + 4;
+/// Where the count sits in a credit.
+const CREDIT_AT: usize = 20;
+const OP_WRITE_FIRST: u8 = 0x06;
+const OP_WRITE_MIDDLE: u8 = 0x07;
+const OP_SEND_ONLY: u8 = 0x04;
+const OP_UD_SEND_ONLY: u8 = 0x64;
+
+/// Writes a BTH with `opcode` to QP 0x11 at the start of `b`.
+fn bth(b: &mut [u8], opcode: u8) {
+    b[..12].copy_from_slice(&[opcode, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 0]);
+}
+
+/// Opens the port BURST_PORT names on `local`, in raw mode.
+pub fn open(local: std::net::IpAddr) -> Result<(AnyPort, String), String> {
+    let cfg = crate::rdma::device_config(local, burst_verbs::Mtu::Mtu4096)?;
+    let mut port = burst_verbs::engine::open_port(&cfg).map_err(|e| e.to_string())?;
+    port.set_raw(true);
+    Ok((port, format!("raw-{}", cfg.port.name())))
+}
 
 fn datagrams(size: usize, mtu: usize) -> Vec<usize> {
     let mut v = Vec::new();
@@ -70,7 +94,7 @@ pub struct SinkCount {
 
 /// Counts received bytes of payload until `stop`, reporting them to the
 /// sender as credits.
-pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &SinkCount) {
+pub fn sink(mut port: AnyPort, stop: &AtomicBool, got: &SinkCount) {
     let mut rx = RxBatch::default();
     let mut first: Option<Instant> = None;
     let mut total = 0u64;
@@ -85,6 +109,7 @@ pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &SinkCount) {
                 // 16 RETH bytes: 0.02% of a 64 KiB message).
                 let bytes: usize = rx
                     .packets()
+                    .filter(|(_, p)| p.first() != Some(&OP_UD_SEND_ONLY))
                     .map(|(_, p)| p.len().saturating_sub(OVERHEAD - RETH))
                     .sum();
                 total += bytes as u64;
@@ -93,7 +118,9 @@ pub fn sink(mut port: UdpPort, stop: &AtomicBool, got: &SinkCount) {
                     .store((now - t0).as_nanos() as u64, Ordering::Relaxed);
                 if total - reported >= CREDIT_EVERY {
                     if let Some((peer, _)) = rx.packets().last() {
-                        credit[0].data[..CREDIT_LEN].copy_from_slice(&total.to_le_bytes());
+                        bth(&mut credit[0].data[..], OP_UD_SEND_ONLY);
+                        credit[0].data[CREDIT_AT..CREDIT_AT + 8]
+                            .copy_from_slice(&total.to_le_bytes());
                         credit[0].len = CREDIT_LEN;
                         credit[0].peer = peer;
                         // A credit lost to a full buffer is made up by the
@@ -116,13 +143,14 @@ struct Credits {
 
 impl Credits {
     /// Reads the credits that arrived (never blocks).
-    fn poll(&mut self, port: &mut UdpPort) {
+    fn poll(&mut self, port: &mut dyn Port) {
         while let Ok(n) = port.recv_batch(&mut self.rx) {
             if n == 0 {
                 break;
             }
             for (_, p) in self.rx.packets() {
-                if let Ok(b) = <[u8; CREDIT_LEN]>::try_from(p) {
+                if p.len() == CREDIT_LEN && p[0] == OP_UD_SEND_ONLY {
+                    let b: [u8; 8] = p[CREDIT_AT..CREDIT_AT + 8].try_into().expect("8 bytes");
                     let v = u64::from_le_bytes(b);
                     if v > self.acked {
                         self.acked = v;
@@ -135,7 +163,7 @@ impl Credits {
 
     /// Waits until at most [`WINDOW`] bytes of `sent` are unreported; a
     /// silence of [`CREDIT_TIMEOUT`] writes the bytes in flight off.
-    fn wait_for_room(&mut self, port: &mut UdpPort, sent: u64) {
+    fn wait_for_room(&mut self, port: &mut dyn Port, sent: u64) {
         loop {
             self.poll(port);
             if sent.saturating_sub(self.acked) <= WINDOW {
@@ -155,7 +183,8 @@ impl Credits {
 /// bursts. The figures are the receiver's ([`SinkCount`]): the caller sets
 /// them from its count; `sent_bytes` here is what left, so the loss shows.
 pub fn stream(
-    port: &mut UdpPort,
+    port: &mut dyn Port,
+    name: &str,
     to: SocketAddr,
     size: usize,
     mtu: usize,
@@ -187,6 +216,12 @@ pub fn stream(
         while n < TX {
             bufs[n].len = plan[k];
             bufs[n].peer = to;
+            let op = if k == 0 {
+                OP_WRITE_FIRST
+            } else {
+                OP_WRITE_MIDDLE
+            };
+            bth(&mut bufs[n].data[..], op);
             n += 1;
             k += 1;
             if k == plan.len() {
@@ -215,7 +250,7 @@ pub fn stream(
     Ok((
         Bw {
             test: "write_bw".into(),
-            transport: "raw-udp".into(),
+            transport: name.into(),
             bytes: size,
             iters: sent_msgs,
             gbps: sent_bytes as f64 * 8.0 / secs / 1e9,
@@ -230,14 +265,14 @@ pub fn stream(
 }
 
 fn recv_one(
-    port: &mut UdpPort,
+    port: &mut dyn Port,
+    ready: Option<&burst_verbs::ports::Readiness>,
     rx: &mut RxBatch,
     deadline: Instant,
-    events: bool,
 ) -> Result<usize, String> {
     loop {
-        if events {
-            port.wait_readable(Duration::from_millis(100))
+        if let Some(r) = ready {
+            r.wait(Duration::from_millis(100))
                 .map_err(|e| format!("raw-udp poll: {e}"))?;
         }
         match port.recv_batch(rx) {
@@ -253,16 +288,15 @@ fn recv_one(
 
 /// Echoes single datagrams until `stop`, busy-polling or (`events`)
 /// blocking in poll(2).
-pub fn echo(mut port: UdpPort, stop: &AtomicBool, events: bool) -> Result<(), String> {
+pub fn echo(mut port: AnyPort, stop: &AtomicBool, events: bool) -> Result<(), String> {
     let mut rx = RxBatch::new(1);
     let mut out: Vec<PacketBuf> = (0..1).map(|_| PacketBuf::new()).collect();
+    let ready = if events { port.readiness().ok() } else { None };
     while !stop.load(Ordering::Acquire) {
-        if events
-            && !port
-                .wait_readable(Duration::from_millis(100))
-                .unwrap_or(false)
-        {
-            continue;
+        if let Some(r) = &ready {
+            if !r.wait(Duration::from_millis(100)).unwrap_or(false) {
+                continue;
+            }
         }
         if let Ok(1) = port.recv_batch(&mut rx) {
             if let Some((peer, p)) = rx.packets().next() {
@@ -279,7 +313,8 @@ pub fn echo(mut port: UdpPort, stop: &AtomicBool, events: bool) -> Result<(), St
 /// Ping-pong of one datagram of `size` + headers, busy-polled or
 /// (`events`) blocking in poll(2): half round trips.
 pub fn pingpong(
-    port: &mut UdpPort,
+    port: &mut dyn Port,
+    name: &str,
     to: SocketAddr,
     size: usize,
     iters: u64,
@@ -291,6 +326,8 @@ pub fn pingpong(
     let mut h = Samples::new();
     let start = Instant::now();
     let deadline = start + Duration::from_secs(120) + duration.unwrap_or_default();
+    let ready = if events { port.readiness().ok() } else { None };
+    bth(&mut bufs[0].data[..], OP_SEND_ONLY);
     let mut i = 0;
     while crate::report::more(start, duration, i, iters) {
         bufs[0].len = size + OVERHEAD - RETH; // a SEND: no RETH
@@ -298,9 +335,9 @@ pub fn pingpong(
         let t = Instant::now();
         port.send_burst(&bufs)
             .map_err(|e| format!("raw-udp send: {e}"))?;
-        recv_one(port, &mut rx, deadline, events)?;
+        recv_one(port, ready.as_ref(), &mut rx, deadline)?;
         h.record(t.elapsed().as_nanos() as u64 / 2);
         i += 1;
     }
-    Ok(h.lat("send_lat", "raw-udp", size, true, events))
+    Ok(h.lat("send_lat", name, size, true, events))
 }

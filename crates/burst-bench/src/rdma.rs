@@ -98,36 +98,45 @@ fn err<E: std::fmt::Debug>(what: &'static str) -> impl Fn(E) -> String {
     move |e| format!("{what}: {e:?}")
 }
 
+/// The device burst-bench opens on `addr`, as the drop-in would take it
+/// from the environment: the packet port (BURST_PORT, BURST_DPDK: a DPDK
+/// port owns its address, which need not be the host's) and the congestion
+/// control (BURST_CC); at least `mtu`.
+pub fn device_config(addr: IpAddr, mtu: Mtu) -> Result<DeviceConfig, String> {
+    let port = match std::env::var("BURST_PORT") {
+        Ok(name) => Some(
+            burst_verbs::config::PortKind::from_name(&name).ok_or_else(|| {
+                format!("BURST_PORT={name}: one of udp, af-xdp, af-xdp-generic, dpdk")
+            })?,
+        ),
+        Err(_) => None,
+    };
+    let mut cfg = if port == Some(burst_verbs::config::PortKind::Dpdk) {
+        // The DPDK port owns its address: it need not be the host's.
+        let mut c = DeviceConfig::owned_link("burst0", addr);
+        c.dpdk = std::env::var("BURST_DPDK").unwrap_or_default();
+        c
+    } else {
+        DeviceConfig::for_addr("burst0", addr).map_err(|e| e.to_string())?
+    };
+    cfg.mtu = cfg.mtu.max(mtu);
+    // The congestion control, as the drop-in takes it (BURST_CC).
+    if let Ok(name) = std::env::var("BURST_CC") {
+        cfg.congestion_control = burst_verbs::cc::Algorithm::from_name(&name).ok_or_else(|| {
+            format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
+        })?;
+    }
+    // The packet port, as the drop-in takes it (BURST_PORT).
+    if let Some(p) = port {
+        cfg.port = p;
+    }
+    Ok(cfg)
+}
+
 impl Side {
     /// Opens an engine on `addr` with `qps` RC QPs and `slot` bytes per QP.
     pub fn open(addr: IpAddr, p: &Params, psn0: u32) -> Result<Side, String> {
-        let port =
-            match std::env::var("BURST_PORT") {
-                Ok(name) => Some(burst_verbs::config::PortKind::from_name(&name).ok_or_else(
-                    || format!("BURST_PORT={name}: one of udp, af-xdp, af-xdp-generic, dpdk"),
-                )?),
-                Err(_) => None,
-            };
-        let mut cfg = if port == Some(burst_verbs::config::PortKind::Dpdk) {
-            // The DPDK port owns its address: it need not be the host's.
-            let mut c = DeviceConfig::owned_link("burst0", addr);
-            c.dpdk = std::env::var("BURST_DPDK").unwrap_or_default();
-            c
-        } else {
-            DeviceConfig::for_addr("burst0", addr).map_err(|e| e.to_string())?
-        };
-        cfg.mtu = cfg.mtu.max(p.mtu);
-        // The congestion control, as the drop-in takes it (BURST_CC).
-        if let Ok(name) = std::env::var("BURST_CC") {
-            cfg.congestion_control =
-                burst_verbs::cc::Algorithm::from_name(&name).ok_or_else(|| {
-                    format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
-                })?;
-        }
-        // The packet port, as the drop-in takes it (BURST_PORT).
-        if let Some(p) = port {
-            cfg.port = p;
-        }
+        let cfg = device_config(addr, p.mtu)?;
         let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
         let ctx = engine.context();
         let pd = ctx.alloc_pd();

@@ -211,6 +211,10 @@ pub trait Port {
     fn counters(&self) -> PortCounters {
         PortCounters::default()
     }
+    /// Raw mode, for measuring a port alone (burst-bench's ceilings): hand
+    /// over every RoCEv2 packet for this address without verifying its
+    /// ICRC. Ports that verify nothing ignore it.
+    fn set_raw(&mut self, _raw: bool) {}
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
@@ -231,6 +235,9 @@ impl<P: Port + ?Sized> Port for Box<P> {
     }
     fn counters(&self) -> PortCounters {
         (**self).counters()
+    }
+    fn set_raw(&mut self, raw: bool) {
+        (**self).set_raw(raw)
     }
 }
 

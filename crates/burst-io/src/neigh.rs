@@ -159,9 +159,7 @@ impl Netlink {
                 if mseq == seq {
                     match ty {
                         NLMSG_DONE => return Ok(found),
-                        NLMSG_ERROR => {
-                            return Err(io::Error::new(io::ErrorKind::Other, "netlink dump error"))
-                        }
+                        NLMSG_ERROR => return Err(io::Error::other("netlink dump error")),
                         RTM_NEWNEIGH => {
                             if let Some(mac) =
                                 parse_neigh(&buf[at + NLMSG_HDR..at + len], ifindex, &want)

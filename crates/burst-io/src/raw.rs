@@ -147,6 +147,8 @@ pub struct RawPort<L> {
     macs: Vec<[u8; 6]>,
     /// Scratch: which packets of a send burst go out now.
     ready: Vec<usize>,
+    /// Raw mode ([`Port::set_raw`]): no ICRC verification.
+    raw: bool,
 }
 
 impl<L: FrameLink> RawPort<L> {
@@ -169,6 +171,7 @@ impl<L: FrameLink> RawPort<L> {
             control: Vec::new(),
             macs: Vec::new(),
             ready: Vec::new(),
+            raw: false,
         }
     }
 
@@ -461,7 +464,7 @@ enum Rx {
     Dropped,
 }
 
-fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], c: &mut PortCounters) -> Rx {
+fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut PortCounters) -> Rx {
     if frame.len() >= ETH_LEN + ARP_LEN
         && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_ARP
     {
@@ -508,7 +511,7 @@ fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], c: &mut PortCounters)
         c.rx_not_ours += 1;
         return Rx::Dropped;
     }
-    if f.verify_icrc().is_err() {
+    if !raw && f.verify_icrc().is_err() {
         c.rx_bad_icrc += 1;
         return Rx::Dropped;
     }
@@ -518,7 +521,7 @@ fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], c: &mut PortCounters)
         peer: SocketAddr::new(src, f.udp.src_port),
         ip_id,
         ecn,
-        icrc_verified: true,
+        icrc_verified: !raw,
     };
     let smac = f.eth.map_or([0; 6], |e| e.src);
     Rx::Roce(meta, start..start + ib.len(), smac)
@@ -531,14 +534,14 @@ impl<L: FrameLink> Port for RawPort<L> {
 
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
         rx.msgs.clear();
-        let (local, mac) = (self.local, self.mac);
+        let (local, mac, raw) = (self.local, self.mac, self.raw);
         let max = rx.bufs.len();
         let mut learned: Vec<(IpAddr, [u8; 6])> = Vec::new();
         let mut arps: Vec<(u16, [u8; 6], Ipv4Addr, Ipv4Addr)> = Vec::new();
         let counters = &mut self.counters;
         self.link.recv(max, &mut |frame| {
             counters.rx_frames += 1;
-            match classify(frame, local, mac, counters) {
+            match classify(frame, local, mac, raw, counters) {
                 Rx::Roce(meta, range, smac) => {
                     if !rx.push(meta, &frame[range]) {
                         counters.rx_malformed += 1;
@@ -649,6 +652,10 @@ impl<L: FrameLink> Port for RawPort<L> {
 
     fn counters(&self) -> PortCounters {
         self.counters
+    }
+
+    fn set_raw(&mut self, raw: bool) {
+        self.raw = raw;
     }
 }
 

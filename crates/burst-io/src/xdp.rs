@@ -215,8 +215,10 @@ impl XdpProgram {
             .progs_mut()
             .find(|p| p.name() == "burst_xdp")
             .ok_or_else(|| io::Error::other("XDP program burst_xdp missing"))?;
-        let mut input = libbpf_rs::ProgramInput::default();
-        input.data_in = Some(frame);
+        let input = libbpf_rs::ProgramInput {
+            data_in: Some(frame),
+            ..Default::default()
+        };
         let out = prog
             .test_run(input)
             .map_err(|e| bpf_err("BPF_PROG_TEST_RUN", e))?;

@@ -116,6 +116,8 @@ fn run(o: Opts) -> Result<(), String> {
         mtu: Mtu::Mtu4096,
         drop_every: o.drop_every,
         congestion_control: burst_verbs::cc::Algorithm::default(),
+        port: Default::default(),
+        dpdk: String::new(),
     })
     .map_err(|e| e.to_string())?;
     let dev = engine.context();

@@ -82,6 +82,8 @@ fn run() -> Result<(), String> {
         mtu: Mtu::Mtu4096,
         drop_every: loss,
         congestion_control: burst_verbs::cc::Algorithm::default(),
+        port: Default::default(),
+        dpdk: String::new(),
     })
     .map_err(|e| e.to_string())?;
     let dev = engine.context();

@@ -405,6 +405,22 @@ fn with_remedy(e: std::io::Error, cfg: &DeviceConfig) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{e}; {remedy}"))
 }
 
+/// The packet port `cfg` names ([`DeviceConfig::port`]): a UDP socket, an
+/// AF_XDP socket or a DPDK port, with its test loss. Errors say what to
+/// change (an address in use, a feature not built, an interface without XDP).
+pub fn open_port(cfg: &DeviceConfig) -> std::io::Result<crate::AnyPort> {
+    Ok(match cfg.port {
+        crate::config::PortKind::Udp => {
+            let udp = burst_io::UdpPort::bind(cfg.addr).map_err(|e| with_remedy(e, cfg))?;
+            lossy(udp, cfg.drop_every)
+        }
+        crate::config::PortKind::AfXdp { generic } => {
+            lossy(open_af_xdp(cfg, generic)?, cfg.drop_every)
+        }
+        crate::config::PortKind::Dpdk => lossy(open_dpdk(cfg)?, cfg.drop_every),
+    })
+}
+
 /// `port`, dropping one sent packet in `drop_every` if that is not 0.
 fn lossy(port: impl burst_io::Port + Send + 'static, drop_every: u64) -> crate::AnyPort {
     match drop_every {
@@ -541,16 +557,7 @@ impl Engine {
 
     /// Opens a device as `cfg` describes and starts its engine thread.
     pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
-        let port: crate::AnyPort = match cfg.port {
-            crate::config::PortKind::Udp => {
-                let udp = burst_io::UdpPort::bind(cfg.addr).map_err(|e| with_remedy(e, cfg))?;
-                lossy(udp, cfg.drop_every)
-            }
-            crate::config::PortKind::AfXdp { generic } => {
-                lossy(open_af_xdp(cfg, generic)?, cfg.drop_every)
-            }
-            crate::config::PortKind::Dpdk => lossy(open_dpdk(cfg)?, cfg.drop_every),
-        };
+        let port = open_port(cfg)?;
         let mut o = EngineOptions::new(cfg.mtu);
         o.name.clone_from(&cfg.name);
         o.interface.clone_from(&cfg.interface);
