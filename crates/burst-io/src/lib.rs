@@ -165,6 +165,27 @@ pub struct PortCounters {
     pub arp_replies: u64,
 }
 
+impl PortCounters {
+    /// Adds `o`, field by field (the ports of a device's lanes).
+    pub fn add(&mut self, o: &PortCounters) {
+        self.rx_frames += o.rx_frames;
+        self.rx_not_roce += o.rx_not_roce;
+        self.rx_not_ours += o.rx_not_ours;
+        self.rx_malformed += o.rx_malformed;
+        self.rx_bad_icrc += o.rx_bad_icrc;
+        self.tx_frames += o.tx_frames;
+        self.tx_errors += o.tx_errors;
+        self.tx_held += o.tx_held;
+        self.tx_unresolved += o.tx_unresolved;
+        self.resolutions += o.resolutions;
+        self.resolved += o.resolved;
+        self.resolve_errors += o.resolve_errors;
+        self.arp_received += o.arp_received;
+        self.arp_requests += o.arp_requests;
+        self.arp_replies += o.arp_replies;
+    }
+}
+
 /// Burst receive and transmit of RoCEv2 transport packets (UDP payloads:
 /// BTH through ICRC). Implemented by every packet port (UDP socket,
 /// in-memory, AF_XDP, DPDK); the data-plane core is written against it.
@@ -254,8 +275,8 @@ fn gso_ip_ids(bufs: &mut [PacketBuf], gso: bool) {
 }
 
 /// How many packets from the start of `bufs` go out as one GSO message:
-/// the same peer, the same length except for a shorter last one after at
-/// least two, at most
+/// the same peer and destination QP, the same length except for a shorter
+/// last one after at least two, at most
 /// [`MAX_GSO_SEGMENTS`] and [`MAX_GSO_BYTES`]. With `gso` off every packet
 /// is its own message. Sealing and sending both cut runs with this one rule,
 /// since a packet's IP ID, which its ICRC covers, is its index in its run.
@@ -268,6 +289,9 @@ pub fn gso_run(bufs: &[PacketBuf], gso: bool) -> usize {
     }
     let seg = first.len;
     let max = MAX_GSO_SEGMENTS.min(MAX_GSO_BYTES / seg).max(1);
+    // The receiver steers by destination QPN (burst's engine threads, an
+    // RNIC's queues) before it splits a GSO message: one QP per message.
+    let qp = |b: &PacketBuf| b.data.get(5..8).map(|q| [q[0], q[1], q[2]]);
     let mut n = 1;
     while n < bufs.len().min(max) {
         let b = &bufs[n];
@@ -275,7 +299,12 @@ pub fn gso_run(bufs: &[PacketBuf], gso: bool) -> usize {
         // packet), but does not join a lone packet: that pairs a reply with
         // the ACK sent after it, and the peer would get the reply only
         // together with the ACK (measured: ping-pong p50 +0.3 us on veth).
-        if b.peer != first.peer || b.len > seg || b.len == 0 || (b.len < seg && n < 2) {
+        if b.peer != first.peer
+            || qp(b) != qp(first)
+            || b.len > seg
+            || b.len == 0
+            || (b.len < seg && n < 2)
+        {
             break;
         }
         n += 1;
@@ -470,22 +499,58 @@ impl UdpPort {
         UdpPort::bind_port(ip, ROCEV2_PORT)
     }
 
-    /// As [`UdpPort::bind`] on another UDP port (tests that cannot own 4791).
-    pub fn bind_port(ip: IpAddr, port: u16) -> io::Result<UdpPort> {
-        let sock = UdpSocket::bind(SocketAddr::new(ip, port)).map_err(|e| {
-            let hint = match e.kind() {
-                io::ErrorKind::AddrInUse => {
-                    "UDP port in use (another RoCEv2 stack, or kernel RXE on this address?)"
-                }
-                io::ErrorKind::AddrNotAvailable => "address is not on this host",
-                io::ErrorKind::PermissionDenied => "permission denied",
-                _ => "bind failed",
-            };
+    /// `lanes` sockets on `ip:4791`, one per engine thread, in one
+    /// `SO_REUSEPORT` group whose classic BPF program gives socket `k` the
+    /// packets whose destination QPN `q` has `(q - first_qpn) % lanes == k`
+    /// (the engine numbers each thread's QPs so). One lane is [`UdpPort::bind`].
+    pub fn bind_lanes(ip: IpAddr, lanes: usize, first_qpn: u32) -> io::Result<Vec<UdpPort>> {
+        UdpPort::bind_lanes_on(ip, ROCEV2_PORT, lanes, first_qpn)
+    }
+
+    /// [`UdpPort::bind_lanes`] on another UDP port (tests).
+    pub fn bind_lanes_on(
+        ip: IpAddr,
+        port: u16,
+        lanes: usize,
+        first_qpn: u32,
+    ) -> io::Result<Vec<UdpPort>> {
+        if lanes <= 1 {
+            return Ok(vec![UdpPort::bind_port(ip, port)?]);
+        }
+        // GRO would merge consecutive datagrams of one flow (4791 to 4791:
+        // every QP between two hosts) before steering: lanes receive each
+        // datagram on its own (senders cut GSO runs per QP, see gso_run).
+        let at = SocketAddr::new(ip, port);
+        let socks = (0..lanes)
+            .map(|_| sys::bind_reuseport(at).map_err(|e| bind_error(e, ip, port)))
+            .collect::<io::Result<Vec<_>>>()?;
+        sys::attach_qpn_steering(&socks[0], lanes as u32, first_qpn).map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!("burst-io: cannot bind {ip}:{port}: {hint}: {e}"),
+                format!("burst-io: steering {lanes} sockets by QPN on {at}: {e}"),
             )
         })?;
+        socks
+            .into_iter()
+            .map(|s| {
+                let p = UdpPort::from_socket(s)?;
+                sys::set_udp_opt(&p.sock, libc::UDP_GRO, 0);
+                Ok(p)
+            })
+            .collect()
+    }
+
+    /// As [`UdpPort::bind`] on another UDP port (tests that cannot own 4791).
+    pub fn bind_port(ip: IpAddr, port: u16) -> io::Result<UdpPort> {
+        let sock =
+            UdpSocket::bind(SocketAddr::new(ip, port)).map_err(|e| bind_error(e, ip, port))?;
+        UdpPort::from_socket(sock)
+    }
+
+    /// A port over a bound socket: non-blocking, DF, large buffers, GRO,
+    /// ECN, GSO where the kernel has it.
+    fn from_socket(sock: UdpSocket) -> io::Result<UdpPort> {
+        let ip = sock.local_addr()?.ip();
         sock.set_nonblocking(true)?;
         sys::set_df(&sock, ip.is_ipv4())?;
         sys::set_buffers(&sock, SOCKET_BUFFER);
@@ -498,7 +563,9 @@ impl UdpPort {
         let local = sock.local_addr()?;
         Ok(UdpPort { sock, local, gso })
     }
+}
 
+impl UdpPort {
     /// Blocks until a datagram is waiting or `timeout` passes; returns
     /// whether one is (for event-driven receivers; the port itself never
     /// blocks).
@@ -533,6 +600,22 @@ impl UdpPort {
         self.assign_ip_ids(bufs);
         seal_all(self.local, bufs)
     }
+}
+
+/// A bind failure with what it usually means.
+fn bind_error(e: io::Error, ip: IpAddr, port: u16) -> io::Error {
+    let hint = match e.kind() {
+        io::ErrorKind::AddrInUse => {
+            "UDP port in use (another RoCEv2 stack, or kernel RXE on this address?)"
+        }
+        io::ErrorKind::AddrNotAvailable => "address is not on this host",
+        io::ErrorKind::PermissionDenied => "permission denied",
+        _ => "bind failed",
+    };
+    io::Error::new(
+        e.kind(),
+        format!("burst-io: cannot bind {ip}:{port}: {hint}: {e}"),
+    )
 }
 
 /// Computes and stores the ICRC of transport packet `ib` (BTH through

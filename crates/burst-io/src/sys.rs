@@ -5,9 +5,93 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 
 use crate::{gso_run, PacketBuf, RxBatch, RxMsg, BURST, MAX_GSO_SEGMENTS};
+
+/// `SO_ATTACH_REUSEPORT_CBPF` (not in the libc crate for this target).
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// A UDP socket bound to `addr` with `SO_REUSEPORT` (a lane of a group).
+pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2); checked.
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and now own.
+    let sock = unsafe { UdpSocket::from_raw_fd(fd) };
+    if !set_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1) {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: all-zero is a valid sockaddr_in6.
+    let mut sa: SockAddr = unsafe { std::mem::zeroed() };
+    let len = to_sockaddr(&addr, &mut sa);
+    // SAFETY: a valid address of the stated length.
+    let rc = unsafe { libc::bind(sock.as_raw_fd(), (&sa as *const SockAddr).cast(), len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+
+/// Steers a reuseport group's datagrams by RoCEv2 destination QPN (BTH
+/// bytes 5..8 of the UDP payload): socket `(qpn - first_qpn) % lanes` in
+/// bind order. A classic BPF program: no libbpf, no CAP_BPF. Datagrams too
+/// short for a BTH go to socket 0.
+pub(crate) fn attach_qpn_steering(sock: &UdpSocket, lanes: u32, first_qpn: u32) -> io::Result<()> {
+    const LD_B_ABS: u16 = 0x30;
+    const LSH_K: u16 = 0x64;
+    const OR_X: u16 = 0x4c;
+    const SUB_K: u16 = 0x14;
+    const MOD_K: u16 = 0x94;
+    const TAX: u16 = 0x07;
+    const RET_A: u16 = 0x16;
+    let ins = |code: u16, k: u32| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    // The reuseport hook runs the program with the data at the UDP payload.
+    let mut prog = [
+        ins(LD_B_ABS, 5),
+        ins(LSH_K, 16),
+        ins(TAX, 0),
+        ins(LD_B_ABS, 6),
+        ins(LSH_K, 8),
+        ins(OR_X, 0),
+        ins(TAX, 0),
+        ins(LD_B_ABS, 7),
+        ins(OR_X, 0),
+        ins(SUB_K, first_qpn),
+        ins(MOD_K, lanes.max(1)),
+        ins(RET_A, 0),
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: a live program of the stated length, copied by the kernel.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Sets "don't fragment" (PMTU discovery "do"): DF set, so Linux sends IP ID 0
 /// from an unconnected socket, which the ICRC needs to know.

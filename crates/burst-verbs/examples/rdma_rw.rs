@@ -84,6 +84,7 @@ fn run() -> Result<(), String> {
         congestion_control: burst_verbs::cc::Algorithm::default(),
         port: Default::default(),
         dpdk: String::new(),
+        threads: 1,
     })
     .map_err(|e| e.to_string())?;
     let dev = engine.context();

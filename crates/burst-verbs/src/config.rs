@@ -14,6 +14,7 @@
 //! | `BURST_TEST_DROP` | drop one sent packet in N at random (loss tests) |
 //! | `BURST_CC` | congestion control: `loss-window` (default), `dcqcn`, `dcqcn+loss-window`, `none` |
 //! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path), `dpdk` (a DPDK port burst owns; feature `dpdk`; the address need not be the host's) |
+//! | `BURST_THREADS` | engine threads per device (default 1): each owns its own port queue and the QPs placed on it (the UDP port only, for now) |
 //! | `BURST_DPDK` | the DPDK port: EAL arguments (`--vdev=net_memif0,role=server,socket=/tmp/m.sock`, ...) and `device=NAME`, `mbuf=BYTES` |
 //!
 //! The file, in TOML; variables override it:
@@ -26,6 +27,7 @@
 //! mtu = 4096                 # optional; default from the interface MTU
 //! congestion_control = "dcqcn"  # optional; default "loss-window"
 //! port = "af-xdp"            # optional; default "udp"
+//! threads = 2                # optional engine threads; default 1
 //! dpdk = "--vdev=net_memif0,role=client device=net_memif0"  # with port = "dpdk"
 //! ```
 //!
@@ -100,6 +102,8 @@ pub struct DeviceConfig {
     /// The DPDK port's EAL arguments and keys (see `BURST_DPDK`), with
     /// [`PortKind::Dpdk`].
     pub dpdk: String,
+    /// Engine threads (lanes), each with its own port queue and QPs.
+    pub threads: u32,
 }
 
 /// Which packet port a device runs over.
@@ -142,6 +146,18 @@ impl PortKind {
     }
 }
 
+fn parse_threads(key: &str, v: &str) -> Result<u32, ConfigError> {
+    v.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=64).contains(n))
+        .ok_or(ConfigError::BadValue {
+            key: key.into(),
+            value: v.into(),
+            why: "engine threads, 1 to 64",
+        })
+}
+
 fn parse_port(key: &str, v: &str) -> Result<PortKind, ConfigError> {
     PortKind::from_name(v).ok_or(ConfigError::BadValue {
         key: key.into(),
@@ -177,7 +193,7 @@ struct FileDevice {
     congestion_control: Option<String>,
     port: Option<String>,
     dpdk: Option<String>,
-    /// Engine threads per device; only 1 is supported today.
+    /// Engine threads per device.
     threads: Option<u32>,
 }
 
@@ -229,6 +245,7 @@ impl DeviceConfig {
             congestion_control: burst_cc::Algorithm::default(),
             port: PortKind::default(),
             dpdk: String::new(),
+            threads: 1,
         })
     }
 
@@ -244,6 +261,7 @@ impl DeviceConfig {
             congestion_control: burst_cc::Algorithm::default(),
             port: PortKind::Dpdk,
             dpdk: String::new(),
+            threads: 1,
         }
     }
 
@@ -279,6 +297,7 @@ impl DeviceConfig {
             congestion_control: burst_cc::Algorithm::default(),
             port: PortKind::default(),
             dpdk: String::new(),
+            threads: 1,
         })
     }
 }
@@ -352,13 +371,6 @@ impl Config {
         } else {
             for (n, d) in parsed.device.iter().enumerate() {
                 let name = d.name.clone().unwrap_or_else(|| format!("burst{n}"));
-                if let Some(t) = d.threads.filter(|&t| t != 1) {
-                    return Err(ConfigError::BadValue {
-                        key: format!("device {name}: threads"),
-                        value: t.to_string(),
-                        why: "only one engine thread per device is supported",
-                    });
-                }
                 let mut dc = match (&d.address, &d.interface) {
                     (Some(a), _) => {
                         let ip: IpAddr = a.parse().map_err(|_| ConfigError::BadValue {
@@ -394,6 +406,9 @@ impl Config {
                 if let Some(a) = &d.dpdk {
                     dc.dpdk.clone_from(a);
                 }
+                if let Some(t) = d.threads {
+                    dc.threads = parse_threads(&format!("device {name}: threads"), &t.to_string())?;
+                }
                 devices.push(dc);
             }
         }
@@ -420,6 +435,10 @@ impl Config {
         }
         if let Some(kind) = port_env {
             devices.iter_mut().for_each(|d| d.port = kind);
+        }
+        if let Some(t) = env("BURST_THREADS") {
+            let n = parse_threads("BURST_THREADS", &t)?;
+            devices.iter_mut().for_each(|d| d.threads = n);
         }
         if let Some(a) = env("BURST_DPDK") {
             devices.iter_mut().for_each(|d| d.dpdk.clone_from(&a));
@@ -490,9 +509,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("BURST_MTU"), "{e}");
-        let bad = "[[device]]\naddress = \"127.0.0.1\"\nthreads = 2\n";
+        let two = "[[device]]\naddress = \"127.0.0.1\"\nthreads = 2\nport = \"udp\"\n";
+        let c = Config::from_sources(env(&[]), Some((Path::new("f"), two))).unwrap();
+        assert_eq!(
+            (c.devices[0].threads, c.devices[0].port),
+            (2, PortKind::Udp)
+        );
+        let bad = "[[device]]\naddress = \"127.0.0.1\"\nthreads = 0\n";
         let e = Config::from_sources(env(&[]), Some((Path::new("f"), bad))).unwrap_err();
-        assert!(e.to_string().contains("one engine thread"), "{e}");
+        assert!(e.to_string().contains("1 to 64"), "{e}");
+        let e = Config::from_sources(
+            env(&[("BURST_ADDR", "127.0.0.1"), ("BURST_PORT", "tcp")]),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("BURST_PORT"), "{e}");
         let e = Config::from_sources(env(&[]), Some((Path::new("f"), "[[device]]\nadress = 1\n")))
             .unwrap_err();
         assert!(matches!(e, ConfigError::File { .. }), "{e}");

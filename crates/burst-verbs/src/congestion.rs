@@ -43,6 +43,18 @@ pub struct CongestionCounters {
     pub held: u64,
 }
 
+impl CongestionCounters {
+    /// Adds `o`, field by field (a device's lanes).
+    pub fn add(&mut self, o: &CongestionCounters) {
+        self.cnp_sent += o.cnp_sent;
+        self.cnp_rcvd += o.cnp_rcvd;
+        self.ce_rcvd += o.ce_rcvd;
+        self.window_cuts += o.window_cuts;
+        self.rate_cuts += o.rate_cuts;
+        self.held += o.held;
+    }
+}
+
 /// A peer's shared window and what its QPs have in flight.
 #[derive(Debug)]
 struct Peer {

@@ -73,6 +73,30 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// The QP slot the next transmit round starts at (round robin, so the
     /// first QPs do not take every round's burst and window).
     tx_next: usize,
+    /// The QPN space this device (one engine thread of a device) owns:
+    /// QPNs `FIRST_QPN + index * lanes.1 + lanes.0` ([`Device::set_lane`]).
+    lane: QpnLane,
+}
+
+/// Which QPNs a device owns: every `count`-th from `FIRST_QPN + index`
+/// (engine threads of one device interleave their QPNs, so the owner of a
+/// packet's QP follows from its QPN, for the steering programs too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QpnLane {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl QpnLane {
+    /// The slot of `qpn` in this lane's table, if the lane owns it.
+    fn slot_of(self, qpn: Qpn) -> Option<usize> {
+        let i = qpn.value().wrapping_sub(FIRST_QPN);
+        (i % self.count == self.index).then_some((i / self.count) as usize)
+    }
+
+    fn qpn_of(self, slot: usize) -> Qpn {
+        Qpn::from_wire(FIRST_QPN + slot as u32 * self.count + self.index)
+    }
 }
 
 impl<P: Port> std::fmt::Debug for Device<P> {
@@ -113,7 +137,17 @@ impl<P: Port> Device<P> {
             panic_for: None,
             cc: Congestion::new(burst_cc::Algorithm::default()),
             tx_next: 0,
+            lane: QpnLane { index: 0, count: 1 },
         }
+    }
+
+    /// Makes this device lane `index` of `count` (before any QP exists):
+    /// it numbers its QPs `FIRST_QPN + slot * count + index`.
+    pub fn set_lane(&mut self, index: u32, count: u32) {
+        self.lane = QpnLane {
+            index,
+            count: count.max(1),
+        };
     }
 
     /// Selects the congestion control (before any QP is created).
@@ -177,7 +211,7 @@ impl<P: Port> Device<P> {
             return Err(VerbsError::QueueFull);
         }
         let index = self.free_qps.pop_front().unwrap_or(self.qps.len());
-        let qpn = Qpn::from_wire(FIRST_QPN + index as u32);
+        let qpn = self.lane.qpn_of(index);
         let mut cfg = QpConfig::new(qpn, init.qp_type, init.pd.0);
         cfg.port_mtu = self.port_mtu;
         cfg.max_send_wr = c.max_send_wr.max(1);
@@ -281,11 +315,11 @@ impl<P: Port> Device<P> {
     }
 
     fn qp_index(&self, qpn: Qpn) -> Result<usize, VerbsError> {
-        qp_index_in(&self.qps, qpn)
+        qp_index_in(&self.qps, self.lane, qpn)
     }
 
     fn slot(&mut self, qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
-        slot_in(&mut self.qps, qpn)
+        slot_in(&mut self.qps, self.lane, qpn)
     }
 
     /// `ibv_modify_qp`.
@@ -296,7 +330,7 @@ impl<P: Port> Device<P> {
             tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
             return Err(VerbsError::InvalidValue("ah"));
         }
-        let s = slot_in(&mut self.qps, qpn)?;
+        let s = slot_in(&mut self.qps, self.lane, qpn)?;
         let r = s.qp.modify(attr);
         match &r {
             Ok(()) => tracing::debug!(state = ?s.qp.state(), "QP modified"),
@@ -319,14 +353,18 @@ impl<P: Port> Device<P> {
     /// Takes a receive that passed `QpConfig::check_recv` when it was posted.
     pub fn post_recv_checked(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
         let mem = self.mrs.memory();
-        slot_in(&mut self.qps, qpn)?.qp.post_recv_checked(wr, &mem)
+        slot_in(&mut self.qps, self.lane, qpn)?
+            .qp
+            .post_recv_checked(wr, &mem)
     }
 
     /// Takes a WR that passed [`burst_transport::QpConfig::check_send`] when
     /// it was posted, without making progress.
     pub fn post_send_checked(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
         let mem = self.mrs.memory();
-        slot_in(&mut self.qps, qpn)?.qp.post_send_checked(wr, &mem)
+        slot_in(&mut self.qps, self.lane, qpn)?
+            .qp
+            .post_send_checked(wr, &mem)
     }
 
     /// Takes a completion of `qpn` gathered by earlier progress.
@@ -582,7 +620,7 @@ impl<P: Port> Device<P> {
                 }
             }
             let qpn = pkt.bth().dest_qp();
-            let Ok(i) = qp_index_in(&self.qps, qpn) else {
+            let Ok(i) = qp_index_in(&self.qps, self.lane, qpn) else {
                 self.counters.no_qp += 1;
                 continue;
             };
@@ -747,8 +785,8 @@ const ECN_CE: u8 = 0b11;
 const TX_BURST: usize = 4 * MAX_GSO_SEGMENTS;
 
 /// The slot of `qpn` (QPNs index the table from [`FIRST_QPN`]).
-fn qp_index_in(qps: &[Option<QpSlot>], qpn: Qpn) -> Result<usize, VerbsError> {
-    let i = qpn.value().wrapping_sub(FIRST_QPN) as usize;
+fn qp_index_in(qps: &[Option<QpSlot>], lane: QpnLane, qpn: Qpn) -> Result<usize, VerbsError> {
+    let i = lane.slot_of(qpn).ok_or(VerbsError::BadWr("no such QP"))?;
     match qps.get(i) {
         Some(Some(_)) => Ok(i),
         _ => Err(VerbsError::BadWr("no such QP")),
@@ -756,8 +794,8 @@ fn qp_index_in(qps: &[Option<QpSlot>], qpn: Qpn) -> Result<usize, VerbsError> {
 }
 
 /// [`qp_index_in`], borrowed mutably (leaves the device's other fields free).
-fn slot_in(qps: &mut [Option<QpSlot>], qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
-    let i = qp_index_in(qps, qpn)?;
+fn slot_in(qps: &mut [Option<QpSlot>], lane: QpnLane, qpn: Qpn) -> Result<&mut QpSlot, VerbsError> {
+    let i = qp_index_in(qps, lane, qpn)?;
     Ok(qps[i].as_mut().expect("qp_index_in checked"))
 }
 

@@ -180,6 +180,8 @@ struct Cq {
 /// (`Copy`, pointer-free), checked against `cfg` when posted.
 struct QpRings {
     qpn: Qpn,
+    /// The engine thread (lane) that owns the QP.
+    lane: usize,
     cfg: QpConfig,
     send: ArrayQueue<SendWr>,
     recv: ArrayQueue<RecvWr>,
@@ -249,7 +251,8 @@ enum Control {
 
 struct Shared {
     mrs: Arc<MrTable>,
-    doorbell: Doorbells,
+    /// One MPSC doorbell queue per lane: posts reach the owning thread.
+    doorbells: Vec<Doorbells>,
     /// Indexed by QPN - FIRST_QPN.
     rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
     srqs: std::sync::RwLock<Vec<Option<Arc<SrqRing>>>>,
@@ -262,7 +265,9 @@ struct Shared {
     /// (polls an empty CQ, posts, waits for a control reply): on a machine
     /// with fewer cores than spinning threads the work then happens on the
     /// thread that wants it, not after a scheduler time slice.
-    core: std::sync::Mutex<Core>,
+    /// One core per lane (engine thread), each with its own device (port
+    /// queue, QPs); QPs never move between lanes.
+    cores: Vec<std::sync::Mutex<Core>>,
     /// When an application thread last stepped the core, polling or
     /// posting (device-clock ns; 0: never).
     app_stepped: std::sync::atomic::AtomicU64,
@@ -297,7 +302,10 @@ struct Core {
 #[derive(Clone)]
 pub struct Context {
     shared: Arc<Shared>,
-    control: Sender<Control>,
+    /// Each lane's control channel.
+    control: Vec<Sender<Control>>,
+    /// The lane the next QP goes to (round robin).
+    next_lane: Arc<std::sync::atomic::AtomicUsize>,
     gid: [u8; 16],
     config: Arc<DeviceConfig>,
 }
@@ -366,7 +374,7 @@ impl EngineOptions {
 #[derive(Debug)]
 pub struct Engine {
     ctx: Context,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 /// Why [`Engine::open`] failed.
@@ -419,6 +427,33 @@ pub fn open_port(cfg: &DeviceConfig) -> std::io::Result<crate::AnyPort> {
         }
         crate::config::PortKind::Dpdk => lossy(open_dpdk(cfg)?, cfg.drop_every),
     })
+}
+
+/// One port per engine thread of `cfg` ([`DeviceConfig::threads`]): for
+/// the UDP port, sockets in a reuseport group steered by destination QPN.
+pub fn open_ports(cfg: &DeviceConfig) -> std::io::Result<Vec<crate::AnyPort>> {
+    let lanes = cfg.threads.max(1) as usize;
+    if lanes == 1 {
+        return Ok(vec![open_port(cfg)?]);
+    }
+    match cfg.port {
+        crate::config::PortKind::Udp => {
+            Ok(burst_io::UdpPort::bind_lanes(cfg.addr, lanes, FIRST_QPN)
+                .map_err(|e| with_remedy(e, cfg))?
+                .into_iter()
+                .map(|p| lossy(p, cfg.drop_every))
+                .collect())
+        }
+        other => Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            format!(
+                "device {}: {lanes} engine threads need the UDP port for now; the {} port runs one \
+                 (set threads = 1, or BURST_PORT=udp)",
+                cfg.name,
+                other.name()
+            ),
+        )),
+    }
 }
 
 /// `port`, dropping one sent packet in `drop_every` if that is not 0.
@@ -543,6 +578,7 @@ impl Engine {
             congestion_control: burst_cc::Algorithm::default(),
             port: Default::default(),
             dpdk: String::new(),
+            threads: 1,
         })
     }
 
@@ -557,14 +593,14 @@ impl Engine {
 
     /// Opens a device as `cfg` describes and starts its engine thread.
     pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
-        let port = open_port(cfg)?;
+        let ports = open_ports(cfg)?;
         let mut o = EngineOptions::new(cfg.mtu);
         o.name.clone_from(&cfg.name);
         o.interface.clone_from(&cfg.interface);
         o.drop_every = cfg.drop_every;
         o.congestion_control = cfg.congestion_control;
         o.port = cfg.port;
-        Engine::with_port(port, o)
+        Engine::with_ports(ports, o)
     }
 
     /// An engine over any packet port (`burst_io::SimPort`, a wrapper
@@ -586,30 +622,55 @@ impl Engine {
         port: impl burst_io::Port + Send + 'static,
         o: EngineOptions,
     ) -> std::io::Result<Engine> {
-        let addr = port.local_addr().ip();
-        let port: crate::AnyPort = Box::new(port);
-        let ready = match o.drive {
-            Drive::Thread => Some(port.readiness()?),
-            Drive::Caller => None,
-        };
-        let mut dev = Device::with_port(port, o.port_mtu, Arc::clone(&o.mrs));
-        dev.set_clock(o.clock.clone());
-        dev.set_congestion_control(o.congestion_control);
-        let gid = dev.gid();
-        let (control, control_rx) = bounded(64);
+        Engine::with_ports(vec![Box::new(port) as crate::AnyPort], o)
+    }
+
+    /// An engine with one thread (lane) per port: each lane owns its port
+    /// queue and the QPs placed on it (QPNs interleave, lane `k` of `n`
+    /// numbering its QPs `0x11 + i * n + k`, so steering by destination QPN
+    /// is arithmetic). The ports must deliver each lane's packets to it
+    /// ([`burst_io::UdpPort::bind_lanes`] does, with a reuseport program).
+    /// CQs, memory regions and events are shared; a QP with an SRQ goes to
+    /// lane 0, where SRQs live.
+    pub fn with_ports(ports: Vec<crate::AnyPort>, o: EngineOptions) -> std::io::Result<Engine> {
+        let lanes = ports.len();
+        if lanes == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "an engine needs at least one port",
+            ));
+        }
+        let addr = ports[0].local_addr().ip();
+        let mut readies = Vec::new();
+        let mut cores = Vec::new();
+        let mut controls = Vec::new();
+        let mut gid = [0u8; 16];
+        for (k, port) in ports.into_iter().enumerate() {
+            if o.drive == Drive::Thread {
+                readies.push(port.readiness()?);
+            }
+            let mut dev = Device::with_port(port, o.port_mtu, Arc::clone(&o.mrs));
+            dev.set_clock(o.clock.clone());
+            dev.set_congestion_control(o.congestion_control);
+            dev.set_lane(k as u32, lanes as u32);
+            gid = dev.gid();
+            let (control, control_rx) = bounded(64);
+            controls.push(control);
+            cores.push(std::sync::Mutex::new(Core {
+                dev: Some(dev),
+                spill: VecDeque::new(),
+                control_rx,
+            }));
+        }
         let shared = Arc::new(Shared {
             mrs: o.mrs,
-            doorbell: Doorbells::new(),
+            doorbells: (0..lanes).map(|_| Doorbells::new()).collect(),
             rings: std::sync::RwLock::new(Vec::new()),
             srqs: std::sync::RwLock::new(Vec::new()),
             cqs: std::sync::RwLock::new(Vec::new()),
             events: AsyncEvents::new()?,
             stop: AtomicBool::new(false),
-            core: std::sync::Mutex::new(Core {
-                dev: Some(dev),
-                spill: VecDeque::new(),
-                control_rx,
-            }),
+            cores,
             app_stepped: std::sync::atomic::AtomicU64::new(0),
             app_posted: std::sync::atomic::AtomicU64::new(0),
             app_stepping: AtomicBool::new(false),
@@ -617,7 +678,8 @@ impl Engine {
         });
         let ctx = Context {
             shared: Arc::clone(&shared),
-            control,
+            control: controls,
+            next_lane: Arc::default(),
             gid,
             config: Arc::new(DeviceConfig {
                 name: o.name,
@@ -628,22 +690,24 @@ impl Engine {
                 congestion_control: o.congestion_control,
                 port: o.port,
                 dpdk: String::new(),
+                threads: lanes as u32,
             }),
         };
-        let thread = match ready {
-            Some(ready) => Some(
+        let mut threads = Vec::new();
+        for (k, ready) in readies.into_iter().enumerate() {
+            let shared = Arc::clone(&shared);
+            threads.push(
                 std::thread::Builder::new()
-                    .name("burst-engine".into())
+                    .name(format!("burst-engine-{k}"))
                     .spawn(move || {
-                        let _span = tracing::info_span!("burst-engine", %addr).entered();
+                        let _span = tracing::info_span!("burst-engine", %addr, lane = k).entered();
                         tracing::info!("engine started");
-                        run(&shared, &ready);
+                        run(&shared, k, &ready);
                         tracing::info!("engine stopped");
                     })?,
-            ),
-            None => None,
-        };
-        Ok(Engine { ctx, thread })
+            );
+        }
+        Ok(Engine { ctx, threads })
     }
 
     /// A front-end handle.
@@ -655,21 +719,18 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.ctx.shared.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        // Close the port now, even if contexts outlive the engine.
-        let mut core = self
-            .ctx
-            .shared
-            .core
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(mut dev) = core.dev.take() {
-            // ACKs of the last packets received leave with the next round:
-            // send them, or the peer retries into RETRY_EXC_ERR.
-            dev.flush();
-            tracing::debug!(counters = ?dev.counters(), "device closed");
+        // Close the ports now, even if contexts outlive the engine.
+        for core in &self.ctx.shared.cores {
+            let mut core = core.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(mut dev) = core.dev.take() {
+                // ACKs of the last packets received leave with the next
+                // round: send them, or the peer retries into RETRY_EXC_ERR.
+                dev.flush();
+                tracing::debug!(counters = ?dev.counters(), "device closed");
+            }
         }
     }
 }
@@ -767,7 +828,7 @@ fn control(dev: &mut Device, c: Control) {
 /// write_lat / read_lat / atomic_lat p50 5.2 / 10.8 / 10.8 us with p99.9
 /// under 100 us; perftest's ib_write_lat through the drop-in went from
 /// 1.1 ms (flat sleep) to about 100 us on loopback (four threads, 2 cores).
-fn run(shared: &Shared, ready: &burst_io::Readiness) {
+fn run(shared: &Shared, lane: usize, ready: &burst_io::Readiness) {
     const SPIN_NS: u64 = 2_000_000;
     const MIN_SLEEP: Duration = Duration::from_micros(10);
     const MAX_SLEEP: Duration = Duration::from_millis(1);
@@ -784,7 +845,7 @@ fn run(shared: &Shared, ready: &burst_io::Readiness) {
         let core = if driving {
             None
         } else {
-            shared.core.try_lock().ok()
+            shared.cores[lane].try_lock().ok()
         };
         let Some(mut core) = core else {
             // An application thread drives (or is in a step, where waiting
@@ -796,7 +857,7 @@ fn run(shared: &Shared, ready: &burst_io::Readiness) {
             continue;
         };
         backoff = MIN_SLEEP;
-        let busy = core.step_contained(shared, Round::Full, now);
+        let busy = core.step_contained(shared, lane, Round::Full, now);
         drop(core);
         if busy {
             last_work = now;
@@ -819,8 +880,8 @@ impl Core {
     /// ([`AsyncEvent::DeviceFatal`]) and is logged, and the next step runs
     /// as usual. The panic never unwinds through the core's lock, so the
     /// lock is not poisoned and the data plane never silently stops.
-    fn step_contained(&mut self, shared: &Shared, round: Round, now: u64) -> bool {
-        self.contained(shared, |core| core.step(shared, round, now))
+    fn step_contained(&mut self, shared: &Shared, lane: usize, round: Round, now: u64) -> bool {
+        self.contained(shared, |core| core.step(shared, lane, round, now))
             .unwrap_or(true)
     }
 
@@ -898,7 +959,7 @@ impl Core {
     /// round, receive and timers), completions into the CQ rings. Returns
     /// whether there was work.
     /// `now`: the device clock (`shared.clock`, which the device shares).
-    fn step(&mut self, shared: &Shared, round: Round, now: u64) -> bool {
+    fn step(&mut self, shared: &Shared, lane: usize, round: Round, now: u64) -> bool {
         let Some(dev) = self.dev.as_mut() else {
             return false;
         };
@@ -911,13 +972,22 @@ impl Core {
         // Doorbells: move posted WQEs from the rings into the transport. A
         // doorbell lost to a full queue is made up by visiting every ring.
         let mut missed: Vec<u32> = Vec::new();
-        if shared.doorbell.take_overflow() {
+        let doorbell = &shared.doorbells[lane];
+        if doorbell.take_overflow() {
             let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
-            missed.extend(rings.iter().flatten().map(|r| r.qpn.value()));
-            let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
-            missed.extend((0..srqs.len() as u32).map(|i| SRQ_DOORBELL | i));
+            missed.extend(
+                rings
+                    .iter()
+                    .flatten()
+                    .filter(|r| r.lane == lane)
+                    .map(|r| r.qpn.value()),
+            );
+            if lane == 0 {
+                let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
+                missed.extend((0..srqs.len() as u32).map(|i| SRQ_DOORBELL | i));
+            }
         }
-        while let Some(bell) = shared.doorbell.pop().or_else(|| missed.pop()) {
+        while let Some(bell) = doorbell.pop().or_else(|| missed.pop()) {
             busy = true;
             if bell & SRQ_DOORBELL != 0 {
                 let id = SrqId(bell & !SRQ_DOORBELL);
@@ -959,7 +1029,7 @@ impl Core {
             }
         }
         let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
-        for r in rings.iter().flatten() {
+        for r in rings.iter().flatten().filter(|r| r.lane == lane) {
             while let Some(wc) = dev.take_completion(r.qpn) {
                 busy = true;
                 let cq = if wc.is_recv() { r.recv_cq } else { r.send_cq }.0 as usize;
@@ -1135,9 +1205,26 @@ impl Context {
         Ok(())
     }
 
+    /// Runs a control request on lane 0 (SRQs live there).
     fn call<T>(&self, make: impl FnOnce(Sender<T>) -> Control) -> Result<T, PostError> {
+        self.call_on(0, make)
+    }
+
+    /// The lane that owns QP `qpn` (QPNs interleave over the lanes).
+    fn lane_of(&self, qpn: Qpn) -> usize {
+        qpn.value().wrapping_sub(FIRST_QPN) as usize % self.control.len()
+    }
+
+    /// Runs a control request on `lane`'s core and waits for its reply.
+    fn call_on<T>(
+        &self,
+        lane: usize,
+        make: impl FnOnce(Sender<T>) -> Control,
+    ) -> Result<T, PostError> {
         let (tx, rx) = bounded(1);
         self.control
+            .get(lane)
+            .ok_or(PostError::NoSuch)?
             .send(make(tx))
             .map_err(|_| PostError::Stopped)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -1151,7 +1238,7 @@ impl Context {
             // Whoever holds the core runs the request at its next step;
             // with the core free, this thread runs it (and only it: a
             // control call moves no packets).
-            match self.shared.core.try_lock() {
+            match self.shared.cores[lane].try_lock() {
                 Ok(mut core) => {
                     let sh = &*self.shared;
                     core.contained(sh, |c| c.run_control());
@@ -1184,8 +1271,13 @@ impl Context {
         self.step(Round::Transmit)
     }
 
+    /// Steps every lane this thread can take.
     fn step(&self, round: Round) -> bool {
-        self.step_with(round, |_| ()).is_some_and(|(busy, _)| busy)
+        let mut busy = false;
+        for lane in 0..self.shared.cores.len() {
+            busy |= self.step_with(lane, round, |_| ()).is_some_and(|(b, _)| b);
+        }
+        busy
     }
 
     /// Runs `first` on the core, then a step of `round`, if this thread can
@@ -1193,6 +1285,7 @@ impl Context {
     /// `first` faulted (contained).
     fn step_with<R>(
         &self,
+        lane: usize,
         round: Round,
         first: impl FnOnce(&mut Core) -> R,
     ) -> Option<(bool, Option<R>)> {
@@ -1210,10 +1303,10 @@ impl Context {
         if round == Round::Transmit {
             sh.app_posted.store(now.max(1), Ordering::Relaxed);
         }
-        let mut core = sh.core.try_lock().ok()?;
+        let mut core = sh.cores.get(lane)?.try_lock().ok()?;
         sh.app_stepping.store(true, Ordering::Relaxed);
         let r = core.contained(sh, first);
-        let busy = core.step_contained(sh, round, now);
+        let busy = core.step_contained(sh, lane, round, now);
         drop(core);
         // Stamped again at the end: a step may take a while (a 64 KiB send
         // is ~10 us), and the gap the engine thread measures is the one
@@ -1226,9 +1319,18 @@ impl Context {
 
     /// Runs `f` on the data plane's device, waiting for the core if another
     /// thread steps it (diagnostics and simulation, not the data path).
-    fn with_device<R>(&self, f: impl FnOnce(&mut Device) -> R) -> Option<R> {
-        let mut core = self.shared.core.lock().unwrap_or_else(|e| e.into_inner());
+    fn with_device<R>(&self, lane: usize, f: impl FnOnce(&mut Device) -> R) -> Option<R> {
+        let mut core = self.shared.cores[lane]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         core.dev.as_mut().map(f)
+    }
+
+    /// [`Context::with_device`] on every lane, in order.
+    fn each_device<R>(&self, mut f: impl FnMut(&mut Device) -> R) -> Vec<R> {
+        (0..self.shared.cores.len())
+            .filter_map(|l| self.with_device(l, &mut f))
+            .collect()
     }
 
     /// The device clock (ns): the time base of [`Context::next_timeout`].
@@ -1245,24 +1347,30 @@ impl Context {
     /// The earliest transport timer of any QP (device-clock ns): when the
     /// data plane must next be stepped if no packet comes first.
     pub fn next_timeout(&self) -> Option<u64> {
-        self.with_device(|d| d.next_timeout()).flatten()
+        self.each_device(|d| d.next_timeout())
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Checks every QP's invariants (a requester with unacknowledged
     /// packets has a timer, ...): the simulator asserts them at every step.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.with_device(|d| d.check_invariants()).unwrap_or(Ok(()))
+        self.each_device(|d| d.check_invariants())
+            .into_iter()
+            .collect()
     }
 
     /// One line per QP with its state and counters (for reports).
     pub fn describe_qps(&self) -> Vec<String> {
-        self.with_device(|d| d.describe_qps()).unwrap_or_default()
+        self.each_device(|d| d.describe_qps()).concat()
     }
 
     /// Send work requests of a QP that the transport holds and has not
     /// completed (those still in the QP's ring not counted).
     pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
-        self.with_device(|d| d.send_queue_len(qpn)).flatten()
+        self.with_device(self.lane_of(qpn), |d| d.send_queue_len(qpn))
+            .flatten()
     }
 
     /// Creates a QP with its rings (depth `depth` each) and default sizes;
@@ -1304,11 +1412,18 @@ impl Context {
             return Err(CreateError::Post(PostError::NoSuch));
         }
         let init = *init;
+        // Round robin over the lanes; a QP with an SRQ goes where SRQs live.
+        let lane = if init.srq.is_some() {
+            0
+        } else {
+            self.next_lane.fetch_add(1, Ordering::Relaxed) % self.control.len()
+        };
         let (qpn, cfg) = self
-            .call(|reply| Control::CreateQp { init, reply })?
+            .call_on(lane, |reply| Control::CreateQp { init, reply })?
             .map_err(CreateError::Verbs)?;
         let rings = Arc::new(QpRings {
             qpn,
+            lane,
             cfg,
             send: ArrayQueue::new(init.caps.max_send_wr.max(1) as usize),
             recv: ArrayQueue::new(init.caps.max_recv_wr.max(1) as usize),
@@ -1335,7 +1450,7 @@ impl Context {
                 *slot = None;
             }
         }
-        self.call(|reply| Control::DestroyQp { qpn, reply })?
+        self.call_on(self.lane_of(qpn), |reply| Control::DestroyQp { qpn, reply })?
             .map_err(CreateError::Verbs)
     }
 
@@ -1344,7 +1459,7 @@ impl Context {
         &self,
         qpn: Qpn,
     ) -> Result<(burst_transport::QpState, burst_transport::QpConfig), PostError> {
-        self.call(|reply| Control::QueryQp { qpn, reply })?
+        self.call_on(self.lane_of(qpn), |reply| Control::QueryQp { qpn, reply })?
             .ok_or(PostError::NoSuch)
     }
 
@@ -1428,18 +1543,31 @@ impl Context {
     /// the device's `debug_panic_on_packet_for`).
     #[doc(hidden)]
     pub fn debug_panic_on_packet_for(&self, qpn: Option<Qpn>) -> Result<(), PostError> {
-        self.call(|reply| Control::DebugPanicFor { qpn, reply })
+        for lane in 0..self.control.len() {
+            self.call_on(lane, |reply| Control::DebugPanicFor { qpn, reply })?;
+        }
+        Ok(())
     }
 
     /// Creates an address handle for a GID.
     pub fn create_ah(&self, gid: [u8; 16]) -> Result<u32, PostError> {
-        self.call(|reply| Control::CreateAh { gid, reply })
+        // Every lane holds every address handle, under the same number.
+        let ah = self.call(|reply| Control::CreateAh { gid, reply })?;
+        for lane in 1..self.control.len() {
+            let other = self.call_on(lane, |reply| Control::CreateAh { gid, reply })?;
+            debug_assert_eq!(other, ah, "address handles numbered alike on every lane");
+        }
+        Ok(ah)
     }
 
     /// `ibv_modify_qp`, executed by the engine.
     pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr) -> Result<Result<(), VerbsError>, PostError> {
         let attr = *attr;
-        self.call(|reply| Control::ModifyQp { qpn, attr, reply })
+        self.call_on(self.lane_of(qpn), |reply| Control::ModifyQp {
+            qpn,
+            attr,
+            reply,
+        })
     }
 
     /// Takes RC QP `qpn` from RESET to RTS towards `peer`: an address
@@ -1460,7 +1588,11 @@ impl Context {
 
     /// Device counters.
     pub fn counters(&self) -> Result<DeviceCounters, PostError> {
-        self.call(|reply| Control::Counters { reply })
+        let mut total = self.call(|reply| Control::Counters { reply })?;
+        for lane in 1..self.control.len() {
+            total.add(&self.call_on(lane, |reply| Control::Counters { reply })?);
+        }
+        Ok(total)
     }
 
     /// The congestion control's state: the algorithm, each peer's window,
@@ -1497,13 +1629,15 @@ impl Context {
                 .map_err(|_| PostError::Invalid)?;
             wr.inline_data = Some(d);
         }
-        match self.step_with(Round::Transmit, |core| core.post_send_now(ring, wr)) {
+        match self.step_with(ring.lane, Round::Transmit, |core| {
+            core.post_send_now(ring, wr)
+        }) {
             Some((_, Some(r))) => r,
             // A fault contained while posting: the QPs are in error now.
             Some((_, None)) => Err(PostError::Stopped),
             None => {
                 ring.send.push(wr).map_err(|_| PostError::Full)?;
-                self.shared.doorbell.ring(ring.qpn.value());
+                self.shared.doorbells[ring.lane].ring(ring.qpn.value());
                 // Whoever holds the core takes it at its next step; if
                 // that thread just let go, this step takes it.
                 self.progress_transmit();
@@ -1526,14 +1660,14 @@ impl Context {
         // post and it could ride with (ping-pong: four sends per round trip
         // instead of two).
         let sh = &*self.shared;
-        if let Ok(mut core) = sh.core.try_lock() {
+        if let Ok(mut core) = sh.cores[ring.lane].try_lock() {
             if let Some(r) = core.contained(sh, |c| c.post_recv_now(ring, *wr)) {
                 return r;
             }
             return Err(PostError::Stopped);
         }
         ring.recv.push(*wr).map_err(|_| PostError::Full)?;
-        sh.doorbell.ring(ring.qpn.value());
+        sh.doorbells[ring.lane].ring(ring.qpn.value());
         Ok(())
     }
 
@@ -1680,7 +1814,8 @@ impl SharedReceiveQueue {
             return Err(PostError::Refused(VerbsError::TooManySge));
         }
         self.ring.ring.push(*wr).map_err(|_| PostError::Full)?;
-        self.ctx.shared.doorbell.ring(SRQ_DOORBELL | self.id.0);
+        // SRQs live on lane 0.
+        self.ctx.shared.doorbells[0].ring(SRQ_DOORBELL | self.id.0);
         // No step: see `Context::post_recv`.
         Ok(())
     }

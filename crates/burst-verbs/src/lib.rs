@@ -90,6 +90,23 @@ pub struct DeviceCounters {
     pub port: burst_io::PortCounters,
 }
 
+impl DeviceCounters {
+    /// Adds `o` (the counters of another lane of the device).
+    pub fn add(&mut self, o: &DeviceCounters) {
+        self.sent_pkts += o.sent_pkts;
+        self.rcvd_pkts += o.rcvd_pkts;
+        self.icrc_verified += o.icrc_verified;
+        self.icrc_id_solved += o.icrc_id_solved;
+        self.icrc_unverified += o.icrc_unverified;
+        self.icrc_errors += o.icrc_errors;
+        self.malformed += o.malformed;
+        self.no_qp += o.no_qp;
+        self.qps.accumulate(&o.qps);
+        self.cc.add(&o.cc);
+        self.port.add(&o.port);
+    }
+}
+
 pub use congestion::CongestionCounters;
 
 /// The congestion-control state of a device
