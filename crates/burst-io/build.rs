@@ -66,7 +66,7 @@ mod dpdk {
             .header(wrapper.to_string_lossy())
             .clang_args(&flags)
             .clang_arg("-DALLOW_EXPERIMENTAL_API")
-            .allowlist_function("rte_eal_init|rte_eal_cleanup|rte_eth_.*|rte_pktmbuf_.*|rte_mempool_.*|rte_socket_id|rte_strerror|burst_rte_errno|rte_lcore_id")
+            .allowlist_function("rte_eal_init|rte_eal_cleanup|rte_eth_.*|rte_pktmbuf_.*|rte_mempool_.*|rte_socket_id|rte_strerror|burst_rte_errno|rte_lcore_id|rte_thread_register|rte_eth_link_get_nowait")
             .allowlist_type("rte_mbuf|rte_mempool|rte_eth_.*|rte_ether_addr")
             .allowlist_var("RTE_ETH_.*|RTE_MBUF_.*|RTE_PKTMBUF_HEADROOM")
             .derive_default(true)

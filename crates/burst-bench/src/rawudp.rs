@@ -132,6 +132,14 @@ pub fn sink(mut port: AnyPort, stop: &AtomicBool, got: &SinkCount) {
             }
         }
     }
+    report_counters("sink", &*port);
+}
+
+/// With BURST_BENCH_COUNTERS set, prints what `port` counted.
+fn report_counters(who: &str, port: &dyn Port) {
+    if std::env::var_os("BURST_BENCH_COUNTERS").is_some() {
+        eprintln!("burst-bench: {who} port counters: {:?}", port.counters());
+    }
 }
 
 /// The sender's view of the sink's credits.
@@ -245,6 +253,7 @@ pub fn stream(
             }
         }
     }
+    report_counters("stream", port);
     let secs = start.elapsed().as_secs_f64();
     let sent_bytes = sent_msgs * size as u64;
     Ok((

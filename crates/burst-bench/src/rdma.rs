@@ -89,6 +89,12 @@ pub struct Side {
 
 impl Drop for Side {
     fn drop(&mut self) {
+        // BURST_BENCH_COUNTERS: the device's counters, for diagnosis.
+        if std::env::var_os("BURST_BENCH_COUNTERS").is_some() {
+            if let Ok(c) = self.ctx.counters() {
+                eprintln!("burst-bench: counters: {c:?}");
+            }
+        }
         // Waits until the engine holds no reference into `buf`.
         let _ = self.ctx.dereg_mr(self.mr.lkey);
     }

@@ -295,6 +295,7 @@ impl DpdkLink {
         if rc != 0 {
             return Err(errno(rc, "start", &name));
         }
+        wait_link_up(port, &name);
         // SAFETY: plain call; some vdevs have no promiscuous mode.
         unsafe { sys::rte_eth_promiscuous_enable(port) };
         // SAFETY: as for info.
@@ -327,6 +328,62 @@ impl DpdkLink {
     }
 }
 
+thread_local! {
+    /// Whether this thread has an lcore id of its own.
+    static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives the calling thread an lcore id (once): engine and application
+/// threads are not EAL threads, and without an lcore id every mbuf
+/// allocation and free goes to the pool's shared ring instead of the
+/// per-lcore cache.
+fn register_thread() {
+    REGISTERED.with(|r| {
+        if !r.get() {
+            // SAFETY: plain call after the EAL started; failure (no free
+            // lcore) leaves the thread uncached but working.
+            unsafe { sys::rte_thread_register() };
+            r.set(true);
+        }
+    });
+}
+
+/// How long [`DpdkLink::open`] waits for the link to come up.
+const LINK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn link_up(port: u16) -> bool {
+    // SAFETY: zeroed is valid; the call fills it for a started port.
+    let mut l: sys::rte_eth_link = unsafe { std::mem::zeroed() };
+    // SAFETY: our port and a live out-parameter.
+    unsafe { sys::rte_eth_link_get_nowait(port, &mut l) };
+    l.link_status() != 0
+}
+
+/// Waits (bounded) for the link: a memif client whose server was not
+/// listening yet when the port started never connects by itself (22.11
+/// does not retry), so the port is restarted every half second; a memif
+/// server's link comes up when its client connects. Frames sent while the
+/// link is down are refused by the device and kept by burst.
+fn wait_link_up(port: u16, name: &str) {
+    let start = std::time::Instant::now();
+    let mut restarted = start;
+    while !link_up(port) {
+        if start.elapsed() >= LINK_WAIT {
+            tracing::warn!("burst-io: DPDK {name}: link still down after {LINK_WAIT:?}; going on");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        if restarted.elapsed() >= std::time::Duration::from_millis(500) {
+            // SAFETY: stop and start of our configured port.
+            unsafe {
+                sys::rte_eth_dev_stop(port);
+                sys::rte_eth_dev_start(port);
+            }
+            restarted = std::time::Instant::now();
+        }
+    }
+}
+
 /// The data of one mbuf segment.
 ///
 /// # Safety
@@ -349,6 +406,7 @@ impl FrameLink for DpdkLink {
     }
 
     fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> io::Result<usize> {
+        register_thread();
         let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
         let want = max.min(BURST) as u16;
         // SAFETY: our started port's queue 0 and room for `want` pointers.
@@ -382,6 +440,7 @@ impl FrameLink for DpdkLink {
         n: usize,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
     ) -> io::Result<usize> {
+        register_thread();
         let mut done = 0;
         while done < n {
             let k = (n - done).min(BURST);

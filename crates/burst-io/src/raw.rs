@@ -149,6 +149,8 @@ pub struct RawPort<L> {
     ready: Vec<usize>,
     /// Raw mode ([`Port::set_raw`]): no ICRC verification.
     raw: bool,
+    /// Scratch: senders seen in a receive burst.
+    learned: Vec<(IpAddr, [u8; 6])>,
 }
 
 impl<L: FrameLink> RawPort<L> {
@@ -172,6 +174,7 @@ impl<L: FrameLink> RawPort<L> {
             macs: Vec::new(),
             ready: Vec::new(),
             raw: false,
+            learned: Vec::new(),
         }
     }
 
@@ -536,7 +539,9 @@ impl<L: FrameLink> Port for RawPort<L> {
         rx.msgs.clear();
         let (local, mac, raw) = (self.local, self.mac, self.raw);
         let max = rx.bufs.len();
-        let mut learned: Vec<(IpAddr, [u8; 6])> = Vec::new();
+        // Senders to learn from (once per run of frames from one sender:
+        // a burst is mostly one peer's) and ARP packets to answer.
+        let mut learned = std::mem::take(&mut self.learned);
         let mut arps: Vec<(u16, [u8; 6], Ipv4Addr, Ipv4Addr)> = Vec::new();
         let counters = &mut self.counters;
         self.link.recv(max, &mut |frame| {
@@ -546,17 +551,22 @@ impl<L: FrameLink> Port for RawPort<L> {
                     if !rx.push(meta, &frame[range]) {
                         counters.rx_malformed += 1;
                     }
-                    learned.push((meta.peer.ip(), smac));
+                    let who = (meta.peer.ip(), smac);
+                    if learned.last() != Some(&who) {
+                        learned.push(who);
+                    }
                 }
                 Rx::Arp(op, smac, sip, tip) => arps.push((op, smac, sip, tip)),
                 Rx::Dropped => {}
             }
         })?;
-        for (ip, smac) in learned {
+        for &(ip, smac) in &learned {
             if self.neighbours.get(&ip).is_none_or(|n| n.mac.is_none()) {
                 self.learn(ip, smac);
             }
         }
+        learned.clear();
+        self.learned = learned;
         for (op, smac, sip, tip) in arps {
             self.counters.arp_received += 1;
             let IpAddr::V4(me) = self.local.ip() else {
@@ -592,8 +602,18 @@ impl<L: FrameLink> Port for RawPort<L> {
         self.macs.clear();
         self.ready.clear();
         let mut held = 0;
+        // A burst mostly goes to one peer: look its MAC up once.
+        let mut last: Option<(IpAddr, [u8; 6])> = None;
         for (i, b) in bufs.iter().enumerate() {
-            match self.lookup(b.peer.ip(), now) {
+            let ip = b.peer.ip();
+            let mac = match last {
+                Some((l, m)) if l == ip => Some(m),
+                _ => self.lookup(ip, now),
+            };
+            if let Some(m) = mac {
+                last = Some((ip, m));
+            }
+            match mac {
                 Some(m) => {
                     self.ready.push(i);
                     self.macs.push(m);
