@@ -132,6 +132,15 @@ pub fn device_config(addr: IpAddr, mtu: Mtu) -> Result<DeviceConfig, String> {
             format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
         })?;
     }
+    // Engine threads, as the drop-in takes them (BURST_THREADS).
+    if let Ok(t) = std::env::var("BURST_THREADS") {
+        cfg.threads = t
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .ok_or_else(|| format!("BURST_THREADS={t}: 1 to 64"))?;
+    }
     // The packet port, as the drop-in takes it (BURST_PORT).
     if let Some(p) = port {
         cfg.port = p;
