@@ -71,6 +71,8 @@ mod dpdk {
             .allowlist_var("RTE_ETH_.*|RTE_MBUF_.*|RTE_PKTMBUF_HEADROOM")
             .derive_default(true)
             .layout_tests(false)
+            // DPDK's comments would become doctests of C prose.
+            .generate_comments(false)
             .generate_inline_functions(true)
             .wrap_static_fns(true)
             .wrap_static_fns_path(&statics)

@@ -295,7 +295,13 @@ impl DpdkLink {
         if rc != 0 {
             return Err(errno(rc, "start", &name));
         }
-        wait_link_up(port, &name);
+        // Only a memif client may be restarted: restarting a server would
+        // drop the socket a client is connecting to.
+        let client = cfg
+            .eal
+            .iter()
+            .any(|a| a.contains("net_memif") && a.contains("role=client"));
+        wait_link_up(port, &name, client);
         // SAFETY: plain call; some vdevs have no promiscuous mode.
         unsafe { sys::rte_eth_promiscuous_enable(port) };
         // SAFETY: as for info.
@@ -361,10 +367,10 @@ fn link_up(port: u16) -> bool {
 
 /// Waits (bounded) for the link: a memif client whose server was not
 /// listening yet when the port started never connects by itself (22.11
-/// does not retry), so the port is restarted every half second; a memif
-/// server's link comes up when its client connects. Frames sent while the
-/// link is down are refused by the device and kept by burst.
-fn wait_link_up(port: u16, name: &str) {
+/// does not retry), so a client (`restart`) is restarted every half second;
+/// a memif server's link comes up when its client connects. Frames sent
+/// while the link is down are refused by the device and kept by burst.
+fn wait_link_up(port: u16, name: &str, restart: bool) {
     let start = std::time::Instant::now();
     let mut restarted = start;
     while !link_up(port) {
@@ -373,7 +379,7 @@ fn wait_link_up(port: u16, name: &str) {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
-        if restarted.elapsed() >= std::time::Duration::from_millis(500) {
+        if restart && restarted.elapsed() >= std::time::Duration::from_millis(500) {
             // SAFETY: stop and start of our configured port.
             unsafe {
                 sys::rte_eth_dev_stop(port);

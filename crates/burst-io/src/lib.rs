@@ -157,11 +157,12 @@ pub struct PortCounters {
     /// Resolutions that could not be asked for (netlink errors, IPv6
     /// without a kernel to ask).
     pub resolve_errors: u64,
-    /// ARP packets received (ports that own their link).
+    /// ARP packets and IPv6 neighbour solicitations/advertisements received
+    /// (ports that own their link).
     pub arp_received: u64,
-    /// ARP requests sent.
+    /// ARP requests (IPv6: neighbour solicitations) sent.
     pub arp_requests: u64,
-    /// ARP replies sent.
+    /// ARP replies (IPv6: neighbour advertisements) sent.
     pub arp_replies: u64,
 }
 

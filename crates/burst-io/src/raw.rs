@@ -14,9 +14,10 @@
 //! **Neighbours.** A peer's MAC comes from one of two places
 //! ([`Resolution`]): the kernel's neighbour table through netlink, with
 //! resolution triggered when the entry is missing (AF_XDP, where the kernel
-//! still owns the interface and answers ARP), or burst's own ARP (DPDK,
-//! where burst owns the link: it answers ARP requests for its address and
-//! asks for its peers'). Packets to a peer being resolved are held, as the
+//! still owns the interface and answers ARP), or burst's own ARP and IPv6
+//! neighbour discovery (DPDK, where burst owns the link: it answers ARP
+//! requests and neighbour solicitations for its address and asks for its
+//! peers'). Packets to a peer being resolved are held, as the
 //! kernel's `unres_qlen` does, and sent once its MAC is known; after
 //! [`RESOLVE_TIMEOUT`] without an answer they are dropped and counted (the
 //! transport retransmits). A RoCE frame received from a peer also teaches
@@ -47,7 +48,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -277,13 +278,18 @@ impl<L: FrameLink> RawPort<L> {
                 if !due {
                     return;
                 }
-                if let (IpAddr::V4(target), IpAddr::V4(me)) = (ip, self.local.ip()) {
-                    let frame = arp(1, self.mac, me, [0xff; 6], [0; 6], target);
-                    self.control.push(frame);
-                    self.counters.arp_requests += 1;
-                } else {
-                    // IPv6 neighbour discovery is not spoken by burst yet.
-                    self.counters.resolve_errors += 1;
+                match (ip, self.local.ip()) {
+                    (IpAddr::V4(target), IpAddr::V4(me)) => {
+                        self.control
+                            .push(arp(1, self.mac, me, [0xff; 6], [0; 6], target));
+                        self.counters.arp_requests += 1;
+                    }
+                    (IpAddr::V6(target), IpAddr::V6(me)) => {
+                        self.control.push(ndp_solicit(self.mac, me, target));
+                        self.counters.arp_requests += 1;
+                    }
+                    // A peer of the other family: nothing to ask.
+                    _ => self.counters.resolve_errors += 1,
                 }
                 if let Some(n) = self.neighbours.get_mut(&ip) {
                     n.probed = Some(now);
@@ -457,14 +463,160 @@ fn arp(
     f
 }
 
+const ICMPV6: u8 = 58;
+const NDP_SOLICIT: u8 = 135;
+const NDP_ADVERT: u8 = 136;
+const IPV6_LEN: usize = 40;
+/// An NS or NA with one link-layer address option.
+const NDP_LEN: usize = 32;
+
+/// The ICMPv6 checksum of `msg` (checksum field zero) from `src` to `dst`.
+fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut add = |b: &[u8]| {
+        for c in b.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+    };
+    add(&src.octets());
+    add(&dst.octets());
+    add(&(msg.len() as u32).to_be_bytes());
+    add(&[0, 0, 0, ICMPV6]);
+    add(msg);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An NDP frame (RFC 4861): a neighbour solicitation (135, with our MAC as
+/// source link-layer option) or advertisement (136, solicited + override,
+/// our MAC as target link-layer option).
+fn ndp(
+    kind: u8,
+    smac: [u8; 6],
+    src: Ipv6Addr,
+    dmac: [u8; 6],
+    dst: Ipv6Addr,
+    target: Ipv6Addr,
+) -> Vec<u8> {
+    let mut f = vec![0u8; ETH_LEN + IPV6_LEN + NDP_LEN];
+    f[0..6].copy_from_slice(&dmac);
+    f[6..12].copy_from_slice(&smac);
+    f[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+    let ip = &mut f[ETH_LEN..ETH_LEN + IPV6_LEN];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&(NDP_LEN as u16).to_be_bytes());
+    ip[6] = ICMPV6;
+    ip[7] = 255; // hop limit: NDP requires 255
+    ip[8..24].copy_from_slice(&src.octets());
+    ip[24..40].copy_from_slice(&dst.octets());
+    let m = &mut f[ETH_LEN + IPV6_LEN..];
+    m[0] = kind;
+    if kind == NDP_ADVERT {
+        m[4] = 0x60; // solicited, override
+    }
+    m[8..24].copy_from_slice(&target.octets());
+    m[24] = if kind == NDP_SOLICIT { 1 } else { 2 };
+    m[25] = 1; // 8 bytes
+    m[26..32].copy_from_slice(&smac);
+    let c = icmpv6_checksum(&src, &dst, m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+/// A solicitation for `target` to its solicited-node multicast address.
+fn ndp_solicit(smac: [u8; 6], src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let t = target.octets();
+    let group = Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(t[13]),
+        u16::from_be_bytes([t[14], t[15]]),
+    );
+    let dmac = [0x33, 0x33, 0xff, t[13], t[14], t[15]];
+    ndp(NDP_SOLICIT, smac, src, dmac, group, target)
+}
+
+/// A neighbour message (ARP or NDP) received.
+#[derive(Debug, Clone, Copy)]
+struct Neigh {
+    /// The address whose MAC the message tells.
+    who: IpAddr,
+    /// That MAC.
+    mac: [u8; 6],
+    /// For a request/solicitation: the address asked about.
+    asked: Option<IpAddr>,
+}
+
 /// What a received frame is.
 enum Rx {
     /// A RoCEv2 packet for us: meta, and where the transport packet lies.
     Roce(RxMeta, std::ops::Range<usize>, [u8; 6]),
-    /// An ARP packet: operation, sender MAC and IP, target IP.
-    Arp(u16, [u8; 6], Ipv4Addr, Ipv4Addr),
+    /// ARP or IPv6 neighbour discovery.
+    Neigh(Neigh),
     /// Dropped; the counter was bumped.
     Dropped,
+}
+
+/// A valid NS or NA (RFC 4861 7.1.1/7.1.2: hop limit 255, code 0, the
+/// checksum, a non-multicast target), as a [`Neigh`].
+fn parse_ndp(frame: &[u8]) -> Option<Neigh> {
+    let ip = frame.get(ETH_LEN..ETH_LEN + IPV6_LEN)?;
+    if ip[0] >> 4 != 6 || ip[6] != ICMPV6 || ip[7] != 255 {
+        return None;
+    }
+    let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let m = frame.get(ETH_LEN + IPV6_LEN..ETH_LEN + IPV6_LEN + plen)?;
+    if m.len() < 24 || !(m[0] == NDP_SOLICIT || m[0] == NDP_ADVERT) || m[1] != 0 {
+        return None;
+    }
+    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).ok()?);
+    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).ok()?);
+    let mut zeroed = m.to_vec();
+    zeroed[2..4].fill(0);
+    if icmpv6_checksum(&src, &dst, &zeroed) != u16::from_be_bytes([m[2], m[3]]) {
+        return None;
+    }
+    let target = Ipv6Addr::from(<[u8; 16]>::try_from(&m[8..24]).ok()?);
+    if target.is_multicast() {
+        return None;
+    }
+    // The link-layer address option (source in an NS, target in an NA),
+    // else the Ethernet source.
+    let want = if m[0] == NDP_SOLICIT { 1 } else { 2 };
+    let mut mac: [u8; 6] = frame[6..12].try_into().ok()?;
+    let mut at = 24;
+    while at + 2 <= m.len() {
+        let len = usize::from(m[at + 1]) * 8;
+        if len == 0 || at + len > m.len() {
+            break;
+        }
+        if m[at] == want && len == 8 {
+            mac = m[at + 2..at + 8].try_into().ok()?;
+        }
+        at += len;
+    }
+    Some(if m[0] == NDP_SOLICIT {
+        if src.is_unspecified() {
+            return None; // duplicate address detection: not ours to answer
+        }
+        Neigh {
+            who: src.into(),
+            mac,
+            asked: Some(target.into()),
+        }
+    } else {
+        Neigh {
+            who: target.into(),
+            mac,
+            asked: None,
+        }
+    })
 }
 
 fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut PortCounters) -> Rx {
@@ -477,7 +629,19 @@ fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut Po
             let smac: [u8; 6] = a[8..14].try_into().expect("6 bytes");
             let sip = Ipv4Addr::new(a[14], a[15], a[16], a[17]);
             let tip = Ipv4Addr::new(a[24], a[25], a[26], a[27]);
-            return Rx::Arp(op, smac, sip, tip);
+            return Rx::Neigh(Neigh {
+                who: sip.into(),
+                mac: smac,
+                asked: (op == 1).then_some(tip.into()),
+            });
+        }
+    }
+    if frame.len() > ETH_LEN + 6
+        && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_IPV6
+        && frame[ETH_LEN + 6] == ICMPV6
+    {
+        if let Some(n) = parse_ndp(frame) {
+            return Rx::Neigh(n);
         }
     }
     let dst_mac = frame.get(0..6).unwrap_or(&[]);
@@ -542,7 +706,7 @@ impl<L: FrameLink> Port for RawPort<L> {
         // Senders to learn from (once per run of frames from one sender:
         // a burst is mostly one peer's) and ARP packets to answer.
         let mut learned = std::mem::take(&mut self.learned);
-        let mut arps: Vec<(u16, [u8; 6], Ipv4Addr, Ipv4Addr)> = Vec::new();
+        let mut neighs: Vec<Neigh> = Vec::new();
         let counters = &mut self.counters;
         self.link.recv(max, &mut |frame| {
             counters.rx_frames += 1;
@@ -556,7 +720,7 @@ impl<L: FrameLink> Port for RawPort<L> {
                         learned.push(who);
                     }
                 }
-                Rx::Arp(op, smac, sip, tip) => arps.push((op, smac, sip, tip)),
+                Rx::Neigh(n) => neighs.push(n),
                 Rx::Dropped => {}
             }
         })?;
@@ -567,22 +731,27 @@ impl<L: FrameLink> Port for RawPort<L> {
         }
         learned.clear();
         self.learned = learned;
-        for (op, smac, sip, tip) in arps {
+        for n in neighs {
             self.counters.arp_received += 1;
-            let IpAddr::V4(me) = self.local.ip() else {
-                continue;
-            };
             if self.resolution != Resolution::Own {
                 continue;
             }
-            // Learn the sender if it asks for us or answers us (RFC 826).
-            if tip == me || self.neighbours.contains_key(&IpAddr::V4(sip)) {
-                self.learn(IpAddr::V4(sip), smac);
+            let me = self.local.ip();
+            // Learn who asks for us, or whom we know or look for (RFC 826,
+            // RFC 4861 7.2.3 and 7.2.5).
+            if n.asked == Some(me) || self.neighbours.contains_key(&n.who) {
+                self.learn(n.who, n.mac);
             }
-            if op == 1 && tip == me {
-                self.control.push(arp(2, self.mac, me, smac, smac, sip));
-                self.counters.arp_replies += 1;
+            if n.asked != Some(me) {
+                continue;
             }
+            let reply = match (me, n.who) {
+                (IpAddr::V4(me), IpAddr::V4(who)) => arp(2, self.mac, me, n.mac, n.mac, who),
+                (IpAddr::V6(me), IpAddr::V6(who)) => ndp(NDP_ADVERT, self.mac, me, n.mac, who, me),
+                _ => continue,
+            };
+            self.control.push(reply);
+            self.counters.arp_replies += 1;
         }
         self.poll_neighbours()?;
         Ok(rx.msgs.len())

@@ -404,7 +404,6 @@ impl XskLink {
 
     /// Binds, trying zero-copy with multi-buffer first, then without each.
     fn bind(&mut self, cfg: &XskConfig) -> io::Result<()> {
-        let base = libc::XDP_USE_NEED_WAKEUP;
         let mut tries = Vec::new();
         if cfg.zero_copy {
             tries.push((libc::XDP_ZEROCOPY | libc::XDP_USE_SG, true, true));
@@ -413,7 +412,30 @@ impl XskLink {
         tries.push((libc::XDP_COPY | libc::XDP_USE_SG, false, true));
         tries.push((libc::XDP_COPY, false, false));
         let mut last = None;
-        for (flags, zc, sg) in tries {
+        // A queue whose previous socket closed a moment ago refuses a new
+        // bind with EBUSY for about a second: try again, bounded.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        loop {
+            match self.try_bind(cfg, &tries, &mut last) {
+                Ok(()) => return Ok(()),
+                Err(busy) if busy && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(_) => return Err(last.expect("tried at least once")),
+            }
+        }
+    }
+
+    /// One round of bind attempts; `Err(true)` when the queue was busy.
+    fn try_bind(
+        &mut self,
+        cfg: &XskConfig,
+        tries: &[(u16, bool, bool)],
+        last: &mut Option<io::Error>,
+    ) -> Result<(), bool> {
+        let base = libc::XDP_USE_NEED_WAKEUP;
+        let mut busy = false;
+        for &(flags, zc, sg) in tries {
             // SAFETY: all-zero is a valid sockaddr_xdp.
             let mut sa: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
             sa.sxdp_family = libc::AF_XDP as u16;
@@ -433,9 +455,10 @@ impl XskLink {
                 self.sg = sg;
                 return Ok(());
             }
-            last = Some(os_err(&format!("bind to queue {}", cfg.queue), &self.name));
+            busy |= io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY);
+            *last = Some(os_err(&format!("bind to queue {}", cfg.queue), &self.name));
         }
-        Err(last.expect("tried at least once"))
+        Err(busy)
     }
 
     /// Whether the socket runs in zero-copy mode.

@@ -254,3 +254,44 @@ fn a_full_link_takes_part_of_a_burst_and_the_caller_keeps_the_rest() {
     assert_eq!(a.send_burst(&bufs).unwrap(), 2);
     assert_eq!(lb.take_received().len(), 2);
 }
+
+#[test]
+fn ipv6_peers_resolve_by_neighbour_discovery_and_bad_solicitations_are_ignored() {
+    let (la, lb) = MemLink::pair(MAC_A, MAC_B);
+    let (a6, b6): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+    let mut a = RawPort::new(la, a6, Resolution::Own);
+    let mut b = RawPort::new(lb, b6, Resolution::Own);
+    let mut p = packet(a.local_addr(), b.local_addr(), 40, 0);
+    a.assign_ip_ids(std::slice::from_mut(&mut p));
+    assert_eq!(a.send_burst(std::slice::from_ref(&p)).unwrap(), 1);
+    let mut rx = RxBatch::default();
+    // B sees the solicitation (to its solicited-node group) and answers.
+    assert_eq!(b.recv_batch(&mut rx).unwrap(), 0);
+    assert_eq!(
+        (b.counters().arp_received, b.counters().arp_replies),
+        (1, 1)
+    );
+    assert_eq!(b.neighbour(a6), Some(MAC_A), "the solicitor is learned");
+    // A learns B from the advertisement and sends the held packet.
+    a.recv_batch(&mut rx).unwrap();
+    assert_eq!(a.neighbour(b6), Some(MAC_B));
+    assert_eq!(b.recv_batch(&mut rx).unwrap(), 1);
+    let (meta, bytes) = rx.frames().next().unwrap();
+    assert!(meta.icrc_verified);
+    assert_eq!((meta.peer, bytes), (a.local_addr(), p.bytes()));
+
+    // A solicitation with a corrupted checksum is not answered.
+    let (lc, ld) = MemLink::pair(MAC_A, MAC_B);
+    let mut c = RawPort::new(lc, a6, Resolution::Own);
+    let mut d = RawPort::new(ld, b6, Resolution::Own);
+    c.send_burst(std::slice::from_ref(&p)).unwrap();
+    let sent = d.link().take_received();
+    assert_eq!(sent.len(), 1, "one solicitation");
+    let mut bad = sent[0].clone();
+    let n = bad.len();
+    bad[n - 1] ^= 0xff; // inside the link-layer address option
+    c.link().inject(&bad);
+    assert_eq!(d.recv_batch(&mut rx).unwrap(), 0);
+    assert_eq!(d.counters().arp_replies, 0);
+    assert_eq!(d.neighbour(a6), None);
+}

@@ -25,9 +25,18 @@ fn engine(link: MemLink, ip: &str) -> (Engine, Context) {
 
 #[test]
 fn rc_send_write_and_read_over_whole_frames_with_arp() {
+    transfer("198.18.0.1", "198.18.0.2");
+}
+
+#[test]
+fn rc_over_ipv6_whole_frames_with_neighbour_discovery() {
+    transfer("fd00::1", "fd00::2");
+}
+
+fn transfer(ipa: &str, ipb: &str) {
     let (la, lb) = MemLink::pair([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
-    let (_ea, a) = engine(la, "198.18.0.1");
-    let (_eb, b) = engine(lb, "198.18.0.2");
+    let (_ea, a) = engine(la, ipa);
+    let (_eb, b) = engine(lb, ipb);
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
     let qa = a
