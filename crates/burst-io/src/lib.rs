@@ -164,6 +164,9 @@ pub struct PortCounters {
     pub arp_requests: u64,
     /// ARP replies (IPv6: neighbour advertisements) sent.
     pub arp_replies: u64,
+    /// Frames the kernel-side steering (AF_XDP's XDP program) handed to
+    /// the default lane because no lane had claimed their QPN.
+    pub steered_unknown_qpn: u64,
 }
 
 impl PortCounters {
@@ -237,6 +240,11 @@ pub trait Port {
     /// over every RoCEv2 packet for this address without verifying its
     /// ICRC. Ports that verify nothing ignore it.
     fn set_raw(&mut self, _raw: bool) {}
+    /// QP `qpn` now belongs to engine thread (lane) `lane`: ports that steer
+    /// in the kernel by QPN (AF_XDP's map) learn it; others ignore it.
+    fn steer_qp(&mut self, _qpn: u32, _lane: u32) {}
+    /// QP `qpn` is gone: its frames go to the default lane again.
+    fn unsteer_qp(&mut self, _qpn: u32) {}
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
@@ -260,6 +268,12 @@ impl<P: Port + ?Sized> Port for Box<P> {
     }
     fn set_raw(&mut self, raw: bool) {
         (**self).set_raw(raw)
+    }
+    fn steer_qp(&mut self, qpn: u32, lane: u32) {
+        (**self).steer_qp(qpn, lane)
+    }
+    fn unsteer_qp(&mut self, qpn: u32) {
+        (**self).unsteer_qp(qpn)
     }
 }
 

@@ -112,4 +112,20 @@ impl<P: Port> Port for LossyPort<P> {
     fn readiness(&self) -> io::Result<Readiness> {
         self.inner.readiness()
     }
+
+    fn counters(&self) -> crate::PortCounters {
+        self.inner.counters()
+    }
+
+    fn set_raw(&mut self, raw: bool) {
+        self.inner.set_raw(raw)
+    }
+
+    fn steer_qp(&mut self, qpn: u32, lane: u32) {
+        self.inner.steer_qp(qpn, lane)
+    }
+
+    fn unsteer_qp(&mut self, qpn: u32) {
+        self.inner.unsteer_qp(qpn)
+    }
 }

@@ -75,6 +75,15 @@ pub trait FrameLink: Send {
         n: usize,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
     ) -> io::Result<usize>;
+    /// QP `qpn` belongs to lane `lane` (links that steer in the kernel).
+    fn steer_qp(&mut self, _qpn: u32, _lane: u32) {}
+    /// QP `qpn` is gone.
+    fn unsteer_qp(&mut self, _qpn: u32) {}
+    /// Frames the link's kernel-side steering sent to the default lane for
+    /// want of a lane owning their QPN.
+    fn steered_unknown_qpn(&self) -> u64 {
+        0
+    }
     /// A handle that waits for received frames from another thread.
     fn readiness(&self) -> io::Result<Readiness> {
         Err(io::Error::new(
@@ -840,11 +849,21 @@ impl<L: FrameLink> Port for RawPort<L> {
     }
 
     fn counters(&self) -> PortCounters {
-        self.counters
+        let mut c = self.counters;
+        c.steered_unknown_qpn = self.link.steered_unknown_qpn();
+        c
     }
 
     fn set_raw(&mut self, raw: bool) {
         self.raw = raw;
+    }
+
+    fn steer_qp(&mut self, qpn: u32, lane: u32) {
+        self.link.steer_qp(qpn, lane);
+    }
+
+    fn unsteer_qp(&mut self, qpn: u32) {
+        self.link.unsteer_qp(qpn);
     }
 }
 

@@ -671,6 +671,24 @@ impl FrameLink for XskLink {
     fn readiness(&self) -> io::Result<Readiness> {
         Ok(Readiness::from_fd(self.fd.try_clone()?))
     }
+
+    fn steer_qp(&mut self, qpn: u32, lane: u32) {
+        if let Some(p) = &self.program {
+            if let Err(e) = p.set_qpn_slot(qpn, lane) {
+                tracing::warn!("burst-io: steering QP {qpn:#x} on {}: {e}", self.name);
+            }
+        }
+    }
+
+    fn unsteer_qp(&mut self, qpn: u32) {
+        if let Some(p) = &self.program {
+            p.clear_qpn(qpn);
+        }
+    }
+
+    fn steered_unknown_qpn(&self) -> u64 {
+        self.program.as_ref().map_or(0, |p| p.stats().unknown_qpn)
+    }
 }
 
 /// An AF_XDP [`RawPort`] for `ip` on `cfg.iface`: the kernel keeps the

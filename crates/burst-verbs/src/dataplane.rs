@@ -230,6 +230,8 @@ impl<P: Port> Device<P> {
         } else {
             self.qps[index] = Some(slot);
         }
+        // Kernel-side steering (AF_XDP's map) sends its frames to this lane.
+        self.port.steer_qp(qpn.value(), self.lane.index);
         Ok(qpn)
     }
 
@@ -244,6 +246,7 @@ impl<P: Port> Device<P> {
             self.cc.forget(&mut s.flow, &s.qp);
             self.destroyed.accumulate(s.qp.counters());
         }
+        self.port.unsteer_qp(qpn.value());
         self.free_qps.push_back(i);
         Ok(())
     }

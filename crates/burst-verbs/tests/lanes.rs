@@ -151,3 +151,79 @@ fn a_two_thread_device_talks_to_a_one_thread_device() {
 fn three_lanes() {
     transfer(3, 2, ("127.0.93.5", "127.0.93.6"), 6);
 }
+
+/// A port that records the steering calls the engine makes.
+struct Recording {
+    inner: burst_io::SimPort,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl burst_io::Port for Recording {
+    fn local_addr(&self) -> std::net::SocketAddr {
+        self.inner.local_addr()
+    }
+    fn recv_batch(&mut self, rx: &mut burst_io::RxBatch) -> std::io::Result<usize> {
+        self.inner.recv_batch(rx)
+    }
+    fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
+        self.inner.assign_ip_ids(bufs)
+    }
+    fn send_burst(&mut self, bufs: &[burst_io::PacketBuf]) -> std::io::Result<usize> {
+        self.inner.send_burst(bufs)
+    }
+    fn steer_qp(&mut self, qpn: u32, lane: u32) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("steer {qpn:#x} {lane}"));
+    }
+    fn unsteer_qp(&mut self, qpn: u32) {
+        self.log.lock().unwrap().push(format!("unsteer {qpn:#x}"));
+    }
+}
+
+#[test]
+fn each_lane_tells_its_port_which_qps_it_owns() {
+    use burst_verbs::engine::{Drive, EngineOptions};
+    let net = burst_io::SimNet::new(1, burst_io::SimFaults::default());
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ports: Vec<burst_verbs::AnyPort> = ["198.18.0.1:4791", "198.18.0.9:4791"]
+        .iter()
+        .map(|a| {
+            Box::new(Recording {
+                inner: net.port(a.parse().unwrap()),
+                log: std::sync::Arc::clone(&log),
+            }) as burst_verbs::AnyPort
+        })
+        .collect();
+    let mut o = EngineOptions::new(Mtu::Mtu1024);
+    o.drive = Drive::Caller;
+    let e = Engine::with_ports(ports, o).unwrap();
+    let c = e.context();
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(8);
+    let q0 = c
+        .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
+        .unwrap();
+    let q1 = c
+        .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
+        .unwrap();
+    let q2 = c
+        .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
+        .unwrap();
+    assert_eq!(
+        (q0.qpn().value(), q1.qpn().value(), q2.qpn().value()),
+        (0x11, 0x12, 0x13),
+        "lanes interleave QPNs"
+    );
+    c.destroy_qp(q1.qpn()).unwrap();
+    assert_eq!(
+        *log.lock().unwrap(),
+        [
+            "steer 0x11 0",
+            "steer 0x12 1",
+            "steer 0x13 0",
+            "unsteer 0x12"
+        ]
+    );
+}
