@@ -25,6 +25,9 @@ struct PortCase {
     name: &'static str,
     server: Way,
     client: Way,
+    /// Only these tests (default: all eight), with these client arguments.
+    tests: Option<&'static [&'static str]>,
+    extra: &'static [&'static str],
 }
 
 const MEMIF_SOCKET: &str = "/tmp/burst-xtask-memif.sock";
@@ -63,6 +66,8 @@ fn cases() -> Vec<PortCase> {
                 addr: "198.18.0.102",
                 oob: "198.18.0.101",
             },
+            tests: None,
+            extra: &[],
         },
         PortCase {
             name: "DPDK net_memif",
@@ -84,6 +89,8 @@ fn cases() -> Vec<PortCase> {
                 addr: "198.18.0.202",
                 oob: "127.0.0.1",
             },
+            tests: None,
+            extra: &[],
         },
         PortCase {
             name: "DPDK net_af_packet over veth",
@@ -106,6 +113,33 @@ fn cases() -> Vec<PortCase> {
                 addr: "198.18.0.132",
                 oob: "198.18.0.101",
             },
+            tests: None,
+            extra: &[],
+        },
+        PortCase {
+            name: "DPDK net_memif, 2 engine threads each side",
+            server: Way {
+                ns: None,
+                env: env(&[
+                    ("BURST_PORT", "dpdk".into()),
+                    ("BURST_THREADS", "2".into()),
+                    ("BURST_DPDK", memif_args("server", 1)),
+                ]),
+                addr: "198.18.0.201",
+                oob: "127.0.0.1",
+            },
+            client: Way {
+                ns: None,
+                env: env(&[
+                    ("BURST_PORT", "dpdk".into()),
+                    ("BURST_THREADS", "2".into()),
+                    ("BURST_DPDK", memif_args("client", 0)),
+                ]),
+                addr: "198.18.0.202",
+                oob: "127.0.0.1",
+            },
+            tests: Some(&["write_bw", "read_bw", "send_bw", "send_lat"]),
+            extra: &["-q", "4"],
         },
     ]
 }
@@ -280,6 +314,7 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
         .into_iter()
         .filter(|c| only.is_none_or(|o| c.name.contains(o)))
     {
+        let tests = pc.tests.unwrap_or(tests);
         for (k, t) in tests.iter().enumerate() {
             // A memif server whose process ended leaves its socket file.
             let _ = std::fs::remove_file(MEMIF_SOCKET);
@@ -316,8 +351,11 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
                     size.into(),
                     "-n".into(),
                     n.into(),
-                    pc.server.addr.into(),
-                ],
+                ]
+                .into_iter()
+                .chain(pc.extra.iter().map(|a| a.to_string()))
+                .chain([pc.server.addr.to_string()])
+                .collect::<Vec<_>>(),
             );
             out.push(pair(
                 format!("{}: burst-bench {t} (data verified)", pc.name),

@@ -161,6 +161,10 @@ fn start_eal(args: &[String]) -> io::Result<()> {
 pub struct DpdkLink {
     name: String,
     port: u16,
+    /// The rx/tx queue pair this link uses (one per engine thread).
+    queue: u16,
+    /// Stops and closes the port when its last queue's link goes.
+    _owner: std::sync::Arc<PortOwner>,
     pool: *mut sys::rte_mempool,
     mac: [u8; 6],
     /// Bytes of data an mbuf holds.
@@ -185,6 +189,13 @@ impl DpdkLink {
     /// Starts the EAL (first call in the process) and opens `cfg`'s port
     /// with one rx and one tx queue.
     pub fn open(cfg: &DpdkConfig) -> io::Result<DpdkLink> {
+        Ok(DpdkLink::open_queues(cfg, 1)?.remove(0))
+    }
+
+    /// Opens `cfg`'s port with `queues` rx/tx queue pairs, one link each
+    /// (one per engine thread); the port stops when the last link goes.
+    pub fn open_queues(cfg: &DpdkConfig, queues: u16) -> io::Result<Vec<DpdkLink>> {
+        let queues = queues.max(1);
         start_eal(&cfg.eal_args())?;
         let port = match &cfg.device {
             Some(n) => {
@@ -233,7 +244,7 @@ impl DpdkLink {
             conf.txmode.offloads |= TX_OFFLOAD_MULTI_SEGS;
         }
         // SAFETY: a valid port and a live configuration.
-        let rc = unsafe { sys::rte_eth_dev_configure(port, 1, 1, &conf) };
+        let rc = unsafe { sys::rte_eth_dev_configure(port, queues, queues, &conf) };
         if rc != 0 {
             return Err(errno(rc, "configure", &name));
         }
@@ -250,7 +261,7 @@ impl DpdkLink {
         let pool = unsafe {
             sys::rte_pktmbuf_pool_create(
                 pool_name.as_ptr(),
-                cfg.mbufs,
+                cfg.mbufs * u32::from(queues),
                 256,
                 0,
                 (room + sys::RTE_PKTMBUF_HEADROOM as usize).min(u16::MAX as usize) as u16,
@@ -263,60 +274,80 @@ impl DpdkLink {
                 cfg.mbufs
             )));
         }
-        // SAFETY: a configured port, our pool, default queue configurations.
-        let rc = unsafe {
-            sys::rte_eth_rx_queue_setup(
-                port,
-                0,
-                cfg.descriptors,
-                sys::rte_socket_id(),
-                std::ptr::null(),
-                pool,
-            )
-        };
-        if rc != 0 {
-            return Err(errno(rc, "rx queue", &name));
+        for q in 0..queues {
+            // SAFETY: a configured port, our pool, default queue configurations.
+            let rc = unsafe {
+                sys::rte_eth_rx_queue_setup(
+                    port,
+                    q,
+                    cfg.descriptors,
+                    sys::rte_socket_id(),
+                    std::ptr::null(),
+                    pool,
+                )
+            };
+            if rc != 0 {
+                return Err(errno(rc, "rx queue", &name));
+            }
+            // SAFETY: as above.
+            let rc = unsafe {
+                sys::rte_eth_tx_queue_setup(
+                    port,
+                    q,
+                    cfg.descriptors,
+                    sys::rte_socket_id(),
+                    std::ptr::null(),
+                )
+            };
+            if rc != 0 {
+                return Err(errno(rc, "tx queue", &name));
+            }
         }
-        // SAFETY: as above.
-        let rc = unsafe {
-            sys::rte_eth_tx_queue_setup(
-                port,
-                0,
-                cfg.descriptors,
-                sys::rte_socket_id(),
-                std::ptr::null(),
-            )
-        };
-        if rc != 0 {
-            return Err(errno(rc, "tx queue", &name));
+        // A memif client connects when it starts, once: wait (bounded) for
+        // its server's socket file first.
+        if let Some(path) = memif_client_socket(cfg) {
+            let end = std::time::Instant::now() + LINK_WAIT;
+            while !std::path::Path::new(&path).exists() && std::time::Instant::now() < end {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         }
         // SAFETY: a fully set-up port.
         let rc = unsafe { sys::rte_eth_dev_start(port) };
         if rc != 0 {
             return Err(errno(rc, "start", &name));
         }
-        // Only a memif client may be restarted: restarting a server would
-        // drop the socket a client is connecting to.
+        // Only a memif client waits and may be restarted: restarting a
+        // server would drop the socket a client is connecting to.
         let client = cfg
             .eal
             .iter()
             .any(|a| a.contains("net_memif") && a.contains("role=client"));
-        wait_link_up(port, &name, client);
+        // A server's link comes up when its client connects: it does not
+        // wait (an application's server opens its device before it
+        // listens for the client that will connect it).
+        if client {
+            wait_link_up(port, &name);
+        }
         // SAFETY: plain call; some vdevs have no promiscuous mode.
         unsafe { sys::rte_eth_promiscuous_enable(port) };
         // SAFETY: as for info.
         let mut mac: sys::rte_ether_addr = unsafe { std::mem::zeroed() };
         // SAFETY: a started port and a live out-parameter.
         unsafe { sys::rte_eth_macaddr_get(port, &mut mac) };
-        Ok(DpdkLink {
-            name,
-            port,
-            pool,
-            mac: mac.addr_bytes,
-            room,
-            scratch: vec![0u8; crate::MAX_PACKET],
-            tx_dropped: 0,
-        })
+        let owner = std::sync::Arc::new(PortOwner(port));
+        Ok((0..queues)
+            .map(|queue| DpdkLink {
+                name: name.clone(),
+                port,
+                queue,
+                _owner: std::sync::Arc::clone(&owner),
+                pool,
+                mac: mac.addr_bytes,
+                room,
+                scratch: vec![0u8; crate::MAX_PACKET],
+                tx_dropped: 0,
+            })
+            .collect())
     }
 
     /// The device's port id.
@@ -354,6 +385,20 @@ fn register_thread() {
     });
 }
 
+/// The socket file of a memif client vdev in `cfg` (not abstract), if any.
+fn memif_client_socket(cfg: &DpdkConfig) -> Option<String> {
+    let vdev = cfg
+        .eal
+        .iter()
+        .find(|a| a.contains("net_memif") && a.contains("role=client"))?;
+    if vdev.contains("socket-abstract=yes") || !vdev.contains("socket-abstract=no") {
+        return None; // abstract sockets (memif's default) have no file
+    }
+    vdev.split(',')
+        .find_map(|kv| kv.strip_prefix("socket="))
+        .map(str::to_string)
+}
+
 /// How long [`DpdkLink::open`] waits for the link to come up.
 const LINK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -365,12 +410,11 @@ fn link_up(port: u16) -> bool {
     l.link_status() != 0
 }
 
-/// Waits (bounded) for the link: a memif client whose server was not
-/// listening yet when the port started never connects by itself (22.11
-/// does not retry), so a client (`restart`) is restarted every half second;
-/// a memif server's link comes up when its client connects. Frames sent
+/// Waits (bounded) for a memif client's link: a client whose server was
+/// not listening yet when the port started never connects by itself
+/// (22.11 does not retry), so it is restarted every second. Frames sent
 /// while the link is down are refused by the device and kept by burst.
-fn wait_link_up(port: u16, name: &str, restart: bool) {
+fn wait_link_up(port: u16, name: &str) {
     let start = std::time::Instant::now();
     let mut restarted = start;
     while !link_up(port) {
@@ -379,7 +423,7 @@ fn wait_link_up(port: u16, name: &str, restart: bool) {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
-        if restart && restarted.elapsed() >= std::time::Duration::from_millis(500) {
+        if restarted.elapsed() >= std::time::Duration::from_secs(1) {
             // SAFETY: stop and start of our configured port.
             unsafe {
                 sys::rte_eth_dev_stop(port);
@@ -416,7 +460,7 @@ impl FrameLink for DpdkLink {
         let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
         let want = max.min(BURST) as u16;
         // SAFETY: our started port's queue 0 and room for `want` pointers.
-        let n = unsafe { sys::rte_eth_rx_burst(self.port, 0, pkts.as_mut_ptr(), want) };
+        let n = unsafe { sys::rte_eth_rx_burst(self.port, self.queue, pkts.as_mut_ptr(), want) };
         for &m in &pkts[..usize::from(n)] {
             // SAFETY: `m` is a live mbuf the device handed us; freed below.
             unsafe {
@@ -495,7 +539,7 @@ impl FrameLink for DpdkLink {
             // SAFETY: `ready` live, filled mbufs; the device takes ownership
             // of those it accepts.
             let took = usize::from(unsafe {
-                sys::rte_eth_tx_burst(self.port, 0, pkts.as_mut_ptr(), ready as u16)
+                sys::rte_eth_tx_burst(self.port, self.queue, pkts.as_mut_ptr(), ready as u16)
             });
             if took < ready {
                 // SAFETY: the mbufs the device did not take are still ours.
@@ -552,15 +596,18 @@ unsafe fn chain(pool: *mut sys::rte_mempool, head: *mut sys::rte_mbuf, frame: &[
     }
 }
 
-impl Drop for DpdkLink {
+/// A started port; stopped and closed when the last of its links goes.
+struct PortOwner(u16);
+
+impl Drop for PortOwner {
     fn drop(&mut self) {
         // SAFETY: our port; stopping it returns its mbufs to the pool. The
         // pool itself stays (DPDK keeps memzones until the process ends;
         // a second open in the process creates a pool with another name).
         unsafe {
-            sys::rte_eth_dev_stop(self.port);
+            sys::rte_eth_dev_stop(self.0);
             // Closing releases the vdev's resources (memif's socket file).
-            sys::rte_eth_dev_close(self.port);
+            sys::rte_eth_dev_close(self.0);
         }
     }
 }
@@ -569,4 +616,28 @@ impl Drop for DpdkLink {
 pub fn open_port(cfg: &DpdkConfig, ip: IpAddr) -> io::Result<RawPort<DpdkLink>> {
     let link = DpdkLink::open(cfg)?;
     Ok(RawPort::new(link, ip, Resolution::Own))
+}
+
+/// One DPDK [`RawPort`] per engine thread (lane), each on its own queue
+/// pair of `cfg`'s port. Frames arrive on whichever queue the device (or
+/// the peer's memif queue) chose; a lane hands RoCE frames for another
+/// lane's QPs to that lane and shares what it learns of neighbours
+/// ([`crate::raw::Lanes`]).
+pub fn open_lane_ports(
+    cfg: &DpdkConfig,
+    ip: IpAddr,
+    lanes: u16,
+    first_qpn: u32,
+) -> io::Result<Vec<RawPort<DpdkLink>>> {
+    let links = DpdkLink::open_queues(cfg, lanes)?;
+    let group = crate::raw::Lanes::group(links.len(), first_qpn);
+    Ok(links
+        .into_iter()
+        .zip(group)
+        .map(|(link, lane)| {
+            let mut p = RawPort::new(link, ip, Resolution::Own);
+            p.set_lanes(lane);
+            p
+        })
+        .collect())
 }

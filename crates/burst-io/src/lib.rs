@@ -167,6 +167,9 @@ pub struct PortCounters {
     /// Frames the kernel-side steering (AF_XDP's XDP program) handed to
     /// the default lane because no lane had claimed their QPN.
     pub steered_unknown_qpn: u64,
+    /// RoCE frames a lane received for another lane's QP and handed over
+    /// (links whose queues do not steer by QPN).
+    pub rx_handed_off: u64,
 }
 
 impl PortCounters {

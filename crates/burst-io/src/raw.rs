@@ -161,6 +161,80 @@ pub struct RawPort<L> {
     raw: bool,
     /// Scratch: senders seen in a receive burst.
     learned: Vec<(IpAddr, [u8; 6])>,
+    /// This port as one lane of several sharing a link ([`Lanes`]).
+    lanes: Option<Lanes>,
+}
+
+/// A frame one lane received for another.
+struct Handed {
+    frame: Vec<u8>,
+    /// A neighbour message shared for learning: not to be answered again.
+    learn_only: bool,
+}
+
+/// Frames a lane may hold for another before it drops them.
+const INBOX: usize = 4096;
+
+/// One lane of several whole-frame ports that share a link (a DPDK port's
+/// queues): the device spreads frames over queues without knowing QPNs, so
+/// a lane hands a RoCE frame for another lane's QP (QPN `q` belongs to
+/// lane `(q - first_qpn) % count`, the engine's numbering) to that lane
+/// through a lock-free queue, and shares ARP and neighbour messages with
+/// every lane (each resolves its own peers). The common case, a frame on
+/// its owner's queue, takes no queue at all.
+pub struct Lanes {
+    index: usize,
+    first_qpn: u32,
+    inboxes: Arc<Vec<crossbeam_queue::ArrayQueue<Handed>>>,
+}
+
+impl Lanes {
+    /// The `count` lanes of one link.
+    pub fn group(count: usize, first_qpn: u32) -> Vec<Lanes> {
+        let inboxes = Arc::new(
+            (0..count.max(1))
+                .map(|_| crossbeam_queue::ArrayQueue::new(INBOX))
+                .collect::<Vec<_>>(),
+        );
+        (0..count.max(1))
+            .map(|index| Lanes {
+                index,
+                first_qpn,
+                inboxes: Arc::clone(&inboxes),
+            })
+            .collect()
+    }
+
+    fn inbox(&self) -> &crossbeam_queue::ArrayQueue<Handed> {
+        &self.inboxes[self.index]
+    }
+
+    /// Hands `frame` to the lane owning `qpn` if that is not this one;
+    /// returns whether it left (or was dropped for a full inbox).
+    fn hand_off(&self, qpn: u32, frame: &[u8]) -> bool {
+        let n = self.inboxes.len();
+        let owner = qpn.wrapping_sub(self.first_qpn) as usize % n;
+        if owner == self.index {
+            return false;
+        }
+        let _ = self.inboxes[owner].push(Handed {
+            frame: frame.to_vec(),
+            learn_only: false,
+        });
+        true
+    }
+
+    /// Gives every other lane a copy of a neighbour message to learn from.
+    fn share(&self, frame: &[u8]) {
+        for (i, q) in self.inboxes.iter().enumerate() {
+            if i != self.index {
+                let _ = q.push(Handed {
+                    frame: frame.to_vec(),
+                    learn_only: true,
+                });
+            }
+        }
+    }
 }
 
 impl<L: FrameLink> RawPort<L> {
@@ -185,7 +259,13 @@ impl<L: FrameLink> RawPort<L> {
             ready: Vec::new(),
             raw: false,
             learned: Vec::new(),
+            lanes: None,
         }
+    }
+
+    /// Makes this port one lane of several sharing its link ([`Lanes`]).
+    pub fn set_lanes(&mut self, lanes: Lanes) {
+        self.lanes = Some(lanes);
     }
 
     /// The link.
@@ -713,14 +793,25 @@ impl<L: FrameLink> Port for RawPort<L> {
         let (local, mac, raw) = (self.local, self.mac, self.raw);
         let max = rx.bufs.len();
         // Senders to learn from (once per run of frames from one sender:
-        // a burst is mostly one peer's) and ARP packets to answer.
+        // a burst is mostly one peer's) and neighbour messages to handle
+        // (with whether they are only to learn from: copies from a lane).
         let mut learned = std::mem::take(&mut self.learned);
-        let mut neighs: Vec<Neigh> = Vec::new();
+        let mut neighs: Vec<(Neigh, bool)> = Vec::new();
         let counters = &mut self.counters;
-        self.link.recv(max, &mut |frame| {
-            counters.rx_frames += 1;
+        let lanes = &self.lanes;
+        let mut take = |frame: &[u8], handed: Option<bool>| {
+            counters.rx_frames += u64::from(handed.is_none());
             match classify(frame, local, mac, raw, counters) {
                 Rx::Roce(meta, range, smac) => {
+                    if let (Some(l), None) = (lanes, handed) {
+                        let qpn = frame
+                            .get(range.start + 5..range.start + 8)
+                            .map_or(0, |q| u32::from_be_bytes([0, q[0], q[1], q[2]]));
+                        if l.hand_off(qpn, frame) {
+                            counters.rx_handed_off += 1;
+                            return;
+                        }
+                    }
                     if !rx.push(meta, &frame[range]) {
                         counters.rx_malformed += 1;
                     }
@@ -729,10 +820,26 @@ impl<L: FrameLink> Port for RawPort<L> {
                         learned.push(who);
                     }
                 }
-                Rx::Neigh(n) => neighs.push(n),
+                Rx::Neigh(n) => {
+                    if let (Some(l), None) = (lanes, handed) {
+                        // Every lane resolves its own peers: all learn.
+                        l.share(frame);
+                    }
+                    neighs.push((n, handed.unwrap_or(false)));
+                }
                 Rx::Dropped => {}
             }
-        })?;
+        };
+        // Frames other lanes received for this one first, then the link's.
+        let mut left = max;
+        if let Some(l) = lanes {
+            while left > 0 {
+                let Some(h) = l.inbox().pop() else { break };
+                take(&h.frame, Some(h.learn_only));
+                left -= 1;
+            }
+        }
+        self.link.recv(left, &mut |frame| take(frame, None))?;
         for &(ip, smac) in &learned {
             if self.neighbours.get(&ip).is_none_or(|n| n.mac.is_none()) {
                 self.learn(ip, smac);
@@ -740,7 +847,7 @@ impl<L: FrameLink> Port for RawPort<L> {
         }
         learned.clear();
         self.learned = learned;
-        for n in neighs {
+        for (n, learn_only) in neighs {
             self.counters.arp_received += 1;
             if self.resolution != Resolution::Own {
                 continue;
@@ -751,7 +858,7 @@ impl<L: FrameLink> Port for RawPort<L> {
             if n.asked == Some(me) || self.neighbours.contains_key(&n.who) {
                 self.learn(n.who, n.mac);
             }
-            if n.asked != Some(me) {
+            if learn_only || n.asked != Some(me) {
                 continue;
             }
             let reply = match (me, n.who) {

@@ -295,3 +295,55 @@ fn ipv6_peers_resolve_by_neighbour_discovery_and_bad_solicitations_are_ignored()
     assert_eq!(d.counters().arp_replies, 0);
     assert_eq!(d.neighbour(a6), None);
 }
+
+#[test]
+fn a_lane_hands_frames_for_another_lanes_qp_over_and_shares_arp() {
+    use burst_io::raw::Lanes;
+    // Two lanes of one device (each with its own queue: a link here), a
+    // peer on lane 0's queue only.
+    let (l0, peer0) = MemLink::pair(MAC_A, MAC_B);
+    let (l1, _peer1) = MemLink::pair(MAC_A, MAC_B);
+    let mut group = Lanes::group(2, 0x11);
+    let mut lane1 = RawPort::new(l1, A.into(), Resolution::Own);
+    lane1.set_lanes(group.pop().unwrap());
+    let mut lane0 = RawPort::new(l0, A.into(), Resolution::Own);
+    lane0.set_lanes(group.pop().unwrap());
+    // Frames for QPN 0x11 (lane 0) and 0x12 (lane 1) both arrive on lane 0.
+    let mut f11 = frame_to_a(64);
+    let mut f12 = frame_to_a(64);
+    for (f, q) in [(&mut f11, 0x11u8), (&mut f12, 0x12)] {
+        // Re-emit with the QPN changed (the ICRC covers it).
+        let mut r = RoceFrame::parse_ethernet(f).unwrap().repr().unwrap();
+        r.ib.bth.dest_qp = Qpn::new(u32::from(q)).unwrap();
+        r.emit(f, &[5u8; 64]).unwrap();
+    }
+    peer0.inject(&f11);
+    peer0.inject(&f12);
+    let mut rx = RxBatch::default();
+    assert_eq!(lane0.recv_batch(&mut rx).unwrap(), 1, "its own frame");
+    assert_eq!(rx.frames().next().unwrap().1[7], 0x11);
+    assert_eq!(lane0.counters().rx_handed_off, 1);
+    assert_eq!(lane1.recv_batch(&mut rx).unwrap(), 1, "the handed frame");
+    assert_eq!(rx.frames().next().unwrap().1[7], 0x12);
+    assert!(rx.frames().next().unwrap().0.icrc_verified);
+    // An ARP request on lane 0: lane 0 answers, lane 1 only learns.
+    let mut req = vec![0xffu8; 6];
+    req.extend_from_slice(&MAC_B);
+    req.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1]);
+    req.extend_from_slice(&MAC_B);
+    req.extend_from_slice(&[198, 18, 0, 7]);
+    req.extend_from_slice(&[0; 6]);
+    req.extend_from_slice(&A.octets());
+    peer0.inject(&req);
+    lane0.recv_batch(&mut rx).unwrap();
+    lane1.recv_batch(&mut rx).unwrap();
+    assert_eq!(
+        (lane0.counters().arp_replies, lane1.counters().arp_replies),
+        (1, 0)
+    );
+    let asker: IpAddr = Ipv4Addr::new(198, 18, 0, 7).into();
+    assert_eq!(
+        (lane0.neighbour(asker), lane1.neighbour(asker)),
+        (Some(MAC_B), Some(MAC_B))
+    );
+}

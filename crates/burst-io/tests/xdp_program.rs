@@ -113,3 +113,13 @@ fn roce_to_a_local_address_is_steered_by_qpn_and_the_rest_passes() {
     p.test_run(&roce(IpRepr::v4(PEER, ME), 0x11)).unwrap();
     assert_eq!((p.slot_hits(0), p.slot_hits(3)), (3, 2));
 }
+
+#[test]
+fn a_missing_interface_is_named_in_the_error() {
+    let cfg = burst_io::xsk::XskConfig::new("nosuch0");
+    let e = burst_io::xsk::XskLink::open(&cfg, ME.into())
+        .err()
+        .expect("no such interface");
+    assert!(e.to_string().contains("nosuch0"), "{e}");
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+}

@@ -14,7 +14,7 @@
 //! | `BURST_TEST_DROP` | drop one sent packet in N at random (loss tests) |
 //! | `BURST_CC` | congestion control: `loss-window` (default), `dcqcn`, `dcqcn+loss-window`, `none` |
 //! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path), `dpdk` (a DPDK port burst owns; feature `dpdk`; the address need not be the host's) |
-//! | `BURST_THREADS` | engine threads per device (default 1): each owns its own port queue and the QPs placed on it (the UDP port only, for now) |
+//! | `BURST_THREADS` | engine threads per device (default 1): each owns its own port queue and the QPs placed on it (UDP and DPDK ports) |
 //! | `BURST_DPDK` | the DPDK port: EAL arguments (`--vdev=net_memif0,role=server,socket=/tmp/m.sock`, ...) and `device=NAME`, `mbuf=BYTES` |
 //!
 //! The file, in TOML; variables override it:

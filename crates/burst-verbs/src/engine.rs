@@ -444,16 +444,46 @@ pub fn open_ports(cfg: &DeviceConfig) -> std::io::Result<Vec<crate::AnyPort>> {
                 .map(|p| lossy(p, cfg.drop_every))
                 .collect())
         }
+        crate::config::PortKind::Dpdk => open_dpdk_lanes(cfg, lanes),
         other => Err(std::io::Error::new(
             std::io::ErrorKind::Unsupported,
             format!(
-                "device {}: {lanes} engine threads need the UDP port for now; the {} port runs one \
-                 (set threads = 1, or BURST_PORT=udp)",
+                "device {}: {lanes} engine threads need the UDP or DPDK port for now; the {} \
+                 port runs one (set threads = 1, or BURST_PORT=udp)",
                 cfg.name,
                 other.name()
             ),
         )),
     }
+}
+
+/// The DPDK port of `cfg` with one queue pair per engine thread.
+#[cfg(feature = "dpdk")]
+fn open_dpdk_lanes(cfg: &DeviceConfig, lanes: usize) -> std::io::Result<Vec<crate::AnyPort>> {
+    let d = burst_io::dpdk::DpdkConfig::parse(&cfg.dpdk);
+    let ports =
+        burst_io::dpdk::open_lane_ports(&d, cfg.addr, lanes as u16, FIRST_QPN).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "device {}: {e}; the UDP port works without DPDK (BURST_PORT=udp)",
+                    cfg.name
+                ),
+            )
+        })?;
+    tracing::info!(
+        "device {}: DPDK with {lanes} queue pairs, one per engine thread",
+        cfg.name
+    );
+    Ok(ports
+        .into_iter()
+        .map(|p| lossy(p, cfg.drop_every))
+        .collect())
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk_lanes(cfg: &DeviceConfig, _lanes: usize) -> std::io::Result<Vec<crate::AnyPort>> {
+    open_dpdk(cfg).map(|p| vec![Box::new(p) as crate::AnyPort])
 }
 
 /// `port`, dropping one sent packet in `drop_every` if that is not 0.
