@@ -564,8 +564,13 @@ impl FrameLink for XskLink {
             let contd = d.options & libc::XDP_PKT_CONTD != 0;
             let (addr, len) = (d.addr, d.len as usize);
             if contd || !self.partial.is_empty() {
-                let part = self.frame(addr, len).to_vec();
-                self.partial.extend_from_slice(&part);
+                let at = (addr as usize).min(self.umem_len);
+                let len = len.min(self.umem_len - at);
+                // SAFETY: `at..at+len` lies inside the UMEM (clamped above)
+                // and the kernel does not write this chunk while its
+                // descriptor is ours (until it goes back to the fill ring).
+                let part = unsafe { std::slice::from_raw_parts(self.umem.as_ptr().add(at), len) };
+                self.partial.extend_from_slice(part);
                 if !contd {
                     let whole = std::mem::take(&mut self.partial);
                     f(&whole);

@@ -74,7 +74,7 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// first QPs do not take every round's burst and window).
     tx_next: usize,
     /// The QPN space this device (one engine thread of a device) owns:
-    /// QPNs `FIRST_QPN + index * lanes.1 + lanes.0` ([`Device::set_lane`]).
+    /// QPNs `FIRST_QPN + slot * count + index` ([`Device::set_lane`]).
     lane: QpnLane,
 }
 
