@@ -10,17 +10,21 @@ use std::time::{Duration, Instant};
 
 use crate::{cargo, step};
 
+/// The cargo arguments that build the feature of the kernel-bypass port
+/// asked for (BURST_PORT, see `--port`), if any.
+pub fn port_features() -> Vec<&'static str> {
+    match std::env::var("BURST_PORT").unwrap_or_default().as_str() {
+        "af-xdp" | "af-xdp-generic" => vec!["--features", "af-xdp"],
+        "dpdk" => vec!["--features", "dpdk"],
+        _ => Vec::new(),
+    }
+}
+
 /// Builds the library (release) and lays out `target/dropin` with the two
 /// sonames pointing at it. Returns the directory for `LD_LIBRARY_PATH`.
 pub fn build(root: &Path) -> Option<PathBuf> {
-    // A kernel-bypass port asked for (BURST_PORT, see `--port`) needs its feature.
-    let port = std::env::var("BURST_PORT").unwrap_or_default();
     let mut args = vec!["build", "--release", "-p", "burst-ibverbs"];
-    if port.starts_with("af-xdp") {
-        args.extend(["--features", "af-xdp"]);
-    } else if port == "dpdk" {
-        args.extend(["--features", "dpdk"]);
-    }
+    args.extend(port_features());
     if !step("build burst-ibverbs", &mut cargo(root, &args)) {
         return None;
     }

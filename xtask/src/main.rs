@@ -609,10 +609,11 @@ fn interop(args: &[String]) -> ExitCode {
     }
     if !step(
         "build the interop examples",
-        &mut cargo(
+        cargo(
             &root,
             &["build", "--release", "-p", "burst-verbs", "--examples"],
-        ),
+        )
+        .args(dropin::port_features()),
     ) {
         return ExitCode::FAILURE;
     }

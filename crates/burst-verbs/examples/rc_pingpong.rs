@@ -109,18 +109,38 @@ fn parse() -> Result<Opts, String> {
 }
 
 fn run(o: Opts) -> Result<(), String> {
-    let engine = Engine::start_config(&DeviceConfig {
-        name: "burst0".into(),
-        addr: o.local,
-        interface: None,
-        mtu: Mtu::Mtu4096,
-        drop_every: o.drop_every,
-        congestion_control: burst_verbs::cc::Algorithm::default(),
-        port: Default::default(),
-        dpdk: String::new(),
-        threads: 1,
-    })
-    .map_err(|e| e.to_string())?;
+    // The packet port, as the drop-in takes it: BURST_PORT (an AF_XDP port
+    // needs the interface that holds --local).
+    let port = match std::env::var("BURST_PORT") {
+        Ok(p) => burst_verbs::config::PortKind::from_name(&p)
+            .ok_or_else(|| format!("BURST_PORT={p}: one of udp, af-xdp, af-xdp-generic, dpdk"))?,
+        Err(_) => Default::default(),
+    };
+    let mut cfg = match port {
+        burst_verbs::config::PortKind::Udp => DeviceConfig {
+            name: "burst0".into(),
+            addr: o.local,
+            interface: None,
+            mtu: Mtu::Mtu4096,
+            drop_every: 0,
+            congestion_control: burst_verbs::cc::Algorithm::default(),
+            port,
+            dpdk: String::new(),
+            threads: 1,
+        },
+        burst_verbs::config::PortKind::Dpdk => {
+            let mut c = DeviceConfig::owned_link("burst0", o.local);
+            c.dpdk = std::env::var("BURST_DPDK").unwrap_or_default();
+            c
+        }
+        burst_verbs::config::PortKind::AfXdp { .. } => {
+            DeviceConfig::for_addr("burst0", o.local).map_err(|e| e.to_string())?
+        }
+    };
+    cfg.port = port;
+    cfg.mtu = Mtu::Mtu4096;
+    cfg.drop_every = o.drop_every;
+    let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
     let dev = engine.context();
     let pd = dev.alloc_pd();
     let mut buf = vec![0x7bu8; o.size.max(1)];
