@@ -636,7 +636,9 @@ pub fn open_lane_ports(
         .zip(group)
         .map(|(link, lane)| {
             let mut p = RawPort::new(link, ip, Resolution::Own);
-            p.set_lanes(lane);
+            if lanes > 1 {
+                p.set_lanes(lane);
+            }
             p
         })
         .collect())

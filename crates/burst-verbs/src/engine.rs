@@ -425,7 +425,7 @@ pub fn open_port(cfg: &DeviceConfig) -> std::io::Result<crate::AnyPort> {
         crate::config::PortKind::AfXdp { generic } => {
             lossy(open_af_xdp(cfg, generic)?, cfg.drop_every)
         }
-        crate::config::PortKind::Dpdk => lossy(open_dpdk(cfg)?, cfg.drop_every),
+        crate::config::PortKind::Dpdk => open_dpdk_lanes(cfg, 1)?.remove(0),
     })
 }
 
@@ -457,7 +457,7 @@ pub fn open_ports(cfg: &DeviceConfig) -> std::io::Result<Vec<crate::AnyPort>> {
     }
 }
 
-/// The DPDK port of `cfg` with one queue pair per engine thread.
+/// The DPDK port of `cfg` (`BURST_DPDK`), one queue pair per engine thread.
 #[cfg(feature = "dpdk")]
 fn open_dpdk_lanes(cfg: &DeviceConfig, lanes: usize) -> std::io::Result<Vec<crate::AnyPort>> {
     let d = burst_io::dpdk::DpdkConfig::parse(&cfg.dpdk);
@@ -471,10 +471,15 @@ fn open_dpdk_lanes(cfg: &DeviceConfig, lanes: usize) -> std::io::Result<Vec<crat
                 ),
             )
         })?;
-    tracing::info!(
-        "device {}: DPDK with {lanes} queue pairs, one per engine thread",
-        cfg.name
-    );
+    if let Some(p) = ports.first() {
+        tracing::info!(
+            "device {}: DPDK {} (port {}), {lanes} queue pair(s), EAL {:?}",
+            cfg.name,
+            burst_io::raw::FrameLink::name(p.link()),
+            p.link().port_id(),
+            d.eal_args()
+        );
+    }
     Ok(ports
         .into_iter()
         .map(|p| lossy(p, cfg.drop_every))
@@ -483,7 +488,14 @@ fn open_dpdk_lanes(cfg: &DeviceConfig, lanes: usize) -> std::io::Result<Vec<crat
 
 #[cfg(not(feature = "dpdk"))]
 fn open_dpdk_lanes(cfg: &DeviceConfig, _lanes: usize) -> std::io::Result<Vec<crate::AnyPort>> {
-    open_dpdk(cfg).map(|p| vec![Box::new(p) as crate::AnyPort])
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!(
+            "device {}: BURST_PORT=dpdk, but this burst was built without the dpdk feature \
+             (cargo build --features dpdk); the UDP port works without it (BURST_PORT=udp)",
+            cfg.name
+        ),
+    ))
 }
 
 /// `port`, dropping one sent packet in `drop_every` if that is not 0.
@@ -549,43 +561,6 @@ fn open_af_xdp(cfg: &DeviceConfig, _generic: bool) -> std::io::Result<burst_io::
             "device {}: BURST_PORT=af-xdp, but this burst was built without the af-xdp \
              feature (cargo build --features af-xdp); the UDP port works without it \
              (BURST_PORT=udp)",
-            cfg.name
-        ),
-    ))
-}
-
-/// The DPDK port of `cfg` (`BURST_DPDK`).
-#[cfg(feature = "dpdk")]
-fn open_dpdk(
-    cfg: &DeviceConfig,
-) -> std::io::Result<burst_io::raw::RawPort<burst_io::dpdk::DpdkLink>> {
-    let d = burst_io::dpdk::DpdkConfig::parse(&cfg.dpdk);
-    let port = burst_io::dpdk::open_port(&d, cfg.addr).map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!(
-                "device {}: {e}; the UDP port works without DPDK (BURST_PORT=udp)",
-                cfg.name
-            ),
-        )
-    })?;
-    tracing::info!(
-        "device {}: DPDK {} (port {}), EAL {:?}",
-        cfg.name,
-        burst_io::raw::FrameLink::name(port.link()),
-        port.link().port_id(),
-        d.eal_args()
-    );
-    Ok(port)
-}
-
-#[cfg(not(feature = "dpdk"))]
-fn open_dpdk(cfg: &DeviceConfig) -> std::io::Result<burst_io::UdpPort> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        format!(
-            "device {}: BURST_PORT=dpdk, but this burst was built without the dpdk feature \
-             (cargo build --features dpdk); the UDP port works without it (BURST_PORT=udp)",
             cfg.name
         ),
     ))
