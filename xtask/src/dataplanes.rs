@@ -284,16 +284,15 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
         return out;
     }
     // The drop-in with the features, in a directory of its own.
-    let lib = root.join("target/dropin-bypass");
-    let _ = std::fs::create_dir_all(&lib);
-    let so = lib.join("libburst_ibverbs.so");
-    let _ = std::fs::remove_file(&so);
-    let _ = std::fs::copy(root.join("target/release/libburst_ibverbs.so"), &so);
-    for n in ["libibverbs.so.1", "librdmacm.so.1"] {
-        let l = lib.join(n);
-        let _ = std::fs::remove_file(&l);
-        let _ = std::os::unix::fs::symlink("libburst_ibverbs.so", &l);
-    }
+    let Some(lib) = dropin::lay_out(root, &root.join("target/dropin-bypass")) else {
+        out.push(Outcome {
+            name: "drop-in library layout".into(),
+            ok: false,
+            numbers: None,
+            why: "see the message above".into(),
+        });
+        return out;
+    };
     if !dropin::veth_setup(9000) {
         out.push(Outcome {
             name: "veth set-up".into(),

@@ -28,10 +28,15 @@ pub fn build(root: &Path) -> Option<PathBuf> {
     if !step("build burst-ibverbs", &mut cargo(root, &args)) {
         return None;
     }
-    let dir = root.join("target/dropin");
-    let _ = std::fs::create_dir_all(&dir);
+    lay_out(root, &root.join("target/dropin"))
+}
+
+/// Lays out `dir` for `LD_LIBRARY_PATH`: a copy of the release library
+/// (not a link, so a later build does not change a running test) and the
+/// two sonames pointing at it.
+pub fn lay_out(root: &Path, dir: &Path) -> Option<PathBuf> {
+    let _ = std::fs::create_dir_all(dir);
     let lib = dir.join("libburst_ibverbs.so");
-    // Copy (not link) so that a later build does not change a running test.
     let _ = std::fs::remove_file(&lib);
     if let Err(e) = std::fs::copy(root.join("target/release/libburst_ibverbs.so"), &lib) {
         eprintln!("xtask: cannot copy the library: {e}");
@@ -45,7 +50,7 @@ pub fn build(root: &Path) -> Option<PathBuf> {
             return None;
         }
     }
-    Some(dir)
+    Some(dir.to_path_buf())
 }
 
 /// Compares the library's versioned exports with rdma-core 44's.

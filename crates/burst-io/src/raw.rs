@@ -883,7 +883,8 @@ impl<L: FrameLink> Port for RawPort<L> {
     }
 
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
-        let now = Instant::now();
+        // The clock only matters when a peer must be resolved.
+        let mut now: Option<Instant> = None;
         self.macs.clear();
         self.ready.clear();
         let mut held = 0;
@@ -893,7 +894,10 @@ impl<L: FrameLink> Port for RawPort<L> {
             let ip = b.peer.ip();
             let mac = match last {
                 Some((l, m)) if l == ip => Some(m),
-                _ => self.lookup(ip, now),
+                _ => match self.neighbour(ip) {
+                    Some(m) => Some(m),
+                    None => self.lookup(ip, *now.get_or_insert_with(Instant::now)),
+                },
             };
             if let Some(m) = mac {
                 last = Some((ip, m));
