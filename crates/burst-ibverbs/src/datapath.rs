@@ -299,7 +299,13 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     }
     let mut got = 0;
     while got < n {
-        let Some(w) = q.handle.poll() else { break };
+        let Some(w) = q.handle.poll() else {
+            // burstd is gone: an error, not an empty CQ forever.
+            if got == 0 && q.handle.device_failed() {
+                return -libc::EIO;
+            }
+            break;
+        };
         // SAFETY: the caller's array holds n entries; got < n.
         unsafe { wc.add(got as usize).write(wc_of(&w)) };
         got += 1;

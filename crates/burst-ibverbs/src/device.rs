@@ -39,12 +39,23 @@ fn devices() -> &'static [Box<Dev>] {
     &LIST
         .get_or_init(|| {
             crate::init_logging();
-            let cfgs = match Config::from_env() {
-                Ok(c) => c.devices,
+            let (cfgs, daemon) = match Config::from_env() {
+                Ok(c) => match &c.daemon {
+                    // Daemon mode: the device is burstd's, whatever else
+                    // is configured.
+                    Some(path) => match burst_verbs::engine::Context::connect(path) {
+                        Ok(ctx) => (vec![ctx.config().clone()], Some(ctx)),
+                        Err(e) => {
+                            eprintln!("{e} (unset BURST_DAEMON for an embedded engine)");
+                            (Vec::new(), None)
+                        }
+                    },
+                    None => (c.devices, None),
+                },
                 Err(e) => {
                     // The one place users learn why there is no device.
                     eprintln!("{e}");
-                    Vec::new()
+                    (Vec::new(), None)
                 }
             };
             let devs = cfgs
@@ -65,7 +76,12 @@ fn devices() -> &'static [Box<Dev>] {
                         &mut raw.ibdev_path,
                         &format!("/sys/class/infiniband/{}", cfg.name),
                     );
-                    Box::new(Dev { raw, cfg, index })
+                    Box::new(Dev {
+                        raw,
+                        cfg,
+                        index,
+                        daemon: daemon.clone(),
+                    })
                 })
                 .collect();
             DevList { devs }
@@ -136,6 +152,32 @@ unsafe extern "C" fn get_device_guid(device: *mut ibv_device) -> u64 {
 }
 export!("ibv_get_device_guid", "IBVERBS_1.1", get_device_guid);
 
+/// The engine behind `d` and a context of it: the process's embedded
+/// engine for the device, or (daemon mode) the burstd client.
+fn context_for(d: &Dev) -> std::io::Result<(Option<Arc<Engine>>, burst_verbs::engine::Context)> {
+    if let Some(ctx) = &d.daemon {
+        if ctx.device_failed() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "burstd is gone; restart the application once it is back",
+            ));
+        }
+        return Ok((None, ctx.clone()));
+    }
+    let e = engine_for(d)?;
+    let ctx = e.context();
+    Ok((Some(e), ctx))
+}
+
+/// What this process runs: an embedded engine or a burstd client.
+fn mode_of(d: &Dev) -> &'static str {
+    if d.daemon.is_some() {
+        "daemon"
+    } else {
+        "embedded"
+    }
+}
+
 fn engine_for(d: &Dev) -> std::io::Result<Arc<Engine>> {
     static ENGINES: Mutex<Vec<(usize, Weak<Engine>)>> = Mutex::new(Vec::new());
     let mut all = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
@@ -172,7 +214,7 @@ unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
             set_errno(libc::ENODEV);
             return ptr::null_mut();
         };
-        let engine = match engine_for(d) {
+        let (engine, ctx) = match context_for(d) {
             Ok(e) => e,
             Err(e) => {
                 // Address in use, not on this host, permission denied: say so.
@@ -181,7 +223,6 @@ unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
                 return ptr::null_mut();
             }
         };
-        let ctx = engine.context();
         // The context's own descriptor for the engine's events (closing it
         // with the context leaves the engine's).
         let async_fd = match ctx.async_fd().try_clone_to_owned() {
@@ -220,7 +261,7 @@ unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
             qps: Mutex::new(HashMap::new()),
         });
         let p = Box::into_raw(b);
-        tracing::info!(device = %d.cfg.name, addr = %d.cfg.addr, "device opened");
+        tracing::info!(device = %d.cfg.name, addr = %d.cfg.addr, mode = mode_of(d), "device opened");
         // SAFETY: `p` is the live allocation made just above.
         unsafe { &raw mut (*p).vctx.context }
     })
@@ -246,7 +287,10 @@ fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) {
     let attr = attr_of(d);
     // SAFETY: plain data; all-zero is valid.
     *a = unsafe { std::mem::zeroed() };
-    fill(&mut a.fw_ver, concat!("burst ", env!("CARGO_PKG_VERSION")));
+    fill(
+        &mut a.fw_ver,
+        &format!("burst {} {}", env!("CARGO_PKG_VERSION"), mode_of(d)),
+    );
     a.node_guid = attr.node_guid.to_be();
     a.sys_image_guid = attr.node_guid.to_be();
     a.max_mr_size = 1 << 40;
@@ -543,8 +587,9 @@ unsafe extern "C" fn read_sysfs_file(
         });
         let text: String = match ours {
             Some(d) => match file.as_ref() {
+                "board_id" if d.daemon.is_some() => "BURST_SOFT_ROCE_BURSTD".into(),
                 "board_id" => "BURST_SOFT_ROCE".into(),
-                "fw_ver" => env!("CARGO_PKG_VERSION").into(),
+                "fw_ver" => format!("{} {}", env!("CARGO_PKG_VERSION"), mode_of(d)),
                 "hca_type" => "burst".into(),
                 "hw_rev" => "0".into(),
                 "node_type" => "1: CA".into(),

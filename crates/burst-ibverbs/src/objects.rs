@@ -35,7 +35,7 @@ macro_rules! ours {
 pub(crate) use ours;
 
 /// Largest CQ.
-pub(crate) const MAX_CQE: c_int = 1 << 20;
+pub(crate) const MAX_CQE: c_int = burst_verbs::MAX_CQE as c_int;
 
 /// A device of the list: the C struct first, so the pointer the app holds
 /// is the pointer to this.
@@ -44,6 +44,8 @@ pub(crate) struct Dev {
     pub raw: ibv_device,
     pub cfg: DeviceConfig,
     pub index: usize,
+    /// Daemon mode: the process's one client context of burstd.
+    pub daemon: Option<Context>,
 }
 
 /// An open context: `verbs_context` first (the app holds `&vctx.context`).
@@ -51,7 +53,8 @@ pub(crate) struct Dev {
 pub(crate) struct Ctx {
     pub vctx: verbs_context,
     pub dev: *const Dev,
-    pub engine: Arc<Engine>,
+    /// The embedded engine (`None` in daemon mode).
+    pub engine: Option<Arc<Engine>>,
     pub ctx: Context,
     /// Readable while async events are pending: a duplicate of the
     /// engine's event descriptor (see `Context::async_fd`).

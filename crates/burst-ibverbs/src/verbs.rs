@@ -53,7 +53,13 @@ unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
         let Some(c) = ctx_from(context) else {
             return fail_null(libc::EINVAL);
         };
-        let pd = c.ctx.alloc_pd();
+        let pd = match c.ctx.try_alloc_pd() {
+            Ok(pd) => pd,
+            Err(e) => {
+                tracing::warn!("ibv_alloc_pd refused: {e}");
+                return fail_null(e.errno());
+            }
+        };
         boxed(Pd {
             raw: ibv_pd {
                 context,
@@ -67,12 +73,20 @@ unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
 export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
 
 unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    if pd.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: a PD of ours (caller's contract), freed once.
-    unsafe { free(pd.cast::<Pd>()) };
-    0
+    guard("ibv_dealloc_pd", libc::EIO, || {
+        let Some(p) = ours!(Pd, pd) else {
+            return libc::EINVAL;
+        };
+        if let Some(c) = ctx_from(p.raw.context) {
+            if let Err(e) = c.ctx.dealloc_pd(p.pd) {
+                tracing::warn!("ibv_dealloc_pd refused: {e}");
+                return e.errno();
+            }
+        }
+        // SAFETY: a PD of ours (caller's contract), freed once.
+        unsafe { free(pd.cast::<Pd>()) };
+        0
+    })
 }
 export!("ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
 
@@ -306,9 +320,16 @@ unsafe extern "C" fn create_cq(
             return fail_null(libc::EINVAL);
         }
         let ch = ours!(Channel, channel);
-        let id = c
+        let id = match c
             .ctx
-            .create_cq_with(cqe as usize, ch.map(|ch| Arc::clone(&ch.ch)));
+            .try_create_cq(cqe as usize, ch.map(|ch| Arc::clone(&ch.ch)))
+        {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!("ibv_create_cq refused: {e}");
+                return fail_null(e.errno());
+            }
+        };
         let Some(handle) = c.ctx.cq(id) else {
             return fail_null(libc::EIO);
         };
@@ -344,14 +365,19 @@ unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         if q.users.load(Ordering::Acquire) > 0 {
             return libc::EBUSY;
         }
+        if let Some(c) = ctx_from(q.raw.context) {
+            if let Err(e) = c.ctx.destroy_cq(q.id) {
+                tracing::warn!("ibv_destroy_cq refused: {e}");
+                return e.errno();
+            }
+        }
         if let Some(ch) = ours!(Channel, q.raw.channel) {
             ch.cqs
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&q.id.0);
         }
-        // SAFETY: a CQ of ours with no QP left, freed once. (Its ring in the
-        // engine stays allocated until the context closes.)
+        // SAFETY: a CQ of ours with no QP left, freed once.
         unsafe { free(cq.cast::<Cq>()) };
         0
     })

@@ -127,6 +127,7 @@ pub struct RxMeta {
 
 /// What a port counted of the frames it moved (whole-frame ports; a UDP
 /// socket leaves these at 0: the kernel filters for it).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PortCounters {
     /// Frames received from the link.
@@ -494,6 +495,23 @@ impl Readiness {
                 std::thread::sleep(timeout.min(POLL_MODE_NAP));
                 Ok(false)
             }
+        }
+    }
+}
+
+impl Readiness {
+    /// [`Readiness::wait`] that also returns when `also` is readable (an
+    /// eventfd that wakes an idle engine); a poll-mode port waits on `also`
+    /// alone, for a nap at most.
+    pub fn wait_or(
+        &self,
+        also: std::os::fd::BorrowedFd<'_>,
+        timeout: std::time::Duration,
+    ) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        match &self.0 {
+            Some(fd) => sys::wait_any(&[fd.as_raw_fd(), also.as_raw_fd()], timeout),
+            None => sys::wait_any(&[also.as_raw_fd()], timeout.min(POLL_MODE_NAP)),
         }
     }
 }

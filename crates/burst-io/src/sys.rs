@@ -252,6 +252,28 @@ fn from_sockaddr(s: &SockAddr) -> SocketAddr {
 }
 
 /// poll(2) for readability.
+/// Blocks until one of `fds` is readable or `timeout` passes.
+pub(crate) fn wait_any(fds: &[std::os::fd::RawFd], timeout: std::time::Duration) -> io::Result<()> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: live pollfds, and their count.
+    let rc = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn wait_readable(
     fd: std::os::fd::RawFd,
     timeout: std::time::Duration,

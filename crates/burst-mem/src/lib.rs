@@ -6,8 +6,12 @@
 //! [`MrTable`] checks the key, the protection domain, the bounds and the
 //! access rights, and implements the transport's [`burst_transport::Memory`].
 //!
-//! Keys are `index << 8 | random byte`, as on RNICs: O(1) lookup, and a fresh
-//! random byte on every registration so that stale or guessed keys miss.
+//! Keys are 32 random bits (never 0, never one in use), drawn afresh at
+//! every registration: a stale key misses, and a peer (or another
+//! application of a shared daemon) guessing a valid rkey among `n`
+//! registered regions succeeds with probability `n / 2^32` per try. RNICs
+//! use `index << 8 | 8-bit tag`; a hash lookup costs a few nanoseconds more
+//! and buys 24 more unguessable bits.
 //!
 //! ```
 //! use burst_mem::{Access, MrTable};
@@ -30,8 +34,9 @@
 
 mod raw;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use burst_dsa::CpuCopy;
 use burst_transport::memory::{check_invalidate, check_remote_access, RemoteRegion};
@@ -40,6 +45,7 @@ use burst_transport::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess, Sge};
 pub use raw::Region;
 
 /// Access rights of a memory region, with the bit values of `enum ibv_access_flags`.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Access(pub u32);
 
@@ -73,10 +79,12 @@ impl std::ops::BitOr for Access {
 }
 
 /// A protection domain handle.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Pd(pub u32);
 
 /// What a registration returns (the fields of `struct ibv_mr`).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MrKeys {
     /// Local key.
@@ -101,6 +109,9 @@ pub enum RegError {
     /// No region has this key.
     #[error("no such memory region")]
     NoSuchRegion,
+    /// The protection domain is not the caller's (or does not exist).
+    #[error("no such protection domain")]
+    NoSuchPd,
     /// The key space is exhausted.
     #[error("out of memory region slots")]
     Exhausted,
@@ -116,12 +127,7 @@ impl RegError {
     }
 }
 
-#[derive(Debug, Default)]
-struct Slot {
-    key_byte: u8,
-    region: Option<Arc<Region>>,
-}
-
+/// Most regions a table holds.
 const MAX_REGIONS: usize = 1 << 24;
 
 /// The table of memory regions of one device.
@@ -129,24 +135,24 @@ const MAX_REGIONS: usize = 1 << 24;
 pub struct MrTable {
     // A read lock on the hot path: registrations are rare next to lookups.
     // An RCU-style table can replace it without changing the interface.
-    slots: RwLock<Vec<Slot>>,
-    free: Mutex<Vec<u32>>,
+    regions: RwLock<HashMap<u32, Arc<Region>>>,
     next_pd: AtomicU32,
-    /// State of the key-byte generator of a [`MrTable::seeded`] table (0:
-    /// key bytes from the system's entropy source).
+    /// State of the key generator of a [`MrTable::seeded`] table (0: keys
+    /// from the system's entropy source).
     key_seed: AtomicU64,
 }
 
-fn random_byte() -> u8 {
-    let mut b = [0u8; 1];
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
     if getrandom::fill(&mut b).is_err() {
         // No entropy source: fall back to the clock, still unpredictable enough
         // to catch stale keys.
-        b[0] = std::time::SystemTime::now()
+        let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0x5a, |d| d.subsec_nanos() as u8);
+            .map_or(0x5a5a_5a5a, |d| d.as_nanos() as u32);
+        return t.wrapping_mul(0x9e37_79b9);
     }
-    b[0]
+    u32::from_ne_bytes(b)
 }
 
 impl MrTable {
@@ -155,18 +161,18 @@ impl MrTable {
         MrTable::default()
     }
 
-    /// An empty table whose key bytes come from `seed` rather than the
-    /// entropy source: a simulation that registers the same way gets the
-    /// same keys, so a failing seed replays.
+    /// An empty table whose keys come from `seed` rather than the entropy
+    /// source: a simulation that registers the same way gets the same keys,
+    /// so a failing seed replays.
     pub fn seeded(seed: u64) -> MrTable {
         let t = MrTable::default();
         t.key_seed.store(seed | 1, Ordering::Relaxed);
         t
     }
 
-    fn key_byte(&self) -> u8 {
+    fn draw_key(&self) -> u32 {
         if self.key_seed.load(Ordering::Relaxed) == 0 {
-            return random_byte();
+            return random_u32();
         }
         // xorshift64 (the state is never 0: seeded odd, xorshift keeps it nonzero).
         let mut x = self.key_seed.load(Ordering::Relaxed);
@@ -174,7 +180,7 @@ impl MrTable {
         x ^= x >> 7;
         x ^= x << 17;
         self.key_seed.store(x, Ordering::Relaxed);
-        (x >> 32) as u8
+        (x >> 32) as u32
     }
 
     /// Allocates a protection domain.
@@ -196,6 +202,21 @@ impl MrTable {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
+        self.insert(pd, len, iova, access, |key| {
+            // SAFETY: the caller's contract covers `ptr..ptr+len` until
+            // deregistration.
+            unsafe { Region::new(pd.0, ptr, len as u64, iova, access, key) }
+        })
+    }
+
+    fn insert(
+        &self,
+        _pd: Pd,
+        len: usize,
+        iova: u64,
+        access: Access,
+        region: impl FnOnce(u32) -> Region,
+    ) -> Result<MrKeys, RegError> {
         let needs_local = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
         if access.0 & needs_local.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
             return Err(RegError::InvalidAccess);
@@ -203,28 +224,18 @@ impl MrTable {
         if len == 0 || iova.checked_add(len as u64).is_none() {
             return Err(RegError::InvalidLength);
         }
-        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
-        let index = match self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
-            Some(i) => i as usize,
-            None => {
-                if slots.len() >= MAX_REGIONS {
-                    return Err(RegError::Exhausted);
-                }
-                slots.push(Slot::default());
-                slots.len() - 1
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if regions.len() >= MAX_REGIONS {
+            return Err(RegError::Exhausted);
+        }
+        // A fresh random key on every registration; 0 means "no key".
+        let key = loop {
+            let k = self.draw_key();
+            if k != 0 && !regions.contains_key(&k) {
+                break k;
             }
         };
-        let slot = &mut slots[index];
-        // A new key byte on every registration: a stale key never matches.
-        let mut byte = self.key_byte();
-        if byte == slot.key_byte {
-            byte = byte.wrapping_add(1);
-        }
-        slot.key_byte = byte;
-        let key = ((index as u32) << 8) | u32::from(byte);
-        // SAFETY: the caller's contract covers `ptr..ptr+len` until deregistration.
-        let region = unsafe { Region::new(pd.0, ptr, len as u64, iova, access, key) };
-        slot.region = Some(Arc::new(region));
+        regions.insert(key, Arc::new(region(key)));
         Ok(MrKeys {
             lkey: key,
             rkey: if access.any_remote() { key } else { 0 },
@@ -233,38 +244,58 @@ impl MrTable {
         })
     }
 
+    /// Registers `len` bytes at `addr` in process `pid`, which this table's
+    /// user reaches only through `process_vm_readv`/`process_vm_writev` (one
+    /// copy per access; a daemon's fallback where a client's pages could
+    /// not be shared). Access needs the right to trace `pid` (same user, or
+    /// CAP_SYS_PTRACE); a failed copy reads as zeros and writes nothing.
+    pub fn register_process(
+        &self,
+        pd: Pd,
+        pid: u32,
+        addr: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        self.insert(pd, len, iova, access, |key| {
+            Region::in_process(pd.0, pid, addr, len as u64, iova, access, key)
+        })
+    }
+
     /// Deregisters a region. Returns once no in-flight operation holds it, so
     /// the application may free the memory afterwards.
     pub fn deregister(&self, lkey: u32) -> Result<(), RegError> {
-        let region = {
-            let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
-            let slot = slots
-                .get_mut((lkey >> 8) as usize)
-                .ok_or(RegError::NoSuchRegion)?;
-            if slot.key_byte != lkey as u8 || slot.region.is_none() {
-                return Err(RegError::NoSuchRegion);
-            }
-            slot.region.take().ok_or(RegError::NoSuchRegion)?
-        };
+        let region = self
+            .regions
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lkey)
+            .ok_or(RegError::NoSuchRegion)?;
         // No new lookup can find it now; wait for those already holding it.
         while Arc::strong_count(&region) > 1 {
             std::thread::yield_now();
         }
-        self.free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(lkey >> 8);
         Ok(())
     }
 
     /// The region of `key`, held for the duration of an operation.
     pub fn lookup(&self, key: u32) -> Option<Arc<Region>> {
-        let slots = self.slots.read().unwrap_or_else(|e| e.into_inner());
-        let slot = slots.get((key >> 8) as usize)?;
-        if slot.key_byte != key as u8 {
-            return None;
-        }
-        slot.region.clone()
+        self.regions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
+    /// Regions registered now.
+    pub fn len(&self) -> usize {
+        self.regions.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The transport's view of this table.

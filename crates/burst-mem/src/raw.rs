@@ -19,6 +19,10 @@ pub struct Region {
     iova: u64,
     access: Access,
     key: u32,
+    /// 0: `base` is an address of this process. Otherwise the process whose
+    /// address `base` is, reached with `process_vm_readv`/`writev` (a
+    /// daemon's single-copy path to a client's memory).
+    pid: u32,
 }
 
 // SAFETY: a Region is a pointer into memory whose owner promised (the
@@ -48,7 +52,60 @@ impl Region {
             iova,
             access,
             key,
+            pid: 0,
         }
+    }
+
+    /// A region at `base` in process `pid`'s address space.
+    pub(crate) fn in_process(
+        pd: u32,
+        pid: u32,
+        base: u64,
+        len: u64,
+        iova: u64,
+        access: Access,
+        key: u32,
+    ) -> Region {
+        Region {
+            pd,
+            base: base as *mut u8,
+            len,
+            iova,
+            access,
+            key,
+            pid,
+        }
+    }
+
+    /// Copies between `local` and `len` bytes at `off` of the other
+    /// process; false if the kernel refused (the process died, the range
+    /// is unmapped). Partial transfers are finished or reported as failures.
+    fn process_copy(&self, off: u64, local: *mut u8, len: usize, write: bool) -> bool {
+        let mut done = 0usize;
+        while done < len {
+            let l = libc::iovec {
+                iov_base: local.wrapping_add(done).cast(),
+                iov_len: len - done,
+            };
+            let r = libc::iovec {
+                iov_base: self.base.wrapping_add(off as usize + done).cast(),
+                iov_len: len - done,
+            };
+            // SAFETY: `l` covers memory of ours the caller lends us; `r` is
+            // an address in the other process, which the kernel checks.
+            let n = unsafe {
+                if write {
+                    libc::process_vm_writev(self.pid as libc::pid_t, &l, 1, &r, 1, 0)
+                } else {
+                    libc::process_vm_readv(self.pid as libc::pid_t, &l, 1, &r, 1, 0)
+                }
+            };
+            if n <= 0 {
+                return false;
+            }
+            done += n as usize;
+        }
+        true
     }
 
     /// Protection domain.
@@ -88,6 +145,12 @@ impl Region {
         if self.offset_of(self.iova + off, out.len() as u64).is_none() {
             return;
         }
+        if self.pid != 0 {
+            if !self.process_copy(off, out.as_mut_ptr(), out.len(), false) {
+                out.fill(0);
+            }
+            return;
+        }
         // SAFETY: the range lies inside the registered region (checked just
         // above), which the registration contract keeps valid.
         unsafe { copy_from_raw(engine, out, self.base.add(off as usize)) }
@@ -96,6 +159,11 @@ impl Region {
     /// Copies into the region (bounds as for [`Region::read`]).
     pub fn write(&self, engine: &impl CopyEngine, off: u64, data: &[u8]) {
         if self.offset_of(self.iova + off, data.len() as u64).is_none() {
+            return;
+        }
+        if self.pid != 0 {
+            // The kernel only reads `data` for a write.
+            self.process_copy(off, data.as_ptr().cast_mut(), data.len(), true);
             return;
         }
         // SAFETY: as in `read`; `data` is a Rust slice, so it cannot alias the
@@ -107,6 +175,32 @@ impl Region {
     /// not 8-byte aligned or out of bounds.
     pub fn atomic(&self, off: u64, op: AtomicOp) -> Option<u64> {
         self.offset_of(self.iova + off, 8)?;
+        if self.pid != 0 {
+            // Read, modify, write through the kernel: atomic against other
+            // RDMA operations (the engine runs them one at a time), not
+            // against the application's own CPU accesses.
+            if (self.base as usize + off as usize) % 8 != 0 {
+                return None;
+            }
+            let mut v = [0u8; 8];
+            if !self.process_copy(off, v.as_mut_ptr(), 8, false) {
+                return None;
+            }
+            let old = u64::from_ne_bytes(v);
+            let new = match op {
+                AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+                AtomicOp::CompareSwap { compare, swap } => {
+                    if old == compare {
+                        swap
+                    } else {
+                        old
+                    }
+                }
+            };
+            let mut n = new.to_ne_bytes();
+            self.process_copy(off, n.as_mut_ptr(), 8, true);
+            return Some(old);
+        }
         // SAFETY: in bounds (checked above) of the registered region.
         let p = unsafe { self.base.add(off as usize) };
         if (p as usize) % 8 != 0 {

@@ -13,27 +13,34 @@ fn reg(t: &MrTable, pd: Pd, buf: &mut [u8], access: Access) -> MrKeys {
 }
 
 #[test]
-fn keys_are_index_plus_fresh_random_byte() {
+fn keys_are_fresh_random_32_bit_values() {
     let t = MrTable::new();
     let pd = t.alloc_pd();
     let mut buf = vec![0u8; 64];
     let mut seen = std::collections::HashSet::new();
     let mut last = None;
-    for _ in 0..50 {
+    let mut bits_set = 0u32;
+    let mut bits_clear = 0u32;
+    for _ in 0..200 {
         let k = reg(&t, pd, &mut buf, Access::LOCAL_WRITE);
         assert_eq!(k.rkey, 0, "no remote rights: rkey 0");
+        assert_ne!(k.lkey, 0);
         if let Some(prev) = last {
-            // the slot is reused, with another key byte: the stale key misses
-            assert_eq!(k.lkey >> 8, prev >> 8);
+            // a stale key misses
             assert_ne!(k.lkey, prev);
             assert!(t.lookup(prev).is_none());
         }
-        seen.insert(k.lkey as u8);
+        assert!(seen.insert(k.lkey), "a key came back: {:#x}", k.lkey);
+        bits_set |= k.lkey;
+        bits_clear |= !k.lkey;
         t.deregister(k.lkey).unwrap();
         assert_eq!(t.deregister(k.lkey), Err(RegError::NoSuchRegion));
         last = Some(k.lkey);
     }
-    assert!(seen.len() > 10, "key bytes look predictable: {seen:?}");
+    // Every one of the 32 bits varies over 200 keys (a fixed index or tag
+    // part would leave bits constant).
+    assert_eq!(bits_set & bits_clear, u32::MAX, "constant key bits");
+    assert!(t.is_empty());
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Per-QP counters, named after the kernel RXE driver's hw counters where one exists.
 
 /// Counters of one QP.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
     /// Packets handed to the caller for transmission.

@@ -427,6 +427,7 @@ impl WorkCompletion {
 }
 
 /// Transport service of a QP.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {
     /// Reliable connected.
@@ -438,6 +439,7 @@ pub enum QpType {
 }
 
 /// `enum ibv_qp_state`.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
     /// Reset.
@@ -457,6 +459,7 @@ pub enum QpState {
 }
 
 /// Remote access rights of a QP (`IBV_ACCESS_REMOTE_*`).
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpAccess {
     /// Accept RDMA WRITE.
@@ -468,6 +471,7 @@ pub struct QpAccess {
 }
 
 /// `ibv_qp_attr` fields the transport uses; `None` means "not in the mask".
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpAttr {
     /// IBV_QP_STATE: the target state (required).
@@ -505,6 +509,7 @@ pub struct QpAttr {
 }
 
 /// Fixed properties of a QP, given at creation.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpConfig {
     /// QP number.

@@ -15,12 +15,15 @@
 //! | `BURST_CC` | congestion control: `loss-window` (default), `dcqcn`, `dcqcn+loss-window`, `none` |
 //! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path), `dpdk` (a DPDK port burst owns; feature `dpdk`; the address need not be the host's) |
 //! | `BURST_THREADS` | engine threads per device (default 1): each owns its own port queue and the QPs placed on it (UDP and DPDK ports) |
+//! | `BURST_DAEMON` | burstd's control socket (e.g. `/run/burst/burstd.sock`): daemon mode, the device is burstd's; unset, the application embeds its own engine |
+//! | `BURST_MR` | daemon mode: `copy` makes burstd reach registered memory with `process_vm_readv`/`writev` instead of remapping it onto a shared memfd |
 //! | `BURST_DPDK` | the DPDK port: EAL arguments (`--vdev=net_memif0,role=server,socket=/tmp/m.sock`, ...) and `device=NAME`, `mbuf=BYTES` |
 //!
 //! The file, in TOML; variables override it:
 //!
 //! ```toml
 //! log = "info"
+//! # daemon = "/run/burst/burstd.sock"   # use burstd instead of an embedded engine
 //! [[device]]
 //! name = "burst0"
 //! address = "198.18.0.1"     # or: interface = "veth0"
@@ -173,12 +176,19 @@ pub struct Config {
     pub devices: Vec<DeviceConfig>,
     /// Log filter, if set.
     pub log: Option<String>,
+    /// burstd's socket: when set, applications use the daemon's device
+    /// (daemon mode) instead of opening their own.
+    pub daemon: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     log: Option<String>,
+    daemon: Option<PathBuf>,
+    /// burstd's own settings (its socket and permissions): read by burstd.
+    #[allow(dead_code)]
+    burstd: Option<toml::Table>,
     #[serde(default)]
     device: Vec<FileDevice>,
 }
@@ -443,12 +453,17 @@ impl Config {
         if let Some(a) = env("BURST_DPDK") {
             devices.iter_mut().for_each(|d| d.dpdk.clone_from(&a));
         }
-        if devices.is_empty() {
+        let daemon = env("BURST_DAEMON")
+            .filter(|s| !s.trim().is_empty())
+            .map(PathBuf::from)
+            .or(parsed.daemon);
+        if devices.is_empty() && daemon.is_none() {
             return Err(ConfigError::NotConfigured);
         }
         Ok(Config {
             devices,
             log: env("BURST_LOG").or(parsed.log),
+            daemon,
         })
     }
 

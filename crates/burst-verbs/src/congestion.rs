@@ -27,7 +27,7 @@ fn packet_gap(mtu: u64, rate: Option<u64>) -> u64 {
 }
 
 /// Congestion-control counters of a device.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CongestionCounters {
     /// CNPs sent (answers to CE-marked packets).
     pub cnp_sent: u64,

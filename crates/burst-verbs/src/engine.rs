@@ -23,7 +23,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam::channel::{bounded, Receiver, Sender};
-use crossbeam::queue::{ArrayQueue, SegQueue};
+use crossbeam::queue::SegQueue;
+
+use crate::shm::{Segment, ShmRing};
 
 use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
 use burst_transport::{
@@ -44,14 +46,39 @@ pub struct CqId(pub u32);
 
 /// A completion channel (`ibv_comp_channel`): CQs armed with
 /// [`Context::req_notify_cq`] report their next completion here, and the
-/// channel's file descriptor becomes readable.
+/// channel's file descriptor becomes readable. The engine counts the event
+/// in the CQ's shared words and signals the descriptor (in daemon mode the
+/// daemon holds a duplicate of the application's eventfd), so which CQ an
+/// event belongs to never crosses a socket.
 #[derive(Debug)]
 pub struct CompChannel {
     fd: crate::eventfd::EventFd,
-    events: SegQueue<CqId>,
+    cqs: std::sync::Mutex<Vec<(CqId, Arc<Cq>)>>,
+    /// burstd's handle of this channel (a daemon client's).
+    remote_id: std::sync::atomic::AtomicU32,
 }
 
 impl CompChannel {
+    fn with_fd(fd: crate::eventfd::EventFd) -> CompChannel {
+        CompChannel {
+            fd,
+            cqs: std::sync::Mutex::default(),
+            remote_id: Default::default(),
+        }
+    }
+
+    pub(crate) fn borrowed_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
+
+    pub(crate) fn set_remote_id(&self, id: u32) {
+        self.remote_id.store(id, Ordering::Relaxed);
+    }
+
+    pub(crate) fn remote_id(&self) -> u32 {
+        self.remote_id.load(Ordering::Relaxed)
+    }
+
     /// The file descriptor to `poll()` for readability.
     pub fn fd(&self) -> std::os::fd::RawFd {
         std::os::fd::AsRawFd::as_raw_fd(&self.fd)
@@ -75,7 +102,7 @@ impl CompChannel {
     /// application made it non-blocking) and returns the CQ of that event.
     pub fn read_cq_event(&self) -> Option<CqId> {
         if self.fd.read() {
-            return self.events.pop();
+            return self.take_event();
         }
         None
     }
@@ -85,39 +112,107 @@ impl CompChannel {
         // One fd count per event, taken with the event: the fd stays
         // readable exactly while events are pending.
         if self.fd.drain() {
-            // The engine queues the event before it signals.
-            return self.events.pop();
+            // The engine counts the event before it signals.
+            return self.take_event();
         }
         None
+    }
+
+    /// The CQ whose event count the taken fd count stands for.
+    fn take_event(&self) -> Option<CqId> {
+        let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        cqs.iter().find_map(|(id, q)| {
+            q.events()
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .ok()
+                .map(|_| *id)
+        })
     }
 }
 
 /// The MPSC doorbell queue: posting threads push the QPN (or SRQ) whose ring
-/// has new entries, the engine pops them. Bounded, so ringing never
-/// allocates (an unbounded segment queue allocated a block every 31
-/// pushes); a doorbell that finds the queue full sets a flag that makes the
-/// engine visit every ring once, so no posted WQE waits forever.
+/// has new entries, the engine pops them. A [`ShmRing`] (in daemon mode in
+/// memory each client shares with burstd, one per client and lane), bounded
+/// so that ringing never allocates; a doorbell that finds the queue full
+/// sets a flag that makes the engine visit every ring of that client once,
+/// so no posted WQE waits forever.
 #[derive(Debug)]
-struct Doorbells {
-    queue: ArrayQueue<u32>,
-    overflow: AtomicBool,
+pub(crate) struct Doorbells {
+    queue: ShmRing<u32>,
+    /// Whose rings these doorbells may name (0: the engine's own process).
+    owner: u32,
+    /// Wakes an engine that went to sleep (daemon mode).
+    wake: Option<Arc<Wake>>,
+    lane: usize,
+    /// Where in the segment these doorbells start.
+    off: usize,
 }
 
-impl Doorbells {
-    /// Doorbells the queue holds: far more than posts between two engine
-    /// rounds.
-    const DEPTH: usize = 1 << 16;
+/// Word 0 of a doorbell segment: the overflow flag; the ring at 64.
+const BELL_RING: usize = 64;
 
-    fn new() -> Doorbells {
-        Doorbells {
-            queue: ArrayQueue::new(Doorbells::DEPTH),
-            overflow: AtomicBool::new(false),
-        }
+impl Doorbells {
+    /// Doorbells an engine's own queue holds: far more than posts between
+    /// two engine rounds.
+    const DEPTH: usize = 1 << 16;
+    /// A daemon client's queue, per lane.
+    pub(crate) const CLIENT_DEPTH: usize = 4096;
+
+    /// Bytes of one lane's doorbells in a segment.
+    pub(crate) fn bytes(depth: usize) -> usize {
+        BELL_RING + ShmRing::<u32>::bytes(ShmRing::<u32>::slots_for(depth))
+    }
+
+    fn new() -> std::io::Result<Doorbells> {
+        let seg = Arc::new(Segment::anonymous(Doorbells::bytes(Doorbells::DEPTH))?);
+        Doorbells::create(seg, 0, Doorbells::DEPTH, 0, None, 0)
+    }
+
+    /// Doorbells laid out at `off` of `seg` (fresh when the engine side
+    /// creates them, as they are when a client attaches).
+    pub(crate) fn create(
+        seg: Arc<Segment>,
+        off: usize,
+        depth: usize,
+        owner: u32,
+        wake: Option<Arc<Wake>>,
+        lane: usize,
+    ) -> std::io::Result<Doorbells> {
+        Ok(Doorbells {
+            queue: ShmRing::create(seg, off + BELL_RING, ShmRing::<u32>::slots_for(depth))?,
+            owner,
+            wake,
+            lane,
+            off,
+        })
+    }
+
+    pub(crate) fn attach(
+        seg: Arc<Segment>,
+        off: usize,
+        depth: usize,
+        wake: Option<Arc<Wake>>,
+        lane: usize,
+    ) -> std::io::Result<Doorbells> {
+        Ok(Doorbells {
+            queue: ShmRing::attach(seg, off + BELL_RING, ShmRing::<u32>::slots_for(depth))?,
+            owner: 0,
+            wake,
+            lane,
+            off,
+        })
+    }
+
+    fn overflow(&self) -> &std::sync::atomic::AtomicU32 {
+        self.queue.segment().word(self.off)
     }
 
     fn ring(&self, bell: u32) {
         if self.queue.push(bell).is_err() {
-            self.overflow.store(true, Ordering::Release);
+            self.overflow().store(1, Ordering::Release);
+        }
+        if let Some(w) = &self.wake {
+            w.nudge(self.lane);
         }
     }
 
@@ -126,16 +221,80 @@ impl Doorbells {
     }
 
     fn take_overflow(&self) -> bool {
-        self.overflow.swap(false, Ordering::AcqRel)
+        self.overflow().swap(0, Ordering::AcqRel) != 0
+    }
+}
+
+/// How a daemon client wakes a sleeping engine lane: a word per lane that
+/// the engine sets before it blocks (in memory every client maps), and an
+/// eventfd per lane it also waits on. A client signals only when the word
+/// says the lane sleeps: no system call per post while the engine is busy.
+#[derive(Debug)]
+pub(crate) struct Wake {
+    seg: Arc<Segment>,
+    fds: Vec<crate::eventfd::EventFd>,
+}
+
+impl Wake {
+    /// The engine's: one word (a cache line apart) and one eventfd per lane.
+    fn new(lanes: usize, memfd: bool) -> std::io::Result<Wake> {
+        let len = lanes * 64;
+        let seg = if memfd {
+            Segment::memfd("burst-wake", len)?
+        } else {
+            Segment::anonymous(len)?
+        };
+        Ok(Wake {
+            seg: Arc::new(seg),
+            fds: (0..lanes)
+                .map(|_| crate::eventfd::EventFd::new())
+                .collect::<std::io::Result<_>>()?,
+        })
+    }
+
+    /// A client's view of the daemon's words and eventfds.
+    pub(crate) fn attach(
+        seg: Arc<Segment>,
+        fds: Vec<crate::eventfd::EventFd>,
+    ) -> std::io::Result<Wake> {
+        if seg.len() < fds.len() * 64 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "wake segment too short",
+            ));
+        }
+        Ok(Wake { seg, fds })
+    }
+
+    /// The segment and the eventfds, to hand to a client.
+    pub(crate) fn parts(&self) -> (&Segment, &[crate::eventfd::EventFd]) {
+        (&self.seg, &self.fds)
+    }
+
+    fn sleeping(&self, lane: usize) -> &std::sync::atomic::AtomicU32 {
+        self.seg.word(lane * 64)
+    }
+
+    /// After a doorbell: wakes the lane if it sleeps.
+    fn nudge(&self, lane: usize) {
+        // Pairs with the engine's fence between setting the word and its
+        // last look at the doorbells: one of the two sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if lane < self.fds.len() && self.sleeping(lane).load(Ordering::Relaxed) != 0 {
+            self.fds[lane].signal();
+        }
     }
 }
 
 /// The asynchronous events of an engine and the descriptor that is readable
 /// while some are pending (one count per event, as a completion channel's).
+/// A daemon client's events come through `remote`, which the daemon fills
+/// before it signals the client's descriptor.
 #[derive(Debug)]
 struct AsyncEvents {
     fd: crate::eventfd::EventFd,
     queue: SegQueue<AsyncEvent>,
+    remote: Option<ShmRing<AsyncEvent>>,
 }
 
 impl AsyncEvents {
@@ -143,6 +302,7 @@ impl AsyncEvents {
         Ok(AsyncEvents {
             fd: crate::eventfd::EventFd::new()?,
             queue: SegQueue::new(),
+            remote: None,
         })
     }
 
@@ -154,52 +314,144 @@ impl AsyncEvents {
 
     fn try_take(&self) -> Option<AsyncEvent> {
         if self.fd.drain() {
-            return self.queue.pop();
+            return self.take();
         }
         None
     }
 
     fn read(&self) -> Option<AsyncEvent> {
         if self.fd.read() {
-            return self.queue.pop();
+            return self.take();
         }
         None
     }
+
+    fn take(&self) -> Option<AsyncEvent> {
+        self.queue
+            .pop()
+            .or_else(|| self.remote.as_ref().and_then(|r| r.pop()))
+    }
 }
 
-/// A completion queue: a ring, and its notification state.
+/// A completion queue: a ring, and its notification state, in one
+/// segment: word 0 "armed", word 1 the events counted for its channel, the
+/// ring at byte 64.
 #[derive(Debug)]
-struct Cq {
-    ring: ArrayQueue<WorkCompletion>,
+pub struct Cq {
+    ring: ShmRing<WorkCompletion>,
     channel: Option<Arc<CompChannel>>,
+    owner: u32,
+}
+
+const CQ_RING: usize = 64;
+
+impl Cq {
+    /// Bytes of a CQ of `slots` slots.
+    pub(crate) fn bytes(slots: usize) -> usize {
+        CQ_RING + ShmRing::<WorkCompletion>::bytes(slots)
+    }
+
+    fn new(
+        seg: Arc<Segment>,
+        slots: usize,
+        fresh: bool,
+        channel: Option<Arc<CompChannel>>,
+        owner: u32,
+    ) -> std::io::Result<Cq> {
+        let ring = if fresh {
+            ShmRing::create(seg, CQ_RING, slots)?
+        } else {
+            ShmRing::attach(seg, CQ_RING, slots)?
+        };
+        Ok(Cq {
+            ring,
+            channel,
+            owner,
+        })
+    }
+
     /// Armed for the next completion.
-    armed: AtomicBool,
+    fn armed(&self) -> &std::sync::atomic::AtomicU32 {
+        self.ring.segment().word(0)
+    }
+
+    /// Events raised on the channel and not yet taken.
+    fn events(&self) -> &std::sync::atomic::AtomicU32 {
+        self.ring.segment().word(4)
+    }
+}
+
+/// Where a QP's two rings sit in its segment: (send, receive, total bytes).
+pub(crate) fn qp_layout(send_slots: usize, recv_slots: usize) -> (usize, usize, usize) {
+    let recv = ShmRing::<SendWr>::bytes(send_slots).div_ceil(64) * 64;
+    (0, recv, recv + ShmRing::<RecvWr>::bytes(recv_slots))
 }
 
 /// A QP's rings. Their entries are the transport's own work requests
-/// (`Copy`, pointer-free), checked against `cfg` when posted.
+/// (pointer-free), checked against `cfg` when posted (and again by the
+/// engine when another process posted them).
 struct QpRings {
     qpn: Qpn,
     /// The engine thread (lane) that owns the QP.
     lane: usize,
     cfg: QpConfig,
-    send: ArrayQueue<SendWr>,
-    recv: ArrayQueue<RecvWr>,
+    send: ShmRing<SendWr>,
+    recv: ShmRing<RecvWr>,
     send_cq: CqId,
     recv_cq: CqId,
+    /// The daemon client that created it (0: the engine's own process).
+    owner: u32,
+}
+
+impl QpRings {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        seg: Arc<Segment>,
+        slots: (usize, usize),
+        fresh: bool,
+        qpn: Qpn,
+        lane: usize,
+        cfg: QpConfig,
+        cqs: (CqId, CqId),
+        owner: u32,
+    ) -> std::io::Result<QpRings> {
+        let (s_off, r_off, _) = qp_layout(slots.0, slots.1);
+        let (send, recv) = if fresh {
+            (
+                ShmRing::create(Arc::clone(&seg), s_off, slots.0)?,
+                ShmRing::create(seg, r_off, slots.1)?,
+            )
+        } else {
+            (
+                ShmRing::attach(Arc::clone(&seg), s_off, slots.0)?,
+                ShmRing::attach(seg, r_off, slots.1)?,
+            )
+        };
+        Ok(QpRings {
+            qpn,
+            lane,
+            cfg,
+            send,
+            recv,
+            send_cq: cqs.0,
+            recv_cq: cqs.1,
+            owner,
+        })
+    }
 }
 
 /// An SRQ's ring.
 struct SrqRing {
-    ring: ArrayQueue<RecvWr>,
+    ring: ShmRing<RecvWr>,
     max_sge: u32,
+    owner: u32,
 }
 
 /// Doorbells carry a QPN (24 bits) or, with this bit, an SRQ index.
 const SRQ_DOORBELL: u32 = 1 << 31;
 
 /// Control operations, answered on a reply channel (the slow path).
-enum Control {
+pub(crate) enum Control {
     CreateQp {
         init: QpInit,
         reply: Sender<Result<(Qpn, QpConfig), VerbsError>>,
@@ -249,14 +501,28 @@ enum Control {
     },
 }
 
+/// A region's owner, and the daemon's mapping of its pages (zero-copy).
+type MrOwner = (u32, Option<Arc<Segment>>);
+
 struct Shared {
     mrs: Arc<MrTable>,
     /// One MPSC doorbell queue per lane: posts reach the owning thread.
+    /// (A daemon client's are its own, in memory it shares with burstd.)
     doorbells: Vec<Doorbells>,
+    /// Every daemon client's doorbells (each for one lane).
+    client_bells: std::sync::RwLock<Vec<Arc<Doorbells>>>,
+    /// How clients wake a sleeping lane (a daemon client: the daemon's).
+    wake: Arc<Wake>,
+    /// Rings go into memfds (a daemon: clients map them).
+    memfd: bool,
+    /// The owner of each protection domain (daemon clients; 0: this process).
+    pd_owner: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
+    /// Each memory region's owner and the daemon's mapping of its pages.
+    mr_owner: std::sync::Mutex<std::collections::HashMap<u32, MrOwner>>,
     /// Indexed by QPN - FIRST_QPN.
     rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
     srqs: std::sync::RwLock<Vec<Option<Arc<SrqRing>>>>,
-    cqs: std::sync::RwLock<Vec<Arc<Cq>>>,
+    cqs: std::sync::RwLock<Vec<Option<Arc<Cq>>>>,
     /// Asynchronous events not yet taken by the application.
     events: AsyncEvents,
     stop: AtomicBool,
@@ -278,6 +544,20 @@ struct Shared {
     app_stepping: AtomicBool,
     /// The device clock (the device holds a clone).
     clock: Clock,
+}
+
+impl Shared {
+    /// Whether any doorbell of `lane` (the engine's own, or a client's)
+    /// waits.
+    fn bells_pending(&self, lane: usize) -> bool {
+        if !self.doorbells[lane].queue.is_empty() {
+            return true;
+        }
+        let clients = self.client_bells.read().unwrap_or_else(|e| e.into_inner());
+        clients.iter().any(|b| {
+            b.lane == lane && (!b.queue.is_empty() || b.overflow().load(Ordering::Relaxed) != 0)
+        })
+    }
 }
 
 /// An application thread whose last step ended this recently is driving the
@@ -302,6 +582,11 @@ struct Core {
 #[derive(Clone)]
 pub struct Context {
     shared: Arc<Shared>,
+    /// The daemon client whose objects this handle reaches (0: the
+    /// engine's own process). burstd gives each client its own.
+    owner: u32,
+    /// Set when this process is a daemon client: control calls go to burstd.
+    remote: Option<Arc<crate::client::Remote>>,
     /// Each lane's control channel.
     control: Vec<Sender<Control>>,
     /// The lane the next QP goes to (round robin).
@@ -350,6 +635,9 @@ pub struct EngineOptions {
     pub congestion_control: burst_cc::Algorithm,
     /// Which kind of port it is (reported only).
     pub port: crate::config::PortKind,
+    /// Rings in memfds that other processes can map (burstd), instead of
+    /// anonymous memory.
+    pub shared_rings: bool,
 }
 
 impl EngineOptions {
@@ -366,6 +654,7 @@ impl EngineOptions {
             drop_every: 0,
             congestion_control: burst_cc::Algorithm::default(),
             port: crate::config::PortKind::Udp,
+            shared_rings: false,
         }
     }
 }
@@ -669,7 +958,14 @@ impl Engine {
         }
         let shared = Arc::new(Shared {
             mrs: o.mrs,
-            doorbells: (0..lanes).map(|_| Doorbells::new()).collect(),
+            doorbells: (0..lanes)
+                .map(|_| Doorbells::new())
+                .collect::<std::io::Result<_>>()?,
+            client_bells: Default::default(),
+            wake: Arc::new(Wake::new(lanes, o.shared_rings)?),
+            memfd: o.shared_rings,
+            pd_owner: Default::default(),
+            mr_owner: Default::default(),
             rings: std::sync::RwLock::new(Vec::new()),
             srqs: std::sync::RwLock::new(Vec::new()),
             cqs: std::sync::RwLock::new(Vec::new()),
@@ -683,6 +979,8 @@ impl Engine {
         });
         let ctx = Context {
             shared: Arc::clone(&shared),
+            owner: 0,
+            remote: None,
             control: controls,
             next_lane: Arc::default(),
             gid,
@@ -873,7 +1171,23 @@ fn run(shared: &Shared, lane: usize, ready: &burst_io::Readiness) {
         if !app_around && now.saturating_sub(last_work) < SPIN_NS {
             std::thread::yield_now();
         } else {
-            let _ = ready.wait(IDLE_WAIT);
+            // Say we sleep, then look at the doorbells once more: a client
+            // that rang meanwhile either sees the word (and signals) or its
+            // doorbell is seen here.
+            let wake = &shared.wake;
+            wake.sleeping(lane).store(1, Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !shared.bells_pending(lane) {
+                let fd = std::os::fd::AsFd::as_fd(&wake.fds[lane]);
+                let _ = ready.wait_or(fd, IDLE_WAIT);
+            }
+            wake.sleeping(lane).store(0, Ordering::Relaxed);
+            // Wake-ups are level signals: take every count at once.
+            for _ in 0..64 {
+                if !wake.fds[lane].drain() {
+                    break;
+                }
+            }
         }
     }
 }
@@ -922,10 +1236,15 @@ impl Core {
     /// application's post call has already returned.
     fn take_rings(dev: &mut Device, spill: &mut VecDeque<Spill>, r: &QpRings) -> bool {
         let mut busy = false;
+        // WRs another process posted are checked again here: its own check
+        // ran in memory it controls.
+        let foreign = r.owner != 0;
         while let Some(w) = r.recv.pop() {
             busy = true;
             let id = w.wr_id;
-            if dev.post_recv_checked(r.qpn, w).is_err() {
+            if (foreign && r.cfg.check_recv(&w).is_err())
+                || dev.post_recv_checked(r.qpn, w).is_err()
+            {
                 spill.push_back(Spill {
                     cq: r.recv_cq.0 as usize,
                     wc: refused(id, WcOpcode::Recv, r.qpn),
@@ -935,7 +1254,9 @@ impl Core {
         while let Some(w) = r.send.pop() {
             busy = true;
             let (id, op) = (w.wr_id, w.op.wc_opcode());
-            if dev.post_send_checked(r.qpn, w).is_err() {
+            if (foreign && r.cfg.check_send(&w).is_err())
+                || dev.post_send_checked(r.qpn, w).is_err()
+            {
                 spill.push_back(Spill {
                     cq: r.send_cq.0 as usize,
                     wc: refused(id, op, r.qpn),
@@ -992,7 +1313,51 @@ impl Core {
                 missed.extend((0..srqs.len() as u32).map(|i| SRQ_DOORBELL | i));
             }
         }
-        while let Some(bell) = doorbell.pop().or_else(|| missed.pop()) {
+        // Daemon clients' doorbells: each may only name its own rings.
+        let clients: Vec<Arc<Doorbells>> = shared
+            .client_bells
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|b| b.lane == lane)
+            .cloned()
+            .collect();
+        let mut client_bells: Vec<(u32, u32)> = Vec::new();
+        for b in &clients {
+            if b.take_overflow() {
+                let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+                client_bells.extend(
+                    rings
+                        .iter()
+                        .flatten()
+                        .filter(|r| r.lane == lane && r.owner == b.owner)
+                        .map(|r| (b.owner, r.qpn.value())),
+                );
+                if lane == 0 {
+                    let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
+                    client_bells.extend(srqs.iter().enumerate().filter_map(|(i, s)| {
+                        s.as_ref()
+                            .filter(|s| s.owner == b.owner)
+                            .map(|_| (b.owner, SRQ_DOORBELL | i as u32))
+                    }));
+                }
+            }
+            // Bounded: a client that rings without end cannot hold the lane.
+            for _ in 0..Doorbells::CLIENT_DEPTH {
+                match b.pop() {
+                    Some(bell) => client_bells.push((b.owner, bell)),
+                    None => break,
+                }
+            }
+        }
+        let mut next_bell = || {
+            doorbell
+                .pop()
+                .map(|b| (0, b))
+                .or_else(|| missed.pop().map(|b| (0, b)))
+                .or_else(|| client_bells.pop())
+        };
+        while let Some((owner, bell)) = next_bell() {
             busy = true;
             if bell & SRQ_DOORBELL != 0 {
                 let id = SrqId(bell & !SRQ_DOORBELL);
@@ -1000,7 +1365,19 @@ impl Core {
                 let Some(Some(srq)) = srqs.get(id.0 as usize) else {
                     continue;
                 };
+                if srq.owner != owner {
+                    tracing::warn!(
+                        owner,
+                        srq = id.0,
+                        "doorbell for another client's SRQ ignored"
+                    );
+                    continue;
+                }
                 while let Some(w) = srq.ring.pop() {
+                    if owner != 0 && w.sg_list.len() > srq.max_sge as usize {
+                        tracing::warn!(srq = id.0, "SRQ receive with too many SGEs dropped");
+                        continue;
+                    }
                     // Checked at post time; a WR refused here (the SRQ was
                     // destroyed meanwhile) has no QP to complete on.
                     if let Err(e) = dev.post_srq_recv(id, w) {
@@ -1011,7 +1388,15 @@ impl Core {
             }
             let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
             if let Some(Some(r)) = rings.get(bell.wrapping_sub(FIRST_QPN) as usize) {
-                Core::take_rings(dev, spill, r);
+                if r.owner == owner {
+                    Core::take_rings(dev, spill, r);
+                } else {
+                    tracing::warn!(
+                        owner,
+                        qpn = bell,
+                        "doorbell for another client's QP ignored"
+                    );
+                }
             }
         }
         // Packets moved count as work: a request received this round is
@@ -1026,7 +1411,11 @@ impl Core {
         // Completions into the CQ rings, in order per CQ.
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
         while let Some(s) = spill.front() {
-            match cqs.get(s.cq).map(|q| deliver(q, s.cq, s.wc)) {
+            match cqs
+                .get(s.cq)
+                .and_then(|q| q.as_ref())
+                .map(|q| deliver(q, s.wc))
+            {
                 Some(Err(_)) => break,
                 _ => {
                     spill.pop_front();
@@ -1038,7 +1427,12 @@ impl Core {
             while let Some(wc) = dev.take_completion(r.qpn) {
                 busy = true;
                 let cq = if wc.is_recv() { r.recv_cq } else { r.send_cq }.0 as usize;
-                if !spill.is_empty() || cqs.get(cq).is_some_and(|q| deliver(q, cq, wc).is_err()) {
+                if !spill.is_empty()
+                    || cqs
+                        .get(cq)
+                        .and_then(|q| q.as_ref())
+                        .is_some_and(|q| deliver(q, wc).is_err())
+                {
                     spill.push_back(Spill { cq, wc });
                 }
             }
@@ -1057,11 +1451,12 @@ enum Round {
 }
 
 /// Puts a completion in a CQ ring and fires its event if it is armed.
-fn deliver(q: &Cq, id: usize, wc: WorkCompletion) -> Result<(), WorkCompletion> {
+fn deliver(q: &Cq, wc: WorkCompletion) -> Result<(), WorkCompletion> {
     q.ring.push(wc)?;
-    if q.armed.swap(false, Ordering::AcqRel) {
+    if q.armed().swap(0, Ordering::AcqRel) != 0 {
         if let Some(ch) = &q.channel {
-            ch.events.push(CqId(id as u32));
+            // Counted before the signal, so a reader woken by it finds it.
+            q.events().fetch_add(1, Ordering::AcqRel);
             ch.fd.signal();
         }
     }
@@ -1081,8 +1476,10 @@ pub enum PostError {
     /// The work request fails the checks `ibv_post_send` / `ibv_post_recv`
     /// make ([`QpConfig::check_send`]), or the transport refused it.
     Refused(VerbsError),
-    /// The engine has stopped.
+    /// The engine has stopped (or, for a daemon client, burstd is gone).
     Stopped,
+    /// The object is still in use (EBUSY).
+    Busy,
 }
 
 impl PostError {
@@ -1093,6 +1490,7 @@ impl PostError {
             PostError::Stopped => libc::EIO,
             PostError::Refused(v) => v.errno(),
             PostError::NoSuch | PostError::Invalid => libc::EINVAL,
+            PostError::Busy => libc::EBUSY,
         }
     }
 }
@@ -1104,7 +1502,8 @@ impl std::fmt::Display for PostError {
             PostError::NoSuch => write!(f, "no such QP, SRQ or CQ"),
             PostError::Invalid => write!(f, "invalid argument"),
             PostError::Refused(v) => write!(f, "{v}"),
-            PostError::Stopped => write!(f, "the engine has stopped"),
+            PostError::Stopped => write!(f, "the engine has stopped (or burstd is gone)"),
+            PostError::Busy => write!(f, "still in use"),
         }
     }
 }
@@ -1134,7 +1533,64 @@ impl Context {
 
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Pd {
-        self.shared.mrs.alloc_pd()
+        self.try_alloc_pd().unwrap_or(Pd(0))
+    }
+
+    /// [`Context::alloc_pd`], with the error a daemon client can meet.
+    pub fn try_alloc_pd(&self) -> Result<Pd, PostError> {
+        if let Some(r) = &self.remote {
+            return r.alloc_pd();
+        }
+        let pd = self.shared.mrs.alloc_pd();
+        self.shared
+            .pd_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pd.0, self.owner);
+        Ok(pd)
+    }
+
+    /// `ibv_dealloc_pd`: EBUSY while regions or QPs use it.
+    pub fn dealloc_pd(&self, pd: Pd) -> Result<(), PostError> {
+        if let Some(r) = &self.remote {
+            return r.dealloc_pd(pd);
+        }
+        self.check_pd(pd)?;
+        let mrs = self
+            .shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let used = mrs
+            .keys()
+            .any(|k| self.shared.mrs.lookup(*k).is_some_and(|r| r.pd() == pd.0));
+        drop(mrs);
+        let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        if used || rings.iter().flatten().any(|r| r.cfg.pd == pd.0) {
+            return Err(PostError::Busy);
+        }
+        drop(rings);
+        self.shared
+            .pd_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pd.0);
+        Ok(())
+    }
+
+    /// `Ok` when `pd` is this handle's (a daemon client reaches only its own).
+    fn check_pd(&self, pd: Pd) -> Result<(), PostError> {
+        let owners = self
+            .shared
+            .pd_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match owners.get(&pd.0) {
+            Some(o) if *o == self.owner => Ok(()),
+            // PDs of MrTables used directly (simulations) are unknown here.
+            None if self.owner == 0 => Ok(()),
+            _ => Err(PostError::NoSuch),
+        }
     }
 
     /// Registers application memory (accessed in place by the engine).
@@ -1149,11 +1605,13 @@ impl Context {
         access: Access,
     ) -> Result<MrKeys, RegError> {
         // SAFETY: forwarded contract.
-        unsafe { self.shared.mrs.register(pd, ptr, len, ptr as u64, access) }
+        unsafe { self.reg_mr_iova(pd, ptr, len, ptr as u64, access) }
     }
 
     /// Registers application memory that peers address from `iova`
-    /// (`ibv_reg_mr_iova2`).
+    /// (`ibv_reg_mr_iova2`). A daemon client's pages move onto a memfd the
+    /// daemon maps too ([`crate::client`]), or the daemon copies through
+    /// `process_vm_readv`/`process_vm_writev` where they cannot.
     ///
     /// # Safety
     /// `ptr..ptr+len` must stay valid until [`Context::dereg_mr`] returns.
@@ -1165,13 +1623,102 @@ impl Context {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
+        if let Some(r) = &self.remote {
+            return r.reg_mr(pd, ptr, len, iova, access);
+        }
+        if self.check_pd(pd).is_err() {
+            return Err(RegError::NoSuchPd);
+        }
         // SAFETY: forwarded contract.
-        unsafe { self.shared.mrs.register(pd, ptr, len, iova, access) }
+        let keys = unsafe { self.shared.mrs.register(pd, ptr, len, iova, access) }?;
+        self.shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.lkey, (self.owner, None));
+        Ok(keys)
+    }
+
+    /// Registers memory the daemon mapped for a client: `len` bytes at
+    /// `offset` of `pages` (a memfd the client moved its pages onto),
+    /// addressed as `iova`. The mapping lives until deregistration.
+    pub fn reg_mr_mapped(
+        &self,
+        pd: Pd,
+        pages: Arc<Segment>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        if self.check_pd(pd).is_err() {
+            return Err(RegError::NoSuchPd);
+        }
+        if offset.checked_add(len).is_none_or(|e| e > pages.len()) {
+            return Err(RegError::InvalidLength);
+        }
+        // SAFETY: `pages` stays mapped while the region is registered (held
+        // in `mr_owner` until `dereg_mr` has waited for the last user).
+        let keys = unsafe {
+            self.shared
+                .mrs
+                .register(pd, pages.as_ptr().add(offset), len, iova, access)
+        }?;
+        self.shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.lkey, (self.owner, Some(pages)));
+        Ok(keys)
+    }
+
+    /// Registers memory of process `pid` that the engine reaches through
+    /// `process_vm_readv`/`process_vm_writev` (one copy, no remapping).
+    pub fn reg_mr_process(
+        &self,
+        pd: Pd,
+        pid: u32,
+        addr: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        if self.check_pd(pd).is_err() {
+            return Err(RegError::NoSuchPd);
+        }
+        let keys = self
+            .shared
+            .mrs
+            .register_process(pd, pid, addr, len, iova, access)?;
+        self.shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.lkey, (self.owner, None));
+        Ok(keys)
     }
 
     /// Deregisters; returns once the engine no longer uses the region.
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
-        self.shared.mrs.deregister(lkey)
+        if let Some(r) = &self.remote {
+            return r.dereg_mr(lkey);
+        }
+        let mut owners = self
+            .shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match owners.get(&lkey) {
+            Some((o, _)) if *o == self.owner => {}
+            None if self.owner == 0 => {}
+            _ => return Err(RegError::NoSuchRegion),
+        }
+        let held = owners.remove(&lkey);
+        drop(owners);
+        let r = self.shared.mrs.deregister(lkey);
+        // The daemon's mapping goes only now, after the last user let go.
+        drop(held);
+        r
     }
 
     /// Creates a completion queue ring of `depth` entries.
@@ -1181,32 +1728,128 @@ impl Context {
 
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> std::io::Result<Arc<CompChannel>> {
-        Ok(Arc::new(CompChannel {
-            fd: crate::eventfd::EventFd::new()?,
-            events: SegQueue::new(),
-        }))
+        let ch = Arc::new(CompChannel::with_fd(crate::eventfd::EventFd::new()?));
+        if let Some(r) = &self.remote {
+            r.register_channel(&ch)?;
+        }
+        Ok(ch)
+    }
+
+    /// The channel behind a descriptor another process sent (burstd: a
+    /// client's completion channel, signalled by the engine).
+    pub fn comp_channel_from_fd(&self, fd: std::os::fd::OwnedFd) -> Arc<CompChannel> {
+        Arc::new(CompChannel::with_fd(crate::eventfd::EventFd::from_owned(
+            fd,
+        )))
     }
 
     /// Creates a CQ that reports events on `channel` once armed.
     pub fn create_cq_with(&self, depth: usize, channel: Option<Arc<CompChannel>>) -> CqId {
+        self.try_create_cq(depth, channel).unwrap_or(CqId(u32::MAX))
+    }
+
+    /// [`Context::create_cq_with`] with its errors (out of memory, the
+    /// daemon gone).
+    pub fn try_create_cq(
+        &self,
+        depth: usize,
+        channel: Option<Arc<CompChannel>>,
+    ) -> Result<CqId, PostError> {
+        if depth == 0 || depth > crate::MAX_CQE as usize {
+            return Err(PostError::Invalid);
+        }
+        let slots = ShmRing::<WorkCompletion>::slots_for(depth);
+        let (id, seg) = match &self.remote {
+            Some(r) => r.create_cq(depth, channel.as_ref())?,
+            None => (None, Arc::new(self.segment("burst-cq", Cq::bytes(slots))?)),
+        };
+        let cq = Arc::new(
+            Cq::new(seg, slots, id.is_none(), channel.clone(), self.owner)
+                .map_err(|_| PostError::Invalid)?,
+        );
         let mut cqs = self.shared.cqs.write().unwrap_or_else(|e| e.into_inner());
-        cqs.push(Arc::new(Cq {
-            ring: ArrayQueue::new(depth.max(1)),
-            channel,
-            armed: AtomicBool::new(false),
-        }));
-        CqId((cqs.len() - 1) as u32)
+        let i = match id {
+            Some(i) => i.0 as usize,
+            None => cqs.iter().position(Option::is_none).unwrap_or(cqs.len()),
+        };
+        if cqs.len() <= i {
+            cqs.resize(i + 1, None);
+        }
+        cqs[i] = Some(Arc::clone(&cq));
+        let id = CqId(i as u32);
+        if let Some(ch) = channel {
+            ch.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((id, cq));
+        }
+        Ok(id)
+    }
+
+    /// `ibv_destroy_cq`: EBUSY while a QP completes into it.
+    pub fn destroy_cq(&self, cq: CqId) -> Result<(), PostError> {
+        let q = self.cq_ref(cq)?;
+        if let Some(r) = &self.remote {
+            r.destroy_cq(cq)?;
+        } else {
+            let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
+            if rings
+                .iter()
+                .flatten()
+                .any(|r| r.send_cq == cq || r.recv_cq == cq)
+            {
+                return Err(PostError::Busy);
+            }
+        }
+        if let Some(ch) = &q.channel {
+            ch.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|(id, _)| *id != cq);
+        }
+        let mut cqs = self.shared.cqs.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = cqs.get_mut(cq.0 as usize) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// The segment of a CQ, with its slots (burstd hands it to the client).
+    pub fn cq_segment(&self, cq: CqId) -> Result<(Arc<Segment>, usize), PostError> {
+        let q = self.cq_ref(cq)?;
+        Ok((Arc::clone(q.ring.segment()), q.ring.capacity()))
+    }
+
+    /// CQ `cq`, if this handle may reach it.
+    fn cq_ref(&self, cq: CqId) -> Result<Arc<Cq>, PostError> {
+        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        match cqs.get(cq.0 as usize) {
+            Some(Some(q)) if q.owner == self.owner => Ok(Arc::clone(q)),
+            _ => Err(PostError::NoSuch),
+        }
+    }
+
+    /// A segment for rings: a memfd in a daemon, anonymous memory otherwise.
+    fn segment(&self, name: &str, len: usize) -> Result<Segment, PostError> {
+        let seg = if self.shared.memfd {
+            Segment::memfd(name, len)
+        } else {
+            Segment::anonymous(len)
+        };
+        seg.map_err(|e| {
+            tracing::warn!("could not map {len} bytes for {name}: {e}");
+            PostError::Full
+        })
     }
 
     /// `ibv_req_notify_cq`: the next completion added to `cq` raises one
     /// event on its channel (completions already in the ring do not).
     pub fn req_notify_cq(&self, cq: CqId) -> Result<(), PostError> {
-        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-        let q = cqs.get(cq.0 as usize).ok_or(PostError::NoSuch)?;
+        let q = self.cq_ref(cq)?;
         if q.channel.is_none() {
             return Err(PostError::Invalid);
         }
-        q.armed.store(true, Ordering::Release);
+        q.armed().store(1, Ordering::Release);
         Ok(())
     }
 
@@ -1227,6 +1870,11 @@ impl Context {
         make: impl FnOnce(Sender<T>) -> Control,
     ) -> Result<T, PostError> {
         let (tx, rx) = bounded(1);
+        if let Some(r) = &self.remote {
+            // The daemon runs it: the request crosses the control socket.
+            r.execute(make(tx))?;
+            return rx.try_recv().map_err(|_| PostError::Stopped);
+        }
         self.control
             .get(lane)
             .ok_or(PostError::NoSuch)?
@@ -1265,6 +1913,15 @@ impl Context {
     /// stepping it; returns whether there was work. Posting and polling
     /// call this, so an application that busy-polls drives its own I/O.
     pub fn progress(&self) -> bool {
+        if self.remote.is_some() {
+            // A daemon client has no core to step: the daemon's engine
+            // thread does the work. Polling an empty CQ hands the CPU over
+            // instead of spinning against that thread (on a machine with
+            // fewer cores than spinning threads, a 64-byte send_lat went
+            // from 2 ms to microseconds).
+            std::thread::yield_now();
+            return false;
+        }
         self.step(Round::Full)
     }
 
@@ -1325,7 +1982,10 @@ impl Context {
     /// Runs `f` on the data plane's device, waiting for the core if another
     /// thread steps it (diagnostics and simulation, not the data path).
     fn with_device<R>(&self, lane: usize, f: impl FnOnce(&mut Device) -> R) -> Option<R> {
-        let mut core = self.shared.cores[lane]
+        let mut core = self
+            .shared
+            .cores
+            .get(lane)?
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         core.dev.as_mut().map(f)
@@ -1407,35 +2067,52 @@ impl Context {
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Result<QueuePair, CreateError> {
-        let n = self
-            .shared
-            .cqs
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .len() as u32;
-        if send_cq.0 >= n || recv_cq.0 >= n {
-            return Err(CreateError::Post(PostError::NoSuch));
+        self.cq_ref(send_cq)?;
+        self.cq_ref(recv_cq)?;
+        self.check_pd(init.pd)?;
+        if let Some(srq) = init.srq {
+            self.srq_ref(srq)?;
         }
         let init = *init;
-        // Round robin over the lanes; a QP with an SRQ goes where SRQs live.
-        let lane = if init.srq.is_some() {
-            0
+        // Checked before any ring is mapped (the transport checks again).
+        if init.caps.max_send_wr > crate::MAX_QP_WR || init.caps.max_recv_wr > crate::MAX_QP_WR {
+            return Err(CreateError::Verbs(VerbsError::InvalidValue(
+                "max_send_wr/max_recv_wr",
+            )));
+        }
+        let slots = (
+            ShmRing::<SendWr>::slots_for(init.caps.max_send_wr as usize),
+            ShmRing::<RecvWr>::slots_for(init.caps.max_recv_wr as usize),
+        );
+        let rings = if let Some(r) = &self.remote {
+            let (qpn, cfg, lane, seg) = r.create_qp(&init, send_cq, recv_cq)?;
+            QpRings::new(seg, slots, false, qpn, lane, cfg, (send_cq, recv_cq), 0)
+                .map_err(|_| PostError::Invalid)?
         } else {
-            self.next_lane.fetch_add(1, Ordering::Relaxed) % self.control.len()
+            // Round robin over the lanes; a QP with an SRQ goes where SRQs live.
+            let lane = if init.srq.is_some() {
+                0
+            } else {
+                self.next_lane.fetch_add(1, Ordering::Relaxed) % self.control.len()
+            };
+            let seg = Arc::new(self.segment("burst-qp", qp_layout(slots.0, slots.1).2)?);
+            let (qpn, cfg) = self
+                .call_on(lane, |reply| Control::CreateQp { init, reply })?
+                .map_err(CreateError::Verbs)?;
+            QpRings::new(
+                seg,
+                slots,
+                true,
+                qpn,
+                lane,
+                cfg,
+                (send_cq, recv_cq),
+                self.owner,
+            )
+            .map_err(|_| PostError::Invalid)?
         };
-        let (qpn, cfg) = self
-            .call_on(lane, |reply| Control::CreateQp { init, reply })?
-            .map_err(CreateError::Verbs)?;
-        let rings = Arc::new(QpRings {
-            qpn,
-            lane,
-            cfg,
-            send: ArrayQueue::new(init.caps.max_send_wr.max(1) as usize),
-            recv: ArrayQueue::new(init.caps.max_recv_wr.max(1) as usize),
-            send_cq,
-            recv_cq,
-        });
-        let i = (qpn.value() - FIRST_QPN) as usize;
+        let rings = Arc::new(rings);
+        let i = (rings.qpn.value() - FIRST_QPN) as usize;
         let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
         if all.len() <= i {
             all.resize(i + 1, None);
@@ -1449,14 +2126,48 @@ impl Context {
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), CreateError> {
+        self.ring(qpn)?;
+        if let Some(r) = &self.remote {
+            r.destroy_qp(qpn)?;
+        }
         {
             let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
             if let Some(slot) = all.get_mut(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
                 *slot = None;
             }
         }
+        if self.remote.is_some() {
+            return Ok(());
+        }
         self.call_on(self.lane_of(qpn), |reply| Control::DestroyQp { qpn, reply })?
             .map_err(CreateError::Verbs)
+    }
+
+    /// The segment of a QP's rings, with their slots (send, receive) and
+    /// its lane: burstd hands them to the client.
+    pub fn qp_segment(&self, qpn: Qpn) -> Result<(Arc<Segment>, usize, usize, usize), PostError> {
+        let r = self.ring(qpn)?;
+        Ok((
+            Arc::clone(r.send.segment()),
+            r.send.capacity(),
+            r.recv.capacity(),
+            r.lane,
+        ))
+    }
+
+    /// SRQ `srq`, if this handle may reach it.
+    fn srq_ref(&self, srq: SrqId) -> Result<Arc<SrqRing>, PostError> {
+        let all = self.shared.srqs.read().unwrap_or_else(|e| e.into_inner());
+        match all.get(srq.0 as usize) {
+            Some(Some(s)) if s.owner == self.owner => Ok(Arc::clone(s)),
+            _ => Err(PostError::NoSuch),
+        }
+    }
+
+    /// The segment of an SRQ's ring, with its slots.
+    pub fn srq_segment(&self, srq: SrqId) -> Result<(Arc<Segment>, usize), PostError> {
+        let s = self.srq_ref(srq)?;
+        Ok((Arc::clone(s.ring.segment()), s.ring.capacity()))
     }
 
     /// `ibv_query_qp`: state and creation config.
@@ -1464,6 +2175,7 @@ impl Context {
         &self,
         qpn: Qpn,
     ) -> Result<(burst_transport::QpState, burst_transport::QpConfig), PostError> {
+        self.ring(qpn)?;
         self.call_on(self.lane_of(qpn), |reply| Control::QueryQp { qpn, reply })?
             .ok_or(PostError::NoSuch)
     }
@@ -1475,17 +2187,34 @@ impl Context {
         max_wr: u32,
         max_sge: u32,
     ) -> Result<SharedReceiveQueue, CreateError> {
-        let id = self
-            .call(|reply| Control::CreateSrq {
-                pd,
-                max_wr,
-                max_sge,
-                reply,
-            })?
-            .map_err(CreateError::Verbs)?;
+        self.check_pd(pd)?;
+        if max_wr > crate::MAX_QP_WR {
+            return Err(CreateError::Verbs(VerbsError::InvalidValue("max_wr")));
+        }
+        let slots = ShmRing::<RecvWr>::slots_for(max_wr as usize);
+        let (id, ring) = if let Some(r) = &self.remote {
+            let (id, seg) = r.create_srq(pd, max_wr, max_sge)?;
+            let ring = ShmRing::attach(seg, 0, slots).map_err(|_| PostError::Invalid)?;
+            (id, ring)
+        } else {
+            let seg = Arc::new(self.segment("burst-srq", ShmRing::<RecvWr>::bytes(slots))?);
+            let id = self
+                .call(|reply| Control::CreateSrq {
+                    pd,
+                    max_wr,
+                    max_sge,
+                    reply,
+                })?
+                .map_err(CreateError::Verbs)?;
+            (
+                id,
+                ShmRing::create(seg, 0, slots).map_err(|_| PostError::Invalid)?,
+            )
+        };
         let ring = Arc::new(SrqRing {
-            ring: ArrayQueue::new(max_wr.max(1) as usize),
+            ring,
             max_sge,
+            owner: self.owner,
         });
         let mut all = self.shared.srqs.write().unwrap_or_else(|e| e.into_inner());
         let i = id.0 as usize;
@@ -1502,6 +2231,7 @@ impl Context {
 
     /// `ibv_destroy_srq` (EBUSY while QPs use it).
     pub fn destroy_srq(&self, srq: SrqId) -> Result<(), CreateError> {
+        self.srq_ref(srq)?;
         self.call(|reply| Control::DestroySrq { srq, reply })?
             .map_err(CreateError::Verbs)?;
         let mut all = self.shared.srqs.write().unwrap_or_else(|e| e.into_inner());
@@ -1518,6 +2248,7 @@ impl Context {
         max_wr: Option<u32>,
         limit: Option<u32>,
     ) -> Result<(), CreateError> {
+        self.srq_ref(srq)?;
         self.call(|reply| Control::ModifySrq {
             srq,
             max_wr,
@@ -1567,6 +2298,7 @@ impl Context {
 
     /// `ibv_modify_qp`, executed by the engine.
     pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr) -> Result<Result<(), VerbsError>, PostError> {
+        self.ring(qpn)?;
         let attr = *attr;
         self.call_on(self.lane_of(qpn), |reply| Control::ModifyQp {
             qpn,
@@ -1609,7 +2341,7 @@ impl Context {
     fn ring(&self, qpn: Qpn) -> Result<Arc<QpRings>, PostError> {
         let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
         match rings.get(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
-            Some(Some(r)) => Ok(Arc::clone(r)),
+            Some(Some(r)) if r.owner == self.owner => Ok(Arc::clone(r)),
             _ => Err(PostError::NoSuch),
         }
     }
@@ -1627,6 +2359,29 @@ impl Context {
     fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
         let mut wr = *wr;
         let len = ring.cfg.check_send(&wr).map_err(PostError::Refused)?;
+        if let Some(r) = &self.remote {
+            if r.is_dead() {
+                return Err(PostError::Stopped);
+            }
+            if wr.inline && wr.inline_data.is_none() {
+                // As providers do: the bytes are read from the addresses
+                // now, whatever the lkeys (inline data needs no region).
+                let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
+                let mut at = 0;
+                for s in wr.sg_list.iter() {
+                    let n = s.length as usize;
+                    // SAFETY: the application passed these SGEs to
+                    // ibv_post_send with IBV_SEND_INLINE: readable now
+                    // (rdma-core's providers memcpy them the same way);
+                    // their total is `len`, which `d` holds.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(s.addr as *const u8, d[at..].as_mut_ptr(), n)
+                    };
+                    at += n;
+                }
+                wr.inline_data = Some(d);
+            }
+        }
         if wr.inline && wr.inline_data.is_none() {
             let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
             let mem = self.shared.mrs.memory();
@@ -1659,13 +2414,16 @@ impl Context {
 
     fn post_recv_to(&self, ring: &QpRings, wr: &RecvWr) -> Result<(), PostError> {
         ring.cfg.check_recv(wr).map_err(PostError::Refused)?;
+        if self.device_failed() {
+            return Err(PostError::Stopped);
+        }
         // No step: the next post_send or poll of an empty CQ steps. Stepping
         // here would send the deferred ACK of the message just received
         // alone, a system call before the reply the application is about to
         // post and it could ride with (ping-pong: four sends per round trip
         // instead of two).
         let sh = &*self.shared;
-        if let Ok(mut core) = sh.cores[ring.lane].try_lock() {
+        if let Some(Ok(mut core)) = sh.cores.get(ring.lane).map(|c| c.try_lock()) {
             if let Some(r) = core.contained(sh, |c| c.post_recv_now(ring, *wr)) {
                 return r;
             }
@@ -1679,10 +2437,7 @@ impl Context {
     /// Takes a completion from a CQ ring (never blocks; steps the data
     /// plane once when the ring is empty).
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
-        let q = {
-            let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-            Arc::clone(cqs.get(cq.0 as usize)?)
-        };
+        let q = self.cq_ref(cq).ok()?;
         q.ring.pop().or_else(|| {
             self.progress();
             q.ring.pop()
@@ -1692,16 +2447,14 @@ impl Context {
     /// Takes a completion already in a CQ ring, without stepping the data
     /// plane (a caller that steps it itself, such as a simulator).
     pub fn take_completion(&self, cq: CqId) -> Option<WorkCompletion> {
-        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-        cqs.get(cq.0 as usize)?.ring.pop()
+        self.cq_ref(cq).ok()?.ring.pop()
     }
 
     /// A handle on CQ `cq` that polls without any lookup.
     pub fn cq(&self, cq: CqId) -> Option<CompletionQueue> {
-        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-        cqs.get(cq.0 as usize).map(|q| CompletionQueue {
+        self.cq_ref(cq).ok().map(|q| CompletionQueue {
             id: cq,
-            cq: Arc::clone(q),
+            cq: q,
             ctx: self.clone(),
         })
     }
@@ -1740,6 +2493,7 @@ impl CreateError {
             CreateError::Verbs(v) => v.errno(),
             CreateError::Post(PostError::Full) => libc::ENOMEM,
             CreateError::Post(PostError::Stopped) => libc::EIO,
+            CreateError::Post(PostError::Busy) => libc::EBUSY,
             CreateError::Post(_) => libc::EINVAL,
         }
     }
@@ -1860,8 +2614,416 @@ impl CompletionQueue {
         self.cq.ring.len()
     }
 
+    /// The device failed for good (a daemon client whose burstd died).
+    pub fn device_failed(&self) -> bool {
+        self.ctx.device_failed()
+    }
+
     /// No completion waiting.
     pub fn is_empty(&self) -> bool {
         self.cq.ring.is_empty()
+    }
+}
+
+/// What burstd keeps per client in the engine: the segment the client
+/// maps (its async-event ring, then one doorbell queue per lane) and the
+/// client's async-event eventfd.
+#[derive(Debug)]
+pub struct ClientLink {
+    owner: u32,
+    seg: Arc<Segment>,
+    events: ShmRing<AsyncEvent>,
+    events_fd: crate::eventfd::EventFd,
+    /// The layout, as [`crate::protocol::Reply::Hello`] announces it.
+    pub layout: ClientLayout,
+}
+
+/// Where things sit in a client's segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLayout {
+    /// Slots of the async-event ring at offset 0.
+    pub event_slots: u32,
+    /// Where lane 0's doorbells start.
+    pub bells_offset: u64,
+    /// Bytes per lane's doorbells.
+    pub bells_stride: u64,
+    /// Doorbells per lane.
+    pub bells_depth: u32,
+    /// Bytes of the segment.
+    pub len: u64,
+}
+
+impl ClientLink {
+    /// The segment to send to the client.
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// Queues an asynchronous event for the client and signals its fd.
+    pub fn push_event(&self, ev: AsyncEvent) {
+        if self.events.push(ev).is_ok() {
+            self.events_fd.signal();
+        } else {
+            tracing::warn!(client = self.owner, "async event ring full: {ev:?} dropped");
+        }
+    }
+}
+
+/// Everything one daemon client owns (the `burst` tool, cleanup).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Owned {
+    /// Protection domains.
+    pub pds: Vec<u32>,
+    /// Memory regions: (lkey, bytes, zero-copy mapping).
+    pub mrs: Vec<(u32, u64, bool)>,
+    /// CQs.
+    pub cqs: Vec<CqId>,
+    /// QPs.
+    pub qps: Vec<Qpn>,
+    /// SRQs.
+    pub srqs: Vec<SrqId>,
+}
+
+/// Async events a client's ring holds.
+const CLIENT_EVENTS: usize = 256;
+
+impl Context {
+    /// This engine's handle for daemon client `owner`: every object it
+    /// creates belongs to `owner`, and it reaches no other's.
+    pub fn for_client(&self, owner: u32) -> Context {
+        let mut c = self.clone();
+        c.owner = owner;
+        c
+    }
+
+    /// The client this handle acts for (0: the engine's own process).
+    pub fn owner(&self) -> u32 {
+        self.owner
+    }
+
+    /// Sets up client `self.owner()`'s segment (async events and
+    /// doorbells, which the engine starts reading now); `events_fd` is the
+    /// client's async-event eventfd.
+    pub fn attach_client(&self, events_fd: std::os::fd::OwnedFd) -> std::io::Result<ClientLink> {
+        let lanes = self.shared.doorbells.len();
+        let event_bytes = ShmRing::<AsyncEvent>::bytes(CLIENT_EVENTS).div_ceil(64) * 64;
+        let stride = Doorbells::bytes(Doorbells::CLIENT_DEPTH).div_ceil(64) * 64;
+        let len = event_bytes + lanes * stride;
+        let seg = Arc::new(Segment::memfd(
+            &format!("burst-client-{}", self.owner),
+            len,
+        )?);
+        let events = ShmRing::create(Arc::clone(&seg), 0, CLIENT_EVENTS)?;
+        let mut bells = Vec::new();
+        for lane in 0..lanes {
+            bells.push(Arc::new(Doorbells::create(
+                Arc::clone(&seg),
+                event_bytes + lane * stride,
+                Doorbells::CLIENT_DEPTH,
+                self.owner,
+                None,
+                lane,
+            )?));
+        }
+        self.shared
+            .client_bells
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(bells);
+        Ok(ClientLink {
+            owner: self.owner,
+            layout: ClientLayout {
+                event_slots: CLIENT_EVENTS as u32,
+                bells_offset: event_bytes as u64,
+                bells_stride: stride as u64,
+                bells_depth: Doorbells::CLIENT_DEPTH as u32,
+                len: seg.len() as u64,
+            },
+            seg,
+            events,
+            events_fd: crate::eventfd::EventFd::from_owned(events_fd),
+        })
+    }
+
+    /// The segment and eventfds clients wake sleeping lanes with.
+    pub fn wake_parts(&self) -> (&Segment, Vec<std::os::fd::BorrowedFd<'_>>) {
+        let (seg, fds) = self.shared.wake.parts();
+        (seg, fds.iter().map(std::os::fd::AsFd::as_fd).collect())
+    }
+
+    /// Every object client `self.owner()` owns.
+    pub fn owned(&self) -> Owned {
+        let o = self.owner;
+        let sh = &self.shared;
+        let mut pds: Vec<u32> = sh
+            .pd_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, w)| **w == o)
+            .map(|(p, _)| *p)
+            .collect();
+        pds.sort_unstable();
+        let mut mrs: Vec<(u32, u64, bool)> = sh
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, (w, _))| *w == o)
+            .map(|(k, (_, seg))| (*k, sh.mrs.lookup(*k).map_or(0, |r| r.len()), seg.is_some()))
+            .collect();
+        mrs.sort_unstable();
+        let cqs = sh
+            .cqs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.as_ref().is_some_and(|q| q.owner == o))
+            .map(|(i, _)| CqId(i as u32))
+            .collect();
+        let qps = sh
+            .rings
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+            .filter(|r| r.owner == o)
+            .map(|r| r.qpn)
+            .collect();
+        let srqs = sh
+            .srqs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.owner == o))
+            .map(|(i, _)| SrqId(i as u32))
+            .collect();
+        Owned {
+            pds,
+            mrs,
+            cqs,
+            qps,
+            srqs,
+        }
+    }
+
+    /// Destroys everything client `self.owner()` owns (it died or left):
+    /// its QPs first (peers then meet a QP that no longer exists, as with
+    /// an RNIC whose QP was destroyed), then SRQs, CQs, regions and PDs,
+    /// and stops reading its doorbells.
+    pub fn destroy_owned(&self) -> Owned {
+        let all = self.owned();
+        for q in &all.qps {
+            if let Err(e) = self.destroy_qp(*q) {
+                tracing::warn!(qpn = q.value(), "cleanup: destroy QP: {e}");
+            }
+        }
+        for s in &all.srqs {
+            if let Err(e) = self.destroy_srq(*s) {
+                tracing::warn!(srq = s.0, "cleanup: destroy SRQ: {e}");
+            }
+        }
+        for c in &all.cqs {
+            if let Err(e) = self.destroy_cq(*c) {
+                tracing::warn!(cq = c.0, "cleanup: destroy CQ: {e:?}");
+            }
+        }
+        for (k, _, _) in &all.mrs {
+            if let Err(e) = self.dereg_mr(*k) {
+                tracing::warn!(lkey = k, "cleanup: deregister: {e}");
+            }
+        }
+        for p in &all.pds {
+            if let Err(e) = self.dealloc_pd(Pd(*p)) {
+                tracing::warn!(pd = p, "cleanup: dealloc PD: {e:?}");
+            }
+        }
+        self.shared
+            .client_bells
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|b| b.owner != self.owner);
+        all
+    }
+
+    /// The client that owns QP `qpn` (event routing).
+    pub fn owner_of_qp(&self, qpn: Qpn) -> Option<u32> {
+        let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        match rings.get(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
+            Some(Some(r)) => Some(r.owner),
+            _ => None,
+        }
+    }
+
+    /// The client that owns SRQ `srq` (event routing).
+    pub fn owner_of_srq(&self, srq: SrqId) -> Option<u32> {
+        let srqs = self.shared.srqs.read().unwrap_or_else(|e| e.into_inner());
+        srqs.get(srq.0 as usize)?.as_ref().map(|s| s.owner)
+    }
+
+    /// Whether this is a daemon client whose daemon is gone (every verb
+    /// fails; the async fd reported `DeviceFatal`).
+    pub fn device_failed(&self) -> bool {
+        self.remote.as_ref().is_some_and(|r| r.is_dead())
+    }
+
+    /// Whether this context is a burstd client.
+    pub fn is_daemon_client(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Connects to burstd at `path` (daemon mode): the device is the
+    /// daemon's, rings and doorbells are memory shared with it.
+    pub fn connect(path: &std::path::Path) -> std::io::Result<Context> {
+        use crate::protocol::{self as p, Reply, Request};
+        use std::os::fd::AsFd;
+        let sock = p::connect(path).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("burst: cannot reach burstd at {}: {e}", path.display()),
+            )
+        })?;
+        let events = AsyncEvents::new()?;
+        p::send(
+            sock.as_fd(),
+            &p::encode(&Request::Hello {
+                version: p::VERSION,
+                layout: p::layout(),
+            }),
+            &[events.fd.as_fd()],
+        )?;
+        let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+        let (msg, fds) =
+            p::recv(sock.as_fd())?.ok_or_else(|| bad("burstd closed the socket".into()))?;
+        let reply = p::decode::<Reply>(&msg).map_err(|e| bad(format!("burstd: {e}")))?;
+        let Reply::Hello {
+            device,
+            client,
+            event_slots,
+            bells_offset,
+            bells_stride,
+            bells_depth,
+            segment_len,
+            wake_len,
+        } = reply
+        else {
+            return Err(match reply {
+                Reply::Error { errno, message, .. } => std::io::Error::new(
+                    std::io::Error::from_raw_os_error(errno).kind(),
+                    format!("burstd refused this client: {message}"),
+                ),
+                _ => bad("burstd: unexpected reply to hello".into()),
+            });
+        };
+        let lanes = device.lanes.max(1) as usize;
+        let mut fds = fds.into_iter();
+        let (Some(seg_fd), Some(wake_fd)) = (fds.next(), fds.next()) else {
+            return Err(bad("burstd: hello without its segments".into()));
+        };
+        let seg = Arc::new(Segment::from_fd(seg_fd, segment_len as usize)?);
+        let wake_fds: Vec<_> = fds.map(crate::eventfd::EventFd::from_owned).collect();
+        if wake_fds.len() != lanes {
+            return Err(bad("burstd: one wake eventfd per lane expected".into()));
+        }
+        let wake = Arc::new(Wake::attach(
+            Arc::new(Segment::from_fd(wake_fd, wake_len as usize)?),
+            wake_fds,
+        )?);
+        let doorbells = (0..lanes)
+            .map(|l| {
+                Doorbells::attach(
+                    Arc::clone(&seg),
+                    bells_offset as usize + l * bells_stride as usize,
+                    bells_depth as usize,
+                    Some(Arc::clone(&wake)),
+                    l,
+                )
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let events = AsyncEvents {
+            remote: Some(ShmRing::attach(Arc::clone(&seg), 0, event_slots as usize)?),
+            ..events
+        };
+        let shared = Arc::new(Shared {
+            mrs: Arc::default(),
+            doorbells,
+            client_bells: Default::default(),
+            wake,
+            memfd: false,
+            pd_owner: Default::default(),
+            mr_owner: Default::default(),
+            rings: Default::default(),
+            srqs: Default::default(),
+            cqs: Default::default(),
+            events,
+            stop: AtomicBool::new(false),
+            cores: Vec::new(),
+            app_stepped: Default::default(),
+            app_posted: Default::default(),
+            app_stepping: AtomicBool::new(false),
+            clock: Clock::wall(),
+        });
+        let remote = Arc::new(crate::client::Remote::new(sock, client));
+        let mtu = Mtu::from_bytes(device.mtu as usize).unwrap_or(Mtu::Mtu1024);
+        let ctx = Context {
+            shared: Arc::clone(&shared),
+            owner: 0,
+            remote: Some(Arc::clone(&remote)),
+            control: (0..lanes).map(|_| bounded(1).0).collect(),
+            next_lane: Arc::default(),
+            gid: device.gid,
+            config: Arc::new(DeviceConfig {
+                name: device.name,
+                addr: device.addr,
+                interface: device.interface,
+                mtu,
+                drop_every: 0,
+                congestion_control: burst_cc::Algorithm::default(),
+                port: Default::default(),
+                dpdk: String::new(),
+                threads: lanes as u32,
+            }),
+        };
+        tracing::info!(
+            client,
+            socket = %path.display(),
+            "burst: daemon mode (burstd serves device {})",
+            ctx.config.name
+        );
+        watch_daemon(Arc::downgrade(&shared), Arc::downgrade(&remote));
+        Ok(ctx)
+    }
+}
+
+/// Watches a client's control socket: when burstd dies the socket hangs
+/// up, and every QP's application learns it at once (`DeviceFatal` on the
+/// async fd, every verb failing) instead of hanging.
+fn watch_daemon(shared: std::sync::Weak<Shared>, remote: std::sync::Weak<crate::client::Remote>) {
+    let spawned = std::thread::Builder::new()
+        .name("burst-watch".into())
+        .spawn(move || loop {
+            let Some(r) = remote.upgrade() else {
+                return;
+            };
+            let mut p = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&r.socket()),
+                events: 0,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, 100) };
+            if n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                tracing::error!("burst: burstd is gone: every verb fails from now on");
+                r.set_dead();
+                if let Some(sh) = shared.upgrade() {
+                    sh.events.push(AsyncEvent::DeviceFatal);
+                }
+                return;
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("burst: no thread to watch burstd: {e}");
     }
 }

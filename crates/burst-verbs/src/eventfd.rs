@@ -26,6 +26,11 @@ impl EventFd {
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// An eventfd another process sent (SCM_RIGHTS).
+    pub fn from_owned(fd: OwnedFd) -> EventFd {
+        EventFd(fd)
+    }
+
     /// Adds one pending event (the descriptor becomes readable).
     pub fn signal(&self) {
         let one = 1u64;

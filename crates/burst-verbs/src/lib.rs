@@ -26,6 +26,7 @@
 //! ```
 
 pub mod bottleneck;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod engine;
@@ -48,8 +49,11 @@ pub use burst_transport::{
 pub use burst_wire::{Mtu, Psn, Qpn};
 mod congestion;
 mod dataplane;
+mod entry;
 pub mod eventfd;
 pub mod netif;
+pub mod protocol;
+pub mod shm;
 pub mod sim;
 mod thread;
 
@@ -60,7 +64,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use burst_io::Port;
 
 /// Device-wide counters (names after RXE's where one exists).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceCounters {
     /// Packets sent.
     pub sent_pkts: u64,
@@ -154,6 +158,8 @@ pub fn contain<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 pub const MAX_QP: u32 = 1 << 16;
 /// Most work requests per queue.
 pub const MAX_QP_WR: u32 = 16384;
+/// Most entries per completion queue.
+pub const MAX_CQE: u32 = 1 << 20;
 /// Most SGEs per work request (what an engine ring entry holds).
 pub const MAX_SGE: u32 = burst_transport::MAX_SGE as u32;
 /// Most inline bytes per send (what an engine ring entry holds).
@@ -346,11 +352,11 @@ impl RcParams {
 }
 
 /// Handle of a shared receive queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SrqId(pub u32);
 
 /// Queue sizes asked for at QP creation (`ibv_qp_cap`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
     /// Send queue depth.
     pub max_send_wr: u32,
@@ -377,7 +383,7 @@ impl Default for QpCaps {
 }
 
 /// What [`engine::Context::create_qp_with`] needs (`ibv_qp_init_attr`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpInit {
     /// Transport.
     pub qp_type: QpType,

@@ -278,6 +278,7 @@ impl fmt::Display for Opcode {
 }
 
 /// Path MTU of a connection: the largest payload one packet may carry.
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mtu {
     /// 256 bytes.

@@ -23,6 +23,8 @@ pub const MASK_24: u32 = 0x00ff_ffff;
 /// assert_eq!(last.distance_to(next), 1);
 /// assert_eq!(next.distance_to(last), -1);
 /// ```
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "u32", into = "u32"))]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Psn(u32);
 
@@ -114,6 +116,8 @@ impl fmt::Display for Psn {
 /// assert_eq!(Qpn::new(0x11).unwrap().value(), 0x11);
 /// assert!(Qpn::new(1 << 24).is_none());
 /// ```
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "u32", into = "u32"))]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Qpn(u32);
 
@@ -155,6 +159,35 @@ impl fmt::Debug for Qpn {
 impl fmt::Display for Qpn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:#08x}", self.0)
+    }
+}
+
+impl From<Qpn> for u32 {
+    fn from(q: Qpn) -> u32 {
+        q.0
+    }
+}
+
+impl TryFrom<u32> for Qpn {
+    type Error = &'static str;
+    fn try_from(v: u32) -> Result<Qpn, &'static str> {
+        Qpn::new(v).ok_or("QPN wider than 24 bits")
+    }
+}
+
+impl From<Psn> for u32 {
+    fn from(p: Psn) -> u32 {
+        p.0
+    }
+}
+
+impl TryFrom<u32> for Psn {
+    type Error = &'static str;
+    fn try_from(v: u32) -> Result<Psn, &'static str> {
+        if v > MASK_24 {
+            return Err("PSN wider than 24 bits");
+        }
+        Ok(Psn(v))
     }
 }
 

@@ -1,0 +1,394 @@
+//! The byte layouts of the ring entries ([`crate::shm::Entry`]): send and
+//! receive work requests, work completions, asynchronous events. Fixed
+//! offsets, little-endian, decoded with every enum tag and length checked.
+
+use burst_transport::{
+    InlineData, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
+    MAX_INLINE, MAX_SGE,
+};
+use burst_wire::Qpn;
+
+use crate::shm::{le, Entry};
+use crate::{AsyncEvent, SrqId};
+
+fn put_sges(b: &mut [u8], at: usize, l: &SgList) {
+    b[at - 1] = l.len() as u8;
+    for (i, s) in l.iter().enumerate() {
+        let o = at + i * 16;
+        le::put_u64(b, o, s.addr);
+        le::put_u32(b, o + 8, s.length);
+        le::put_u32(b, o + 12, s.lkey);
+    }
+}
+
+fn sges(b: &[u8], at: usize) -> Option<SgList> {
+    let n = usize::from(b[at - 1]);
+    if n > MAX_SGE {
+        return None;
+    }
+    let mut l = SgList::new();
+    for i in 0..n {
+        let o = at + i * 16;
+        l.push(Sge {
+            addr: le::u64(b, o),
+            length: le::u32(b, o + 8),
+            lkey: le::u32(b, o + 12),
+        })
+        .ok()?;
+    }
+    Some(l)
+}
+
+// SendWr: 0 wr_id | 8 op | 9 flags | 10 has-inline-data | 12 inline len |
+// 16 remote_addr | 24 rkey | 28 imm/inv | 32 compare/add | 40 swap |
+// 48 ud qpn | 52 qkey | 56 ah | 63 sge count | 64 sges | 192 inline bytes.
+const SGES: usize = 64;
+const INLINE: usize = SGES + MAX_SGE * 16;
+
+impl Entry for SendWr {
+    const SIZE: usize = INLINE + MAX_INLINE;
+
+    fn encode(&self, b: &mut [u8]) {
+        le::put_u64(b, 0, self.wr_id);
+        let (tag, addr, rkey, imm, a, s) = match self.op {
+            SendOp::Send => (0, 0, 0, 0, 0, 0),
+            SendOp::SendWithImm(i) => (1, 0, 0, i, 0, 0),
+            SendOp::SendWithInv(k) => (2, 0, 0, k, 0, 0),
+            SendOp::Write { remote_addr, rkey } => (3, remote_addr, rkey, 0, 0, 0),
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (4, remote_addr, rkey, imm, 0, 0),
+            SendOp::Read { remote_addr, rkey } => (5, remote_addr, rkey, 0, 0, 0),
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => (6, remote_addr, rkey, 0, compare, swap),
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => (7, remote_addr, rkey, 0, add, 0),
+        };
+        b[8] = tag;
+        b[9] = u8::from(self.inline)
+            | u8::from(self.signaled) << 1
+            | u8::from(self.fence) << 2
+            | u8::from(self.solicited) << 3
+            | u8::from(self.ud.is_some()) << 4;
+        le::put_u64(b, 16, addr);
+        le::put_u32(b, 24, rkey);
+        le::put_u32(b, 28, imm);
+        le::put_u64(b, 32, a);
+        le::put_u64(b, 40, s);
+        let ud = self.ud.unwrap_or(UdDest {
+            remote_qpn: Qpn::default(),
+            remote_qkey: 0,
+            ah: 0,
+        });
+        le::put_u32(b, 48, ud.remote_qpn.value());
+        le::put_u32(b, 52, ud.remote_qkey);
+        le::put_u32(b, 56, ud.ah);
+        put_sges(b, SGES, &self.sg_list);
+        match &self.inline_data {
+            Some(d) => {
+                b[10] = 1;
+                le::put_u16(b, 12, d.len() as u16);
+                b[INLINE..INLINE + d.len()].copy_from_slice(d);
+            }
+            None => b[10] = 0,
+        }
+    }
+
+    fn decode(b: &[u8]) -> Option<SendWr> {
+        let (addr, rkey, imm, a, s) = (
+            le::u64(b, 16),
+            le::u32(b, 24),
+            le::u32(b, 28),
+            le::u64(b, 32),
+            le::u64(b, 40),
+        );
+        let op = match b[8] {
+            0 => SendOp::Send,
+            1 => SendOp::SendWithImm(imm),
+            2 => SendOp::SendWithInv(imm),
+            3 => SendOp::Write {
+                remote_addr: addr,
+                rkey,
+            },
+            4 => SendOp::WriteWithImm {
+                remote_addr: addr,
+                rkey,
+                imm,
+            },
+            5 => SendOp::Read {
+                remote_addr: addr,
+                rkey,
+            },
+            6 => SendOp::CompareSwap {
+                remote_addr: addr,
+                rkey,
+                compare: a,
+                swap: s,
+            },
+            7 => SendOp::FetchAdd {
+                remote_addr: addr,
+                rkey,
+                add: a,
+            },
+            _ => return None,
+        };
+        let f = b[9];
+        let ud = if f & 16 != 0 {
+            Some(UdDest {
+                remote_qpn: Qpn::new(le::u32(b, 48))?,
+                remote_qkey: le::u32(b, 52),
+                ah: le::u32(b, 56),
+            })
+        } else {
+            None
+        };
+        let inline_data = match b[10] {
+            0 => None,
+            1 => {
+                let n = usize::from(le::u16(b, 12));
+                Some(InlineData::try_from_slice(b.get(INLINE..INLINE + n)?).ok()?)
+            }
+            _ => return None,
+        };
+        Some(SendWr {
+            wr_id: le::u64(b, 0),
+            op,
+            sg_list: sges(b, SGES)?,
+            inline: f & 1 != 0,
+            signaled: f & 2 != 0,
+            fence: f & 4 != 0,
+            solicited: f & 8 != 0,
+            ud,
+            inline_data,
+        })
+    }
+}
+
+impl Entry for RecvWr {
+    const SIZE: usize = 16 + MAX_SGE * 16;
+
+    fn encode(&self, b: &mut [u8]) {
+        le::put_u64(b, 0, self.wr_id);
+        put_sges(b, 16, &self.sg_list);
+    }
+
+    fn decode(b: &[u8]) -> Option<RecvWr> {
+        Some(RecvWr {
+            wr_id: le::u64(b, 0),
+            sg_list: sges(b, 16)?,
+        })
+    }
+}
+
+fn status(v: u32) -> Option<WcStatus> {
+    use WcStatus::*;
+    [
+        Success,
+        LocLenErr,
+        LocQpOpErr,
+        LocProtErr,
+        WrFlushErr,
+        BadRespErr,
+        LocAccessErr,
+        RemInvReqErr,
+        RemAccessErr,
+        RemOpErr,
+        RetryExcErr,
+        RnrRetryExcErr,
+    ]
+    .into_iter()
+    .find(|s| *s as u32 == v)
+}
+
+fn opcode(v: u32) -> Option<WcOpcode> {
+    use WcOpcode::*;
+    [
+        Send,
+        RdmaWrite,
+        RdmaRead,
+        CompSwap,
+        FetchAdd,
+        Recv,
+        RecvRdmaWithImm,
+    ]
+    .into_iter()
+    .find(|o| *o as u32 == v)
+}
+
+// WorkCompletion: 0 wr_id | 8 status | 12 opcode | 16 byte_len | 20 imm |
+// 24 invalidated rkey | 28 qp | 32 src qp | 36 flags.
+impl Entry for WorkCompletion {
+    const SIZE: usize = 40;
+
+    fn encode(&self, b: &mut [u8]) {
+        le::put_u64(b, 0, self.wr_id);
+        le::put_u32(b, 8, self.status as u32);
+        le::put_u32(b, 12, self.opcode as u32);
+        le::put_u32(b, 16, self.byte_len);
+        le::put_u32(b, 20, self.imm_data.unwrap_or(0));
+        le::put_u32(b, 24, self.invalidated_rkey.unwrap_or(0));
+        le::put_u32(b, 28, self.qp_num.value());
+        le::put_u32(b, 32, self.src_qp.value());
+        b[36] = u8::from(self.imm_data.is_some())
+            | u8::from(self.invalidated_rkey.is_some()) << 1
+            | u8::from(self.grh) << 2;
+    }
+
+    fn decode(b: &[u8]) -> Option<WorkCompletion> {
+        let f = b[36];
+        Some(WorkCompletion {
+            wr_id: le::u64(b, 0),
+            status: status(le::u32(b, 8))?,
+            opcode: opcode(le::u32(b, 12))?,
+            byte_len: le::u32(b, 16),
+            imm_data: (f & 1 != 0).then(|| le::u32(b, 20)),
+            invalidated_rkey: (f & 2 != 0).then(|| le::u32(b, 24)),
+            qp_num: Qpn::new(le::u32(b, 28))?,
+            src_qp: Qpn::new(le::u32(b, 32))?,
+            grh: f & 4 != 0,
+        })
+    }
+}
+
+impl Entry for AsyncEvent {
+    const SIZE: usize = 8;
+
+    fn encode(&self, b: &mut [u8]) {
+        let (tag, v) = match self {
+            AsyncEvent::SrqLimitReached(s) => (1, s.0),
+            AsyncEvent::QpFatal(q) => (2, q.value()),
+            AsyncEvent::DeviceFatal => (3, 0),
+        };
+        b[0] = tag;
+        le::put_u32(b, 4, v);
+    }
+
+    fn decode(b: &[u8]) -> Option<AsyncEvent> {
+        let v = le::u32(b, 4);
+        match b[0] {
+            1 => Some(AsyncEvent::SrqLimitReached(SrqId(v))),
+            2 => Some(AsyncEvent::QpFatal(Qpn::new(v)?)),
+            3 => Some(AsyncEvent::DeviceFatal),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn round<T: Entry + PartialEq + std::fmt::Debug + Copy>(v: T) {
+        let mut b = vec![0u8; T::SIZE];
+        v.encode(&mut b);
+        assert_eq!(T::decode(&b), Some(v));
+    }
+
+    fn sge() -> impl Strategy<Value = Sge> {
+        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, length, lkey)| Sge {
+            addr,
+            length,
+            lkey,
+        })
+    }
+
+    fn op() -> impl Strategy<Value = SendOp> {
+        (
+            0u8..8,
+            any::<u64>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+        )
+            .prop_map(|(t, remote_addr, rkey, imm, a, s)| match t {
+                0 => SendOp::Send,
+                1 => SendOp::SendWithImm(imm),
+                2 => SendOp::SendWithInv(imm),
+                3 => SendOp::Write { remote_addr, rkey },
+                4 => SendOp::WriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm,
+                },
+                5 => SendOp::Read { remote_addr, rkey },
+                6 => SendOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare: a,
+                    swap: s,
+                },
+                _ => SendOp::FetchAdd {
+                    remote_addr,
+                    rkey,
+                    add: a,
+                },
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn send_wrs_round_trip(
+            wr_id in any::<u64>(),
+            op in op(),
+            sg in proptest::collection::vec(sge(), 0..=MAX_SGE),
+            flags in any::<u8>(),
+            ud in proptest::option::of((1u32..0xff_ffff, any::<u32>(), any::<u32>())),
+            inline in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..=MAX_INLINE)),
+        ) {
+            round(SendWr {
+                wr_id,
+                op,
+                sg_list: SgList::try_from(&sg[..]).unwrap(),
+                inline: flags & 1 != 0,
+                signaled: flags & 2 != 0,
+                fence: flags & 4 != 0,
+                solicited: flags & 8 != 0,
+                ud: ud.map(|(q, qkey, ah)| UdDest { remote_qpn: Qpn::new(q).unwrap(), remote_qkey: qkey, ah }),
+                inline_data: inline.map(|d| InlineData::try_from_slice(&d).unwrap()),
+            });
+        }
+
+        #[test]
+        fn any_bytes_decode_or_are_refused(b in proptest::collection::vec(any::<u8>(), SendWr::SIZE)) {
+            // Never a panic, whatever a hostile peer wrote.
+            let _ = SendWr::decode(&b);
+            let _ = RecvWr::decode(&b[..RecvWr::SIZE]);
+            let _ = WorkCompletion::decode(&b[..WorkCompletion::SIZE]);
+            let _ = AsyncEvent::decode(&b[..8]);
+        }
+
+        #[test]
+        fn recv_wrs_round_trip(wr_id in any::<u64>(), sg in proptest::collection::vec(sge(), 0..=MAX_SGE)) {
+            round(RecvWr { wr_id, sg_list: SgList::try_from(&sg[..]).unwrap() });
+        }
+    }
+
+    #[test]
+    fn completions_and_events_round_trip() {
+        round(WorkCompletion {
+            wr_id: 7,
+            status: WcStatus::RetryExcErr,
+            opcode: WcOpcode::RecvRdmaWithImm,
+            byte_len: 4096,
+            imm_data: Some(0x1234),
+            invalidated_rkey: None,
+            qp_num: Qpn::new(0x11).unwrap(),
+            src_qp: Qpn::new(0x22).unwrap(),
+            grh: true,
+        });
+        round(AsyncEvent::DeviceFatal);
+        round(AsyncEvent::QpFatal(Qpn::new(0x33).unwrap()));
+        round(AsyncEvent::SrqLimitReached(SrqId(4)));
+    }
+}

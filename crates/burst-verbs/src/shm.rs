@@ -1,0 +1,492 @@
+//! Memory the engine shares with the application's front end, and the
+//! rings in it.
+//!
+//! A [`Segment`] is a mapping: anonymous in embedded mode, a memfd in daemon
+//! mode (the daemon creates it and passes the descriptor to the client with
+//! `SCM_RIGHTS`, and both map the same pages). A [`ShmRing`] is a bounded
+//! multi-producer, multi-consumer queue laid out in a segment (Vyukov's
+//! sequence-numbered slots): the same code serves a QP's send ring, a CQ and
+//! the doorbell queue in both modes.
+//!
+//! Entries cross the ring as bytes ([`Entry::encode`] / [`Entry::decode`]),
+//! never as Rust values: in daemon mode the other side is another process
+//! that may be buggy or hostile, and a byte pattern that is not a valid
+//! `SendWr` must be refused, not transmuted. For the same reason a consumer
+//! never trusts what the shared header says about the ring's size (it keeps
+//! its own), and every retry loop is bounded: a peer that scribbles over the
+//! indices can make its own rings look empty or full, nothing more.
+//!
+//! This module and `eventfd.rs` / `thread.rs` hold the `unsafe` of
+//! burst-verbs.
+
+use std::io;
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A shared mapping (anonymous or memfd), unmapped on drop.
+#[derive(Debug)]
+pub struct Segment {
+    ptr: *mut u8,
+    len: usize,
+    fd: Option<OwnedFd>,
+}
+
+// SAFETY: the mapping is plain memory; everything shared through it is
+// accessed with atomics or byte copies ordered by them.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+fn page_round(len: usize) -> usize {
+    len.max(1).div_ceil(4096) * 4096
+}
+
+impl Segment {
+    /// An anonymous shared mapping of at least `len` zeroed bytes
+    /// (embedded mode).
+    pub fn anonymous(len: usize) -> io::Result<Segment> {
+        let len = page_round(len);
+        Segment::map(None, len, true)
+    }
+
+    /// A memfd of at least `len` zeroed bytes, mapped (daemon mode: the
+    /// descriptor goes to the client).
+    pub fn memfd(name: &str, len: usize) -> io::Result<Segment> {
+        let len = page_round(len);
+        let fd = memfd_create(name)?;
+        // SAFETY: ftruncate on a descriptor we own.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Segment::map(Some(fd), len, true)
+    }
+
+    /// Maps a segment received from the other side: `len` bytes of `fd`,
+    /// refused unless the file holds at least that many (a short file
+    /// would fault on access).
+    pub fn from_fd(fd: OwnedFd, len: usize) -> io::Result<Segment> {
+        let len = page_round(len);
+        if file_len(fd.as_fd())? < len as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "shared segment shorter than announced",
+            ));
+        }
+        Segment::map(Some(fd), len, true)
+    }
+
+    fn map(fd: Option<OwnedFd>, len: usize, write: bool) -> io::Result<Segment> {
+        let prot = libc::PROT_READ | if write { libc::PROT_WRITE } else { 0 };
+        let (flags, raw) = match &fd {
+            Some(f) => (libc::MAP_SHARED, f.as_raw_fd()),
+            None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a fresh mapping chosen by the kernel; checked below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, raw, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Segment {
+            ptr: p.cast(),
+            len,
+            fd,
+        })
+    }
+
+    /// The first byte of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never empty (at least a page); for clippy's sake.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memfd behind a daemon-mode segment.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// The 32-bit word at byte `off` (aligned, inside the segment).
+    pub fn word(&self, off: usize) -> &AtomicU32 {
+        assert!(
+            off % 4 == 0 && off + 4 <= self.len,
+            "word outside the segment"
+        );
+        // SAFETY: in bounds and aligned (checked); the mapping lives as long
+        // as `self`, and the word is only ever accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast()) }
+    }
+
+    fn word64(&self, off: usize) -> &AtomicU64 {
+        assert!(
+            off % 8 == 0 && off + 8 <= self.len,
+            "word outside the segment"
+        );
+        // SAFETY: as in `word`.
+        unsafe { AtomicU64::from_ptr(self.ptr.add(off).cast()) }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once; no reference into it
+        // outlives the segment (rings hold an `Arc<Segment>`).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// `memfd_create(name, MFD_CLOEXEC)`.
+pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(name.replace('\0', "_")).unwrap_or_default();
+    // SAFETY: a NUL-terminated name and constant flags; checked below.
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The size of the file behind `fd`.
+pub fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: fstat into a zeroed stat we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a live stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_size as u64)
+}
+
+/// A fixed-size, pointer-free encoding of a ring entry.
+pub trait Entry: Sized {
+    /// Encoded bytes (at most [`MAX_ENTRY`]).
+    const SIZE: usize;
+    /// Writes the entry into `out` (`SIZE` bytes).
+    fn encode(&self, out: &mut [u8]);
+    /// Reads an entry back; `None` for bytes no `encode` writes.
+    fn decode(b: &[u8]) -> Option<Self>;
+}
+
+/// The largest [`Entry::SIZE`].
+pub const MAX_ENTRY: usize = 512;
+
+/// Bytes before the slots: head and tail on cache lines of their own.
+const HEADER: usize = 128;
+
+/// A bounded MPMC ring of `T` in a [`Segment`] (Vyukov's algorithm: each
+/// slot carries a sequence number that says whose turn it is).
+pub struct ShmRing<T> {
+    seg: Arc<Segment>,
+    off: usize,
+    mask: u64,
+    stride: usize,
+    _t: PhantomData<fn(T) -> T>,
+}
+
+impl<T> std::fmt::Debug for ShmRing<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ShmRing({} slots at {})", self.mask + 1, self.off)
+    }
+}
+
+/// A producer or consumer gives up after this many lost races: only a peer
+/// rewriting the indices makes them last.
+const MAX_RACES: usize = 1 << 16;
+
+impl<T: Entry> ShmRing<T> {
+    /// Slots for a ring asked to hold `depth` entries (a power of two).
+    pub fn slots_for(depth: usize) -> usize {
+        depth.max(1).next_power_of_two()
+    }
+
+    /// Bytes a ring of `slots` slots takes in a segment.
+    pub fn bytes(slots: usize) -> usize {
+        HEADER + slots * Self::stride()
+    }
+
+    fn stride() -> usize {
+        8 + T::SIZE.div_ceil(8) * 8
+    }
+
+    /// Lays a new, empty ring of `slots` (a power of two) out at `off`.
+    pub fn create(seg: Arc<Segment>, off: usize, slots: usize) -> io::Result<ShmRing<T>> {
+        let r = ShmRing::attach(seg, off, slots)?;
+        r.seg.word64(r.off).store(0, Ordering::Relaxed);
+        r.seg.word64(r.off + 64).store(0, Ordering::Relaxed);
+        for i in 0..slots {
+            r.seq(i as u64).store(i as u64, Ordering::Relaxed);
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        Ok(r)
+    }
+
+    /// The ring the other side laid out at `off` (its size as agreed on
+    /// the control socket, never as read from the segment).
+    pub fn attach(seg: Arc<Segment>, off: usize, slots: usize) -> io::Result<ShmRing<T>> {
+        assert!(T::SIZE <= MAX_ENTRY, "ring entry too large");
+        if !slots.is_power_of_two()
+            || off % 64 != 0
+            || off
+                .checked_add(Self::bytes(slots))
+                .is_none_or(|e| e > seg.len())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "ring does not fit its segment",
+            ));
+        }
+        Ok(ShmRing {
+            seg,
+            off,
+            mask: slots as u64 - 1,
+            stride: Self::stride(),
+            _t: PhantomData,
+        })
+    }
+
+    /// Slots in the ring.
+    pub fn capacity(&self) -> usize {
+        self.mask as usize + 1
+    }
+
+    /// The segment the ring lives in.
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.seg
+    }
+
+    fn head(&self) -> &AtomicU64 {
+        self.seg.word64(self.off)
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.seg.word64(self.off + 64)
+    }
+
+    fn slot_off(&self, pos: u64) -> usize {
+        self.off + HEADER + (pos & self.mask) as usize * self.stride
+    }
+
+    fn seq(&self, pos: u64) -> &AtomicU64 {
+        self.seg.word64(self.slot_off(pos))
+    }
+
+    /// Adds an entry; gives it back when the ring is full.
+    pub fn push(&self, v: T) -> Result<(), T> {
+        let tail = self.tail();
+        let mut pos = tail.load(Ordering::Relaxed);
+        for _ in 0..MAX_RACES {
+            let seq = self.seq(pos).load(Ordering::Acquire);
+            let diff = seq.wrapping_sub(pos) as i64;
+            if diff == 0 {
+                match tail.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        let mut buf = [0u8; MAX_ENTRY];
+                        v.encode(&mut buf[..T::SIZE]);
+                        let at = self.slot_off(pos) + 8;
+                        // SAFETY: `at..at+SIZE` lies inside the slot (the
+                        // ring fits its segment: checked at attach); this
+                        // producer owns the slot until it publishes `seq`.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                buf.as_ptr(),
+                                self.seg.ptr.add(at),
+                                T::SIZE,
+                            )
+                        };
+                        self.seq(pos).store(pos + 1, Ordering::Release);
+                        return Ok(());
+                    }
+                    Err(now) => pos = now,
+                }
+            } else if diff < 0 {
+                return Err(v);
+            } else {
+                pos = tail.load(Ordering::Relaxed);
+            }
+        }
+        Err(v)
+    }
+
+    /// Takes the oldest entry. An entry that does not decode (written by a
+    /// misbehaving peer) is consumed and reported as `Some(None)`.
+    pub fn pop_raw(&self) -> Option<Option<T>> {
+        let head = self.head();
+        let mut pos = head.load(Ordering::Relaxed);
+        for _ in 0..MAX_RACES {
+            let seq = self.seq(pos).load(Ordering::Acquire);
+            let diff = seq.wrapping_sub(pos + 1) as i64;
+            if diff == 0 {
+                match head.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        let mut buf = [0u8; MAX_ENTRY];
+                        let at = self.slot_off(pos) + 8;
+                        // SAFETY: in bounds as in `push`; this consumer owns
+                        // the slot until it hands it back through `seq`. A
+                        // hostile peer may write it concurrently: we copy
+                        // bytes and validate them, never trust them.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                self.seg.ptr.add(at),
+                                buf.as_mut_ptr(),
+                                T::SIZE,
+                            )
+                        };
+                        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
+                        return Some(T::decode(&buf[..T::SIZE]));
+                    }
+                    Err(now) => pos = now,
+                }
+            } else if diff < 0 {
+                return None;
+            } else {
+                pos = head.load(Ordering::Relaxed);
+            }
+        }
+        None
+    }
+
+    /// Takes the oldest entry that decodes.
+    pub fn pop(&self) -> Option<T> {
+        loop {
+            match self.pop_raw()? {
+                Some(v) => return Some(v),
+                None => {
+                    tracing::warn!("shared ring: an entry that does not decode was dropped");
+                }
+            }
+        }
+    }
+
+    /// Entries in the ring now (a snapshot).
+    pub fn len(&self) -> usize {
+        let t = self.tail().load(Ordering::Acquire);
+        let h = self.head().load(Ordering::Acquire);
+        (t.wrapping_sub(h) as usize).min(self.capacity())
+    }
+
+    /// True when [`ShmRing::len`] is 0.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Little-endian field access for [`Entry`] encodings.
+pub(crate) mod le {
+    pub fn put_u64(b: &mut [u8], at: usize, v: u64) {
+        b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    pub fn put_u32(b: &mut [u8], at: usize, v: u32) {
+        b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
+        b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(b: &[u8], at: usize) -> u64 {
+        u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
+    }
+    pub fn u32(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default())
+    }
+    pub fn u16(b: &[u8], at: usize) -> u16 {
+        u16::from_le_bytes(b[at..at + 2].try_into().unwrap_or_default())
+    }
+}
+
+impl Entry for u32 {
+    const SIZE: usize = 4;
+    fn encode(&self, out: &mut [u8]) {
+        le::put_u32(out, 0, *self);
+    }
+    fn decode(b: &[u8]) -> Option<u32> {
+        Some(le::u32(b, 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_keeps_order_and_bounds() {
+        let seg = Arc::new(Segment::anonymous(ShmRing::<u32>::bytes(8)).unwrap());
+        let r = ShmRing::<u32>::create(seg, 0, 8).unwrap();
+        for i in 0..8 {
+            r.push(i).unwrap();
+        }
+        assert_eq!(r.push(99), Err(99), "full at 8");
+        assert_eq!(r.len(), 8);
+        for i in 0..8 {
+            assert_eq!(r.pop(), Some(i));
+        }
+        assert_eq!(r.pop(), None);
+        // wraps
+        for round in 0..100u32 {
+            r.push(round).unwrap();
+            assert_eq!(r.pop(), Some(round));
+        }
+    }
+
+    #[test]
+    fn two_mappings_of_one_memfd_share_a_ring() {
+        let slots = 64;
+        let a = Arc::new(Segment::memfd("test", ShmRing::<u32>::bytes(slots)).unwrap());
+        let fd = a.fd().unwrap().try_clone_to_owned().unwrap();
+        let b = Arc::new(Segment::from_fd(fd, a.len()).unwrap());
+        let prod = ShmRing::<u32>::create(a, 0, slots).unwrap();
+        let cons = ShmRing::<u32>::attach(b, 0, slots).unwrap();
+        let t = std::thread::spawn(move || {
+            for i in 0..10_000u32 {
+                while prod.push(i).is_err() {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut next = 0;
+        while next < 10_000 {
+            if let Some(v) = cons.pop() {
+                assert_eq!(v, next);
+                next += 1;
+            }
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn scribbled_indices_never_hang_or_overflow() {
+        let seg = Arc::new(Segment::anonymous(ShmRing::<u32>::bytes(4)).unwrap());
+        let r = ShmRing::<u32>::create(Arc::clone(&seg), 0, 4).unwrap();
+        r.push(1).unwrap();
+        // A hostile peer writes garbage over the header and the slots.
+        for off in (0..ShmRing::<u32>::bytes(4)).step_by(4) {
+            seg.word(off)
+                .store(0xdead_beef ^ off as u32, Ordering::Relaxed);
+        }
+        for _ in 0..10 {
+            let _ = r.pop();
+            let _ = r.push(7);
+        }
+        assert!(r.len() <= 4);
+    }
+
+    #[test]
+    fn short_segments_are_refused() {
+        let seg = Arc::new(Segment::anonymous(4096).unwrap());
+        assert!(ShmRing::<u32>::attach(Arc::clone(&seg), 0, 1024).is_err());
+        assert!(ShmRing::<u32>::attach(seg, 3, 4).is_err());
+        let m = Segment::memfd("short", 4096).unwrap();
+        let fd = m.fd().unwrap().try_clone_to_owned().unwrap();
+        assert!(Segment::from_fd(fd, 8192).is_err());
+    }
+}

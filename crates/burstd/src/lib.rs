@@ -1,0 +1,560 @@
+//! # burstd: burst's Verbs service as a daemon
+//!
+//! One process owns the device (its port, engine threads, QPN space and
+//! memory-region table) and serves any number of applications on one IP
+//! address and UDP port 4791, as RXE does in the kernel:
+//!
+//! - **control path**: a Unix `SOCK_SEQPACKET` socket
+//!   ([`burst_verbs::protocol`]), one thread per client, credentials from
+//!   `SO_PEERCRED`; the socket file's owner, group and mode decide who may
+//!   use RDMA;
+//! - **data path**: the engine's own rings, in memfds the client maps, and
+//!   a doorbell queue per client the engine reads; an idle engine sleeps
+//!   on an eventfd clients signal only when it sleeps;
+//! - **memory**: registered pages moved onto a memfd by the client library
+//!   and mapped here (zero copy), or reached with `process_vm_readv`/`writev`;
+//! - **isolation**: every handle and key a client names is checked against
+//!   what it created (the engine's per-client [`burst_verbs::engine::Context`]);
+//! - **cleanup**: a client that exits or dies (its socket hangs up) has
+//!   all its objects destroyed at once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use burst_verbs::engine::{ClientLink, CompChannel, Context, CqId, CreateError, PostError};
+use burst_verbs::protocol::{self as p, ClientInfo, DeviceInfo, Reply, Request, WireVerbsError};
+use burst_verbs::shm::Segment;
+use burst_verbs::{Access, AsyncEvent, Pd, Qpn, SrqId};
+
+pub mod settings;
+
+pub use settings::Settings;
+
+/// One connected application.
+struct Client {
+    pid: u32,
+    uid: u32,
+    comm: String,
+    link: ClientLink,
+    ctx: Context,
+    /// Completion channels, by the handle given to the client.
+    channels: Mutex<HashMap<u32, Arc<CompChannel>>>,
+    next_channel: AtomicU32,
+}
+
+/// The daemon's state shared by its threads.
+pub struct Daemon {
+    ctx: Context,
+    device: DeviceInfo,
+    clients: Mutex<HashMap<u32, Arc<Client>>>,
+    next_client: AtomicU32,
+}
+
+/// What a reply carries besides its message.
+type Answer = (Reply, Vec<OwnedFd>);
+
+fn errno_reply(e: PostError, what: &str) -> Reply {
+    Reply::error(e.errno(), format!("{what}: {e}"))
+}
+
+fn create_reply(e: CreateError, what: &str) -> Reply {
+    match e {
+        CreateError::Verbs(v) => Reply::Error {
+            errno: v.errno(),
+            message: format!("{what}: {v}"),
+            verbs: Some(WireVerbsError::from(v)),
+        },
+        CreateError::Post(p) => errno_reply(p, what),
+    }
+}
+
+fn dup_of(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    fd.try_clone_to_owned()
+}
+
+impl Daemon {
+    /// A daemon serving `ctx`'s device (an engine started with
+    /// `shared_rings`).
+    pub fn new(ctx: Context) -> Arc<Daemon> {
+        let cfg = ctx.config();
+        let device = DeviceInfo {
+            name: cfg.name.clone(),
+            addr: cfg.addr,
+            gid: ctx.gid(),
+            mtu: cfg.mtu.bytes() as u32,
+            interface: cfg.interface.clone(),
+            lanes: cfg.threads.max(1),
+            port: format!("{:?}", cfg.port).to_lowercase(),
+        };
+        Arc::new(Daemon {
+            ctx,
+            device,
+            clients: Mutex::default(),
+            next_client: AtomicU32::new(1),
+        })
+    }
+
+    /// Accepts clients on `listener` until it fails; one thread per client,
+    /// and one that routes asynchronous events to their owners.
+    pub fn serve(self: &Arc<Daemon>, listener: OwnedFd) -> std::io::Result<()> {
+        let me = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("burstd-events".into())
+            .spawn(move || me.route_events())?;
+        loop {
+            let sock = p::accept(listener.as_fd())?;
+            let me = Arc::clone(self);
+            std::thread::Builder::new()
+                .name("burstd-client".into())
+                .spawn(move || me.serve_client(sock))?;
+        }
+    }
+
+    /// Asynchronous events go to the client owning the QP or SRQ; a device
+    /// fault to every client.
+    fn route_events(&self) {
+        loop {
+            let Some(ev) = self.ctx.read_async_event() else {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            };
+            let owner = match ev {
+                AsyncEvent::QpFatal(q) => self.ctx.owner_of_qp(q),
+                AsyncEvent::SrqLimitReached(s) => self.ctx.owner_of_srq(s),
+                AsyncEvent::DeviceFatal => None,
+            };
+            let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            for (id, c) in clients.iter() {
+                if owner.is_none_or(|o| o == *id) {
+                    c.link.push_event(ev);
+                }
+            }
+        }
+    }
+
+    /// Runs one client's session, then destroys what it left behind.
+    pub fn serve_client(&self, sock: OwnedFd) {
+        let (pid, uid, _) = match p::peer_credentials(sock.as_fd()) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("client without credentials refused: {e}");
+                return;
+            }
+        };
+        let client = match self.hello(&sock, pid, uid) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(pid, "client refused at hello: {e}");
+                let _ = p::send(
+                    sock.as_fd(),
+                    &p::encode(&Reply::error(libc::EPROTO, e)),
+                    &[],
+                );
+                return;
+            }
+        };
+        let id = client.ctx.owner();
+        tracing::info!(client = id, pid, uid, comm = %client.comm, "client connected");
+        loop {
+            let (msg, fds) = match p::recv(sock.as_fd()) {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    let r = Reply::error(libc::EMSGSIZE, e.to_string());
+                    if p::send(sock.as_fd(), &p::encode(&r), &[]).is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                Err(_) => break,
+            };
+            let (reply, out) = match p::decode::<Request>(&msg) {
+                Ok(req) => {
+                    tracing::debug!(client = id, ?req, "request");
+                    self.handle(&client, req, fds)
+                }
+                Err(e) => (Reply::error(libc::EINVAL, e.to_string()), Vec::new()),
+            };
+            let out: Vec<BorrowedFd<'_>> = out.iter().map(|f| f.as_fd()).collect();
+            if p::send(sock.as_fd(), &p::encode(&reply), &out).is_err() {
+                break;
+            }
+        }
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        let gone = client.ctx.destroy_owned();
+        tracing::info!(
+            client = id,
+            pid,
+            qps = gone.qps.len(),
+            mrs = gone.mrs.len(),
+            cqs = gone.cqs.len(),
+            pds = gone.pds.len(),
+            "client gone; its objects destroyed"
+        );
+    }
+
+    /// The first message: versions agree, the client's event fd comes in,
+    /// its segment and the wake fds go out.
+    fn hello(&self, sock: &OwnedFd, pid: u32, uid: u32) -> Result<Arc<Client>, String> {
+        let (msg, fds) = p::recv(sock.as_fd())
+            .map_err(|e| e.to_string())?
+            .ok_or("closed before hello")?;
+        let req = p::decode::<Request>(&msg).map_err(|e| e.to_string())?;
+        let Request::Hello { version, layout } = req else {
+            return Err("the first message must be Hello".into());
+        };
+        if version != p::VERSION || layout != p::layout() {
+            return Err(format!(
+                "client speaks version {version} layout {layout:#x}, burstd {} layout {:#x}: \
+                 use the same burst build for both",
+                p::VERSION,
+                p::layout()
+            ));
+        }
+        let events_fd = fds.into_iter().next().ok_or("hello without an event fd")?;
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let ctx = self.ctx.for_client(id);
+        let link = ctx.attach_client(events_fd).map_err(|e| e.to_string())?;
+        let l = link.layout;
+        let (wake_seg, wake_fds) = self.ctx.wake_parts();
+        let mut out: Vec<BorrowedFd<'_>> = vec![
+            link.segment().fd().ok_or("client segment without memfd")?,
+            wake_seg.fd().ok_or("wake segment without memfd")?,
+        ];
+        out.extend(wake_fds);
+        let reply = Reply::Hello {
+            device: self.device.clone(),
+            client: id,
+            event_slots: l.event_slots,
+            bells_offset: l.bells_offset,
+            bells_stride: l.bells_stride,
+            bells_depth: l.bells_depth,
+            segment_len: l.len,
+            wake_len: wake_seg.len() as u64,
+        };
+        p::send(sock.as_fd(), &p::encode(&reply), &out).map_err(|e| e.to_string())?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        let client = Arc::new(Client {
+            pid,
+            uid,
+            comm,
+            link,
+            ctx,
+            channels: Mutex::default(),
+            next_channel: AtomicU32::new(1),
+        });
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::clone(&client));
+        Ok(client)
+    }
+
+    /// One request of a client.
+    fn handle(&self, c: &Client, req: Request, fds: Vec<OwnedFd>) -> Answer {
+        let ctx = &c.ctx;
+        let none = Vec::new();
+        let mut fds = fds.into_iter();
+        let r = match req {
+            Request::Hello { .. } => Reply::error(libc::EPROTO, "hello twice"),
+            Request::AllocPd => match ctx.try_alloc_pd() {
+                Ok(pd) => Reply::Pd { pd: pd.0 },
+                Err(e) => errno_reply(e, "alloc_pd"),
+            },
+            Request::DeallocPd { pd } => match ctx.dealloc_pd(Pd(pd)) {
+                Ok(()) => Reply::Done,
+                Err(e) => errno_reply(e, "dealloc_pd"),
+            },
+            Request::RegMr {
+                pd,
+                offset,
+                len,
+                iova,
+                access,
+            } => {
+                let Some(fd) = fds.next() else {
+                    return (Reply::error(libc::EINVAL, "reg_mr without its memfd"), none);
+                };
+                self.reg_mapped(ctx, fd, pd, offset, len, iova, access)
+            }
+            Request::RegMrCopy {
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            } => {
+                match ctx.reg_mr_process(Pd(pd), c.pid, addr, len as usize, iova, Access(access)) {
+                    Ok(keys) => Reply::Mr { keys },
+                    Err(e) => Reply::error(e.errno(), format!("reg_mr: {e}")),
+                }
+            }
+            Request::DeregMr { lkey } => match ctx.dereg_mr(lkey) {
+                Ok(()) => Reply::Done,
+                Err(e) => Reply::error(e.errno(), format!("dereg_mr: {e}")),
+            },
+            Request::CreateCompChannel => {
+                let Some(fd) = fds.next() else {
+                    return (
+                        Reply::error(libc::EINVAL, "channel without its eventfd"),
+                        none,
+                    );
+                };
+                let id = c.next_channel.fetch_add(1, Ordering::Relaxed);
+                c.channels
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id, ctx.comp_channel_from_fd(fd));
+                Reply::Channel { id }
+            }
+            Request::CreateCq { depth, channel } => {
+                let ch = match channel {
+                    None => None,
+                    Some(id) => {
+                        match c
+                            .channels
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(&id)
+                        {
+                            Some(ch) => Some(Arc::clone(ch)),
+                            None => return (Reply::error(libc::EINVAL, "no such channel"), none),
+                        }
+                    }
+                };
+                match ctx
+                    .try_create_cq(depth as usize, ch)
+                    .and_then(|cq| Ok((cq, ctx.cq_segment(cq)?)))
+                {
+                    Ok((cq, (seg, slots))) => {
+                        return segment_answer(
+                            Reply::Cq {
+                                cq: cq.0,
+                                slots: slots as u32,
+                                len: seg.len() as u64,
+                            },
+                            &seg,
+                        )
+                    }
+                    Err(e) => errno_reply(e, "create_cq"),
+                }
+            }
+            Request::DestroyCq { cq } => match ctx.destroy_cq(CqId(cq)) {
+                Ok(()) => Reply::Done,
+                Err(e) => errno_reply(e, "destroy_cq"),
+            },
+            Request::CreateQp {
+                init,
+                send_cq,
+                recv_cq,
+            } => match ctx.create_qp_with(&init, CqId(send_cq), CqId(recv_cq)) {
+                Ok(qp) => match ctx.qp_segment(qp.qpn()) {
+                    Ok((seg, _, _, lane)) => {
+                        return segment_answer(
+                            Reply::Qp {
+                                qpn: qp.qpn().value(),
+                                cfg: *qp.config(),
+                                lane: lane as u32,
+                                len: seg.len() as u64,
+                            },
+                            &seg,
+                        )
+                    }
+                    Err(e) => errno_reply(e, "create_qp"),
+                },
+                Err(e) => create_reply(e, "create_qp"),
+            },
+            Request::DestroyQp { qpn } => match qpn_of(qpn).and_then(|q| ctx.destroy_qp(q)) {
+                Ok(()) => Reply::Done,
+                Err(e) => create_reply(e, "destroy_qp"),
+            },
+            Request::ModifyQp { qpn, attr } => match qpn_of(qpn) {
+                Ok(q) => match ctx.modify_qp(q, &attr) {
+                    Ok(Ok(())) => Reply::Done,
+                    Ok(Err(v)) => create_reply(CreateError::Verbs(v), "modify_qp"),
+                    Err(e) => errno_reply(e, "modify_qp"),
+                },
+                Err(e) => create_reply(e, "modify_qp"),
+            },
+            Request::QueryQp { qpn } => match qpn_of(qpn) {
+                Ok(q) => match ctx.query_qp(q) {
+                    Ok((state, cfg)) => Reply::QpState { state, cfg },
+                    Err(e) => errno_reply(e, "query_qp"),
+                },
+                Err(e) => create_reply(e, "query_qp"),
+            },
+            Request::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+            } => match ctx.create_srq(Pd(pd), max_wr, max_sge) {
+                Ok(srq) => match ctx.srq_segment(srq.id()) {
+                    Ok((seg, _)) => {
+                        return segment_answer(
+                            Reply::Srq {
+                                srq: srq.id().0,
+                                len: seg.len() as u64,
+                            },
+                            &seg,
+                        )
+                    }
+                    Err(e) => errno_reply(e, "create_srq"),
+                },
+                Err(e) => create_reply(e, "create_srq"),
+            },
+            Request::DestroySrq { srq } => match ctx.destroy_srq(SrqId(srq)) {
+                Ok(()) => Reply::Done,
+                Err(e) => create_reply(e, "destroy_srq"),
+            },
+            Request::ModifySrq { srq, max_wr, limit } => {
+                match ctx.modify_srq(SrqId(srq), max_wr, limit) {
+                    Ok(()) => Reply::Done,
+                    Err(e) => create_reply(e, "modify_srq"),
+                }
+            }
+            Request::CreateAh { gid } => match ctx.create_ah(gid) {
+                Ok(ah) => Reply::Ah { ah },
+                Err(e) => errno_reply(e, "create_ah"),
+            },
+            Request::Counters => match self.ctx.counters() {
+                Ok(cn) => Reply::Counters(Box::new(cn)),
+                Err(e) => errno_reply(e, "counters"),
+            },
+            Request::Clients => Reply::Clients(self.clients_for(c.uid)),
+            Request::Capture { .. } => Reply::error(
+                libc::ENOSYS,
+                "packet capture is not built yet: use tcpdump on the UDP port",
+            ),
+        };
+        (r, none)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reg_mapped(
+        &self,
+        ctx: &Context,
+        fd: OwnedFd,
+        pd: u32,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        access: u32,
+    ) -> Reply {
+        let size = match burst_verbs::shm::file_len(fd.as_fd()) {
+            Ok(s) => s,
+            Err(e) => return Reply::error(libc::EINVAL, format!("reg_mr: {e}")),
+        };
+        if offset.checked_add(len).is_none_or(|e| e > size) || size > isize::MAX as u64 {
+            return Reply::error(libc::EINVAL, "reg_mr: the range is not inside its memfd");
+        }
+        let pages = match Segment::from_fd(fd, size as usize) {
+            Ok(s) => Arc::new(s),
+            Err(e) => return Reply::error(libc::ENOMEM, format!("reg_mr: map: {e}")),
+        };
+        match ctx.reg_mr_mapped(
+            Pd(pd),
+            pages,
+            offset as usize,
+            len as usize,
+            iova,
+            Access(access),
+        ) {
+            Ok(keys) => Reply::Mr { keys },
+            Err(e) => Reply::error(e.errno(), format!("reg_mr: {e}")),
+        }
+    }
+
+    /// The clients a user may see: all of them for root, else its own.
+    fn clients_for(&self, uid: u32) -> Vec<ClientInfo> {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<ClientInfo> = clients
+            .iter()
+            .filter(|(_, c)| uid == 0 || c.uid == uid)
+            .map(|(id, c)| {
+                let o = c.ctx.owned();
+                ClientInfo {
+                    id: *id,
+                    pid: c.pid,
+                    uid: c.uid,
+                    comm: c.comm.clone(),
+                    pds: o.pds,
+                    mrs: o.mrs,
+                    cqs: o.cqs.iter().map(|q| q.0).collect(),
+                    qps: o
+                        .qps
+                        .iter()
+                        .map(|q| {
+                            let state = c
+                                .ctx
+                                .query_qp(*q)
+                                .map_or("?".into(), |(s, _)| format!("{s:?}").to_uppercase());
+                            (q.value(), state)
+                        })
+                        .collect(),
+                    srqs: o.srqs.iter().map(|s| s.0).collect(),
+                }
+            })
+            .collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    /// Clients connected now.
+    pub fn client_count(&self) -> usize {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+fn qpn_of(v: u32) -> Result<Qpn, CreateError> {
+    Qpn::new(v).ok_or(CreateError::Post(PostError::NoSuch))
+}
+
+/// A reply with a segment's memfd.
+fn segment_answer(r: Reply, seg: &Segment) -> Answer {
+    match seg.fd().map(dup_of) {
+        Some(Ok(fd)) => (r, vec![fd]),
+        _ => (
+            Reply::error(libc::EIO, "segment without a memfd"),
+            Vec::new(),
+        ),
+    }
+}
+
+/// Creates the socket at `path` with `mode` and, if given, `group`.
+pub fn listen(path: &Path, mode: u32, group: Option<&str>) -> std::io::Result<OwnedFd> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let fd = p::listen(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if let Some(g) = group {
+        let gid = group_id(g).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, format!("no group named {g}"))
+        })?;
+        std::os::unix::fs::chown(path, None, Some(gid))?;
+    }
+    Ok(fd)
+}
+
+/// The gid of group `name` (from /etc/group).
+fn group_id(name: &str) -> Option<u32> {
+    let groups = std::fs::read_to_string("/etc/group").ok()?;
+    groups.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then(|| f.nth(1)?.parse().ok())?
+    })
+}
+
+/// Where burstd listens unless told otherwise.
+pub fn default_socket() -> PathBuf {
+    PathBuf::from("/run/burst/burstd.sock")
+}
