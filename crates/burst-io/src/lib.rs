@@ -30,6 +30,7 @@
 //! share of what it sends (loss tests on real sockets). AF_XDP and DPDK ports
 //! implement the same [`Port`] trait.
 
+pub mod capture;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 mod lossy;

@@ -377,6 +377,17 @@ impl Remote {
                     _ => return Err(PostError::Invalid),
                 }
             }
+            Control::QpCounters { qpn, reply } => {
+                match self
+                    .call_ok(&Request::QpCounters { qpn: qpn.value() }, &[])?
+                    .0
+                {
+                    Reply::QpCounters(c) => {
+                        let _ = reply.send(Some(*c));
+                    }
+                    _ => return Err(PostError::Invalid),
+                }
+            }
             Control::Counters { reply } => match self.call_ok(&Request::Counters, &[])?.0 {
                 Reply::Counters(c) => {
                     let _ = reply.send(*c);

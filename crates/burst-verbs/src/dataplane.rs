@@ -381,6 +381,12 @@ impl<P: Port> Device<P> {
         self.qps[i].as_ref().map(|s| (s.qp.state(), *s.qp.config()))
     }
 
+    /// One QP's counters (RXE's names, per QP).
+    pub fn qp_counters(&self, qpn: Qpn) -> Option<burst_transport::Counters> {
+        let i = self.qp_index(qpn).ok()?;
+        self.qps[i].as_ref().map(|s| *s.qp.counters())
+    }
+
     /// Send work requests of a QP not yet completed.
     pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
         let i = self.qp_index(qpn).ok()?;

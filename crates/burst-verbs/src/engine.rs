@@ -492,6 +492,10 @@ pub(crate) enum Control {
     Counters {
         reply: Sender<DeviceCounters>,
     },
+    QpCounters {
+        qpn: Qpn,
+        reply: Sender<Option<burst_transport::Counters>>,
+    },
     Congestion {
         reply: Sender<crate::CongestionReport>,
     },
@@ -1100,6 +1104,9 @@ fn control(dev: &mut Device, c: Control) {
         }
         Control::Counters { reply } => {
             let _ = reply.send(dev.counters());
+        }
+        Control::QpCounters { qpn, reply } => {
+            let _ = reply.send(dev.qp_counters(qpn));
         }
         Control::Congestion { reply } => {
             let _ = reply.send(dev.congestion_state());
@@ -2332,6 +2339,16 @@ impl Context {
         Ok(total)
     }
 
+    /// One QP's counters (RXE's per-QP names).
+    pub fn qp_counters(&self, qpn: Qpn) -> Result<burst_transport::Counters, PostError> {
+        self.ring(qpn)?;
+        self.call_on(self.lane_of(qpn), |reply| Control::QpCounters {
+            qpn,
+            reply,
+        })?
+        .ok_or(PostError::NoSuch)
+    }
+
     /// The congestion control's state: the algorithm, each peer's window,
     /// each QP's DCQCN rate.
     pub fn congestion(&self) -> Result<crate::CongestionReport, PostError> {
@@ -2867,6 +2884,24 @@ impl Context {
     /// fails; the async fd reported `DeviceFatal`).
     pub fn device_failed(&self) -> bool {
         self.remote.as_ref().is_some_and(|r| r.is_dead())
+    }
+
+    /// Sends `req` to burstd and returns its reply (the `burst` tool's
+    /// queries); `Invalid` on an embedded context.
+    pub fn daemon_request(
+        &self,
+        req: &crate::protocol::Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(crate::protocol::Reply, Vec<std::os::fd::OwnedFd>), PostError> {
+        self.remote
+            .as_ref()
+            .ok_or(PostError::Invalid)?
+            .call(req, fds)
+    }
+
+    /// burstd's number for this client.
+    pub fn client_id(&self) -> Option<u32> {
+        self.remote.as_ref().map(|r| r.client())
     }
 
     /// Whether this context is a burstd client.

@@ -155,6 +155,11 @@ pub enum Request {
     },
     /// Device counters.
     Counters,
+    /// One QP's counters (the client's own QP; any QP for root).
+    QpCounters {
+        /// The QP.
+        qpn: u32,
+    },
     /// Every client and its objects (the `burst` tool).
     Clients,
     /// Starts copying the device's packets to the pcapng stream written to
@@ -356,6 +361,8 @@ pub enum Reply {
     },
     /// Device counters.
     Counters(Box<DeviceCounters>),
+    /// One QP's counters.
+    QpCounters(Box<burst_transport::Counters>),
     /// Every client.
     Clients(Vec<ClientInfo>),
     /// The call failed: rdma-core's errno, a message, and the transport's

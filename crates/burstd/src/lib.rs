@@ -29,6 +29,7 @@ use burst_verbs::protocol::{self as p, ClientInfo, DeviceInfo, Reply, Request, W
 use burst_verbs::shm::Segment;
 use burst_verbs::{Access, AsyncEvent, Pd, Qpn, SrqId};
 
+pub mod capture;
 pub mod settings;
 
 pub use settings::Settings;
@@ -48,6 +49,8 @@ struct Client {
 /// The daemon's state shared by its threads.
 pub struct Daemon {
     ctx: Context,
+    /// The device's ports copy their packets here while `burst capture` runs.
+    tap: Arc<burst_verbs::ports::capture::Tap>,
     device: DeviceInfo,
     clients: Mutex<HashMap<u32, Arc<Client>>>,
     next_client: AtomicU32,
@@ -78,7 +81,7 @@ fn dup_of(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
 impl Daemon {
     /// A daemon serving `ctx`'s device (an engine started with
     /// `shared_rings`).
-    pub fn new(ctx: Context) -> Arc<Daemon> {
+    pub fn new(ctx: Context, tap: Arc<burst_verbs::ports::capture::Tap>) -> Arc<Daemon> {
         let cfg = ctx.config();
         let device = DeviceInfo {
             name: cfg.name.clone(),
@@ -91,6 +94,7 @@ impl Daemon {
         };
         Arc::new(Daemon {
             ctx,
+            tap,
             device,
             clients: Mutex::default(),
             next_client: AtomicU32::new(1),
@@ -429,10 +433,26 @@ impl Daemon {
                 Err(e) => errno_reply(e, "counters"),
             },
             Request::Clients => Reply::Clients(self.clients_for(c.uid)),
-            Request::Capture { .. } => Reply::error(
-                libc::ENOSYS,
-                "packet capture is not built yet: use tcpdump on the UDP port",
-            ),
+            Request::QpCounters { qpn } => self.qp_counters(c, qpn),
+            Request::Capture { packets } => {
+                // Everything on the wire, whoever's QP it is: root only.
+                if c.uid != 0 {
+                    return (
+                        Reply::error(libc::EPERM, "capturing the device's traffic needs root"),
+                        none,
+                    );
+                }
+                let Some(fd) = fds.next() else {
+                    return (
+                        Reply::error(libc::EINVAL, "capture without a descriptor"),
+                        none,
+                    );
+                };
+                match capture::start(Arc::clone(&self.tap), fd, packets) {
+                    Ok(()) => Reply::Done,
+                    Err(e) => Reply::error(libc::EIO, format!("capture: {e}")),
+                }
+            }
         };
         (r, none)
     }
@@ -469,6 +489,21 @@ impl Daemon {
         ) {
             Ok(keys) => Reply::Mr { keys },
             Err(e) => Reply::error(e.errno(), format!("reg_mr: {e}")),
+        }
+    }
+
+    /// A QP's counters: the asking client's own QP, or (root) anyone's.
+    fn qp_counters(&self, c: &Client, qpn: u32) -> Reply {
+        let Some(q) = Qpn::new(qpn) else {
+            return Reply::error(libc::EINVAL, "no such QP");
+        };
+        let owner = match self.ctx.owner_of_qp(q) {
+            Some(o) if o == c.ctx.owner() || c.uid == 0 => o,
+            _ => return Reply::error(libc::EINVAL, "no such QP"),
+        };
+        match self.ctx.for_client(owner).qp_counters(q) {
+            Ok(cn) => Reply::QpCounters(Box::new(cn)),
+            Err(e) => errno_reply(e, "qp counters"),
         }
     }
 

@@ -8,6 +8,7 @@
 //! `daemon = "..."` in their burst.toml); without it they embed an engine.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Parser;
 
@@ -125,7 +126,17 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     o.congestion_control = dev.congestion_control;
     o.port = dev.port;
     o.shared_rings = true;
-    let engine = Engine::with_ports(open_ports(dev)?, o)?;
+    let tap = burst_verbs::ports::capture::Tap::new();
+    let ports = open_ports(dev)?
+        .into_iter()
+        .map(|p| {
+            Box::new(burst_verbs::ports::capture::CapturePort::new(
+                p,
+                Arc::clone(&tap),
+            )) as burst_verbs::AnyPort
+        })
+        .collect();
+    let engine = Engine::with_ports(ports, o)?;
     let listener = burstd::listen(&s.socket, s.socket_mode, s.socket_group.as_deref())?;
     let _ = SOCKET.set(std::ffi::CString::new(
         s.socket.as_os_str().as_encoded_bytes(),
@@ -142,7 +153,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         mode = format!("{:o}", s.socket_mode),
         "burstd serving"
     );
-    let daemon = burstd::Daemon::new(engine.context());
+    let daemon = burstd::Daemon::new(engine.context(), tap);
     daemon.serve(listener)?;
     Ok(())
 }
