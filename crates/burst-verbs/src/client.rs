@@ -76,13 +76,13 @@ fn page_size() -> usize {
 }
 
 impl Remote {
-    pub(crate) fn new(sock: OwnedFd, client: u32) -> Remote {
+    pub(crate) fn new(sock: OwnedFd, client: u32, mode: MrMode) -> Remote {
         Remote {
             sock,
             lock: Mutex::new(()),
             dead: AtomicBool::new(false),
             client,
-            mode: MrMode::from_env(),
+            mode,
         }
     }
 

@@ -2912,6 +2912,15 @@ impl Context {
     /// Connects to burstd at `path` (daemon mode): the device is the
     /// daemon's, rings and doorbells are memory shared with it.
     pub fn connect(path: &std::path::Path) -> std::io::Result<Context> {
+        Context::connect_with(path, crate::client::MrMode::from_env())
+    }
+
+    /// [`Context::connect`], registering memory as `mode` says (remapped
+    /// onto shared memfds, or copied by the daemon).
+    pub fn connect_with(
+        path: &std::path::Path,
+        mode: crate::client::MrMode,
+    ) -> std::io::Result<Context> {
         use crate::protocol::{self as p, Reply, Request};
         use std::os::fd::AsFd;
         let sock = p::connect(path).map_err(|e| {
@@ -3000,7 +3009,7 @@ impl Context {
             app_stepping: AtomicBool::new(false),
             clock: Clock::wall(),
         });
-        let remote = Arc::new(crate::client::Remote::new(sock, client));
+        let remote = Arc::new(crate::client::Remote::new(sock, client, mode));
         let mtu = Mtu::from_bytes(device.mtu as usize).unwrap_or(Mtu::Mtu1024);
         let ctx = Context {
             shared: Arc::clone(&shared),

@@ -1,0 +1,543 @@
+//! burstd end to end: a real daemon process on a loopback address, clients
+//! in this process and in child processes, over its real socket.
+//!
+//! Each test starts its own burstd on its own 127.0.9x.1 address and socket.
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use burst_verbs::client::MrMode;
+use burst_verbs::engine::{Context, CqId, PostError};
+use burst_verbs::protocol::{self as p, Reply, Request};
+use burst_verbs::{
+    Access, AsyncEvent, Mtu, Psn, QpAccess, QpInit, QpType, RcParams, RcPeer, RecvWr, SendOp,
+    SendWr, Sge, WcStatus,
+};
+
+/// A burstd child, killed when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(addr: &str, extra: &[&str]) -> Daemon {
+        let socket =
+            std::env::temp_dir().join(format!("burstd-test-{}-{addr}.sock", std::process::id()));
+        Daemon::start_at(addr, &socket, extra)
+    }
+
+    fn start_at(addr: &str, socket: &Path, extra: &[&str]) -> Daemon {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_burstd"))
+            .args(["--addr", addr, "--socket"])
+            .arg(socket)
+            .args(extra)
+            .env_remove("BURST_CONFIG")
+            .env("BURST_LOG", "warn")
+            .env("HOME", "/nonexistent")
+            .spawn()
+            .expect("burstd starts");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "burstd did not create its socket"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon {
+            child,
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    fn connect(&self) -> Context {
+        Context::connect(&self.socket).expect("client connects")
+    }
+
+    fn clients(&self, ctx: &Context) -> Vec<burst_verbs::protocol::ClientInfo> {
+        match ctx.daemon_request(&Request::Clients, &[]) {
+            Ok((Reply::Clients(c), _)) => c,
+            other => panic!("clients: {other:?}"),
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// `len` bytes of `fill` starting on a page of their own (leaked: a
+/// region may outlive its test's last use by the daemon).
+fn aligned(len: usize, fill: u8) -> &'static mut [u8] {
+    let layout = std::alloc::Layout::from_size_align(len.div_ceil(4096) * 4096, 4096).unwrap();
+    // SAFETY: a non-zero size; the memory is initialized before use.
+    let p = unsafe { std::alloc::alloc(layout) };
+    assert!(!p.is_null());
+    // SAFETY: `len` bytes of the fresh allocation, leaked for 'static.
+    let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
+    s.fill(fill);
+    s
+}
+
+/// An RC QP with its CQ, PD and a registered buffer.
+struct End {
+    ctx: Context,
+    pd: burst_verbs::Pd,
+    cq: CqId,
+    qp: burst_verbs::engine::QueuePair,
+    buf: &'static mut [u8],
+    keys: burst_verbs::MrKeys,
+}
+
+fn end(ctx: Context, fill: u8) -> End {
+    let pd = ctx.try_alloc_pd().unwrap();
+    let cq = ctx.try_create_cq(64, None).unwrap();
+    let qp = ctx
+        .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
+        .unwrap();
+    // Page-aligned, as perftest's buffers: small heap buffers of several
+    // tests share pages, and a range that straddles another registration's
+    // pages falls back to the single-copy path.
+    let mut buf = aligned(3 * 4096 + 123, fill);
+    // SAFETY: `buf` is never freed.
+    let keys = unsafe {
+        ctx.reg_mr(
+            pd,
+            buf.as_mut_ptr().add(5),
+            buf.len() - 5,
+            Access(1 | 2 | 4),
+        )
+    }
+    .unwrap();
+    End {
+        ctx,
+        pd,
+        cq,
+        qp,
+        buf,
+        keys,
+    }
+}
+
+fn connect(a: &End, b: &End) {
+    let mut p = RcParams::new(Psn::new(7), Mtu::Mtu1024);
+    p.access = QpAccess {
+        remote_write: true,
+        remote_read: true,
+        remote_atomic: true,
+    };
+    let peer = |e: &End| RcPeer {
+        gid: e.ctx.gid(),
+        qpn: e.qp.qpn(),
+        psn: Psn::new(7),
+    };
+    a.qp.connect_rc(&peer(b), &p).unwrap();
+    b.qp.connect_rc(&peer(a), &p).unwrap();
+}
+
+fn wait_wc(ctx: &Context, cq: CqId) -> burst_verbs::WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(wc) = ctx.poll_cq(cq) {
+            return wc;
+        }
+        assert!(Instant::now() < deadline, "no completion");
+    }
+}
+
+fn sge(e: &End, off: u64, len: u32) -> Sge {
+    Sge {
+        addr: e.keys.addr + off,
+        length: len,
+        lkey: e.keys.lkey,
+    }
+}
+
+fn write_and_send(a: &mut End, b: &mut End) {
+    // A pattern across the partial first and last pages of A's region.
+    let n = a.buf.len() - 5;
+    for (i, x) in a.buf[5..].iter_mut().enumerate() {
+        *x = (i * 7 + 1) as u8;
+    }
+    let wr = SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: b.keys.addr,
+            rkey: b.keys.rkey,
+        },
+        [sge(a, 0, n as u32)],
+    );
+    a.qp.post_send(&wr).unwrap();
+    let wc = wait_wc(&a.ctx, a.cq);
+    assert_eq!(wc.status, WcStatus::Success);
+    assert_eq!(&b.buf[5..], &a.buf[5..], "the WRITE landed in B's memory");
+    // A SEND into a posted receive.
+    b.qp.post_recv(&RecvWr {
+        wr_id: 9,
+        sg_list: [sge(b, 100, 64)].into(),
+    })
+    .unwrap();
+    a.qp.post_send(&SendWr::new(2, SendOp::Send, [sge(a, 1000, 64)]))
+        .unwrap();
+    assert_eq!(wait_wc(&a.ctx, a.cq).status, WcStatus::Success);
+    let wc = wait_wc(&b.ctx, b.cq);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (9, WcStatus::Success, 64)
+    );
+    assert_eq!(&b.buf[105..169], &a.buf[1005..1069]);
+}
+
+#[test]
+fn two_applications_share_one_device_and_address() {
+    let d = Daemon::start("127.0.91.1", &[]);
+    let (ca, cb) = (d.connect(), d.connect());
+    assert_eq!(ca.gid(), cb.gid(), "one device, one GID");
+    assert!(ca.is_daemon_client());
+    let (mut a, mut b) = (end(ca, 1), end(cb, 2));
+    connect(&a, &b);
+    write_and_send(&mut a, &mut b);
+    // Both show in the daemon, each with its own objects.
+    let clients = d.clients(&a.ctx);
+    let ids: Vec<u32> = clients.iter().map(|c| c.id).collect();
+    assert!(ids.contains(&a.ctx.client_id().unwrap()));
+    assert!(ids.contains(&b.ctx.client_id().unwrap()));
+    let mine = clients
+        .iter()
+        .find(|c| c.id == a.ctx.client_id().unwrap())
+        .unwrap();
+    assert_eq!(mine.qps.len(), 1);
+    assert_eq!(mine.mrs.len(), 1);
+    assert!(mine.mrs[0].2, "A's region is shared zero-copy");
+}
+
+#[test]
+fn the_single_copy_fallback_carries_data_too() {
+    let d = Daemon::start("127.0.92.1", &[]);
+    let ca = Context::connect_with(&d.socket, MrMode::Copy).unwrap();
+    let cb = Context::connect_with(&d.socket, MrMode::Copy).unwrap();
+    let (mut a, mut b) = (end(ca, 1), end(cb, 2));
+    connect(&a, &b);
+    write_and_send(&mut a, &mut b);
+    let clients = d.clients(&a.ctx);
+    assert!(clients.iter().all(|c| c.mrs.iter().all(|m| !m.2)));
+}
+
+/// A raw protocol client: hello done, the socket for forged requests.
+fn raw_client(socket: &Path) -> OwnedFd {
+    let s = p::connect(socket).unwrap();
+    // SAFETY: plain eventfd call.
+    let efd = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
+    let hello = Request::Hello {
+        version: p::VERSION,
+        layout: p::layout(),
+    };
+    p::send(s.as_fd(), &p::encode(&hello), &[efd.as_fd()]).unwrap();
+    let (m, _) = p::recv(s.as_fd()).unwrap().unwrap();
+    assert!(matches!(
+        p::decode::<Reply>(&m).unwrap(),
+        Reply::Hello { .. }
+    ));
+    s
+}
+
+fn ask(s: &OwnedFd, msg: &[u8]) -> Reply {
+    p::send(s.as_fd(), msg, &[]).unwrap();
+    let (m, _) = p::recv(s.as_fd()).unwrap().expect("a reply, not a hang-up");
+    p::decode::<Reply>(&m).unwrap()
+}
+
+#[test]
+fn a_client_cannot_reach_another_clients_objects() {
+    let d = Daemon::start("127.0.93.1", &[]);
+    let (ca, cb) = (d.connect(), d.connect());
+    let (mut a, mut b) = (end(ca, 1), end(cb, 2));
+    connect(&a, &b);
+    let evil = raw_client(&d.socket);
+    let qpn = a.qp.qpn().value();
+    let forged = [
+        Request::ModifyQp {
+            qpn,
+            attr: Default::default(),
+        },
+        Request::QueryQp { qpn },
+        Request::DestroyQp { qpn },
+        Request::DeregMr { lkey: a.keys.lkey },
+        Request::DestroyCq { cq: a.cq.0 },
+        Request::DeallocPd { pd: a.pd.0 },
+        Request::CreateQp {
+            init: QpInit::new(QpType::Rc, a.pd),
+            send_cq: a.cq.0,
+            recv_cq: a.cq.0,
+        },
+        Request::CreateSrq {
+            pd: a.pd.0,
+            max_wr: 4,
+            max_sge: 1,
+        },
+        Request::RegMrCopy {
+            pd: a.pd.0,
+            addr: 4096,
+            len: 4096,
+            iova: 0,
+            access: 1,
+        },
+    ];
+    for r in &forged {
+        assert!(
+            matches!(ask(&evil, &p::encode(r)), Reply::Error { .. }),
+            "{r:?} with another client's handle must fail"
+        );
+    }
+    // The evil client's own QP cannot use A's lkey: the engine refuses the
+    // gather (PD mismatch), with an error completion, not A's bytes.
+    let pd = b.ctx.try_alloc_pd().unwrap();
+    let cq = b.ctx.try_create_cq(8, None).unwrap();
+    let q = b
+        .ctx
+        .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
+        .unwrap();
+    let mut params = RcParams::new(Psn::new(7), Mtu::Mtu1024);
+    params.access.remote_write = true;
+    q.connect_rc(
+        &RcPeer {
+            gid: a.ctx.gid(),
+            qpn: a.qp.qpn(),
+            psn: Psn::new(7),
+        },
+        &params,
+    )
+    .unwrap();
+    q.post_send(&SendWr::new(5, SendOp::Send, [sge(&a, 0, 16)]))
+        .unwrap();
+    let wc = wait_wc(&b.ctx, cq);
+    assert_ne!(wc.status, WcStatus::Success, "another client's lkey");
+    // A still works after all that.
+    write_and_send(&mut a, &mut b);
+}
+
+#[test]
+fn bad_messages_get_error_replies_and_never_kill_the_daemon() {
+    let d = Daemon::start("127.0.94.1", &[]);
+    let s = raw_client(&d.socket);
+    let good = p::encode(&Request::AllocPd);
+    let mut wrong_version = good.clone();
+    wrong_version[4] = 99;
+    let mut unknown = good[..8].to_vec();
+    unknown.extend_from_slice(br#"{"FormatDisk":{}}"#);
+    let mut truncated = good.clone();
+    truncated.truncate(good.len() - 2);
+    for bad in [
+        vec![],
+        vec![1, 2, 3],
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        wrong_version,
+        unknown,
+        truncated,
+        p::encode(&Request::Hello {
+            version: p::VERSION,
+            layout: p::layout(),
+        }),
+        p::encode(&Request::RegMr {
+            pd: 1,
+            offset: 0,
+            len: 1 << 40,
+            iova: 0,
+            access: 1,
+        }),
+        p::encode(&Request::CreateCq {
+            depth: u32::MAX,
+            channel: Some(77),
+        }),
+        p::encode(&Request::CreateQp {
+            init: QpInit::new(QpType::Rc, burst_verbs::Pd(12345)),
+            send_cq: 999,
+            recv_cq: 999,
+        }),
+    ] {
+        if bad.is_empty() {
+            // An empty datagram is EOF-like for SEQPACKET readers: skip.
+            continue;
+        }
+        assert!(
+            matches!(ask(&s, &bad), Reply::Error { .. }),
+            "{:?} must get an error reply",
+            String::from_utf8_lossy(&bad)
+        );
+    }
+    // Too long for the protocol.
+    let huge = vec![b'x'; p::MAX_MESSAGE + 10];
+    assert!(matches!(ask(&s, &huge), Reply::Error { .. }));
+    // A hello of another version is refused, the socket closed.
+    let other = p::connect(&d.socket).unwrap();
+    let hello = p::encode(&Request::Hello {
+        version: p::VERSION + 1,
+        layout: 0,
+    });
+    let mut m = hello.clone();
+    m[4..6].copy_from_slice(&(p::VERSION + 1).to_le_bytes());
+    p::send(other.as_fd(), &m, &[]).unwrap();
+    let _ = p::recv(other.as_fd());
+    // Still serving.
+    let mut a = end(d.connect(), 1);
+    let mut b = end(d.connect(), 2);
+    connect(&a, &b);
+    write_and_send(&mut a, &mut b);
+}
+
+/// The child half of `a_killed_client_is_cleaned_up`: a client that sets
+/// up a QP and a region, says "ready", and waits to be killed.
+#[test]
+fn child_client() {
+    let Ok(sock) = std::env::var("BURSTD_TEST_CHILD") else {
+        return;
+    };
+    let ctx = Context::connect(Path::new(&sock)).unwrap();
+    let e = end(ctx, 3);
+    println!("ready {}", e.ctx.client_id().unwrap());
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+fn spawn_child(socket: &Path) -> (Child, u32) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args(["child_client", "--exact", "--nocapture", "--test-threads=1"])
+        .env("BURSTD_TEST_CHILD", socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child died");
+        // libtest prints "test child_client ... " before the child's line.
+        if let Some(id) = line.split("ready ").nth(1) {
+            return (c, id.trim().parse().unwrap());
+        }
+    }
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn a_killed_client_is_cleaned_up_and_others_go_on() {
+    let d = Daemon::start("127.0.95.1", &[]);
+    let (mut a, mut b) = (end(d.connect(), 1), end(d.connect(), 2));
+    connect(&a, &b);
+    write_and_send(&mut a, &mut b);
+    let baseline = fd_count(d.child.id());
+    let (mut child, id) = spawn_child(&d.socket);
+    assert!(d
+        .clients(&a.ctx)
+        .iter()
+        .any(|c| c.id == id && c.qps.len() == 1));
+    assert!(
+        fd_count(d.child.id()) > baseline,
+        "the child's objects hold descriptors"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.clients(&a.ctx).iter().any(|c| c.id == id) {
+        assert!(
+            Instant::now() < deadline,
+            "the killed client's objects remain"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Its descriptors (socket, memfds, eventfds) are gone too.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fd_count(d.child.id()) != baseline {
+        assert!(
+            Instant::now() < deadline,
+            "descriptors did not return to the baseline"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The others never noticed.
+    write_and_send(&mut a, &mut b);
+}
+
+#[test]
+fn when_burstd_dies_every_verb_fails_and_a_new_one_serves() {
+    let socket =
+        std::env::temp_dir().join(format!("burstd-test-{}-death.sock", std::process::id()));
+    let mut d = Daemon::start_at("127.0.96.1", &socket, &[]);
+    let e = end(d.connect(), 1);
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    // DEVICE_FATAL on the async fd within a second.
+    let mut pfd = libc::pollfd {
+        fd: e.ctx.async_fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+    assert_eq!(n, 1, "the async fd became readable");
+    assert_eq!(e.ctx.take_async_event(), Some(AsyncEvent::DeviceFatal));
+    assert!(e.ctx.device_failed());
+    let wr = SendWr::new(1, SendOp::Send, [sge(&e, 0, 8)]);
+    assert_eq!(e.qp.post_send(&wr), Err(PostError::Stopped));
+    assert!(e.ctx.try_alloc_pd().is_err());
+    assert!(e.ctx.cq(e.cq).unwrap().device_failed());
+    // A restarted daemon serves new applications.
+    drop(d);
+    let d = Daemon::start_at("127.0.96.1", &socket, &[]);
+    let (mut a, mut b) = (end(d.connect(), 1), end(d.connect(), 2));
+    connect(&a, &b);
+    write_and_send(&mut a, &mut b);
+}
+
+#[test]
+fn the_sockets_permissions_decide_who_may_connect() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("skipped: needs root to try another user");
+        return;
+    }
+    let d = Daemon::start("127.0.97.1", &["--socket-mode", "0600"]);
+    let path = std::ffi::CString::new(d.socket.to_str().unwrap()).unwrap();
+    // SAFETY: fork; the child only makes system calls and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: in the child: drop to nobody, try to connect, report in
+        // the exit status (0: refused as it must be).
+        unsafe {
+            if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                libc::_exit(2);
+            }
+            let s = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+            let mut a: libc::sockaddr_un = std::mem::zeroed();
+            a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (d, s) in a.sun_path.iter_mut().zip(path.as_bytes()) {
+                *d = *s as libc::c_char;
+            }
+            let rc = libc::connect(
+                s,
+                (&a as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as u32,
+            );
+            let refused = rc < 0 && *libc::__errno_location() == libc::EACCES;
+            libc::_exit(if refused { 0 } else { 1 });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status));
+    assert_eq!(libc::WEXITSTATUS(status), 0, "nobody must get EACCES");
+    // Root (the owner) still may.
+    let _ = d.connect();
+}
