@@ -107,7 +107,7 @@ fn end(ctx: Context, fill: u8) -> End {
     // Page-aligned, as perftest's buffers: small heap buffers of several
     // tests share pages, and a range that straddles another registration's
     // pages falls back to the single-copy path.
-    let mut buf = aligned(3 * 4096 + 123, fill);
+    let buf = aligned(3 * 4096 + 123, fill);
     // SAFETY: `buf` is never freed.
     let keys = unsafe {
         ctx.reg_mr(
@@ -407,6 +407,7 @@ fn child_client() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
+#[allow(clippy::zombie_processes)] // the caller kills and waits for it
 fn spawn_child(socket: &Path) -> (Child, u32) {
     let mut c = Command::new(std::env::current_exe().unwrap())
         .args(["child_client", "--exact", "--nocapture", "--test-threads=1"])
