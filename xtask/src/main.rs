@@ -3,6 +3,7 @@
 
 mod bench;
 mod congestion;
+mod daemon;
 mod dataplanes;
 mod dropin;
 
@@ -17,6 +18,7 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
+       cargo xtask daemon [--quick]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -48,6 +50,13 @@ dataplanes  burst to burst over each kernel-bypass port (root): AF_XDP
         over a veth pair, DPDK over net_memif and net_af_packet; burst-bench's
         eight tests with data verified, ibv_rc_pingpong and ib_write_bw on
         the drop-in (--quick: write_bw and send_lat)
+daemon  burstd over a veth pair (root), one daemon per side: perftest and
+        ibv_rc_pingpong at once through them, SIGKILL of an application
+        mid-transfer (cleanup timed, the other pair's data checked, the
+        daemon's descriptors back at baseline), SIGKILL of burstd during
+        ib_write_bw (the application ends); without --quick the numbers:
+        write_bw and send_lat through burstd against embedded mode, and
+        1, 2, 4, 8 pairs sharing one burstd per side
 congestion  flows through a shared bottleneck on simulated time under each
         congestion control (default 8 and 64 flows): plots of each flow's
         rate and the queue, docs/congestion-report.md";
@@ -338,6 +347,15 @@ fn test(args: &[String]) -> ExitCode {
         ));
     } else {
         skipped.push("kernel-bypass ports burst to burst (needs root)");
+    }
+    if is_root() {
+        let runs = daemon::run(&root, true);
+        results.push((
+            "burstd over a veth pair (perftest at once, SIGKILL of a client and of burstd)",
+            dropin::summary("daemon", &runs),
+        ));
+    } else {
+        skipped.push("burstd over a veth pair (needs root)");
     }
     // The drop-in libibverbs under the unmodified Debian tools, burst to
     // burst on loopback (the RXE and veth matrix: cargo xtask interop).
@@ -895,6 +913,15 @@ fn main() -> ExitCode {
                 .map(|w| w[1].as_str());
             let runs = dataplanes::run(&root, quick, only);
             if dropin::summary("dataplanes", &runs) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Some("daemon") => {
+            let quick = args.iter().any(|a| a == "--quick");
+            let runs = daemon::run(&root(), quick);
+            if dropin::summary("daemon", &runs) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -79,7 +79,8 @@ pub struct Side {
     /// The completion channel both CQs report to (event mode).
     channel: Option<std::sync::Arc<burst_verbs::engine::CompChannel>>,
     pub ctx: Context,
-    _engine: Engine,
+    /// The embedded engine (`None` when burstd serves: BURST_DAEMON).
+    _engine: Option<Engine>,
     pub mr: MrKeys,
     /// Registered memory: `slot` bytes per QP.
     pub buf: Vec<u8>,
@@ -151,9 +152,20 @@ pub fn device_config(addr: IpAddr, mtu: Mtu) -> Result<DeviceConfig, String> {
 impl Side {
     /// Opens an engine on `addr` with `qps` RC QPs and `slot` bytes per QP.
     pub fn open(addr: IpAddr, p: &Params, psn0: u32) -> Result<Side, String> {
-        let cfg = device_config(addr, p.mtu)?;
-        let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
-        let ctx = engine.context();
+        // Daemon mode, as the drop-in takes it (BURST_DAEMON): burstd's
+        // device, whatever address was asked.
+        let (engine, ctx) = match std::env::var_os("BURST_DAEMON") {
+            Some(sock) => (
+                None,
+                Context::connect(std::path::Path::new(&sock)).map_err(|e| e.to_string())?,
+            ),
+            None => {
+                let cfg = device_config(addr, p.mtu)?;
+                let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
+                let ctx = engine.context();
+                (Some(engine), ctx)
+            }
+        };
         let pd = ctx.alloc_pd();
         // Each QP's slot: a receive/target half and a source half.
         let slot = 2 * p.size.max(64);

@@ -31,6 +31,69 @@ struct Area {
     start: usize,
     end: usize,
     memfd: OwnedFd,
+    /// The memfd's inode: how /proc/self/maps tells its pages.
+    ino: u64,
+}
+
+/// A line of /proc/self/maps.
+struct Mapping {
+    start: usize,
+    end: usize,
+    perms: String,
+    offset: usize,
+    ino: u64,
+    path: String,
+}
+
+fn maps() -> Result<Vec<Mapping>, String> {
+    let text = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (a, b) = f.next()?.split_once('-')?;
+            let perms = f.next()?.to_owned();
+            let offset = usize::from_str_radix(f.next()?, 16).ok()?;
+            let _dev = f.next()?;
+            let ino = f.next()?.parse().ok()?;
+            let path = f.collect::<Vec<_>>().join(" ");
+            Some(Mapping {
+                start: usize::from_str_radix(a, 16).ok()?,
+                end: usize::from_str_radix(b, 16).ok()?,
+                perms,
+                offset,
+                ino,
+                path,
+            })
+        })
+        .collect())
+}
+
+impl Area {
+    /// Whether the area's pages are still its memfd's, where it mapped
+    /// them (the application may have unmapped or freed them since, and
+    /// mapped something else there).
+    fn is_live(&self, maps: &[Mapping]) -> bool {
+        let mut covered = self.start;
+        for m in maps
+            .iter()
+            .filter(|m| m.end > self.start && m.start < self.end)
+        {
+            if m.start > covered
+                || m.ino != self.ino
+                || m.offset != m.start.max(self.start) - self.start
+            {
+                return false;
+            }
+            covered = m.end;
+        }
+        covered >= self.end
+    }
+}
+
+/// Forgets areas whose pages the application unmapped (or replaced).
+fn prune(areas: &mut Vec<Area>, maps: &[Mapping]) {
+    areas.retain(|a| a.is_live(maps));
 }
 
 /// How registrations reach the daemon.
@@ -203,16 +266,17 @@ impl Remote {
         } else {
             None
         };
-        let (req, fd) = match &remapped {
-            Some((start, fd)) => (
+        let (req, fds) = match &remapped {
+            Some((start, pieces)) => (
                 Request::RegMr {
                     pd: pd.0,
                     offset: (addr - start) as u64,
                     len: len as u64,
                     iova,
                     access: access.0,
+                    pieces: pieces.iter().map(|p| (p.fd_offset, p.len)).collect(),
                 },
-                Some(fd),
+                pieces.iter().map(|p| p.fd.as_fd()).collect(),
             ),
             None => (
                 Request::RegMrCopy {
@@ -222,10 +286,10 @@ impl Remote {
                     iova,
                     access: access.0,
                 },
-                None,
+                Vec::new(),
             ),
         };
-        let fds: Vec<BorrowedFd<'_>> = fd.iter().map(|f| f.as_fd()).collect();
+        let fds: Vec<BorrowedFd<'_>> = fds;
         match self.call(&req, &fds) {
             Ok((Reply::Mr { keys }, _)) => Ok(keys),
             Ok((Reply::Error { errno, message, .. }, _)) => {
@@ -422,10 +486,23 @@ fn map_one(fds: Vec<OwnedFd>, len: u64) -> Result<Arc<Segment>, PostError> {
 /// sees).
 static AREAS: Mutex<Vec<Area>> = Mutex::new(Vec::new());
 
-/// Moves the pages of `addr..addr+len` onto a memfd (or finds the memfd
-/// they are already on); returns the start of the memfd's pages and a
-/// duplicate of the memfd for the daemon.
-fn remap(addr: usize, len: usize) -> Result<(usize, OwnedFd), String> {
+/// A run of pages of a registration and the memfd they live on.
+#[derive(Debug)]
+pub(crate) struct Piece {
+    /// A duplicate of the memfd, for the daemon.
+    pub fd: OwnedFd,
+    /// Where the run starts in the memfd.
+    pub fd_offset: u64,
+    /// Bytes (whole pages).
+    pub len: u64,
+}
+
+/// Moves the pages of `addr..addr+len` onto memfds: pages an earlier
+/// registration moved stay on its memfd (moving them again would leave
+/// that registration on pages the application no longer sees), the others
+/// move onto new ones. Returns the first page's address and the runs of
+/// pages in order.
+fn remap(addr: usize, len: usize) -> Result<(usize, Vec<Piece>), String> {
     let page = page_size();
     let start = addr & !(page - 1);
     let end = addr
@@ -434,14 +511,62 @@ fn remap(addr: usize, len: usize) -> Result<(usize, OwnedFd), String> {
         .ok_or("range wraps")?
         & !(page - 1);
     let mut areas = AREAS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(a) = areas.iter().find(|a| a.start <= start && end <= a.end) {
-        let fd = a.memfd.try_clone().map_err(|e| e.to_string())?;
-        return Ok((a.start, fd));
+    let maps = maps()?;
+    prune(&mut areas, &maps);
+    // Check every gap before moving anything: all or nothing.
+    let mut gaps = Vec::new();
+    let mut at = start;
+    while at < end {
+        match areas.iter().find(|a| a.start <= at && at < a.end) {
+            Some(a) => at = a.end.min(end),
+            None => {
+                let next = areas
+                    .iter()
+                    .filter(|a| a.start > at)
+                    .map(|a| a.start)
+                    .min()
+                    .unwrap_or(end)
+                    .min(end);
+                check_private_anonymous(at, next, &maps)?;
+                gaps.push((at, next));
+                at = next;
+            }
+        }
     }
-    if areas.iter().any(|a| a.start < end && start < a.end) {
-        return Err("the range straddles the pages of an earlier registration".into());
+    if gaps.len() + areas.len() > crate::protocol::MAX_FDS * 64 {
+        return Err("too many registered areas".into());
     }
-    check_private_anonymous(start, end)?;
+    for (s, e) in gaps {
+        areas.push(move_pages(s, e)?);
+    }
+    install_fork_handler();
+    let mut pieces = Vec::new();
+    let mut at = start;
+    while at < end {
+        let a = areas
+            .iter()
+            .find(|a| a.start <= at && at < a.end)
+            .ok_or("an area vanished")?;
+        let to = a.end.min(end);
+        pieces.push(Piece {
+            fd: a.memfd.try_clone().map_err(|e| e.to_string())?,
+            fd_offset: (at - a.start) as u64,
+            len: (to - at) as u64,
+        });
+        at = to;
+    }
+    if pieces.len() > crate::protocol::MAX_FDS {
+        return Err(format!(
+            "the range spans {} earlier registrations (at most {})",
+            pieces.len(),
+            crate::protocol::MAX_FDS
+        ));
+    }
+    Ok((start, pieces))
+}
+
+/// Moves the private anonymous pages `start..end` onto a new memfd.
+fn move_pages(start: usize, end: usize) -> Result<Area, String> {
     let size = end - start;
     let memfd = crate::shm::memfd_create("burst-mr").map_err(|e| e.to_string())?;
     // SAFETY: ftruncate on our fresh memfd.
@@ -487,43 +612,34 @@ fn remap(addr: usize, len: usize) -> Result<(usize, OwnedFd), String> {
         unsafe { libc::munmap(tmp, size) };
         return Err(format!("mremap: {e}"));
     }
-    let fd = memfd.try_clone().map_err(|e| e.to_string())?;
-    areas.push(Area { start, end, memfd });
-    install_fork_handler();
-    Ok((start, fd))
+    // SAFETY: a zeroed stat is valid; fstat on our memfd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstat(memfd.as_raw_fd(), &mut st) };
+    Ok(Area {
+        start,
+        end,
+        memfd,
+        ino: st.st_ino,
+    })
 }
 
 /// `Ok` when `start..end` lies in private, anonymous, writable mappings
 /// (heap, `malloc`, anonymous `mmap`): the only memory that can move onto
 /// a memfd without changing what the application sees.
-fn check_private_anonymous(start: usize, end: usize) -> Result<(), String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| e.to_string())?;
+fn check_private_anonymous(start: usize, end: usize, maps: &[Mapping]) -> Result<(), String> {
     let mut covered = start;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let path = f.nth(3).unwrap_or("");
-        let Some((a, b)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-            continue;
-        };
-        if b <= covered || a >= end {
-            continue;
-        }
-        if a > covered {
+    for m in maps.iter().filter(|m| m.end > start && m.start < end) {
+        if m.start > covered {
             return Err("part of the range is not mapped".into());
         }
-        if !perms.starts_with("rw") || !perms.ends_with('p') {
-            return Err(format!("a {perms} mapping (shared or not writable)"));
+        if !m.perms.starts_with("rw") || !m.perms.ends_with('p') {
+            return Err(format!("a {} mapping (shared or not writable)", m.perms));
         }
-        if !(path.is_empty() || path == "[heap]") {
-            return Err(format!("a mapping of {path}"));
+        if !(m.path.is_empty() || m.path == "[heap]") {
+            return Err(format!("a mapping of {}", m.path));
         }
-        covered = b;
+        covered = m.end;
         if covered >= end {
             return Ok(());
         }
@@ -536,11 +652,28 @@ fn check_private_anonymous(start: usize, end: usize) -> Result<(), String> {
 /// parent is the parent's alone (rdma-core: the child gets a copy, or, with
 /// `ibv_fork_init`, nothing). The child handler gives it private copies.
 fn install_fork_handler() {
+    type Held = Option<std::sync::MutexGuard<'static, Vec<Area>>>;
+    thread_local! {
+        // AREAS, locked by `prepare` across the fork: no registration can
+        // move pages between the snapshot and the fork, and the child (the
+        // forking thread's copy) owns the lock it inherits.
+        static HELD: std::cell::RefCell<Held> = const { std::cell::RefCell::new(None) };
+    }
     static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn prepare() {
+        // In the parent, before the fork (allocating is fine here): the
+        // child must only touch areas that are still ours.
+        let mut areas = AREAS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Ok(maps) = maps() {
+            prune(&mut areas, &maps);
+        }
+        HELD.with(|h| *h.borrow_mut() = Some(areas));
+    }
+    extern "C" fn parent() {
+        HELD.with(|h| drop(h.borrow_mut().take()));
+    }
     extern "C" fn child() {
-        // The child has one thread: no one holds AREAS unless the fork
-        // interrupted a registration, which try_lock leaves alone.
-        let Ok(mut areas) = AREAS.try_lock() else {
+        let Some(mut areas) = HELD.with(|h| h.borrow_mut().take()) else {
             return;
         };
         for a in areas.drain(..) {
@@ -575,9 +708,9 @@ fn install_fork_handler() {
         }
     }
     ONCE.call_once(|| {
-        // SAFETY: registers a child handler that only makes system calls
-        // and copies memory.
-        unsafe { libc::pthread_atfork(None, None, Some(child)) };
+        // SAFETY: registers handlers that read /proc and lock (prepare, in
+        // the parent), and make system calls and copy memory (the child).
+        unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     });
 }
 
@@ -594,7 +727,9 @@ mod tests {
         }
         // An unaligned range inside the vector: whole pages move.
         let addr = v.as_ptr() as usize + 100;
-        let (start, fd) = remap(addr, page).unwrap();
+        let (start, pieces) = remap(addr, page).unwrap();
+        assert_eq!(pieces.len(), 1);
+        let fd = pieces.into_iter().next().unwrap().fd;
         assert!(start <= addr);
         assert!(
             v.iter().enumerate().all(|(i, b)| *b == i as u8),
@@ -611,6 +746,122 @@ mod tests {
         assert_eq!(start2, start);
         // Keep `v` alive past the checks.
         assert_eq!(v[101], 101);
+    }
+
+    fn anon(len: usize, at: usize) -> *mut u8 {
+        let flags =
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | if at != 0 { libc::MAP_FIXED } else { 0 };
+        // SAFETY: an anonymous mapping (at `at`, which the caller owns, if set).
+        let p = unsafe {
+            libc::mmap(
+                at as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast()
+    }
+
+    #[test]
+    fn memory_unmapped_and_mapped_again_gets_a_new_memfd() {
+        let len = 4 * page_size();
+        let p = anon(len, 0);
+        // SAFETY: `len` bytes we just mapped.
+        unsafe { std::ptr::write_bytes(p, 1, len) };
+        let old = remap(p as usize, len).unwrap().1.remove(0).fd;
+        // The application frees the buffer; new memory lands at the same
+        // address with other contents.
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), len) };
+        let q = anon(len, p as usize);
+        assert_eq!(q, p);
+        // SAFETY: `len` bytes we just mapped.
+        unsafe { std::ptr::write_bytes(q, 2, len) };
+        let new = remap(q as usize, len).unwrap().1.remove(0).fd;
+        let seg = Segment::from_fd(new, len).unwrap();
+        // SAFETY: in bounds of the daemon-side view.
+        let first = unsafe { *seg.as_ptr() };
+        assert_eq!(first, 2, "the new pages, not the old memfd's");
+        let old = Segment::from_fd(old, len).unwrap();
+        // SAFETY: in bounds.
+        assert_eq!(unsafe { *old.as_ptr() }, 1);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(q.cast(), len) };
+    }
+
+    #[test]
+    fn a_forked_child_gets_private_pages() {
+        let len = 2 * page_size();
+        let p = anon(len, 0);
+        // SAFETY: `len` bytes we just mapped.
+        unsafe { std::ptr::write_bytes(p, 7, len) };
+        let fd = remap(p as usize, len).unwrap().1.remove(0).fd;
+        let seg = Segment::from_fd(fd, len).unwrap();
+        // SAFETY: fork; the child only reads and writes its memory and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child: its copy of the buffer, then exit.
+            unsafe {
+                let saw = *p;
+                *p = 9; // must not reach the parent or the daemon's view
+                libc::_exit(if saw == 7 { 0 } else { 1 });
+            }
+        }
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "the child saw the contents at fork"
+        );
+        // SAFETY: in bounds of both mappings.
+        unsafe {
+            assert_eq!(*p, 7, "the child's write stayed in the child");
+            assert_eq!(*seg.as_ptr(), 7);
+            *p = 8;
+            assert_eq!(*seg.as_ptr(), 8, "the parent's pages are still shared");
+            libc::munmap(p.cast(), len);
+        }
+    }
+
+    #[test]
+    fn a_range_over_earlier_registrations_is_shared_piece_by_piece() {
+        let page = page_size();
+        let len = 8 * page;
+        let p = anon(len, 0) as usize;
+        for i in 0..len {
+            // SAFETY: in bounds of our mapping.
+            unsafe { *((p + i) as *mut u8) = (i / page) as u8 };
+        }
+        // Pages 1-2 and 5 registered first, then the whole range.
+        remap(p + page + 10, page).unwrap();
+        remap(p + 5 * page, 1).unwrap();
+        let (start, pieces) = remap(p, len).unwrap();
+        assert_eq!(start, p);
+        let lens: Vec<u64> = pieces.iter().map(|x| x.len / page as u64).collect();
+        assert_eq!(lens, [1, 2, 2, 1, 2], "gap, earlier, gap, earlier, gap");
+        let seg = Segment::from_pieces(
+            pieces
+                .into_iter()
+                .map(|x| (x.fd, x.fd_offset, x.len))
+                .collect(),
+        )
+        .unwrap();
+        for pg in 0..8 {
+            // SAFETY: in bounds of both mappings.
+            unsafe {
+                assert_eq!(*seg.as_ptr().add(pg * page), pg as u8, "page {pg}");
+                *((p + pg * page + 1) as *mut u8) = 0xee;
+                assert_eq!(*seg.as_ptr().add(pg * page + 1), 0xee, "page {pg} shared");
+            }
+        }
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p as *mut libc::c_void, len) };
     }
 
     #[test]

@@ -53,12 +53,15 @@ pub enum Request {
         /// The PD.
         pd: u32,
     },
-    /// `ibv_reg_mr` of pages the client moved onto the memfd it sends.
+    /// `ibv_reg_mr` of pages the client moved onto memfds: one descriptor
+    /// per run of pages, in order, mapped back to back by the daemon.
     RegMr {
         /// The PD.
         pd: u32,
-        /// Where the region starts in the memfd.
+        /// Where the region starts in its first page.
         offset: u64,
+        /// Each run: (offset in its memfd, bytes), whole pages.
+        pieces: Vec<(u64, u64)>,
         /// Bytes.
         len: u64,
         /// The address peers use.

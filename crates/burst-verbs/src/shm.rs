@@ -77,6 +77,72 @@ impl Segment {
         Segment::map(Some(fd), len, true)
     }
 
+    /// Maps runs of pages of several memfds back to back: `(fd, offset in
+    /// it, bytes)` each, page-aligned, inside its file (a registration
+    /// whose pages live on the memfds of several earlier ones). One range
+    /// of addresses, unmapped as one.
+    pub fn from_pieces(pieces: Vec<(OwnedFd, u64, u64)>) -> io::Result<Segment> {
+        let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_owned());
+        let mut total = 0usize;
+        for (fd, off, len) in &pieces {
+            if off % 4096 != 0 || len % 4096 != 0 || *len == 0 {
+                return Err(bad("a piece that is not whole pages"));
+            }
+            if off
+                .checked_add(*len)
+                .is_none_or(|e| e > file_len(fd.as_fd()).unwrap_or(0))
+            {
+                return Err(bad("a piece beyond its memfd"));
+            }
+            total = total
+                .checked_add(*len as usize)
+                .filter(|t| *t <= isize::MAX as usize)
+                .ok_or_else(|| bad("pieces too large"))?;
+        }
+        if total == 0 {
+            return Err(bad("no pages"));
+        }
+        // SAFETY: reserves `total` bytes of address space, no access.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // From here the segment owns the reservation (unmapped on drop).
+        let seg = Segment {
+            ptr: base.cast(),
+            len: total,
+            fd: None,
+        };
+        let mut at = 0usize;
+        for (fd, off, len) in &pieces {
+            // SAFETY: maps the piece over our own reservation, inside it.
+            let p = unsafe {
+                libc::mmap(
+                    seg.ptr.add(at).cast(),
+                    *len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd.as_raw_fd(),
+                    *off as libc::off_t,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            at += *len as usize;
+        }
+        Ok(seg)
+    }
+
     fn map(fd: Option<OwnedFd>, len: usize, write: bool) -> io::Result<Segment> {
         let prot = libc::PROT_READ | if write { libc::PROT_WRITE } else { 0 };
         let (flags, raw) = match &fd {

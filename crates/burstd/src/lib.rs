@@ -283,11 +283,21 @@ impl Daemon {
                 len,
                 iova,
                 access,
+                pieces,
             } => {
-                let Some(fd) = fds.next() else {
-                    return (Reply::error(libc::EINVAL, "reg_mr without its memfd"), none);
-                };
-                self.reg_mapped(ctx, fd, pd, offset, len, iova, access)
+                let fds: Vec<OwnedFd> = fds.by_ref().collect();
+                if fds.len() != pieces.len() {
+                    return (
+                        Reply::error(libc::EINVAL, "reg_mr: one memfd per run of pages"),
+                        none,
+                    );
+                }
+                let pieces = fds
+                    .into_iter()
+                    .zip(pieces)
+                    .map(|(fd, (off, l))| (fd, off, l))
+                    .collect();
+                self.reg_mapped(ctx, pieces, pd, offset, len, iova, access)
             }
             Request::RegMrCopy {
                 pd,
@@ -461,24 +471,23 @@ impl Daemon {
     fn reg_mapped(
         &self,
         ctx: &Context,
-        fd: OwnedFd,
+        pieces: Vec<(OwnedFd, u64, u64)>,
         pd: u32,
         offset: u64,
         len: u64,
         iova: u64,
         access: u32,
     ) -> Reply {
-        let size = match burst_verbs::shm::file_len(fd.as_fd()) {
-            Ok(s) => s,
+        let pages = match Segment::from_pieces(pieces) {
+            Ok(s) => Arc::new(s),
             Err(e) => return Reply::error(libc::EINVAL, format!("reg_mr: {e}")),
         };
-        if offset.checked_add(len).is_none_or(|e| e > size) || size > isize::MAX as u64 {
-            return Reply::error(libc::EINVAL, "reg_mr: the range is not inside its memfd");
+        if offset
+            .checked_add(len)
+            .is_none_or(|e| e > pages.len() as u64)
+        {
+            return Reply::error(libc::EINVAL, "reg_mr: the range is not inside its pages");
         }
-        let pages = match Segment::from_fd(fd, size as usize) {
-            Ok(s) => Arc::new(s),
-            Err(e) => return Reply::error(libc::ENOMEM, format!("reg_mr: map: {e}")),
-        };
         match ctx.reg_mr_mapped(
             Pd(pd),
             pages,

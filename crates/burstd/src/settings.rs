@@ -93,3 +93,30 @@ impl Settings {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_sample_configuration_parses() {
+        let text = include_str!("../dist/burst.toml");
+        let s = Settings::from_toml(text).unwrap();
+        assert_eq!(s.socket, PathBuf::from("/run/burst/burstd.sock"));
+        assert_eq!(s.socket_mode, 0o660);
+        // The same file is a valid burst configuration (devices, daemon).
+        let env = |_: &str| None;
+        let c = burst_verbs::config::Config::from_sources(
+            env,
+            Some((std::path::Path::new("burst.toml"), text)),
+        );
+        match c {
+            Ok(c) => assert_eq!(c.daemon, Some(PathBuf::from("/run/burst/burstd.sock"))),
+            // eth0 may not exist on the test machine: that is the only
+            // acceptable complaint.
+            Err(e) => assert!(e.to_string().contains("eth0"), "{e}"),
+        }
+        assert!(Settings::from_toml("[burstd]\nsocket_mode = \"9\"").is_err());
+        assert!(Settings::from_toml("[burstd]\nsokcet = \"/x\"").is_err());
+    }
+}

@@ -221,6 +221,37 @@ fn two_applications_share_one_device_and_address() {
 }
 
 #[test]
+fn neighbouring_heap_buffers_are_all_zero_copy() {
+    let d = Daemon::start("127.0.98.1", &[]);
+    let ctx = d.connect();
+    let pd = ctx.try_alloc_pd().unwrap();
+    // Small heap buffers share pages: each later one spans pages of the
+    // earlier ones.
+    let mut bufs: Vec<Vec<u8>> = (0..6).map(|i| vec![i as u8; 1000 + i * 700]).collect();
+    let mut keys = Vec::new();
+    for b in &mut bufs {
+        // SAFETY: `bufs` outlives the registrations (deregistered below).
+        keys.push(unsafe { ctx.reg_mr(pd, b.as_mut_ptr(), b.len(), Access(1)) }.unwrap());
+    }
+    let me = ctx.client_id().unwrap();
+    let clients = d.clients(&ctx);
+    let c = clients.iter().find(|c| c.id == me).unwrap();
+    assert_eq!(c.mrs.len(), 6);
+    assert!(
+        c.mrs.iter().all(|m| m.2),
+        "every region zero-copy: {:?}",
+        c.mrs
+    );
+    for k in keys {
+        ctx.dereg_mr(k.lkey).unwrap();
+    }
+    assert!(bufs
+        .iter()
+        .enumerate()
+        .all(|(i, b)| b.iter().all(|x| *x == i as u8)));
+}
+
+#[test]
 fn the_single_copy_fallback_carries_data_too() {
     let d = Daemon::start("127.0.92.1", &[]);
     let ca = Context::connect_with(&d.socket, MrMode::Copy).unwrap();
@@ -353,6 +384,7 @@ fn bad_messages_get_error_replies_and_never_kill_the_daemon() {
             len: 1 << 40,
             iova: 0,
             access: 1,
+            pieces: vec![(0, 1 << 40)],
         }),
         p::encode(&Request::CreateCq {
             depth: u32::MAX,

@@ -1,0 +1,613 @@
+//! `cargo xtask daemon [--quick]`: burstd over the veth pair, one daemon per
+//! side, unmodified perftest and rdma-core tools as its clients.
+//!
+//! - several applications at once through one burstd per side, on one
+//!   address per side (ib_write_bw, ib_send_lat, ibv_rc_pingpong -c);
+//! - SIGKILL of an application mid-transfer: its objects go (timed through
+//!   the `burst` tool), the other pair's transfer completes with its data
+//!   checked, the daemon's descriptors return to their baseline;
+//! - SIGKILL of burstd during ib_write_bw: the application ends (timed);
+//! - without `--quick`, the numbers: write_bw 64 KiB and send_lat 64 B
+//!   through burstd against embedded mode, and the aggregate bandwidth of
+//!   1, 2, 4 and 8 pairs sharing one burstd per side.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::dropin::{veth_setup, veth_teardown, wait_listen, Outcome};
+
+const NS: [&str; 2] = ["burstbb1", "burstbb2"];
+const ADDR: [&str; 2] = ["198.18.0.101", "198.18.0.102"];
+
+/// A process whose output is gathered in the background.
+struct Proc {
+    child: Child,
+    out: std::thread::JoinHandle<String>,
+}
+
+fn spawn(ns: &str, env: &[(String, String)], argv: &[String]) -> std::io::Result<Proc> {
+    // `ip netns exec` and `env` exec into the tool: the child's PID is the
+    // tool's own, so a SIGKILL reaches the application itself.
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, "env"]);
+    for (k, v) in env {
+        c.arg(format!("{k}={v}"));
+    }
+    let mut child = c
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        let mut e = String::new();
+        let _ = se.read_to_string(&mut e);
+        s + &e
+    });
+    Ok(Proc { child, out })
+}
+
+impl Proc {
+    /// Waits at most `within`; kills it past that.
+    fn wait(mut self, within: Duration) -> (bool, String) {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => return (s.success(), self.out.join().unwrap_or_default()),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let out = self.out.join().unwrap_or_default();
+                    return (false, format!("timed out: {}", tail(&out)));
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
+}
+
+/// One burstd per side.
+struct Daemons {
+    procs: Vec<Proc>,
+    sockets: [PathBuf; 2],
+    bin: PathBuf,
+}
+
+impl Daemons {
+    fn start(root: &Path) -> Result<Daemons, String> {
+        let dir = std::env::temp_dir().join("burst-xtask-daemon");
+        let _ = std::fs::create_dir_all(&dir);
+        let mut d = Daemons {
+            procs: Vec::new(),
+            sockets: [dir.join("side1.sock"), dir.join("side2.sock")],
+            bin: root.join("target/release"),
+        };
+        for side in 0..2 {
+            d.start_side(side)?;
+        }
+        Ok(d)
+    }
+
+    fn start_side(&mut self, side: usize) -> Result<(), String> {
+        let sock = &self.sockets[side];
+        let _ = std::fs::remove_file(sock);
+        let argv = vec![
+            self.bin.join("burstd").display().to_string(),
+            "--addr".into(),
+            ADDR[side].into(),
+            "--socket".into(),
+            sock.display().to_string(),
+        ];
+        let env = vec![("BURST_LOG".to_string(), "warn".to_string())];
+        let p = spawn(NS[side], &env, &argv).map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sock.exists() {
+            if Instant::now() > deadline {
+                return Err(format!("burstd on {} did not start", ADDR[side]));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if side < self.procs.len() {
+            self.procs[side] = p;
+        } else {
+            self.procs.push(p);
+        }
+        Ok(())
+    }
+
+    fn pid(&self, side: usize) -> u32 {
+        self.procs[side].child.id()
+    }
+
+    /// `burst clients` on a side: the pids it lists.
+    fn client_pids(&self, side: usize) -> Vec<u32> {
+        let o = Command::new(self.bin.join("burst"))
+            .args(["clients", "--socket"])
+            .arg(&self.sockets[side])
+            .output();
+        let Ok(o) = o else { return Vec::new() };
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next()? == "client").then_some(())?;
+                f.nth(2)?.parse().ok()
+            })
+            .collect()
+    }
+
+    fn stop(mut self) {
+        for p in &mut self.procs {
+            p.kill();
+        }
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
+    }
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The environment of a tool on `side`: burstd's socket, or (embedded)
+/// the side's address.
+fn tool_env(libdir: &Path, d: &Daemons, side: usize, daemon: bool) -> Vec<(String, String)> {
+    let mut v = vec![("LD_LIBRARY_PATH".to_string(), libdir.display().to_string())];
+    if daemon {
+        v.push(("BURST_DAEMON".into(), d.sockets[side].display().to_string()));
+    } else {
+        v.push(("BURST_ADDR".into(), ADDR[side].into()));
+    }
+    v
+}
+
+fn argv(tool: &str, args: &str, port: u16, peer: Option<&str>) -> Vec<String> {
+    let mut v: Vec<String> = vec![tool.into(), "-d".into(), "burst0".into()];
+    v.push(if tool.starts_with("ibv_") { "-g" } else { "-x" }.into());
+    v.push("0".into());
+    v.extend(args.split_whitespace().map(String::from));
+    v.push("-p".into());
+    v.push(port.to_string());
+    v.extend(peer.map(String::from));
+    v
+}
+
+/// The last row of numbers perftest prints, or the pingpong's result line.
+fn result(out: &str) -> Option<String> {
+    out.lines()
+        .find(|l| l.contains(" iters in "))
+        .map(|l| l.trim().to_string())
+        .or_else(|| {
+            out.lines()
+                .rfind(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    f.len() >= 4 && f.iter().all(|x| x.parse::<f64>().is_ok())
+                })
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        })
+}
+
+/// Servers on side 1, clients on side 2, all at once; one outcome each.
+fn concurrent(
+    libdir: &Path,
+    d: &Daemons,
+    daemon: bool,
+    cases: &[(&str, &str, &str)],
+    base_port: u16,
+) -> Vec<(String, bool, String)> {
+    let mut servers = Vec::new();
+    for (i, (_, tool, args)) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        match spawn(
+            NS[0],
+            &tool_env(libdir, d, 0, daemon),
+            &argv(tool, args, port, None),
+        ) {
+            Ok(p) => servers.push(Some(p)),
+            Err(_) => servers.push(None),
+        }
+    }
+    for i in 0..cases.len() {
+        wait_listen(Some(NS[0]), base_port + i as u16, Duration::from_secs(20));
+    }
+    let mut clients = Vec::new();
+    for (i, (_, tool, args)) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        clients.push(
+            spawn(
+                NS[1],
+                &tool_env(libdir, d, 1, daemon),
+                &argv(tool, args, port, Some(ADDR[0])),
+            )
+            .ok(),
+        );
+    }
+    let mut out = Vec::new();
+    for (i, (name, _, _)) in cases.iter().enumerate() {
+        let (cok, cout) = clients[i]
+            .take()
+            .map_or((false, "spawn failed".into()), |c| {
+                c.wait(Duration::from_secs(120))
+            });
+        let (sok, sout) = servers[i]
+            .take()
+            .map_or((false, "spawn failed".into()), |s| {
+                s.wait(Duration::from_secs(20))
+            });
+        let r = result(&cout);
+        let ok = cok && sok && r.is_some();
+        out.push((
+            name.to_string(),
+            ok,
+            if ok {
+                r.unwrap_or_default()
+            } else {
+                tail(&(cout + " | " + &sout))
+            },
+        ));
+    }
+    out
+}
+
+fn outcome(name: &str, ok: bool, numbers: Option<String>, why: String) -> Outcome {
+    let o = Outcome {
+        name: name.into(),
+        ok,
+        numbers,
+        why,
+    };
+    println!(
+        "xtask: {} {}{}{}",
+        if o.ok { "ok    " } else { "FAILED" },
+        o.name,
+        o.numbers
+            .as_deref()
+            .map(|n| format!("  [{n}]"))
+            .unwrap_or_default(),
+        if o.ok {
+            String::new()
+        } else {
+            format!("  ({})", o.why)
+        }
+    );
+    o
+}
+
+/// Several tools at once through one burstd per side.
+fn shared(libdir: &Path, d: &Daemons) -> Vec<Outcome> {
+    let cases = [
+        (
+            "ib_write_bw 64 KiB",
+            "ib_write_bw",
+            "-s 65536 -n 2000 --report_gbits",
+        ),
+        ("ib_send_lat 64 B", "ib_send_lat", "-s 64 -n 2000"),
+        (
+            "ibv_rc_pingpong 4 KiB -c",
+            "ibv_rc_pingpong",
+            "-s 4096 -n 2000 -c",
+        ),
+    ];
+    concurrent(libdir, d, true, &cases, 23000)
+        .into_iter()
+        .map(|(n, ok, r)| {
+            outcome(
+                &format!("burstd: at once: {n}"),
+                ok,
+                ok.then(|| r.clone()),
+                r,
+            )
+        })
+        .collect()
+}
+
+/// SIGKILL of an application in the middle of a transfer.
+fn kill_app(libdir: &Path, d: &Daemons) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let pid = d.pid(0);
+    // Let the daemon settle before the baseline (no client).
+    std::thread::sleep(Duration::from_millis(300));
+    let (fds0, rss0) = (fd_count(pid), rss_kib(pid));
+    let port_k = 23100;
+    let port_v = 23101;
+    let env0 = tool_env(libdir, d, 0, true);
+    let env1 = tool_env(libdir, d, 1, true);
+    let victim_s = spawn(
+        NS[0],
+        &env0,
+        &argv("ib_write_bw", "-s 65536 -D 30", port_k, None),
+    );
+    let verified_s = spawn(
+        NS[0],
+        &env0,
+        &argv("ibv_rc_pingpong", "-s 4096 -n 30000 -c", port_v, None),
+    );
+    wait_listen(Some(NS[0]), port_k, Duration::from_secs(20));
+    wait_listen(Some(NS[0]), port_v, Duration::from_secs(20));
+    let victim_c = spawn(
+        NS[1],
+        &env1,
+        &argv("ib_write_bw", "-s 65536 -D 30", port_k, Some(ADDR[0])),
+    );
+    let verified_c = spawn(
+        NS[1],
+        &env1,
+        &argv(
+            "ibv_rc_pingpong",
+            "-s 4096 -n 30000 -c",
+            port_v,
+            Some(ADDR[0]),
+        ),
+    );
+    let (Ok(mut vs), Ok(vfs), Ok(mut vc), Ok(vfc)) = (victim_s, verified_s, victim_c, verified_c)
+    else {
+        out.push(outcome(
+            "burstd: SIGKILL of an application",
+            false,
+            None,
+            "spawn failed".into(),
+        ));
+        return out;
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let victim = vs.child.id();
+    let listed = d.client_pids(0).contains(&victim);
+    let t0 = Instant::now();
+    vs.kill();
+    let mut gone = None;
+    while t0.elapsed() < Duration::from_secs(5) {
+        if !d.client_pids(0).contains(&victim) {
+            gone = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    vc.kill();
+    let (okc, outc) = vfc.wait(Duration::from_secs(120));
+    let (oks, outs) = vfs.wait(Duration::from_secs(20));
+    out.push(outcome(
+        "burstd: SIGKILL of ib_write_bw mid-transfer: its objects destroyed (burst clients)",
+        listed && gone.is_some(),
+        gone.map(|g| {
+            format!(
+                "gone from `burst clients` {:.1} ms after the kill (polled)",
+                g.as_secs_f64() * 1e3
+            )
+        }),
+        format!("listed before: {listed}, gone: {gone:?}"),
+    ));
+    let r = result(&outc);
+    out.push(outcome(
+        "burstd: the other pair (ibv_rc_pingpong -c, data checked) completes",
+        okc && oks && r.is_some(),
+        r,
+        tail(&(outc + " | " + &outs)),
+    ));
+    // Back to the baseline once every client is gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fd_count(pid) != fds0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (fds1, rss1) = (fd_count(pid), rss_kib(pid));
+    out.push(outcome(
+        "burstd: descriptors back to the baseline after the clients left",
+        fds1 == fds0,
+        Some(format!(
+            "fds {fds0} -> {fds1}; RSS {rss0} KiB -> {rss1} KiB"
+        )),
+        format!("fds {fds0} -> {fds1}"),
+    ));
+    out
+}
+
+/// SIGKILL of burstd during ib_write_bw: its application must end.
+fn kill_daemon(libdir: &Path, d: &mut Daemons) -> Vec<Outcome> {
+    let port = 23200;
+    let env0 = tool_env(libdir, d, 0, true);
+    let env1 = tool_env(libdir, d, 1, true);
+    let s = spawn(
+        NS[0],
+        &env0,
+        &argv("ib_write_bw", "-s 65536 -D 30", port, None),
+    );
+    wait_listen(Some(NS[0]), port, Duration::from_secs(20));
+    let c = spawn(
+        NS[1],
+        &env1,
+        &argv("ib_write_bw", "-s 65536 -D 30", port, Some(ADDR[0])),
+    );
+    let (Ok(mut s), Ok(mut c)) = (s, c) else {
+        return vec![outcome(
+            "burstd: SIGKILL of burstd",
+            false,
+            None,
+            "spawn failed".into(),
+        )];
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let t0 = Instant::now();
+    d.procs[0].kill();
+    let mut ended = None;
+    while t0.elapsed() < Duration::from_secs(10) {
+        if let Ok(Some(_)) = s.child.try_wait() {
+            ended = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s.kill();
+    c.kill();
+    let restarted = d.start_side(0).is_ok();
+    let ok = ended.is_some_and(|e| e <= Duration::from_secs(1)) && restarted;
+    vec![outcome(
+        "burstd: SIGKILL of burstd during ib_write_bw: the application ends, a new burstd starts",
+        ok,
+        ended.map(|e| {
+            format!(
+                "the application ended {:.0} ms after the kill",
+                e.as_secs_f64() * 1e3
+            )
+        }),
+        format!("ended: {ended:?}, restarted: {restarted}"),
+    )]
+}
+
+fn gbits(r: &str) -> Option<f64> {
+    // ib_write_bw --report_gbits: bytes iters peak avg msgrate.
+    r.split_whitespace().nth(3)?.parse().ok()
+}
+
+fn typical_us(r: &str) -> Option<f64> {
+    // ib_send_lat: bytes iters min max typical ...
+    r.split_whitespace().nth(4)?.parse().ok()
+}
+
+/// The numbers: daemon against embedded, and pairs sharing one burstd.
+fn numbers(libdir: &Path, d: &Daemons, rounds: usize) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let mut bw = [Vec::new(), Vec::new()];
+    let mut lat = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        for (k, daemon) in [true, false].into_iter().enumerate() {
+            let port = 23300 + (round * 10 + k * 4) as u16;
+            let r = concurrent(
+                libdir,
+                d,
+                daemon,
+                &[("write_bw", "ib_write_bw", "-s 65536 -D 4 --report_gbits")],
+                port,
+            );
+            if let Some(g) = r.first().filter(|x| x.1).and_then(|x| gbits(&x.2)) {
+                bw[k].push(g);
+            }
+            let r = concurrent(
+                libdir,
+                d,
+                daemon,
+                &[("send_lat", "ib_send_lat", "-s 64 -n 5000")],
+                port + 2,
+            );
+            if let Some(t) = r.first().filter(|x| x.1).and_then(|x| typical_us(&x.2)) {
+                lat[k].push(t);
+            }
+        }
+    }
+    let med = |v: &[f64]| crate::dropin::median(v);
+    let ok = bw.iter().all(|v| !v.is_empty()) && lat.iter().all(|v| !v.is_empty());
+    out.push(outcome(
+        "burstd vs embedded: ib_write_bw 64 KiB (Gb/s) and ib_send_lat 64 B (typical us), veth MTU 9000",
+        ok,
+        ok.then(|| {
+            format!(
+                "write_bw daemon {:.2} embedded {:.2} ratio {:.2}; send_lat daemon {:.2} embedded {:.2} ratio {:.2}; {rounds} rounds, medians; daemon {:?} {:?} embedded {:?} {:?}",
+                med(&bw[0]),
+                med(&bw[1]),
+                med(&bw[0]) / med(&bw[1]),
+                med(&lat[0]),
+                med(&lat[1]),
+                med(&lat[0]) / med(&lat[1]),
+                bw[0], lat[0], bw[1], lat[1]
+            )
+        }),
+        "a run failed".into(),
+    ));
+    let mut agg = Vec::new();
+    for (k, n) in [1usize, 2, 4, 8].into_iter().enumerate() {
+        let cases: Vec<(&str, &str, &str)> = (0..n)
+            .map(|_| ("write_bw", "ib_write_bw", "-s 65536 -D 4 --report_gbits"))
+            .collect();
+        let r = concurrent(libdir, d, true, &cases, 23400 + (k * 10) as u16);
+        let all = r.iter().all(|x| x.1);
+        let sum: f64 = r.iter().filter_map(|x| gbits(&x.2)).sum();
+        agg.push((n, all, sum));
+    }
+    let ok = agg.iter().all(|a| a.1);
+    out.push(outcome(
+        "burstd: aggregate ib_write_bw 64 KiB of 1, 2, 4, 8 pairs through one burstd per side (Gb/s)",
+        ok,
+        Some(
+            agg.iter()
+                .map(|(n, _, s)| format!("{n} pairs {s:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        "a pair failed".into(),
+    ));
+    out
+}
+
+/// Builds burstd, the tool, the drop-in; runs everything over the veth pair.
+pub fn run(root: &Path, quick: bool) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let built = Command::new("cargo")
+        .current_dir(root)
+        .args(["build", "--release", "-p", "burstd"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let libdir = crate::dropin::build(root);
+    let (true, Some(libdir)) = (built, libdir) else {
+        out.push(outcome(
+            "burstd: build",
+            false,
+            None,
+            "cargo build failed".into(),
+        ));
+        return out;
+    };
+    if !veth_setup(9000) {
+        out.push(outcome(
+            "burstd: veth set-up",
+            false,
+            None,
+            "ip netns failed".into(),
+        ));
+        return out;
+    }
+    let mut d = match Daemons::start(root) {
+        Ok(d) => d,
+        Err(e) => {
+            out.push(outcome("burstd: start", false, None, e));
+            veth_teardown();
+            return out;
+        }
+    };
+    out.extend(shared(&libdir, &d));
+    out.extend(kill_app(&libdir, &d));
+    out.extend(kill_daemon(&libdir, &mut d));
+    if !quick {
+        out.extend(numbers(&libdir, &d, 3));
+    }
+    d.stop();
+    veth_teardown();
+    out
+}
