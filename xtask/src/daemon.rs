@@ -496,12 +496,19 @@ fn typical_us(r: &str) -> Option<f64> {
 }
 
 /// The numbers: daemon against embedded, and pairs sharing one burstd.
-fn numbers(libdir: &Path, d: &Daemons, rounds: usize) -> Vec<Outcome> {
+/// Embedded rounds run with the daemons stopped: an embedded engine binds
+/// the address's UDP port 4791, which burstd holds.
+fn numbers(libdir: &Path, d: &mut Daemons, rounds: usize) -> Vec<Outcome> {
     let mut out = Vec::new();
     let mut bw = [Vec::new(), Vec::new()];
     let mut lat = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         for (k, daemon) in [true, false].into_iter().enumerate() {
+            if !daemon {
+                for p in &mut d.procs {
+                    p.kill();
+                }
+            }
             let port = 23300 + (round * 10 + k * 4) as u16;
             let r = concurrent(
                 libdir,
@@ -512,6 +519,11 @@ fn numbers(libdir: &Path, d: &Daemons, rounds: usize) -> Vec<Outcome> {
             );
             if let Some(g) = r.first().filter(|x| x.1).and_then(|x| gbits(&x.2)) {
                 bw[k].push(g);
+            } else {
+                eprintln!(
+                    "xtask: write_bw (daemon: {daemon}) failed: {:?}",
+                    r.first().map(|x| &x.2)
+                );
             }
             let r = concurrent(
                 libdir,
@@ -522,6 +534,18 @@ fn numbers(libdir: &Path, d: &Daemons, rounds: usize) -> Vec<Outcome> {
             );
             if let Some(t) = r.first().filter(|x| x.1).and_then(|x| typical_us(&x.2)) {
                 lat[k].push(t);
+            } else {
+                eprintln!(
+                    "xtask: send_lat (daemon: {daemon}) failed: {:?}",
+                    r.first().map(|x| &x.2)
+                );
+            }
+            if !daemon {
+                for side in 0..2 {
+                    if let Err(e) = d.start_side(side) {
+                        eprintln!("xtask: {e}");
+                    }
+                }
             }
         }
     }
@@ -608,7 +632,7 @@ pub fn run(root: &Path, quick: bool) -> Vec<Outcome> {
     out.extend(kill_app(&libdir, &d));
     out.extend(kill_daemon(&libdir, &mut d));
     if !quick {
-        out.extend(numbers(&libdir, &d, 3));
+        out.extend(numbers(&libdir, &mut d, 3));
     }
     d.stop();
     veth_teardown();
