@@ -446,6 +446,67 @@ pub struct BurstSide {
     /// address of its own beside the kernel's, which carries the tools'
     /// out-of-band TCP).
     pub rdma_addr: Option<String>,
+    /// Daemon mode: burstd's socket for this side (the tools get
+    /// BURST_DAEMON instead of BURST_ADDR).
+    pub daemon: Option<PathBuf>,
+}
+
+/// The burstd binary when the run is in daemon mode (`--daemon`: the
+/// tools on burst's side talk to a burstd per side instead of embedding
+/// an engine).
+pub fn daemon_mode() -> Option<PathBuf> {
+    std::env::var_os("BURST_XTASK_BURSTD").map(PathBuf::from)
+}
+
+/// A burstd serving one side; stopped when dropped.
+pub struct DaemonGuard {
+    child: Child,
+    pub socket: PathBuf,
+}
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Starts a burstd on `addr` in `ns` (dropping one packet in `drop_every`
+/// if set), if the run is in daemon mode.
+pub fn start_daemon(ns: Option<&str>, addr: &str, drop_every: Option<u32>) -> Option<DaemonGuard> {
+    let bin = daemon_mode()?;
+    let dir = std::env::temp_dir().join("burst-xtask-interop");
+    let _ = std::fs::create_dir_all(&dir);
+    let socket = dir.join(format!("{addr}.sock"));
+    let _ = std::fs::remove_file(&socket);
+    let mut c = match ns {
+        Some(n) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", n]).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    c.args(["--addr", addr, "--socket"])
+        .arg(&socket)
+        .env("BURST_LOG", "warn")
+        .stdin(Stdio::null());
+    if let Some(n) = drop_every {
+        c.env("BURST_TEST_DROP", n.to_string());
+    }
+    let child = match c.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("xtask: cannot start burstd: {e}");
+            return None;
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(DaemonGuard { child, socket })
 }
 
 impl BurstSide {
@@ -455,10 +516,13 @@ impl BurstSide {
             v.extend(["ip", "netns", "exec", n].map(String::from));
         }
         v.push("env".into());
-        v.push(format!(
-            "BURST_ADDR={}",
-            self.rdma_addr.as_deref().unwrap_or(&self.addr)
-        ));
+        match &self.daemon {
+            Some(sock) => v.push(format!("BURST_DAEMON={}", sock.display())),
+            None => v.push(format!(
+                "BURST_ADDR={}",
+                self.rdma_addr.as_deref().unwrap_or(&self.addr)
+            )),
+        }
         v.push(format!("LD_LIBRARY_PATH={}", self.libdir.display()));
         v.extend(tool_args(c, "burst0", "0", port, peer));
         v
@@ -626,12 +690,14 @@ pub fn veth(dir: &Path, cases: &[Case], cases_4096: &[Case]) -> Vec<Outcome> {
         addr: "198.18.0.101".into(),
         libdir: dir.into(),
         rdma_addr: None,
+        daemon: None,
     };
     let b = BurstSide {
         ns: Some("burstbb2".into()),
         addr: "198.18.0.102".into(),
         libdir: dir.into(),
         rdma_addr: None,
+        daemon: None,
     };
     let mut out = Vec::new();
     if !veth_setup(1500) {
@@ -643,8 +709,23 @@ pub fn veth(dir: &Path, cases: &[Case], cases_4096: &[Case]) -> Vec<Outcome> {
         });
         return out;
     }
+    let (da, db) = (
+        start_daemon(a.ns.as_deref(), &a.addr, None),
+        start_daemon(b.ns.as_deref(), &b.addr, None),
+    );
+    let (mut a, mut b) = (a, b);
+    a.daemon = da.as_ref().map(|d| d.socket.clone());
+    b.daemon = db.as_ref().map(|d| d.socket.clone());
     out.extend(burst_pair(cases, &a, &b, "burst<->burst veth", 21000));
+    // Daemons read the link MTU when they start: new ones for MTU 9000.
+    drop((da, db));
     if !cases_4096.is_empty() && veth_setup(9000) {
+        let (da, db) = (
+            start_daemon(a.ns.as_deref(), &a.addr, None),
+            start_daemon(b.ns.as_deref(), &b.addr, None),
+        );
+        a.daemon = da.as_ref().map(|d| d.socket.clone());
+        b.daemon = db.as_ref().map(|d| d.socket.clone());
         out.extend(burst_pair(
             cases_4096,
             &a,
@@ -737,12 +818,15 @@ fn rxe_run(
     // Through DPDK (--port dpdk), burst owns 198.18.0.10 on the bridge
     // (net_af_packet on rxebr0) beside the kernel's 198.18.0.1.
     let dpdk = std::env::var("BURST_PORT").is_ok_and(|p| p == "dpdk");
-    let host = BurstSide {
+    let mut host = BurstSide {
         ns: Some("burstlab".into()),
         addr: "198.18.0.1".into(),
         libdir: dir.into(),
         rdma_addr: dpdk.then(|| "198.18.0.10".into()),
+        daemon: None,
     };
+    let _daemon = start_daemon(Some("burstlab"), "198.18.0.1", None);
+    host.daemon = _daemon.as_ref().map(|d| d.socket.clone());
     let dirn = if vm_serves {
         "burst client -> RXE server"
     } else {

@@ -12,10 +12,10 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
-       cargo xtask interop [--quick] [--examples-only WORD] [--port udp|af-xdp|af-xdp-generic|dpdk]
+       cargo xtask interop [--quick] [--examples-only WORD] [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
        cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
-       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk]
+       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
        cargo xtask daemon [--quick]
@@ -35,7 +35,8 @@ interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
         both roles, MTU 1024 and 4096, with and without loss; --quick runs
         one scenario each way; then the unmodified Debian tools (pingpongs,
         perftest) on burst's drop-in libibverbs against RXE, both roles,
-        MTU 1024 and 4096, and burst to burst over a veth pair
+        MTU 1024 and 4096, and burst to burst over a veth pair; --daemon:
+        every burst process a client of a burstd (one per burst side)
 bench   burst-bench over a veth pair (root): burst, the raw UDP ceiling and
         kernel TCP alternated for N rounds (default 3), a size sweep; writes
         docs/bench-runs/run-*.json (commit it with the report) and
@@ -602,6 +603,9 @@ fn interop(args: &[String]) -> ExitCode {
     if let Err(c) = take_port_flag(args) {
         return c;
     }
+    if let Err(c) = take_daemon_flag(&root(), args) {
+        return c;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let root = root();
     let lab = root.join("../shared/rxe-lab/rxe-vm");
@@ -668,6 +672,15 @@ fn interop(args: &[String]) -> ExitCode {
         println!("xtask: ==> interop: {}", sc.name);
         // Each scenario starts from a lab that is up (a failed one tears it down).
         let _ = Command::new("bash").arg(&lab).arg("setup").status();
+        // Daemon mode: a burstd on the host's address, with the
+        // scenario's loss (`-l N`) applied by the daemon's port.
+        let loss = sc
+            .host
+            .split_whitespace()
+            .skip_while(|w| *w != "-l")
+            .nth(1)
+            .and_then(|n| n.parse().ok());
+        let daemon = dropin::start_daemon(Some("burstlab"), "198.18.0.1", loss);
         let host = |extra: &str| {
             let mut c = Command::new("timeout");
             c.arg("180")
@@ -676,6 +689,9 @@ fn interop(args: &[String]) -> ExitCode {
                 .arg(examples.join(sc.tool))
                 .args(["--local", "198.18.0.1"]);
             c.args(extra.split_whitespace());
+            if let Some(d) = &daemon {
+                c.env("BURST_DAEMON", &d.socket);
+            }
             c
         };
         let mut vm = Command::new("bash");
@@ -776,6 +792,7 @@ fn dropin_loopback(dir: &Path, cases: &[dropin::Case]) -> Vec<dropin::Outcome> {
         addr: addr.into(),
         libdir: dir.into(),
         rdma_addr: None,
+        daemon: None,
     };
     dropin::burst_pair(
         cases,
@@ -810,6 +827,22 @@ fn dropin_rxe(
 
 /// `--port NAME`: burst's packet port for the drop-in runs (BURST_PORT,
 /// inherited by every burst process started; the build adds the feature).
+/// `--daemon`: every burst process of the run is a client of a burstd
+/// (one per burst side, started and stopped around each set of cases).
+fn take_daemon_flag(root: &Path, args: &[String]) -> Result<(), ExitCode> {
+    if !args.iter().any(|a| a == "--daemon") {
+        return Ok(());
+    }
+    let mut c = cargo(root, &["build", "--release", "-p", "burstd"]);
+    c.args(dropin::port_features());
+    if !step("build burstd", &mut c) {
+        return Err(ExitCode::FAILURE);
+    }
+    // Edition 2021: a safe call; made before any thread starts.
+    std::env::set_var("BURST_XTASK_BURSTD", root.join("target/release/burstd"));
+    Ok(())
+}
+
 fn take_port_flag(args: &[String]) -> Result<(), ExitCode> {
     if let Some(w) = args.windows(2).find(|w| w[0] == "--port") {
         if !matches!(w[1].as_str(), "udp" | "af-xdp" | "af-xdp-generic" | "dpdk") {
@@ -833,6 +866,9 @@ fn take_port_flag(args: &[String]) -> Result<(), ExitCode> {
 fn dropin_cmd(args: &[String]) -> ExitCode {
     let root = root();
     if let Err(c) = take_port_flag(args) {
+        return c;
+    }
+    if let Err(c) = take_daemon_flag(&root, args) {
         return c;
     }
     let has = |f: &str| args.iter().any(|a| a == f);

@@ -154,18 +154,8 @@ impl Side {
     pub fn open(addr: IpAddr, p: &Params, psn0: u32) -> Result<Side, String> {
         // Daemon mode, as the drop-in takes it (BURST_DAEMON): burstd's
         // device, whatever address was asked.
-        let (engine, ctx) = match std::env::var_os("BURST_DAEMON") {
-            Some(sock) => (
-                None,
-                Context::connect(std::path::Path::new(&sock)).map_err(|e| e.to_string())?,
-            ),
-            None => {
-                let cfg = device_config(addr, p.mtu)?;
-                let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
-                let ctx = engine.context();
-                (Some(engine), ctx)
-            }
-        };
+        let cfg = device_config(addr, p.mtu)?;
+        let (engine, ctx) = burst_verbs::engine::open_device(&cfg).map_err(|e| e.to_string())?;
         let pd = ctx.alloc_pd();
         // Each QP's slot: a receive/target half and a source half.
         let slot = 2 * p.size.max(64);

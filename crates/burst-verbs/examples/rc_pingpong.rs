@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use burst_mem::Access;
 use burst_transport::*;
 use burst_verbs::config::DeviceConfig;
-use burst_verbs::engine::Engine;
 use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn};
 
@@ -140,8 +139,8 @@ fn run(o: Opts) -> Result<(), String> {
     cfg.port = port;
     cfg.mtu = Mtu::Mtu4096;
     cfg.drop_every = o.drop_every;
-    let engine = Engine::start_config(&cfg).map_err(|e| e.to_string())?;
-    let dev = engine.context();
+    // BURST_DAEMON: burstd's device (its own loss setting applies).
+    let (engine, dev) = burst_verbs::engine::open_device(&cfg).map_err(|e| e.to_string())?;
     let pd = dev.alloc_pd();
     let mut buf = vec![0x7bu8; o.size.max(1)];
     let expected = buf.clone();

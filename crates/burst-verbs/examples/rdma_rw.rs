@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use burst_mem::Access;
 use burst_transport::*;
 use burst_verbs::config::DeviceConfig;
-use burst_verbs::engine::Engine;
 use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
@@ -75,7 +74,8 @@ fn run() -> Result<(), String> {
     for (k, g) in tgid.iter_mut().enumerate() {
         *g = u8::from_str_radix(&f[2][2 * k..2 * k + 2], 16).map_err(|e| e.to_string())?;
     }
-    let engine = Engine::start_config(&DeviceConfig {
+    // BURST_DAEMON: burstd's device (its own loss setting applies).
+    let (engine, dev) = burst_verbs::engine::open_device(&DeviceConfig {
         name: "burst0".into(),
         addr: local,
         interface: None,
@@ -87,7 +87,6 @@ fn run() -> Result<(), String> {
         threads: 1,
     })
     .map_err(|e| e.to_string())?;
-    let dev = engine.context();
     let pd = dev.alloc_pd();
     let half = size / 2;
     let seed = std::process::id() % 251;

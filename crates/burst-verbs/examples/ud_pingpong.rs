@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::engine::{Engine, PostError};
+use burst_verbs::engine::PostError;
 use burst_wire::{Mtu, Psn};
 
 #[path = "pingpong/oob.rs"]
@@ -52,8 +52,19 @@ fn run() -> Result<(), String> {
     }
     let local = local.ok_or("--local IP is required")?;
     let rx_depth = rx_depth.min(iters.max(1));
-    let engine = Engine::start(local, Mtu::Mtu1024).map_err(|e| e.to_string())?;
-    let dev = engine.context();
+    // BURST_DAEMON: burstd's device instead of an engine of our own.
+    let (_engine, dev) = burst_verbs::engine::open_device(&burst_verbs::config::DeviceConfig {
+        name: "burst0".into(),
+        addr: local,
+        interface: None,
+        mtu: Mtu::Mtu1024,
+        drop_every: 0,
+        congestion_control: burst_verbs::cc::Algorithm::default(),
+        port: Default::default(),
+        dpdk: String::new(),
+        threads: 1,
+    })
+    .map_err(|e| e.to_string())?;
     if size > Mtu::Mtu1024.bytes() {
         return Err(format!(
             "requested size {size} is larger than the port MTU 1024"

@@ -706,6 +706,21 @@ fn with_remedy(e: std::io::Error, cfg: &DeviceConfig) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{e}; {remedy}"))
 }
 
+/// The device an application opens: burstd's when `BURST_DAEMON` names its
+/// socket (daemon mode; `cfg` is then the daemon's business), else an
+/// engine of its own on `cfg` (embedded mode). Keep the engine while the
+/// context is used.
+pub fn open_device(cfg: &DeviceConfig) -> std::io::Result<(Option<Engine>, Context)> {
+    match std::env::var_os("BURST_DAEMON").filter(|s| !s.is_empty()) {
+        Some(sock) => Ok((None, Context::connect(std::path::Path::new(&sock))?)),
+        None => {
+            let e = Engine::start_config(cfg)?;
+            let c = e.context();
+            Ok((Some(e), c))
+        }
+    }
+}
+
 /// The packet port `cfg` names ([`DeviceConfig::port`]): a UDP socket, an
 /// AF_XDP socket or a DPDK port, with its test loss. Errors say what to
 /// change (an address in use, a feature not built, an interface without XDP).
