@@ -506,6 +506,11 @@ pub fn start_daemon(ns: Option<&str>, addr: &str, drop_every: Option<u32>) -> Op
     while !socket.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
+    println!(
+        "xtask: burstd serving {addr}{} at {}",
+        ns.map(|n| format!(" in {n}")).unwrap_or_default(),
+        socket.display()
+    );
     Some(DaemonGuard { child, socket })
 }
 

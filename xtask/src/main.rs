@@ -25,7 +25,8 @@ test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         1000 seeds of the simulation through the real data plane on a
         fault grid (and 400 of the transport model), a 90 s share of the
         whole-fault-space sweep, and time-boxed cargo-fuzz runs of
-        burst-wire's parser and of the data plane's receive path
+        burst-wire's parser, of the data plane's receive path and of
+        burstd's control protocol
         (cargo-fuzz installed on first use)
 sweep   the simulation through the real data plane over the whole fault
         space (default 10,000 seeds, each with its own loss, reordering,
@@ -469,6 +470,7 @@ fn test(args: &[String]) -> ExitCode {
             for (krate, target, name) in [
                 ("burst-wire", "parse", "fuzz (burst-wire parse)"),
                 ("burst-verbs", "rx", "fuzz (burst-verbs receive path)"),
+                ("burstd", "control", "fuzz (burstd control protocol)"),
             ] {
                 let mut c = Command::new("cargo");
                 c.current_dir(root.join("crates").join(krate))

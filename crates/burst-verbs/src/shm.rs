@@ -530,6 +530,60 @@ mod tests {
     }
 
     #[test]
+    fn producers_in_other_processes_and_consumer_threads_lose_and_repeat_nothing() {
+        const PER: u32 = 20_000;
+        let slots = 64;
+        let seg = Arc::new(Segment::memfd("stress", ShmRing::<u32>::bytes(slots)).unwrap());
+        let ring = Arc::new(ShmRing::<u32>::create(Arc::clone(&seg), 0, slots).unwrap());
+        let mut kids = Vec::new();
+        for p in 0..2u32 {
+            // SAFETY: fork; the child only pushes into the shared ring
+            // (atomics and byte copies on the mapping) and exits.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                for i in 0..PER {
+                    while ring.push(p << 24 | i).is_err() {
+                        std::hint::spin_loop();
+                    }
+                }
+                // SAFETY: leave the child without running the parent's
+                // destructors or test harness.
+                unsafe { libc::_exit(0) };
+            }
+            kids.push(pid);
+        }
+        let seen = Arc::new(std::sync::Mutex::new(vec![0u8; 2 * PER as usize]));
+        let consumers: Vec<_> = (0..2)
+            .map(|_| {
+                let (ring, seen) = (Arc::clone(&ring), Arc::clone(&seen));
+                std::thread::spawn(move || {
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                    loop {
+                        if let Some(v) = ring.pop() {
+                            let i = (v >> 24) * PER + (v & 0xff_ffff);
+                            seen.lock().unwrap()[i as usize] += 1;
+                        } else if seen.lock().unwrap().iter().all(|n| *n > 0)
+                            || std::time::Instant::now() > deadline
+                        {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for c in consumers {
+            c.join().unwrap();
+        }
+        for pid in kids {
+            let mut st = 0;
+            // SAFETY: our own children.
+            unsafe { libc::waitpid(pid, &mut st, 0) };
+        }
+        let seen = seen.lock().unwrap();
+        assert!(seen.iter().all(|n| *n == 1), "every value exactly once");
+    }
+
+    #[test]
     fn scribbled_indices_never_hang_or_overflow() {
         let seg = Arc::new(Segment::anonymous(ShmRing::<u32>::bytes(4)).unwrap());
         let r = ShmRing::<u32>::create(Arc::clone(&seg), 0, 4).unwrap();

@@ -35,7 +35,7 @@ pub mod settings;
 pub use settings::Settings;
 
 /// One connected application.
-struct Client {
+pub struct Client {
     pid: u32,
     uid: u32,
     comm: String,
@@ -57,7 +57,7 @@ pub struct Daemon {
 }
 
 /// What a reply carries besides its message.
-type Answer = (Reply, Vec<OwnedFd>);
+pub type Answer = (Reply, Vec<OwnedFd>);
 
 fn errno_reply(e: PostError, what: &str) -> Reply {
     Reply::error(e.errno(), format!("{what}: {e}"))
@@ -175,13 +175,7 @@ impl Daemon {
                 }
                 Err(_) => break,
             };
-            let (reply, out) = match p::decode::<Request>(&msg) {
-                Ok(req) => {
-                    tracing::debug!(client = id, ?req, "request");
-                    self.handle(&client, req, fds)
-                }
-                Err(e) => (Reply::error(libc::EINVAL, e.to_string()), Vec::new()),
-            };
+            let (reply, out) = self.handle_message(&client, &msg, fds);
             let out: Vec<BorrowedFd<'_>> = out.iter().map(|f| f.as_fd()).collect();
             if p::send(sock.as_fd(), &p::encode(&reply), &out).is_err() {
                 break;
@@ -260,6 +254,47 @@ impl Daemon {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, Arc::clone(&client));
         Ok(client)
+    }
+
+    /// Decodes and runs one message of client `c`, as the socket loop
+    /// does: a malformed message gets an error reply.
+    pub fn handle_message(&self, c: &Client, msg: &[u8], fds: Vec<OwnedFd>) -> Answer {
+        match p::decode::<Request>(msg) {
+            Ok(req) => {
+                tracing::debug!(client = c.ctx.owner(), ?req, "request");
+                self.handle(c, req, fds)
+            }
+            Err(e) => (Reply::error(libc::EINVAL, e.to_string()), Vec::new()),
+        }
+    }
+
+    /// A client that is this process, without a socket (the fuzz target
+    /// and tests drive [`Daemon::handle_message`] with it).
+    pub fn local_client(&self) -> std::io::Result<Arc<Client>> {
+        // SAFETY: plain eventfd call; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let ctx = self.ctx.for_client(id);
+        let link = ctx.attach_client(efd)?;
+        let c = Arc::new(Client {
+            pid: std::process::id(),
+            uid: 0,
+            comm: "local".into(),
+            link,
+            ctx,
+            channels: Mutex::default(),
+            next_channel: AtomicU32::new(1),
+        });
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::clone(&c));
+        Ok(c)
     }
 
     /// One request of a client.
