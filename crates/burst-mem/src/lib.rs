@@ -202,7 +202,7 @@ impl MrTable {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
-        self.insert(pd, len, iova, access, |key| {
+        self.insert(len, iova, access, |key| {
             // SAFETY: the caller's contract covers `ptr..ptr+len` until
             // deregistration.
             unsafe { Region::new(pd.0, ptr, len as u64, iova, access, key) }
@@ -211,7 +211,6 @@ impl MrTable {
 
     fn insert(
         &self,
-        _pd: Pd,
         len: usize,
         iova: u64,
         access: Access,
@@ -258,7 +257,7 @@ impl MrTable {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
-        self.insert(pd, len, iova, access, |key| {
+        self.insert(len, iova, access, |key| {
             Region::in_process(pd.0, pid, addr, len as u64, iova, access, key)
         })
     }

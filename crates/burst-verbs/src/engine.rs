@@ -1648,21 +1648,14 @@ impl Context {
         if let Some(r) = &self.remote {
             return r.reg_mr(pd, ptr, len, iova, access);
         }
-        if self.check_pd(pd).is_err() {
-            return Err(RegError::NoSuchPd);
-        }
         // SAFETY: forwarded contract.
-        let keys = unsafe { self.shared.mrs.register(pd, ptr, len, iova, access) }?;
-        self.shared
-            .mr_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(keys.lkey, (self.owner, None));
-        Ok(keys)
+        self.register(pd, None, || unsafe {
+            self.shared.mrs.register(pd, ptr, len, iova, access)
+        })
     }
 
     /// Registers memory the daemon mapped for a client: `len` bytes at
-    /// `offset` of `pages` (a memfd the client moved its pages onto),
+    /// `offset` of `pages` (memfds the client moved its pages onto),
     /// addressed as `iova`. The mapping lives until deregistration.
     pub fn reg_mr_mapped(
         &self,
@@ -1673,25 +1666,18 @@ impl Context {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
-        if self.check_pd(pd).is_err() {
-            return Err(RegError::NoSuchPd);
-        }
         if offset.checked_add(len).is_none_or(|e| e > pages.len()) {
             return Err(RegError::InvalidLength);
         }
+        let base = pages.as_ptr();
         // SAFETY: `pages` stays mapped while the region is registered (held
-        // in `mr_owner` until `dereg_mr` has waited for the last user).
-        let keys = unsafe {
+        // in `mr_owner` until `dereg_mr` has waited for the last user), and
+        // `offset..offset+len` lies inside it (checked above).
+        self.register(pd, Some(pages), || unsafe {
             self.shared
                 .mrs
-                .register(pd, pages.as_ptr().add(offset), len, iova, access)
-        }?;
-        self.shared
-            .mr_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(keys.lkey, (self.owner, Some(pages)));
-        Ok(keys)
+                .register(pd, base.add(offset), len, iova, access)
+        })
     }
 
     /// Registers memory of process `pid` that the engine reaches through
@@ -1705,18 +1691,30 @@ impl Context {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
+        self.register(pd, None, || {
+            self.shared
+                .mrs
+                .register_process(pd, pid, addr, len, iova, access)
+        })
+    }
+
+    /// Runs `register` if `pd` is this handle's, and records the region as
+    /// its owner's (with the daemon's mapping of its pages, if any).
+    fn register(
+        &self,
+        pd: Pd,
+        pages: Option<Arc<Segment>>,
+        register: impl FnOnce() -> Result<MrKeys, RegError>,
+    ) -> Result<MrKeys, RegError> {
         if self.check_pd(pd).is_err() {
             return Err(RegError::NoSuchPd);
         }
-        let keys = self
-            .shared
-            .mrs
-            .register_process(pd, pid, addr, len, iova, access)?;
+        let keys = register()?;
         self.shared
             .mr_owner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(keys.lkey, (self.owner, None));
+            .insert(keys.lkey, (self.owner, pages));
         Ok(keys)
     }
 
