@@ -573,6 +573,8 @@ fn move_pages(start: usize, end: usize) -> Result<Area, String> {
     if unsafe { libc::ftruncate(memfd.as_raw_fd(), size as libc::off_t) } < 0 {
         return Err(format!("ftruncate: {}", std::io::Error::last_os_error()));
     }
+    // burstd maps only memfds that cannot shrink under it.
+    crate::shm::seal_size(memfd.as_fd()).map_err(|e| format!("seal: {e}"))?;
     // Map the memfd somewhere else first, copy the pages there, then move
     // the mapping over the range in one mremap: the range is never
     // unmapped, and writes other threads make to these pages between the

@@ -60,6 +60,7 @@ impl Segment {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
             return Err(io::Error::last_os_error());
         }
+        seal_size(fd.as_fd())?;
         Segment::map(Some(fd), len, true)
     }
 
@@ -85,6 +86,9 @@ impl Segment {
         let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_owned());
         let mut total = 0usize;
         for (fd, off, len) in &pieces {
+            if !size_sealed(fd.as_fd()) {
+                return Err(bad("a memfd not sealed against shrinking"));
+            }
             if off % 4096 != 0 || len % 4096 != 0 || *len == 0 {
                 return Err(bad("a piece that is not whole pages"));
             }
@@ -210,16 +214,36 @@ impl Drop for Segment {
     }
 }
 
-/// `memfd_create(name, MFD_CLOEXEC)`.
+/// `memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING)`.
 pub fn memfd_create(name: &str) -> io::Result<OwnedFd> {
     let c = std::ffi::CString::new(name.replace('\0', "_")).unwrap_or_default();
     // SAFETY: a NUL-terminated name and constant flags; checked below.
-    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Seals a memfd's size (and its seals): whoever holds it can no longer
+/// shrink it under another process's mapping, which would make that
+/// process's next access a SIGBUS.
+pub fn seal_size(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on a valid descriptor with integer arguments.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is a memfd that cannot shrink (safe to map from another
+/// process's hands).
+pub fn size_sealed(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: fcntl on a valid descriptor.
+    let s = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    s >= 0 && s & libc::F_SEAL_SHRINK != 0
 }
 
 /// The size of the file behind `fd`.
@@ -598,6 +622,21 @@ mod tests {
             let _ = r.push(7);
         }
         assert!(r.len() <= 4);
+    }
+
+    #[test]
+    fn shared_segments_cannot_shrink_under_a_mapping() {
+        let m = Segment::memfd("sealed", 8192).unwrap();
+        let fd = m.fd().unwrap();
+        assert!(size_sealed(fd));
+        // SAFETY: ftruncate on our descriptor; it must be refused.
+        assert!(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) } < 0);
+        m.word(8188).store(1, Ordering::Relaxed);
+        // An unsealed memfd is refused as a piece of client memory.
+        let plain = memfd_create("plain").unwrap();
+        // SAFETY: ftruncate on our fresh memfd.
+        assert_eq!(unsafe { libc::ftruncate(plain.as_raw_fd(), 4096) }, 0);
+        assert!(Segment::from_pieces(vec![(plain, 0, 4096)]).is_err());
     }
 
     #[test]

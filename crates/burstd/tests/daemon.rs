@@ -406,6 +406,33 @@ fn bad_messages_get_error_replies_and_never_kill_the_daemon() {
             String::from_utf8_lossy(&bad)
         );
     }
+    // A memfd that could shrink under the daemon's mapping (a SIGBUS in
+    // burstd) is refused.
+    let pd = match ask(&s, &p::encode(&Request::AllocPd)) {
+        Reply::Pd { pd } => pd,
+        r => panic!("{r:?}"),
+    };
+    // SAFETY: plain memfd_create and ftruncate on our own descriptor.
+    let plain = unsafe {
+        let fd = libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, 4096), 0);
+        OwnedFd::from_raw_fd(fd)
+    };
+    let reg = p::encode(&Request::RegMr {
+        pd,
+        offset: 0,
+        len: 4096,
+        iova: 0,
+        access: 1,
+        pieces: vec![(0, 4096)],
+    });
+    p::send(s.as_fd(), &reg, &[plain.as_fd()]).unwrap();
+    let (m, _) = p::recv(s.as_fd()).unwrap().unwrap();
+    assert!(
+        matches!(p::decode::<Reply>(&m).unwrap(), Reply::Error { .. }),
+        "an unsealed memfd must be refused"
+    );
     // Too long for the protocol.
     let huge = vec![b'x'; p::MAX_MESSAGE + 10];
     assert!(matches!(ask(&s, &huge), Reply::Error { .. }));
