@@ -706,13 +706,19 @@ fn with_remedy(e: std::io::Error, cfg: &DeviceConfig) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{e}; {remedy}"))
 }
 
-/// The device an application opens: burstd's when `BURST_DAEMON` names its
-/// socket (daemon mode; `cfg` is then the daemon's business), else an
+/// The device an application opens: burstd's when `BURST_DAEMON` (or
+/// `daemon` in the configuration file) names its socket (daemon mode; `cfg`
+/// is then the daemon's business), else an
 /// engine of its own on `cfg` (embedded mode). Keep the engine while the
 /// context is used.
 pub fn open_device(cfg: &DeviceConfig) -> std::io::Result<(Option<Engine>, Context)> {
-    match std::env::var_os("BURST_DAEMON").filter(|s| !s.is_empty()) {
-        Some(sock) => Ok((None, Context::connect(std::path::Path::new(&sock))?)),
+    // The variable, else `daemon = ...` in the configuration file.
+    let daemon = std::env::var_os("BURST_DAEMON")
+        .filter(|s| !s.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| Config::from_env().ok().and_then(|c| c.daemon));
+    match daemon {
+        Some(sock) => Ok((None, Context::connect(&sock)?)),
         None => {
             let e = Engine::start_config(cfg)?;
             let c = e.context();

@@ -148,6 +148,9 @@ impl Daemon {
                 return;
             }
         };
+        // A client must say hello promptly: one that connects and stays
+        // silent does not hold a thread for ever.
+        set_recv_timeout(&sock, Some(std::time::Duration::from_secs(5)));
         let client = match self.hello(&sock, pid, uid) {
             Ok(c) => c,
             Err(e) => {
@@ -160,6 +163,7 @@ impl Daemon {
                 return;
             }
         };
+        set_recv_timeout(&sock, None);
         let id = client.ctx.owner();
         tracing::info!(client = id, pid, uid, comm = %client.comm, "client connected");
         loop {
@@ -590,6 +594,26 @@ impl Daemon {
     pub fn client_count(&self) -> usize {
         self.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+}
+
+/// `SO_RCVTIMEO` (`None`: block).
+fn set_recv_timeout(sock: &OwnedFd, t: Option<std::time::Duration>) {
+    use std::os::fd::AsRawFd;
+    let t = t.unwrap_or_default();
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt with a live timeval of the stated size.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
 }
 
 fn qpn_of(v: u32) -> Result<Qpn, CreateError> {

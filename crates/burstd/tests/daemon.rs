@@ -446,6 +446,18 @@ fn bad_messages_get_error_replies_and_never_kill_the_daemon() {
     m[4..6].copy_from_slice(&(p::VERSION + 1).to_le_bytes());
     p::send(other.as_fd(), &m, &[]).unwrap();
     let _ = p::recv(other.as_fd());
+    // A client that never says hello is dropped (after 5 s), not served
+    // for ever.
+    let silent = p::connect(&d.socket).unwrap();
+    let t = Instant::now();
+    if let Ok(Some((m, _))) = p::recv(silent.as_fd()) {
+        assert!(matches!(p::decode::<Reply>(&m), Ok(Reply::Error { .. })));
+    }
+    assert!(
+        matches!(p::recv(silent.as_fd()), Ok(None) | Err(_)),
+        "closed"
+    );
+    assert!(t.elapsed() < Duration::from_secs(30));
     // Still serving.
     let mut a = end(d.connect(), 1);
     let mut b = end(d.connect(), 2);
