@@ -77,6 +77,22 @@ impl Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// SIGTERM (a burstd then detaches its XDP program and closes its
+    /// port), SIGKILL after 5 s.
+    fn term(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
 }
 
 fn tail(s: &str) -> String {
@@ -156,7 +172,7 @@ impl Daemons {
 
     fn stop(mut self) {
         for p in &mut self.procs {
-            p.kill();
+            p.term();
         }
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);
@@ -593,6 +609,141 @@ fn numbers(libdir: &Path, d: &mut Daemons, rounds: usize) -> Vec<Outcome> {
     out
 }
 
+/// burstd over the kernel-bypass ports: AF_XDP on the veth pair (each
+/// daemon on its side's interface) and DPDK net_memif (two daemons joined by
+/// a memif socket, their own addresses 198.18.0.201/202, the tools' TCP on
+/// loopback); ib_write_bw and ibv_rc_pingpong -c through each.
+fn bypass(root: &Path, libdir: &Path) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    let bin = root.join("target/release");
+    let dir = std::env::temp_dir().join("burst-xtask-daemon");
+    let socks = [dir.join("bypass1.sock"), dir.join("bypass2.sock")];
+    let cases = [
+        (
+            "ib_write_bw 64 KiB",
+            "ib_write_bw",
+            "-s 65536 -n 2000 --report_gbits",
+        ),
+        (
+            "ibv_rc_pingpong 4 KiB -c",
+            "ibv_rc_pingpong",
+            "-s 4096 -n 1000 -c",
+        ),
+    ];
+    let memif = dir.join("memif.sock");
+    for kind in ["af-xdp", "dpdk"] {
+        // A socket file left by a killed memif server makes the next fail.
+        let _ = std::fs::remove_file(&memif);
+        let mut daemons = Vec::new();
+        for side in 0..2 {
+            let _ = std::fs::remove_file(&socks[side]);
+            let mut argv = vec![bin.join("burstd").display().to_string()];
+            let mut env = vec![("BURST_LOG".to_string(), "warn".to_string())];
+            let ns = if kind == "af-xdp" {
+                argv.extend(["--iface".into(), format!("bbveth{}", side + 1)]);
+                argv.extend(["--port".into(), "af-xdp".into()]);
+                Some(NS[side])
+            } else {
+                let (role, cpu) = if side == 0 {
+                    ("server", 1)
+                } else {
+                    ("client", 0)
+                };
+                env.push((
+                    "BURST_DPDK".into(),
+                    format!(
+                        "--lcores=0@{cpu} --vdev=net_memif0,role={role},socket={},socket-abstract=no,bsize=9216 device=net_memif0",
+                        memif.display()
+                    ),
+                ));
+                argv.extend(["--addr".into(), format!("198.18.0.20{}", side + 1)]);
+                argv.extend(["--port".into(), "dpdk".into()]);
+                None
+            };
+            argv.extend(["--socket".into(), socks[side].display().to_string()]);
+            let p = match ns {
+                Some(n) => spawn(n, &env, &argv),
+                None => spawn_here(&env, &argv),
+            };
+            if let Ok(p) = p {
+                daemons.push(p);
+            }
+            // The memif server listens before its client starts.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !(socks[0].exists() && socks[1].exists()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for (i, (name, tool, args)) in cases.iter().enumerate() {
+            let port = 23500 + i as u16 + if kind == "dpdk" { 10 } else { 0 };
+            let env = |side: usize| {
+                vec![
+                    ("LD_LIBRARY_PATH".to_string(), libdir.display().to_string()),
+                    (
+                        "BURST_DAEMON".to_string(),
+                        socks[side].display().to_string(),
+                    ),
+                ]
+            };
+            let (peer, ns): (&str, [Option<&str>; 2]) = if kind == "af-xdp" {
+                (ADDR[0], [Some(NS[0]), Some(NS[1])])
+            } else {
+                ("127.0.0.1", [None, None])
+            };
+            let run = |side: usize, argv: &[String]| match ns[side] {
+                Some(n) => spawn(n, &env(side), argv),
+                None => spawn_here(&env(side), argv),
+            };
+            let s = run(0, &argv(tool, args, port, None));
+            crate::dropin::wait_listen(ns[0], port, Duration::from_secs(20));
+            let c = run(1, &argv(tool, args, port, Some(peer)));
+            let (cok, cout) = c.map_or((false, "spawn failed".into()), |c| {
+                c.wait(Duration::from_secs(90))
+            });
+            let (sok, sout) = s.map_or((false, "spawn failed".into()), |s| {
+                s.wait(Duration::from_secs(20))
+            });
+            let r = result(&cout);
+            let ok = cok && sok && r.is_some();
+            out.push(outcome(
+                &format!("burstd over {kind}: {name}"),
+                ok,
+                r,
+                tail(&(cout + " | " + &sout)),
+            ));
+        }
+        for mut d in daemons {
+            d.term();
+        }
+    }
+    out
+}
+
+/// [`spawn`] in this namespace.
+fn spawn_here(env: &[(String, String)], argv: &[String]) -> std::io::Result<Proc> {
+    let mut c = Command::new("env");
+    for (k, v) in env {
+        c.arg(format!("{k}={v}"));
+    }
+    let mut child = c
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        let mut e = String::new();
+        let _ = se.read_to_string(&mut e);
+        s + &e
+    });
+    Ok(Proc { child, out })
+}
+
 /// Builds burstd, the tool, the drop-in; runs everything over the veth pair.
 pub fn run(root: &Path, quick: bool) -> Vec<Outcome> {
     let mut out = Vec::new();
@@ -611,6 +762,8 @@ pub fn run(root: &Path, quick: bool) -> Vec<Outcome> {
         ));
         return out;
     };
+    // A fresh pair: no XDP program left attached by an earlier run.
+    veth_teardown();
     if !veth_setup(9000) {
         out.push(outcome(
             "burstd: veth set-up",
@@ -635,6 +788,25 @@ pub fn run(root: &Path, quick: bool) -> Vec<Outcome> {
         out.extend(numbers(&libdir, &mut d, 3));
     }
     d.stop();
+    // The kernel-bypass ports, when burstd builds with them (clang, libbpf,
+    // libdpdk-dev: what `cargo xtask test` installs as root).
+    let bypass_built = Command::new("cargo")
+        .current_dir(root)
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "burstd",
+            "--features",
+            "af-xdp,dpdk",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if bypass_built {
+        out.extend(bypass(root, &libdir));
+    } else {
+        println!("xtask: burstd over AF_XDP and DPDK skipped (the features do not build here)");
+    }
     veth_teardown();
     out
 }

@@ -101,14 +101,47 @@ impl Daemon {
         })
     }
 
-    /// Accepts clients on `listener` until it fails; one thread per client,
-    /// and one that routes asynchronous events to their owners.
-    pub fn serve(self: &Arc<Daemon>, listener: OwnedFd) -> std::io::Result<()> {
+    /// Accepts clients on `listener` until it fails or `stop` becomes
+    /// readable (the signal handler's pipe); one thread per client, and one
+    /// that routes asynchronous events to their owners.
+    pub fn serve(
+        self: &Arc<Daemon>,
+        listener: OwnedFd,
+        stop: BorrowedFd<'_>,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
         let me = Arc::clone(self);
         std::thread::Builder::new()
             .name("burstd-events".into())
             .spawn(move || me.route_events())?;
         loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: stop.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two live pollfds, and their count.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if fds[1].revents != 0 {
+                return Ok(());
+            }
+            if fds[0].revents == 0 {
+                continue;
+            }
             let sock = p::accept(listener.as_fd())?;
             let me = Arc::clone(self);
             std::thread::Builder::new()

@@ -46,17 +46,16 @@ struct Args {
     port: Option<String>,
 }
 
-/// Where the socket is, for the signal handler.
-static SOCKET: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+/// The write end of the pipe the stop signals write to.
+static STOP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 extern "C" fn on_signal(_: libc::c_int) {
-    if let Some(p) = SOCKET.get() {
-        // SAFETY: unlink and _exit are async-signal-safe; `p` is a static
-        // NUL-terminated path.
-        unsafe { libc::unlink(p.as_ptr()) };
+    let fd = STOP.load(std::sync::atomic::Ordering::Relaxed);
+    if fd >= 0 {
+        let b = 1u8;
+        // SAFETY: write(2) is async-signal-safe; one byte from a live local.
+        unsafe { libc::write(fd, (&b as *const u8).cast(), 1) };
     }
-    // SAFETY: async-signal-safe exit.
-    unsafe { libc::_exit(0) };
 }
 
 fn main() {
@@ -138,9 +137,24 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let engine = Engine::with_ports(ports, o)?;
     let listener = burstd::listen(&s.socket, s.socket_mode, s.socket_group.as_deref())?;
-    let _ = SOCKET.set(std::ffi::CString::new(
-        s.socket.as_os_str().as_encoded_bytes(),
-    )?);
+    // SIGTERM / SIGINT: a byte on this pipe ends the accept loop; the
+    // engine is then dropped (an XDP program detached, a DPDK port closed)
+    // and the socket removed. (SIGKILL leaves an XDP program attached: the
+    // next AF_XDP open replaces it.)
+    let mut pipe = [0; 2];
+    // SAFETY: pipe2 into a live array of two.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: two fresh descriptors we own.
+    let (stop_r, _stop_w) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::os::fd::OwnedFd::from_raw_fd(pipe[0]),
+            std::os::fd::OwnedFd::from_raw_fd(pipe[1]),
+        )
+    };
+    STOP.store(pipe[1], std::sync::atomic::Ordering::Relaxed);
     // SAFETY: installs an async-signal-safe handler for the stop signals.
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
@@ -154,6 +168,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         "burstd serving"
     );
     let daemon = burstd::Daemon::new(engine.context(), tap);
-    daemon.serve(listener)?;
-    Ok(())
+    let served = daemon.serve(listener, std::os::fd::AsFd::as_fd(&stop_r));
+    tracing::info!("burstd stopping");
+    let _ = std::fs::remove_file(&s.socket);
+    drop(engine);
+    served?;
+    // Client threads may still block on their sockets: leave without them
+    // (their clients see the socket hang up).
+    std::process::exit(0)
 }
