@@ -580,6 +580,9 @@ struct Core {
     dev: Option<Device>,
     spill: VecDeque<Spill>,
     control_rx: Receiver<Control>,
+    /// Daemon clients' doorbells taken this round: (owner, bell). Kept
+    /// between rounds so that taking them allocates nothing.
+    bells: Vec<(u32, u32)>,
 }
 
 /// The application's side of an engine: cheap to clone, usable from any thread.
@@ -979,6 +982,7 @@ impl Engine {
                 dev: Some(dev),
                 spill: VecDeque::new(),
                 control_rx,
+                bells: Vec::new(),
             }));
         }
         let shared = Arc::new(Shared {
@@ -1342,16 +1346,13 @@ impl Core {
             }
         }
         // Daemon clients' doorbells: each may only name its own rings.
-        let clients: Vec<Arc<Doorbells>> = shared
+        let client_bells = &mut self.bells;
+        client_bells.clear();
+        let clients = shared
             .client_bells
             .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|b| b.lane == lane)
-            .cloned()
-            .collect();
-        let mut client_bells: Vec<(u32, u32)> = Vec::new();
-        for b in &clients {
+            .unwrap_or_else(|e| e.into_inner());
+        for b in clients.iter().filter(|b| b.lane == lane) {
             if b.take_overflow() {
                 let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
                 client_bells.extend(
@@ -1378,6 +1379,7 @@ impl Core {
                 }
             }
         }
+        drop(clients);
         let mut next_bell = || {
             doorbell
                 .pop()
