@@ -27,11 +27,19 @@ struct Proc {
     out: std::thread::JoinHandle<String>,
 }
 
-fn spawn(ns: &str, env: &[(String, String)], argv: &[String]) -> std::io::Result<Proc> {
-    // `ip netns exec` and `env` exec into the tool: the child's PID is the
-    // tool's own, so a SIGKILL reaches the application itself.
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, "env"]);
+/// Runs `argv` with `env` in namespace `ns` (or this one), its output
+/// gathered in the background. `ip netns exec` and `env` exec into the
+/// tool: the child's PID is the tool's own, so a SIGKILL reaches the
+/// application itself.
+fn spawn_in(ns: Option<&str>, env: &[(String, String)], argv: &[String]) -> std::io::Result<Proc> {
+    let mut c = match ns {
+        Some(n) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", n, "env"]);
+            c
+        }
+        None => Command::new("env"),
+    };
     for (k, v) in env {
         c.arg(format!("{k}={v}"));
     }
@@ -51,6 +59,11 @@ fn spawn(ns: &str, env: &[(String, String)], argv: &[String]) -> std::io::Result
         s + &e
     });
     Ok(Proc { child, out })
+}
+
+/// [`spawn_in`] a namespace.
+fn spawn(ns: &str, env: &[(String, String)], argv: &[String]) -> std::io::Result<Proc> {
+    spawn_in(Some(ns), env, argv)
 }
 
 impl Proc {
@@ -661,10 +674,7 @@ fn bypass(root: &Path, libdir: &Path) -> Vec<Outcome> {
                 None
             };
             argv.extend(["--socket".into(), socks[side].display().to_string()]);
-            let p = match ns {
-                Some(n) => spawn(n, &env, &argv),
-                None => spawn_here(&env, &argv),
-            };
+            let p = spawn_in(ns, &env, &argv);
             if let Ok(p) = p {
                 daemons.push(p);
             }
@@ -691,10 +701,7 @@ fn bypass(root: &Path, libdir: &Path) -> Vec<Outcome> {
             } else {
                 ("127.0.0.1", [None, None])
             };
-            let run = |side: usize, argv: &[String]| match ns[side] {
-                Some(n) => spawn(n, &env(side), argv),
-                None => spawn_here(&env(side), argv),
-            };
+            let run = |side: usize, argv: &[String]| spawn_in(ns[side], &env(side), argv);
             let s = run(0, &argv(tool, args, port, None));
             crate::dropin::wait_listen(ns[0], port, Duration::from_secs(20));
             let c = run(1, &argv(tool, args, port, Some(peer)));
@@ -718,30 +725,6 @@ fn bypass(root: &Path, libdir: &Path) -> Vec<Outcome> {
         }
     }
     out
-}
-
-/// [`spawn`] in this namespace.
-fn spawn_here(env: &[(String, String)], argv: &[String]) -> std::io::Result<Proc> {
-    let mut c = Command::new("env");
-    for (k, v) in env {
-        c.arg(format!("{k}={v}"));
-    }
-    let mut child = c
-        .args(argv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let mut so = child.stdout.take().expect("piped");
-    let mut se = child.stderr.take().expect("piped");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        let mut e = String::new();
-        let _ = se.read_to_string(&mut e);
-        s + &e
-    });
-    Ok(Proc { child, out })
 }
 
 /// Builds burstd, the tool, the drop-in; runs everything over the veth pair.

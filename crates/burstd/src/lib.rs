@@ -253,19 +253,26 @@ impl Daemon {
             ));
         }
         let events_fd = fds.into_iter().next().ok_or("hello without an event fd")?;
-        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
-        let ctx = self.ctx.for_client(id);
-        let link = ctx.attach_client(events_fd).map_err(|e| e.to_string())?;
-        let l = link.layout;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        let client = self
+            .new_client(pid, uid, comm, events_fd)
+            .map_err(|e| e.to_string())?;
+        let l = client.link.layout;
         let (wake_seg, wake_fds) = self.ctx.wake_parts();
         let mut out: Vec<BorrowedFd<'_>> = vec![
-            link.segment().fd().ok_or("client segment without memfd")?,
+            client
+                .link
+                .segment()
+                .fd()
+                .ok_or("client segment without memfd")?,
             wake_seg.fd().ok_or("wake segment without memfd")?,
         ];
         out.extend(wake_fds);
         let reply = Reply::Hello {
             device: self.device.clone(),
-            client: id,
+            client: client.ctx.owner(),
             event_slots: l.event_slots,
             bells_offset: l.bells_offset,
             bells_stride: l.bells_stride,
@@ -273,11 +280,27 @@ impl Daemon {
             segment_len: l.len,
             wake_len: wake_seg.len() as u64,
         };
-        p::send(sock.as_fd(), &p::encode(&reply), &out).map_err(|e| e.to_string())?;
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default();
-        let client = Arc::new(Client {
+        if let Err(e) = p::send(sock.as_fd(), &p::encode(&reply), &out) {
+            // Its doorbells were already being read: stop that.
+            client.ctx.destroy_owned();
+            return Err(e.to_string());
+        }
+        self.admit(&client);
+        Ok(client)
+    }
+
+    /// A new client's number, engine handle and shared segment.
+    fn new_client(
+        &self,
+        pid: u32,
+        uid: u32,
+        comm: String,
+        events_fd: OwnedFd,
+    ) -> std::io::Result<Arc<Client>> {
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        let ctx = self.ctx.for_client(id);
+        let link = ctx.attach_client(events_fd)?;
+        Ok(Arc::new(Client {
             pid,
             uid,
             comm,
@@ -285,12 +308,15 @@ impl Daemon {
             ctx,
             channels: Mutex::default(),
             next_channel: AtomicU32::new(1),
-        });
+        }))
+    }
+
+    /// Lists a client (events reach it, the tool shows it).
+    fn admit(&self, c: &Arc<Client>) {
         self.clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::clone(&client));
-        Ok(client)
+            .insert(c.ctx.owner(), Arc::clone(c));
     }
 
     /// Decodes and runs one message of client `c`, as the socket loop
@@ -315,22 +341,8 @@ impl Daemon {
         }
         // SAFETY: a fresh descriptor we own.
         let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
-        let ctx = self.ctx.for_client(id);
-        let link = ctx.attach_client(efd)?;
-        let c = Arc::new(Client {
-            pid: std::process::id(),
-            uid: 0,
-            comm: "local".into(),
-            link,
-            ctx,
-            channels: Mutex::default(),
-            next_channel: AtomicU32::new(1),
-        });
-        self.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Arc::clone(&c));
+        let c = self.new_client(std::process::id(), 0, "local".into(), efd)?;
+        self.admit(&c);
         Ok(c)
     }
 
