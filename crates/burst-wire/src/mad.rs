@@ -44,6 +44,10 @@ pub enum CmAttr {
     Dreq = 0x0015,
     /// Disconnect reply.
     Drep = 0x0016,
+    /// Service ID resolution request (UD services).
+    SidrReq = 0x0017,
+    /// Service ID resolution reply.
+    SidrRep = 0x0018,
 }
 
 impl CmAttr {
@@ -56,6 +60,8 @@ impl CmAttr {
             0x0014 => CmAttr::Rtu,
             0x0015 => CmAttr::Dreq,
             0x0016 => CmAttr::Drep,
+            0x0017 => CmAttr::SidrReq,
+            0x0018 => CmAttr::SidrRep,
             _ => return None,
         })
     }
@@ -576,6 +582,85 @@ impl CmDreq {
     }
 }
 
+/// SIDR_REQ: asks which UD QP serves a service ID (IBA table 114).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmSidrReq {
+    /// Requester's request ID (echoed in the reply).
+    pub request_id: u32,
+    /// Partition key.
+    pub pkey: u16,
+    /// Service ID.
+    pub service_id: u64,
+    /// Private data (rdma_cm puts its IP addresses here).
+    pub private_data: [u8; 216],
+}
+
+impl CmSidrReq {
+    fn parse(b: &[u8]) -> CmSidrReq {
+        CmSidrReq {
+            request_id: u32_at(b, 0),
+            pkey: u16_at(b, 4),
+            service_id: u64_at(b, 8),
+            private_data: array(b, 16),
+        }
+    }
+
+    fn emit(&self, b: &mut [u8]) {
+        set_u32(b, 0, self.request_id);
+        set_u16(b, 4, self.pkey);
+        set_u64(b, 8, self.service_id);
+        b[16..232].copy_from_slice(&self.private_data);
+    }
+}
+
+/// SIDR_REP: the UD QP and Q_Key of a service, or why not (IBA table 115).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmSidrRep {
+    /// The request ID of the SIDR_REQ answered.
+    pub request_id: u32,
+    /// 0 valid, 1 service ID not supported, 2 rejected by the service,
+    /// 3 no QP, 4 redirect, 5 unsupported class version.
+    pub status: u8,
+    /// Length of the additional information.
+    pub add_info_length: u8,
+    /// The service's QPN.
+    pub qpn: Qpn,
+    /// Service ID.
+    pub service_id: u64,
+    /// The service's Q_Key.
+    pub qkey: u32,
+    /// Class port information (redirection).
+    pub class_port_info: [u8; 72],
+    /// Private data.
+    pub private_data: [u8; 136],
+}
+
+impl CmSidrRep {
+    fn parse(b: &[u8]) -> CmSidrRep {
+        CmSidrRep {
+            request_id: u32_at(b, 0),
+            status: b[4],
+            add_info_length: b[5],
+            qpn: Qpn::from_wire(u24_at(b, 8)),
+            service_id: u64_at(b, 12),
+            qkey: u32_at(b, 20),
+            class_port_info: array(b, 24),
+            private_data: array(b, 96),
+        }
+    }
+
+    fn emit(&self, b: &mut [u8]) {
+        set_u32(b, 0, self.request_id);
+        b[4] = self.status;
+        b[5] = self.add_info_length;
+        set_u24(b, 8, self.qpn.value());
+        set_u64(b, 12, self.service_id);
+        set_u32(b, 20, self.qkey);
+        b[24..96].copy_from_slice(&self.class_port_info);
+        b[96..232].copy_from_slice(&self.private_data);
+    }
+}
+
 /// A CM message body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmMessage {
@@ -593,6 +678,10 @@ pub enum CmMessage {
     Dreq(CmDreq),
     /// Disconnect reply.
     Drep(CmIds),
+    /// Service ID resolution request.
+    SidrReq(CmSidrReq),
+    /// Service ID resolution reply.
+    SidrRep(CmSidrRep),
 }
 
 impl CmMessage {
@@ -606,6 +695,8 @@ impl CmMessage {
             CmMessage::Rtu(_) => CmAttr::Rtu,
             CmMessage::Dreq(_) => CmAttr::Dreq,
             CmMessage::Drep(_) => CmAttr::Drep,
+            CmMessage::SidrReq(_) => CmAttr::SidrReq,
+            CmMessage::SidrRep(_) => CmAttr::SidrRep,
         }
     }
 }
@@ -658,6 +749,8 @@ impl CmMad {
             CmAttr::Rtu => CmMessage::Rtu(CmIds::parse(body)),
             CmAttr::Dreq => CmMessage::Dreq(CmDreq::parse(body)),
             CmAttr::Drep => CmMessage::Drep(CmIds::parse(body)),
+            CmAttr::SidrReq => CmMessage::SidrReq(CmSidrReq::parse(body)),
+            CmAttr::SidrRep => CmMessage::SidrRep(CmSidrRep::parse(body)),
         };
         Ok(CmMad { header, message })
     }
@@ -684,6 +777,8 @@ impl CmMad {
             CmMessage::Rep(m) => m.emit(body),
             CmMessage::Rtu(m) | CmMessage::Drep(m) => m.emit(body),
             CmMessage::Dreq(m) => m.emit(body),
+            CmMessage::SidrReq(m) => m.emit(body),
+            CmMessage::SidrRep(m) => m.emit(body),
         }
         Ok(())
     }

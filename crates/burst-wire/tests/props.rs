@@ -256,7 +256,7 @@ proptest! {
     }
 
     #[test]
-    fn cm_mads_round_trip(tid: u64, ids in any::<(u32, u32, u32)>(), psn in 0u32..(1 << 24), qpn in 0u32..(1 << 24), bytes in proptest::collection::vec(any::<u8>(), 232), kind in 0u8..7) {
+    fn cm_mads_round_trip(tid: u64, ids in any::<(u32, u32, u32)>(), psn in 0u32..(1 << 24), qpn in 0u32..(1 << 24), bytes in proptest::collection::vec(any::<u8>(), 232), kind in 0u8..9) {
         let (a, b, qkey) = ids;
         let pd = |n: usize| bytes[..n].to_vec();
         let msg = match kind {
@@ -301,7 +301,12 @@ proptest! {
             }),
             4 => CmMessage::Rtu(CmIds { local_comm_id: a, remote_comm_id: b, private_data: pd(224).try_into().unwrap() }),
             5 => CmMessage::Dreq(CmDreq { local_comm_id: a, remote_comm_id: b, remote_qpn: Qpn::from_wire(qpn), private_data: pd(220).try_into().unwrap() }),
-            _ => CmMessage::Drep(CmIds { local_comm_id: a, remote_comm_id: b, private_data: pd(224).try_into().unwrap() }),
+            6 => CmMessage::Drep(CmIds { local_comm_id: a, remote_comm_id: b, private_data: pd(224).try_into().unwrap() }),
+            7 => CmMessage::SidrReq(CmSidrReq { request_id: a, pkey: b as u16, service_id: tid ^ 0x0106_0000, private_data: pd(216).try_into().unwrap() }),
+            _ => CmMessage::SidrRep(CmSidrRep {
+                request_id: a, status: (b & 7) as u8, add_info_length: bytes[0] & 0x7f, qpn: Qpn::from_wire(qpn),
+                service_id: tid, qkey, class_port_info: pd(72).try_into().unwrap(), private_data: pd(136).try_into().unwrap(),
+            }),
         };
         let mad = CmMad::new(tid, msg);
         let mut buf = [0u8; MAD_LEN];

@@ -1,0 +1,555 @@
+//! Two CMs over a simulated network that loses, repeats and delays MADs.
+
+use super::*;
+use crate::rdma::PortSpace;
+use burst_wire::mad::{CmAttr, MAD_HEADER_LEN};
+use proptest::prelude::*;
+
+const A: &str = "198.18.0.1";
+const B: &str = "198.18.0.2";
+const MS: u64 = 1_000_000;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn attr_of(mad: &[u8; MAD_LEN]) -> u16 {
+    u16::from_be_bytes([mad[16], mad[17]])
+}
+
+/// A and B, and a rule that decides which MAD in flight is lost.
+struct Net {
+    a: Cm,
+    b: Cm,
+    now: u64,
+    /// (sender is A, attribute, how many more of them to drop).
+    drops: Vec<(bool, u16, u32)>,
+    /// Every MAD delivered, by sender and attribute.
+    log: Vec<(bool, u16)>,
+    events_a: Vec<CmEvent>,
+    events_b: Vec<CmEvent>,
+}
+
+impl Net {
+    fn new() -> Net {
+        let mut b = Cm::new(CmConfig::new(0xb, 2));
+        b.listen(svc()).unwrap();
+        Net {
+            a: Cm::new(CmConfig::new(0xa, 1)),
+            b,
+            now: 0,
+            drops: Vec::new(),
+            log: Vec::new(),
+            events_a: Vec::new(),
+            events_b: Vec::new(),
+        }
+    }
+
+    fn drop_first(&mut self, from_a: bool, attr: CmAttr, n: u32) {
+        self.drops.push((from_a, attr as u16, n));
+    }
+
+    /// Delivers everything in flight (dropping per the rules) until both
+    /// are quiet; collects events.
+    fn settle(&mut self) {
+        loop {
+            let mut moved = false;
+            for from_a in [true, false] {
+                let (src, dst, src_ip) = if from_a {
+                    (&mut self.a, &mut self.b, ip(A))
+                } else {
+                    (&mut self.b, &mut self.a, ip(B))
+                };
+                while let Some(t) = src.poll_transmit() {
+                    moved = true;
+                    let attr = attr_of(&t.mad);
+                    let drop = self
+                        .drops
+                        .iter_mut()
+                        .find(|(fa, at, n)| *fa == from_a && *at == attr && *n > 0);
+                    if let Some(d) = drop {
+                        d.2 -= 1;
+                        continue;
+                    }
+                    self.log.push((from_a, attr));
+                    dst.handle_mad(self.now, src_ip, &t.mad);
+                }
+            }
+            while let Some(e) = self.a.poll_event() {
+                moved = true;
+                self.events_a.push(e);
+            }
+            while let Some(e) = self.b.poll_event() {
+                moved = true;
+                self.events_b.push(e);
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Moves time to the next deadline of either side and runs it.
+    fn tick(&mut self) -> bool {
+        let next = [self.a.poll_timeout(), self.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(t) = next else { return false };
+        self.now = self.now.max(t);
+        self.a.handle_timeout(self.now);
+        self.b.handle_timeout(self.now);
+        self.settle();
+        true
+    }
+
+    fn sent(&self, from_a: bool, attr: CmAttr) -> usize {
+        self.log
+            .iter()
+            .filter(|(f, a)| *f == from_a && *a == attr as u16)
+            .count()
+    }
+}
+
+fn svc() -> u64 {
+    PortSpace::Tcp.service_id(7471)
+}
+
+fn req() -> CmReq {
+    req_template(svc(), Qpn::new(0x11).unwrap(), Psn::new(100))
+}
+
+fn rep() -> CmRep {
+    rep_template(Qpn::new(0x22).unwrap(), Psn::new(200))
+}
+
+/// Runs a whole connection and disconnection, answering events as an
+/// rdma_cm application would, through whatever the rules drop.
+fn connect_and_disconnect(net: &mut Net) -> (ConnId, ConnId) {
+    let ca = net.a.connect(net.now, ip(B), req()).unwrap();
+    let mut cb = None;
+    let mut established = (false, false);
+    for _ in 0..200 {
+        net.settle();
+        let busy = !net.events_a.is_empty() || !net.events_b.is_empty();
+        for e in std::mem::take(&mut net.events_b) {
+            match e {
+                CmEvent::Request { conn, peer, req } => {
+                    assert_eq!(peer, ip(A));
+                    assert_eq!(req.local_qpn.value(), 0x11);
+                    assert_eq!(req.starting_psn.value(), 100);
+                    assert_eq!(cb, None, "one request per connection");
+                    cb = Some(conn);
+                    net.b.accept(net.now, conn, rep()).unwrap();
+                }
+                CmEvent::Established { conn } => {
+                    assert_eq!(Some(conn), cb);
+                    established.1 = true;
+                }
+                e => panic!("B: {e:?}"),
+            }
+        }
+        for e in std::mem::take(&mut net.events_a) {
+            match e {
+                CmEvent::Reply { conn, rep } => {
+                    assert_eq!(conn, ca);
+                    assert_eq!(rep.local_qpn.value(), 0x22);
+                    net.a.establish(net.now, conn).unwrap();
+                    established.0 = true;
+                }
+                e => panic!("A: {e:?}"),
+            }
+        }
+        if established == (true, true) {
+            break;
+        }
+        if !busy {
+            assert!(net.tick(), "stuck before established");
+        }
+    }
+    assert_eq!(established, (true, true));
+    let cb = cb.unwrap();
+    net.a.disconnect(net.now, ca, b"bye").unwrap();
+    let mut disconnected = (false, false);
+    for _ in 0..200 {
+        net.settle();
+        for e in std::mem::take(&mut net.events_a) {
+            match e {
+                CmEvent::Disconnected { conn } if conn == ca => disconnected.0 = true,
+                CmEvent::TimeWaitExit { .. } => {}
+                e => panic!("A: {e:?}"),
+            }
+        }
+        for e in std::mem::take(&mut net.events_b) {
+            match e {
+                CmEvent::Disconnected { conn } if conn == cb => disconnected.1 = true,
+                CmEvent::TimeWaitExit { .. } => {}
+                e => panic!("B: {e:?}"),
+            }
+        }
+        if disconnected == (true, true) {
+            break;
+        }
+        assert!(net.tick(), "stuck before disconnected");
+    }
+    assert_eq!(disconnected, (true, true));
+    (ca, cb)
+}
+
+#[test]
+fn connects_and_disconnects_without_loss() {
+    let mut net = Net::new();
+    connect_and_disconnect(&mut net);
+    assert_eq!(net.a.counters().retransmits, 0);
+    assert_eq!(net.sent(true, CmAttr::Req), 1);
+    assert_eq!(net.sent(false, CmAttr::Rep), 1);
+    assert_eq!(net.sent(true, CmAttr::Rtu), 1);
+    assert_eq!(net.sent(true, CmAttr::Dreq), 1);
+    assert_eq!(net.sent(false, CmAttr::Drep), 1);
+    // Time-wait, then both forget.
+    while net.tick() {}
+    assert!(net.a.is_empty() && net.b.is_empty());
+}
+
+#[test]
+fn each_lost_message_is_recovered() {
+    for (from_a, attr) in [
+        (true, CmAttr::Req),
+        (false, CmAttr::Rep),
+        (true, CmAttr::Rtu),
+        (true, CmAttr::Dreq),
+        (false, CmAttr::Drep),
+    ] {
+        for n in [1, 3] {
+            let mut net = Net::new();
+            net.drop_first(from_a, attr, n);
+            connect_and_disconnect(&mut net);
+            // The lost one was sent again (an RTU by the passive side's REP
+            // retransmission making the active side repeat it; a REP may
+            // arrive twice: its own timer and A's repeated REQ).
+            assert!(net.sent(from_a, attr) >= 1, "{attr:?} x{n}");
+            assert!(net.a.counters().retransmits + net.b.counters().retransmits >= u64::from(n));
+            // B never saw a second REQ as new: one connection request.
+            assert!(net.b.counters().duplicates <= u64::from(n));
+        }
+    }
+}
+
+#[test]
+fn unknown_service_is_rejected_with_reason_8() {
+    let mut net = Net::new();
+    let mut r = req();
+    r.service_id = PortSpace::Tcp.service_id(1);
+    let ca = net.a.connect(0, ip(B), r).unwrap();
+    net.settle();
+    match &net.events_a[..] {
+        [CmEvent::Rejected { conn, rej }] => {
+            assert_eq!(*conn, ca);
+            assert_eq!(rej.reason, reason::INVALID_SERVICE_ID);
+            assert_eq!(rej.message_rejected, 0);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(net.b.is_empty());
+    assert!(net.a.is_empty());
+    assert_eq!(net.a.poll_timeout(), None);
+}
+
+#[test]
+fn duplicate_req_gets_an_mra_then_the_rep() {
+    let mut net = Net::new();
+    net.a.connect(0, ip(B), req()).unwrap();
+    net.settle();
+    let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
+        panic!("{:?}", net.events_b)
+    };
+    net.events_b.clear();
+    // B's application is slow: A retransmits; B answers with an MRA.
+    let t = net.a.poll_timeout().unwrap();
+    net.now = t;
+    net.a.handle_timeout(t);
+    net.settle();
+    assert_eq!(net.sent(false, CmAttr::Mra), 1);
+    assert!(net.events_b.is_empty(), "no second request");
+    // A now waits longer than its own timeout.
+    assert!(net.a.poll_timeout().unwrap() > t + timeout_ns(16));
+    net.b.accept(net.now, cb, rep()).unwrap();
+    // The REP is lost; B's timer sends it again (before A's REQ, which
+    // now waits for the MRA's service timeout).
+    net.drop_first(false, CmAttr::Rep, 1);
+    net.settle();
+    net.tick();
+    assert_eq!(net.sent(false, CmAttr::Rep), 1);
+    assert!(matches!(net.events_a[..], [CmEvent::Reply { .. }]));
+    assert_eq!(net.b.counters().duplicates, 1);
+    assert_eq!(net.b.counters().retransmits, 1);
+}
+
+#[test]
+fn time_wait_answers_repeats_then_ends() {
+    let mut net = Net::new();
+    let (ca, cb) = connect_and_disconnect(&mut net);
+    // A repeated DREQ in time-wait gets a DREP, no second event.
+    let mut dreq = [0u8; MAD_LEN];
+    CmMad::new(
+        7,
+        CmMessage::Dreq(CmDreq {
+            local_comm_id: ca.0,
+            remote_comm_id: cb.0,
+            remote_qpn: Qpn::new(0x22).unwrap(),
+            private_data: [0; 220],
+        }),
+    )
+    .emit(&mut dreq)
+    .unwrap();
+    net.b.handle_mad(net.now, ip(A), &dreq);
+    let t = net.b.poll_transmit().unwrap();
+    assert_eq!(attr_of(&t.mad), CmAttr::Drep as u16);
+    assert_eq!(net.b.poll_event(), None);
+    // Disconnecting again is a no-op.
+    net.a.disconnect(net.now, ca, &[]).unwrap();
+    assert_eq!(net.a.poll_transmit(), None);
+    // A repeated REQ of the old connection is stale.
+    let mut r = req();
+    r.local_comm_id = ca.0;
+    r.local_ca_guid = 0xa;
+    let mut buf = [0u8; MAD_LEN];
+    CmMad::new(1, CmMessage::Req(r)).emit(&mut buf).unwrap();
+    net.b.handle_mad(net.now, ip(A), &buf);
+    let t = net.b.poll_transmit().unwrap();
+    let CmMessage::Rej(rej) = CmMad::parse(&t.mad).unwrap().message else {
+        panic!()
+    };
+    assert_eq!(rej.reason, reason::STALE_CONN);
+    // After time-wait: exit events, nothing left.
+    let end = net.now + net.b.config().time_wait_ns;
+    while net.tick() {}
+    assert!(net.now >= end);
+    assert!(net.events_a.contains(&CmEvent::TimeWaitExit { conn: ca }));
+    assert!(net.events_b.contains(&CmEvent::TimeWaitExit { conn: cb }));
+    assert!(net.a.is_empty() && net.b.is_empty());
+}
+
+#[test]
+fn a_silent_peer_is_unreachable_after_the_retries() {
+    let mut net = Net::new();
+    net.drop_first(true, CmAttr::Req, u32::MAX);
+    net.drop_first(true, CmAttr::Rej, u32::MAX);
+    let ca = net.a.connect(0, ip(B), req()).unwrap();
+    while net.tick() {}
+    assert_eq!(net.events_a, vec![CmEvent::Unreachable { conn: ca }]);
+    assert_eq!(net.a.counters().retransmits, 15);
+    assert_eq!(net.a.counters().timeouts, 1);
+    assert!(net.a.is_empty());
+    // 16 waits of 2 x 268 ms.
+    assert!(net.now >= 16 * 2 * timeout_ns(16));
+}
+
+#[test]
+fn the_peer_gone_during_disconnect_still_disconnects() {
+    let mut net = Net::new();
+    net.drop_first(false, CmAttr::Drep, u32::MAX);
+    net.drop_first(true, CmAttr::Dreq, u32::MAX);
+    let ca = net.a.connect(0, ip(B), req()).unwrap();
+    net.settle();
+    let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
+        panic!()
+    };
+    net.b.accept(0, cb, rep()).unwrap();
+    net.settle();
+    net.a.establish(0, ca).unwrap();
+    net.settle();
+    net.events_a.clear();
+    net.a.disconnect(0, ca, &[]).unwrap();
+    while net.events_a.is_empty() {
+        assert!(net.tick());
+    }
+    assert_eq!(net.events_a[0], CmEvent::Disconnected { conn: ca });
+}
+
+#[test]
+fn reject_reaches_the_requester_with_private_data() {
+    let mut net = Net::new();
+    let ca = net.a.connect(0, ip(B), req()).unwrap();
+    net.settle();
+    let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
+        panic!()
+    };
+    assert_eq!(
+        net.b.reject(cb, reason::CONSUMER, &[0u8; 149]),
+        Err(CmError::Invalid("REJ private data longer than 148 bytes"))
+    );
+    net.b.reject(cb, reason::CONSUMER, b"no").unwrap();
+    net.settle();
+    let [CmEvent::Rejected { conn, ref rej }] = net.events_a[..] else {
+        panic!("{:?}", net.events_a)
+    };
+    assert_eq!(conn, ca);
+    assert_eq!(rej.reason, reason::CONSUMER);
+    assert_eq!(&rej.private_data[..2], b"no");
+    assert!(net.a.is_empty() && net.b.is_empty());
+    assert_eq!(net.b.accept(0, cb, rep()), Err(CmError::NoSuchConn));
+}
+
+#[test]
+fn sidr_resolves_a_ud_service_and_answers_repeats() {
+    let mut net = Net::new();
+    let udp = PortSpace::Udp.service_id(7174);
+    net.b.listen(udp).unwrap();
+    let sreq = CmSidrReq {
+        request_id: 0,
+        pkey: 0xffff,
+        service_id: udp,
+        private_data: [0; 216],
+    };
+    net.drop_first(false, CmAttr::SidrRep, 1);
+    let ca = net.a.sidr_request(0, ip(B), sreq).unwrap();
+    net.settle();
+    let [CmEvent::SidrRequest { conn: cb, .. }] = net.events_b[..] else {
+        panic!()
+    };
+    let rep = CmSidrRep {
+        request_id: 0,
+        status: sidr_status::OK,
+        add_info_length: 0,
+        qpn: Qpn::new(0x33).unwrap(),
+        service_id: udp,
+        qkey: rdma::RDMA_UDP_QKEY,
+        class_port_info: [0; 72],
+        private_data: [0; 136],
+    };
+    net.b.sidr_reply(0, cb, rep).unwrap();
+    net.settle();
+    assert!(net.events_a.is_empty(), "the reply was lost");
+    net.tick();
+    let [CmEvent::SidrReply { conn, rep: ref got }] = net.events_a[..] else {
+        panic!("{:?}", net.events_a)
+    };
+    assert_eq!(conn, ca);
+    assert_eq!(got.qpn.value(), 0x33);
+    assert_eq!(got.qkey, rdma::RDMA_UDP_QKEY);
+    assert_eq!(
+        net.events_b.len(),
+        1,
+        "the repeat was answered from the state"
+    );
+    // Unknown UD service: status 1.
+    net.events_a.clear();
+    let other = CmSidrReq {
+        service_id: PortSpace::Udp.service_id(9),
+        ..sreq
+    };
+    net.a.sidr_request(0, ip(B), other).unwrap();
+    net.settle();
+    let [CmEvent::SidrReply { rep: ref got, .. }] = net.events_a[..] else {
+        panic!()
+    };
+    assert_eq!(got.status, sidr_status::UNSUPPORTED);
+}
+
+#[test]
+fn strays_are_counted_and_answered_per_the_spec() {
+    let mut cm = Cm::new(CmConfig::new(1, 1));
+    let peer = ip(A);
+    let mut buf = [0u8; MAD_LEN];
+    // A DREQ for nothing: DREP all the same.
+    CmMad::new(
+        1,
+        CmMessage::Dreq(CmDreq {
+            local_comm_id: 5,
+            remote_comm_id: 6,
+            remote_qpn: Qpn::from_wire(0),
+            private_data: [0; 220],
+        }),
+    )
+    .emit(&mut buf)
+    .unwrap();
+    cm.handle_mad(0, peer, &buf);
+    assert_eq!(
+        attr_of(&cm.poll_transmit().unwrap().mad),
+        CmAttr::Drep as u16
+    );
+    // A REP for nothing: REJ invalid comm ID.
+    CmMad::new(2, CmMessage::Rep(rep())).emit(&mut buf).unwrap();
+    cm.handle_mad(0, peer, &buf);
+    let CmMessage::Rej(r) = CmMad::parse(&cm.poll_transmit().unwrap().mad)
+        .unwrap()
+        .message
+    else {
+        panic!()
+    };
+    assert_eq!(r.reason, reason::INVALID_COMM_ID);
+    // RTU, MRA, REJ, DREP, SIDR_REP for nothing: dropped.
+    for m in [
+        CmMessage::Rtu(CmIds {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            private_data: [0; 224],
+        }),
+        CmMessage::Drep(CmIds {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            private_data: [0; 224],
+        }),
+    ] {
+        CmMad::new(3, m).emit(&mut buf).unwrap();
+        cm.handle_mad(0, peer, &buf);
+    }
+    assert_eq!(cm.poll_transmit(), None);
+    // Wrong class version, wrong method, short, not CM.
+    CmMad::new(4, CmMessage::Rep(rep())).emit(&mut buf).unwrap();
+    let mut bad = buf;
+    bad[2] = 1;
+    cm.handle_mad(0, peer, &bad);
+    let mut bad = buf;
+    bad[3] = 0x81;
+    cm.handle_mad(0, peer, &bad);
+    cm.handle_mad(0, peer, &buf[..100]);
+    let mut bad = buf;
+    bad[1] = 0x81;
+    cm.handle_mad(0, peer, &bad);
+    let c = cm.counters();
+    assert_eq!(c.malformed, 4);
+    assert_eq!(c.unknown, 4);
+    assert_eq!(cm.poll_event(), None);
+    assert!(cm.is_empty());
+    assert_eq!(MAD_HEADER_LEN, 24);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Any bytes, in any order, in any state: the CM never panics and
+    /// never grows without a listener.
+    #[test]
+    fn arbitrary_mads_never_panic(mads in proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..300), 0u16..0x20), 1..40)) {
+        let mut cm = Cm::new(CmConfig::new(1, 1));
+        let mut now = 0;
+        for (mut m, attr) in mads {
+            if m.len() >= 24 {
+                // Mostly well-formed headers, so the bodies get parsed.
+                m[0] = 1; m[1] = 7; m[2] = 2; m[3] = 3;
+                m[16..18].copy_from_slice(&attr.to_be_bytes());
+            }
+            cm.handle_mad(now, ip(A), &m);
+            now += 100 * MS;
+            cm.handle_timeout(now);
+            while cm.poll_transmit().is_some() {}
+        }
+        prop_assert!(cm.poll_event().is_none());
+        prop_assert!(cm.is_empty());
+    }
+
+    /// Any loss pattern of the first few of each message (short of all of
+    /// them): the connection is made and torn down, once, on both sides.
+    #[test]
+    fn any_bounded_loss_is_recovered(drops in proptest::collection::vec((any::<bool>(), 0x10u16..0x17, 0u32..4), 0..6)) {
+        let mut net = Net::new();
+        for (a, attr, n) in drops {
+            net.drops.push((a, attr, n));
+        }
+        connect_and_disconnect(&mut net);
+        while net.tick() {}
+        prop_assert!(net.a.is_empty() && net.b.is_empty());
+    }
+}
