@@ -34,7 +34,7 @@ fn fill(dst: &mut [c_char], s: &str) {
     }
 }
 
-fn devices() -> &'static [Box<Dev>] {
+pub(crate) fn devices() -> &'static [Box<Dev>] {
     static LIST: OnceLock<DevList> = OnceLock::new();
     &LIST
         .get_or_init(|| {
@@ -208,7 +208,7 @@ fn errno_of(e: &std::io::Error) -> libc::c_int {
     })
 }
 
-unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
+pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv_context {
     guard("ibv_open_device", ptr::null_mut(), || {
         let Some(d) = dev_of(device) else {
             set_errno(libc::ENODEV);
@@ -320,7 +320,10 @@ fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) {
     a.phys_port_cnt = 1;
 }
 
-unsafe extern "C" fn query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+pub(crate) unsafe extern "C" fn query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
     guard("ibv_query_device", libc::EIO, || {
         // SAFETY: caller's contract: a context of ours.
         let Some(c) = (unsafe { ctx_of(context) }) else {

@@ -29,6 +29,7 @@ pub mod abi;
 mod datapath;
 mod device;
 mod objects;
+mod rdmacm;
 mod strings;
 mod stubs;
 mod verbs;

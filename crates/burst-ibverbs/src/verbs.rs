@@ -48,7 +48,7 @@ fn ctx_from<'a>(context: *mut ibv_context) -> Option<&'a Ctx> {
 
 // ------------------------------------------------------------------- PD
 
-unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+pub(crate) unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     guard("ibv_alloc_pd", ptr::null_mut(), || {
         let Some(c) = ctx_from(context) else {
             return fail_null(libc::EINVAL);
@@ -72,7 +72,7 @@ unsafe extern "C" fn alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
 }
 export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
 
-unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
+pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard("ibv_dealloc_pd", libc::EIO, || {
         let Some(p) = ours!(Pd, pd) else {
             return libc::EINVAL;
@@ -192,7 +192,9 @@ export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
 
 // ---------------------------------------------------- completion channels
 
-unsafe extern "C" fn create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+pub(crate) unsafe extern "C" fn create_comp_channel(
+    context: *mut ibv_context,
+) -> *mut ibv_comp_channel {
     guard("ibv_create_comp_channel", ptr::null_mut(), || {
         let Some(c) = ctx_from(context) else {
             return fail_null(libc::EINVAL);
@@ -219,7 +221,7 @@ export!(
     create_comp_channel
 );
 
-unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     let Some(ch) = ours!(Channel, channel) else {
         return libc::EINVAL;
     };
@@ -297,7 +299,7 @@ export!("ibv_ack_cq_events", "IBVERBS_1.1", ack_cq_events);
 
 // ------------------------------------------------------------------- CQ
 
-unsafe extern "C" fn create_cq(
+pub(crate) unsafe extern "C" fn create_cq(
     context: *mut ibv_context,
     cqe: c_int,
     cq_context: *mut c_void,
@@ -357,7 +359,7 @@ unsafe extern "C" fn create_cq(
 }
 export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
 
-unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
         let Some(q) = ours!(Cq, cq) else {
             return libc::EINVAL;
@@ -386,7 +388,10 @@ export!("ibv_destroy_cq", "IBVERBS_1.1", destroy_cq);
 
 // ------------------------------------------------------------------- SRQ
 
-unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+pub(crate) unsafe extern "C" fn create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
     guard("ibv_create_srq", ptr::null_mut(), || {
         let (Some(p), false) = (ours!(Pd, pd), init.is_null()) else {
             return fail_null(libc::EINVAL);
@@ -479,7 +484,7 @@ unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_
 }
 export!("ibv_query_srq", "IBVERBS_1.1", query_srq);
 
-unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     guard("ibv_destroy_srq", libc::EIO, || {
         let Some(s) = ours!(Srq, srq) else {
             return libc::EINVAL;
@@ -621,7 +626,10 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
     out.cast()
 }
 
-unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+pub(crate) unsafe extern "C" fn create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
     guard("ibv_create_qp", ptr::null_mut(), || {
         if attr.is_null() {
             return fail_null(libc::EINVAL);
@@ -690,7 +698,7 @@ unsafe extern "C" fn qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 }
 export!("ibv_qp_to_qp_ex", "IBVERBS_1.6", qp_to_qp_ex);
 
-unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard("ibv_destroy_qp", libc::EIO, || {
         let Some(q) = ours!(Qp, qp) else {
             return libc::EINVAL;
@@ -721,24 +729,24 @@ unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
 export!("ibv_destroy_qp", "IBVERBS_1.1", destroy_qp);
 
 // `enum ibv_qp_attr_mask`.
-const M_STATE: c_int = 1;
-const M_ACCESS_FLAGS: c_int = 8;
-const M_PKEY_INDEX: c_int = 16;
-const M_PORT: c_int = 32;
-const M_QKEY: c_int = 64;
-const M_AV: c_int = 128;
-const M_PATH_MTU: c_int = 256;
-const M_TIMEOUT: c_int = 512;
-const M_RETRY_CNT: c_int = 1024;
-const M_RNR_RETRY: c_int = 2048;
-const M_RQ_PSN: c_int = 4096;
-const M_MAX_QP_RD_ATOMIC: c_int = 8192;
-const M_ALT_PATH: c_int = 16384;
-const M_MIN_RNR_TIMER: c_int = 32768;
-const M_SQ_PSN: c_int = 65536;
-const M_MAX_DEST_RD_ATOMIC: c_int = 131072;
-const M_CAP: c_int = 524288;
-const M_DEST_QPN: c_int = 1048576;
+pub(crate) const M_STATE: c_int = 1;
+pub(crate) const M_ACCESS_FLAGS: c_int = 8;
+pub(crate) const M_PKEY_INDEX: c_int = 16;
+pub(crate) const M_PORT: c_int = 32;
+pub(crate) const M_QKEY: c_int = 64;
+pub(crate) const M_AV: c_int = 128;
+pub(crate) const M_PATH_MTU: c_int = 256;
+pub(crate) const M_TIMEOUT: c_int = 512;
+pub(crate) const M_RETRY_CNT: c_int = 1024;
+pub(crate) const M_RNR_RETRY: c_int = 2048;
+pub(crate) const M_RQ_PSN: c_int = 4096;
+pub(crate) const M_MAX_QP_RD_ATOMIC: c_int = 8192;
+pub(crate) const M_ALT_PATH: c_int = 16384;
+pub(crate) const M_MIN_RNR_TIMER: c_int = 32768;
+pub(crate) const M_SQ_PSN: c_int = 65536;
+pub(crate) const M_MAX_DEST_RD_ATOMIC: c_int = 131072;
+pub(crate) const M_CAP: c_int = 524288;
+pub(crate) const M_DEST_QPN: c_int = 1048576;
 
 fn qp_state_of(s: u32) -> Option<QpState> {
     Some(match s {
@@ -775,7 +783,11 @@ pub(crate) fn ah_index(c: &Ctx, a: &ibv_ah_attr) -> Result<u32, c_int> {
     c.ctx.create_ah(a.grh.dgid).map_err(|_| libc::EIO)
 }
 
-unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     guard("ibv_modify_qp", libc::EIO, || {
         let (Some(q), false) = (ours!(Qp, qp), attr.is_null()) else {
             return libc::EINVAL;
@@ -893,7 +905,7 @@ unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
 }
 export!("ibv_modify_qp", "IBVERBS_1.1", modify_qp);
 
-unsafe extern "C" fn query_qp(
+pub(crate) unsafe extern "C" fn query_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
     _mask: c_int,
@@ -945,7 +957,7 @@ export!(
 
 // ------------------------------------------------------------------- AH
 
-unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard("ibv_create_ah", ptr::null_mut(), || {
         let (Some(p), false) = (ours!(Pd, pd), attr.is_null()) else {
             return fail_null(libc::EINVAL);

@@ -65,6 +65,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     linger: bool,
     /// Asynchronous events not yet taken ([`Device::take_async_events`]).
     events: Vec<AsyncEvent>,
+    /// QP1: MADs in and out for the connection manager (every lane
+    /// shares the device's).
+    gsi: Option<Arc<crate::gsi::Gsi>>,
     /// Test support: the QPN whose next packet makes the device panic
     /// ([`Device::debug_panic_on_packet_for`]).
     panic_for: Option<Qpn>,
@@ -134,6 +137,7 @@ impl<P: Port> Device<P> {
             counters: DeviceCounters::default(),
             linger: true,
             events: Vec::new(),
+            gsi: None,
             panic_for: None,
             cc: Congestion::new(burst_cc::Algorithm::default()),
             tx_next: 0,
@@ -148,6 +152,11 @@ impl<P: Port> Device<P> {
             index,
             count: count.max(1),
         };
+    }
+
+    /// Hands QP1's traffic to (and takes it from) `gsi`.
+    pub fn set_gsi(&mut self, gsi: Arc<crate::gsi::Gsi>) {
+        self.gsi = Some(gsi);
     }
 
     /// Selects the congestion control (before any QP is created).
@@ -629,6 +638,13 @@ impl<P: Port> Device<P> {
                 }
             }
             let qpn = pkt.bth().dest_qp();
+            if qpn.value() == crate::gsi::GSI_QPN {
+                match &self.gsi {
+                    Some(gsi) => gsi.receive(peer.ip(), &pkt),
+                    None => self.counters.no_qp += 1,
+                }
+                continue;
+            }
             let Ok(i) = qp_index_in(&self.qps, self.lane, qpn) else {
                 self.counters.no_qp += 1;
                 continue;
@@ -698,6 +714,20 @@ impl<P: Port> Device<P> {
                 buf.peer = peer;
                 self.counters.sent_pkts += 1;
                 self.cc.counters.cnp_sent += 1;
+                n += 1;
+            }
+        }
+        // Then connection management (rare, small, time-critical for the
+        // peer's CM timers).
+        if let Some(gsi) = &self.gsi {
+            while n < self.tx.len() && gsi.has_transmit() {
+                let buf = &mut self.tx[n];
+                let Some((len, peer)) = gsi.transmit(&mut buf.data[..]) else {
+                    break;
+                };
+                buf.len = len;
+                buf.peer = peer;
+                self.counters.sent_pkts += 1;
                 n += 1;
             }
         }

@@ -548,6 +548,9 @@ struct Shared {
     app_stepping: AtomicBool,
     /// The device clock (the device holds a clone).
     clock: Clock,
+    /// QP1's queues (the connection manager's MADs); a daemon client has
+    /// none (QP1 is burstd's).
+    gsi: Option<Arc<crate::gsi::Gsi>>,
 }
 
 impl Shared {
@@ -555,6 +558,10 @@ impl Shared {
     /// waits.
     fn bells_pending(&self, lane: usize) -> bool {
         if !self.doorbells[lane].queue.is_empty() {
+            return true;
+        }
+        // QP1's MADs leave through lane 0 (gsi_send nudges it).
+        if lane == 0 && self.gsi.as_ref().is_some_and(|g| g.has_transmit()) {
             return true;
         }
         let clients = self.client_bells.read().unwrap_or_else(|e| e.into_inner());
@@ -967,6 +974,7 @@ impl Engine {
         let mut cores = Vec::new();
         let mut controls = Vec::new();
         let mut gid = [0u8; 16];
+        let gsi = Arc::new(crate::gsi::Gsi::new()?);
         for (k, port) in ports.into_iter().enumerate() {
             if o.drive == Drive::Thread {
                 readies.push(port.readiness()?);
@@ -975,6 +983,7 @@ impl Engine {
             dev.set_clock(o.clock.clone());
             dev.set_congestion_control(o.congestion_control);
             dev.set_lane(k as u32, lanes as u32);
+            dev.set_gsi(Arc::clone(&gsi));
             gid = dev.gid();
             let (control, control_rx) = bounded(64);
             controls.push(control);
@@ -1005,6 +1014,7 @@ impl Engine {
             app_posted: std::sync::atomic::AtomicU64::new(0),
             app_stepping: AtomicBool::new(false),
             clock: o.clock,
+            gsi: Some(gsi),
         });
         let ctx = Context {
             shared: Arc::clone(&shared),
@@ -1927,6 +1937,26 @@ impl Context {
                 Err(_) => std::thread::yield_now(),
             }
         }
+    }
+
+    /// QP1 of this engine's device (`None` for a daemon client: burstd's
+    /// connection manager owns it).
+    pub fn gsi(&self) -> Option<&Arc<crate::gsi::Gsi>> {
+        self.shared.gsi.as_ref()
+    }
+
+    /// Queues a MAD for QP1 to send and wakes the engine; `false` when
+    /// there is no QP1 here or its queue is full (counted).
+    pub fn gsi_send(&self, m: crate::gsi::GsiMad) -> bool {
+        let Some(gsi) = &self.shared.gsi else {
+            return false;
+        };
+        if !gsi.queue(m) {
+            return false;
+        }
+        // Any lane sends QP1's MADs; lane 0 is as good as any.
+        self.shared.wake.nudge(0);
+        true
     }
 
     /// Hands progress back to the engine thread at once (call before the
@@ -3029,6 +3059,7 @@ impl Context {
             app_posted: Default::default(),
             app_stepping: AtomicBool::new(false),
             clock: Clock::wall(),
+            gsi: None,
         });
         let remote = Arc::new(crate::client::Remote::new(sock, client, mode));
         let mtu = Mtu::from_bytes(device.mtu as usize).unwrap_or(Mtu::Mtu1024);

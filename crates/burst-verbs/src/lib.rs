@@ -28,6 +28,7 @@
 pub mod bottleneck;
 pub mod client;
 pub mod clock;
+pub mod cm;
 pub mod config;
 pub mod engine;
 
@@ -51,6 +52,7 @@ mod congestion;
 mod dataplane;
 mod entry;
 pub mod eventfd;
+pub mod gsi;
 pub mod netif;
 pub mod protocol;
 pub mod shm;

@@ -12,3 +12,31 @@ pub(crate) fn fine_timer_slack() {
         tracing::debug!("PR_SET_TIMERSLACK: {}", std::io::Error::last_os_error());
     }
 }
+
+/// Waits until `a` or `b` is readable, or `timeout` passes (an
+/// interrupted wait returns early; callers look at both anyway).
+pub(crate) fn poll_two(
+    a: std::os::fd::BorrowedFd<'_>,
+    b: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) {
+    use std::os::fd::AsRawFd;
+    let mut fds = [
+        libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // Round up: a deadline under a millisecond away must not spin.
+    let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
+    // SAFETY: `fds` is a live array of two pollfds for the call; both
+    // descriptors are borrowed, so open, for its duration.
+    let _ = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+}

@@ -1,0 +1,296 @@
+//! IP addresses: sockaddrs in and out, which burst device an address
+//! belongs to or routes through, and `rdma_getaddrinfo`.
+
+use std::ffi::{c_char, c_int};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::ptr;
+
+use burst_cm::rdma::PortSpace;
+
+use super::abi::*;
+use crate::guard;
+
+/// The address at `sa` (AF_INET or AF_INET6), if any.
+pub(super) fn read_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: a readable sockaddr of the family it says (caller's
+    // contract); the family is read first and decides the size read.
+    unsafe {
+        match c_int::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let s = &*sa.cast::<libc::sockaddr_in>();
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
+                    u16::from_be(s.sin_port),
+                )))
+            }
+            libc::AF_INET6 => {
+                let s = &*sa.cast::<libc::sockaddr_in6>();
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(s.sin6_addr.s6_addr),
+                    u16::from_be(s.sin6_port),
+                    s.sin6_flowinfo,
+                    s.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Writes `a` as a sockaddr into `dst` (128 bytes, room for either).
+pub(super) fn write_sockaddr(dst: &mut sockaddr_storage, a: SocketAddr) {
+    dst.0.fill(0);
+    let p = dst.0.as_mut_ptr();
+    // SAFETY: `dst` is 128 bytes and 8-aligned, larger than and aligned
+    // for either struct; all-zero is valid for both.
+    unsafe {
+        match a {
+            SocketAddr::V4(v4) => {
+                let s = &mut *p.cast::<libc::sockaddr_in>();
+                s.sin_family = libc::AF_INET as libc::sa_family_t;
+                s.sin_port = v4.port().to_be();
+                s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            }
+            SocketAddr::V6(v6) => {
+                let s = &mut *p.cast::<libc::sockaddr_in6>();
+                s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                s.sin6_port = v6.port().to_be();
+                s.sin6_addr.s6_addr = v6.ip().octets();
+                s.sin6_scope_id = v6.scope_id();
+            }
+        }
+    }
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
+    }
+}
+
+fn same(a: IpAddr, b: IpAddr) -> bool {
+    a.to_canonical() == b.to_canonical()
+}
+
+/// The device whose address is `ip`; loopback means the first device (a
+/// process talks to itself through its own device).
+pub(super) fn device_of_local(ip: IpAddr) -> Option<usize> {
+    let devs = crate::device::devices();
+    if let Some(i) = devs.iter().position(|d| same(d.cfg.addr, ip)) {
+        return Some(i);
+    }
+    (is_loopback(ip) && !devs.is_empty()).then_some(0)
+}
+
+/// The devices a listen on `ip` covers: all for the wildcard.
+pub(super) fn devices_for(ip: Option<IpAddr>) -> Vec<usize> {
+    match ip {
+        Some(ip) if !ip.is_unspecified() => device_of_local(ip).into_iter().collect(),
+        _ => (0..crate::device::devices().len()).collect(),
+    }
+}
+
+/// Where a connection to `dst` goes: (device, local address, peer). The
+/// device is the source's if one is given, else the one the kernel's
+/// routing picks as source for `dst` (a connected UDP socket tells), else
+/// the only (first) one. A destination that is local (loopback or a
+/// device's own address) is the device itself.
+pub(super) fn resolve(src: Option<IpAddr>, dst: IpAddr) -> Option<(usize, IpAddr, IpAddr)> {
+    let devs = crate::device::devices();
+    if devs.is_empty() {
+        return None;
+    }
+    let dev = match src {
+        Some(s) => device_of_local(s)?,
+        None => {
+            if let Some(i) = devs.iter().position(|d| same(d.cfg.addr, dst)) {
+                i
+            } else {
+                route_source(dst)
+                    .and_then(|s| devs.iter().position(|d| same(d.cfg.addr, s)))
+                    .unwrap_or(0)
+            }
+        }
+    };
+    let local = devs[dev].cfg.addr;
+    let peer = if is_loopback(dst) { local } else { dst };
+    Some((dev, local, peer))
+}
+
+/// The source address the kernel would use towards `dst`.
+fn route_source(dst: IpAddr) -> Option<IpAddr> {
+    let any: SocketAddr = if dst.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let s = UdpSocket::bind(any).ok()?;
+    s.connect((dst, 4791)).ok()?;
+    s.local_addr().ok().map(|a| a.ip())
+}
+
+// ------------------------------------------------------- rdma_getaddrinfo
+
+fn copy_sockaddr(a: *const libc::sockaddr, len: u32) -> *mut libc::sockaddr {
+    if a.is_null() || len == 0 {
+        return ptr::null_mut();
+    }
+    // SAFETY: malloc of `len` bytes, filled from `len` readable bytes at
+    // `a` (getaddrinfo's result or the caller's hints).
+    unsafe {
+        let p = libc::malloc(len as usize).cast::<libc::sockaddr>();
+        if !p.is_null() {
+            ptr::copy_nonoverlapping(a.cast::<u8>(), p.cast::<u8>(), len as usize);
+        }
+        p
+    }
+}
+
+fn sockaddr_len(a: *const libc::sockaddr) -> u32 {
+    if a.is_null() {
+        return 0;
+    }
+    // SAFETY: a readable sockaddr (caller's contract).
+    match c_int::from(unsafe { (*a).sa_family }) {
+        libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>() as u32,
+        libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>() as u32,
+        _ => 0,
+    }
+}
+
+/// `rdma_getaddrinfo`: `getaddrinfo` with the hints converted (socket type
+/// from the QP type, protocol from the port space), the first result
+/// kept, passive results as the source address.
+unsafe extern "C" fn getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    guard("rdma_getaddrinfo", libc::EAI_FAIL, || {
+        crate::init_logging();
+        if res.is_null() || (node.is_null() && service.is_null()) {
+            return libc::EAI_NONAME;
+        }
+        // SAFETY: NULL or readable hints (caller's contract).
+        let h = unsafe { hints.as_ref() };
+        let flags = h.map_or(0, |h| h.ai_flags);
+        let passive = flags & RAI_PASSIVE != 0;
+        let mut ps = h.map_or(0, |h| h.ai_port_space);
+        let mut qp_type = h.map_or(0, |h| h.ai_qp_type);
+        // SAFETY: addrinfo is plain data; all-zero is valid.
+        let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
+        gh.ai_family = h.map_or(0, |h| h.ai_family);
+        if passive {
+            gh.ai_flags |= libc::AI_PASSIVE;
+        }
+        if flags & RAI_NUMERICHOST != 0 {
+            gh.ai_flags |= libc::AI_NUMERICHOST;
+        }
+        let datagram = qp_type as u32 == IBV_QPT_UD
+            || ps as u32 == PortSpace::Udp.value()
+            || ps as u32 == PortSpace::Ipoib.value();
+        gh.ai_socktype = if datagram {
+            libc::SOCK_DGRAM
+        } else {
+            libc::SOCK_STREAM
+        };
+        gh.ai_protocol = if datagram {
+            libc::IPPROTO_UDP
+        } else {
+            libc::IPPROTO_TCP
+        };
+        let mut out: *mut libc::addrinfo = ptr::null_mut();
+        if !node.is_null() || !service.is_null() {
+            // SAFETY: the caller's C strings (or NULL) and our hints.
+            let rc = unsafe { libc::getaddrinfo(node, service, &gh, &mut out) };
+            if rc != 0 {
+                return rc;
+            }
+        }
+        // SAFETY: getaddrinfo succeeded: `out` is its first result.
+        let first = unsafe { &*out };
+        if ps == 0 {
+            ps = if first.ai_socktype == libc::SOCK_DGRAM {
+                PortSpace::Udp.value() as c_int
+            } else {
+                PortSpace::Tcp.value() as c_int
+            };
+        }
+        if qp_type == 0 {
+            qp_type = if first.ai_socktype == libc::SOCK_DGRAM {
+                IBV_QPT_UD
+            } else {
+                IBV_QPT_RC
+            } as c_int;
+        }
+        let addr = copy_sockaddr(first.ai_addr, first.ai_addrlen);
+        let canon = if first.ai_canonname.is_null() {
+            ptr::null_mut()
+        } else {
+            // SAFETY: getaddrinfo's NUL-terminated canonical name.
+            unsafe { libc::strdup(first.ai_canonname) }
+        };
+        // SAFETY: allocation of one zeroed rdma_addrinfo, freed by
+        // rdma_freeaddrinfo.
+        let r = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
+            .cast::<rdma_addrinfo>();
+        if r.is_null() {
+            // SAFETY: `out` from getaddrinfo.
+            unsafe { libc::freeaddrinfo(out) };
+            return libc::EAI_MEMORY;
+        }
+        // SAFETY: `r` was just allocated; `first` is still live.
+        unsafe {
+            let ri = &mut *r;
+            ri.ai_flags = flags;
+            ri.ai_family = first.ai_family;
+            ri.ai_qp_type = qp_type;
+            ri.ai_port_space = ps;
+            if passive {
+                ri.ai_src_addr = addr;
+                ri.ai_src_len = first.ai_addrlen;
+                ri.ai_src_canonname = canon;
+            } else {
+                ri.ai_dst_addr = addr;
+                ri.ai_dst_len = first.ai_addrlen;
+                ri.ai_dst_canonname = canon;
+                if let Some(h) = h {
+                    if !h.ai_src_addr.is_null() {
+                        let len = sockaddr_len(h.ai_src_addr);
+                        ri.ai_src_addr = copy_sockaddr(h.ai_src_addr, len);
+                        ri.ai_src_len = len;
+                    }
+                }
+            }
+            libc::freeaddrinfo(out);
+            *res = r;
+        }
+        0
+    })
+}
+export!("rdma_getaddrinfo", "RDMACM_1.0", getaddrinfo);
+
+unsafe extern "C" fn freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut p = res;
+    while !p.is_null() {
+        // SAFETY: a chain made by getaddrinfo above: every pointer is
+        // malloc'd or NULL.
+        unsafe {
+            let next = (*p).ai_next;
+            libc::free((*p).ai_src_addr.cast());
+            libc::free((*p).ai_dst_addr.cast());
+            libc::free((*p).ai_src_canonname.cast());
+            libc::free((*p).ai_dst_canonname.cast());
+            libc::free((*p).ai_route);
+            libc::free((*p).ai_connect);
+            libc::free(p.cast());
+            p = next;
+        }
+    }
+}
+export!("rdma_freeaddrinfo", "RDMACM_1.0", freeaddrinfo);

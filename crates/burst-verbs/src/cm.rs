@@ -1,0 +1,163 @@
+//! The connection manager of a device: burst-cm's state machine driven
+//! over the engine's QP1 by a thread of its own (MADs in, timers), with
+//! every event handed to one sink on that thread, in order.
+//!
+//! The application side (librdmacm's calls) reaches the state machine
+//! through [`CmService::with`]; what a call makes the CM send leaves at
+//! once, and the events it causes reach the sink from the service thread
+//! (so a sink may itself call [`CmService::with`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burst_cm::{Cm, CmConfig, CmEvent};
+
+use crate::engine::Context;
+use crate::eventfd::EventFd;
+use crate::gsi::GsiMad;
+
+/// What receives the CM's events (on the service thread).
+pub type EventSink = Box<dyn FnMut(CmEvent) + Send>;
+
+struct Inner {
+    cm: Mutex<Cm>,
+    ctx: Context,
+    /// Signalled when a call changed the CM's deadlines or queued events.
+    wake: EventFd,
+    stop: AtomicBool,
+    start: Instant,
+}
+
+impl Inner {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Sends what the CM queued (under its lock, so MADs leave in order).
+    fn flush(&self, cm: &mut Cm) {
+        while let Some(t) = cm.poll_transmit() {
+            if !self.ctx.gsi_send(GsiMad {
+                peer: t.peer,
+                mad: t.mad,
+            }) {
+                tracing::debug!(peer = %t.peer, "CM MAD dropped: QP1's queue is full");
+            }
+        }
+    }
+}
+
+/// A device's connection manager (see the module documentation).
+pub struct CmService {
+    inner: Arc<Inner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for CmService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmService").finish_non_exhaustive()
+    }
+}
+
+impl CmService {
+    /// Starts the CM of `ctx`'s device; `sink` gets every event. Fails for
+    /// a daemon client (burstd's CM owns QP1).
+    pub fn start(ctx: &Context, sink: EventSink) -> std::io::Result<CmService> {
+        if ctx.gsi().is_none() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "connection management through burstd is not available yet: \
+                 run rdma_cm applications with an embedded engine (unset BURST_DAEMON)",
+            ));
+        }
+        let mut seed = [0u8; 8];
+        // A random seed: communication IDs must not repeat across runs (a
+        // failure leaves the time as the seed).
+        if getrandom::fill(&mut seed).is_err() {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            seed = (u64::from(std::process::id()) ^ t).to_ne_bytes();
+        }
+        let guid = ctx.query_device().node_guid;
+        let inner = Arc::new(Inner {
+            cm: Mutex::new(Cm::new(CmConfig::new(guid, u64::from_ne_bytes(seed)))),
+            ctx: ctx.clone(),
+            wake: EventFd::new()?,
+            stop: AtomicBool::new(false),
+            start: Instant::now(),
+        });
+        let run = Arc::clone(&inner);
+        let thread = std::thread::Builder::new()
+            .name("burst-cm".into())
+            .spawn(move || serve(&run, sink))?;
+        Ok(CmService {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// Runs `f` on the state machine with the current time; sends what it
+    /// queued and lets the service thread deliver its events.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Cm, u64) -> R) -> R {
+        let mut cm = self.inner.cm.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut cm, self.inner.now());
+        self.inner.flush(&mut cm);
+        drop(cm);
+        self.inner.wake.signal();
+        r
+    }
+
+    /// What the CM counted.
+    pub fn counters(&self) -> burst_cm::CmCounters {
+        self.with(|cm, _| cm.counters())
+    }
+}
+
+impl Drop for CmService {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The service thread: MADs from QP1, timers, events to the sink.
+fn serve(inner: &Inner, mut sink: EventSink) {
+    let Some(gsi) = inner.ctx.gsi().cloned() else {
+        return;
+    };
+    let mut events = Vec::new();
+    while !inner.stop.load(Ordering::Acquire) {
+        let wait = {
+            let mut cm = inner.cm.lock().unwrap_or_else(|e| e.into_inner());
+            let now = inner.now();
+            while let Some(m) = gsi.recv() {
+                cm.handle_mad(now, m.peer, &m.mad);
+            }
+            cm.handle_timeout(now);
+            inner.flush(&mut cm);
+            while let Some(e) = cm.poll_event() {
+                events.push(e);
+            }
+            cm.poll_timeout()
+                .map(|t| Duration::from_nanos(t.saturating_sub(now)))
+        };
+        if !events.is_empty() {
+            for e in events.drain(..) {
+                sink(e);
+            }
+            // The sink may have called the CM: look again before waiting.
+            continue;
+        }
+        // Waits for a MAD, a call, or the next deadline (at most 1 s, so a
+        // stop is seen).
+        let wait = wait
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        crate::thread::poll_two(gsi.fd(), std::os::fd::AsFd::as_fd(&inner.wake), wait);
+        while inner.wake.drain() {}
+    }
+}
