@@ -542,7 +542,14 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
     let srq = ours!(Srq, a.srq);
     // Capabilities beyond the device's limits are refused by the engine
     // (EINVAL), the one place that checks them.
-    let cap = a.cap;
+    let mut cap = a.cap;
+    // As RXE sizes a send WQE: room for the SGEs (16 bytes each) or the
+    // inline data asked for, whichever is larger, and reports it as the
+    // inline capacity (rdma_xclient posts 16 inline bytes asking for 0).
+    let sge_room = cap.max_send_sge.max(1).saturating_mul(16);
+    if cap.max_inline_data <= burst_verbs::MAX_INLINE {
+        cap.max_inline_data = cap.max_inline_data.max(sge_room.min(burst_verbs::MAX_INLINE));
+    }
     let init = QpInit {
         qp_type,
         pd: p.pd,

@@ -957,6 +957,11 @@ fn create_qp_on(id: &Arc<Id>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c
         return fail(libc::EINVAL);
     }
     let pd = if pd.is_null() { id_pd } else { pd };
+    if attr.qp_type == 0 {
+        // Applications leave it to the id (rdma_client zeroes the struct).
+        // SAFETY: our live id.
+        attr.qp_type = unsafe { (*raw).qp_type };
+    }
     if pd.is_null() {
         return fail(libc::EINVAL);
     }
