@@ -548,7 +548,9 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
     // inline capacity (rdma_xclient posts 16 inline bytes asking for 0).
     let sge_room = cap.max_send_sge.max(1).saturating_mul(16);
     if cap.max_inline_data <= burst_verbs::MAX_INLINE {
-        cap.max_inline_data = cap.max_inline_data.max(sge_room.min(burst_verbs::MAX_INLINE));
+        cap.max_inline_data = cap
+            .max_inline_data
+            .max(sge_room.min(burst_verbs::MAX_INLINE));
     }
     let init = QpInit {
         qp_type,

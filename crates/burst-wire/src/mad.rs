@@ -278,7 +278,9 @@ pub struct CmReq {
     pub transport: CmTransport,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// Requester's starting PSN.
+    /// The PSN the requester's receive queue expects first: the
+    /// responder's sends start here (how the kernel's CM, RXE and RNICs
+    /// read it).
     pub starting_psn: Psn,
     /// Local CM response timeout (5 bits).
     pub local_cm_response_timeout: u8,
@@ -384,7 +386,8 @@ pub struct CmRep {
     pub local_qpn: Qpn,
     /// Local EE context number (RD only).
     pub local_eecn: u32,
-    /// Responder's starting PSN.
+    /// The PSN the responder's receive queue expects first: the
+    /// requester's sends start here.
     pub starting_psn: Psn,
     /// Responder resources.
     pub responder_resources: u8,

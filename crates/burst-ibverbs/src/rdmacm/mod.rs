@@ -177,7 +177,9 @@ enum Phase {
 #[derive(Debug, Clone, Copy, Default)]
 struct Negotiated {
     remote_qpn: u32,
+    /// The PSN in the peer's REQ/REP: where our sends start.
     remote_psn: u32,
+    /// The PSN in our REQ/REP: where the peer's sends start.
     my_psn: u32,
     /// `enum ibv_mtu`.
     mtu: u8,
@@ -880,7 +882,10 @@ fn qp_attr_for(st: &IdState, qp_type: u32, state: u32) -> Result<(ibv_qp_attr, c
             };
             a.path_mtu = u32::from(n.mtu);
             a.dest_qp_num = n.remote_qpn;
-            a.rq_psn = n.remote_psn;
+            // A CM message's starting PSN is the one its sender's receive
+            // queue expects (the kernel's reading, which RXE and RNICs
+            // follow): ours in our REQ/REP, the peer's sends start at it.
+            a.rq_psn = n.my_psn;
             a.ah_attr.is_global = 1;
             a.ah_attr.port_num = 1;
             a.ah_attr.grh.dgid = burst_cm::rdma::gid_of(peer);
@@ -894,7 +899,7 @@ fn qp_attr_for(st: &IdState, qp_type: u32, state: u32) -> Result<(ibv_qp_attr, c
             m
         }
         IBV_QPS_RTS => {
-            a.sq_psn = if ud { 0 } else { n.my_psn };
+            a.sq_psn = if ud { 0 } else { n.remote_psn };
             let mut m = M_STATE | M_SQ_PSN;
             if qp_type == IBV_QPT_RC {
                 a.timeout = 14;
