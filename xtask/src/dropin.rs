@@ -369,12 +369,12 @@ fn result_line(c: &Case, out: &str) -> Option<String> {
 }
 
 /// A child whose output is collected in the background.
-struct Run {
+pub(crate) struct Run {
     child: Child,
     out: std::thread::JoinHandle<String>,
 }
 
-fn spawn(argv: &[String]) -> std::io::Result<Run> {
+pub(crate) fn spawn(argv: &[String]) -> std::io::Result<Run> {
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())
@@ -396,14 +396,14 @@ fn spawn(argv: &[String]) -> std::io::Result<Run> {
 impl Run {
     /// Stops the run: SIGTERM to `timeout`, which passes it on to the tool
     /// (a SIGKILL would leave the tool running and its pipes open).
-    fn stop(self) -> (bool, String) {
+    pub(crate) fn stop(self) -> (bool, String) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         self.wait()
     }
 
-    fn wait(mut self) -> (bool, String) {
+    pub(crate) fn wait(mut self) -> (bool, String) {
         let ok = self.child.wait().is_ok_and(|s| s.success());
         (ok, self.out.join().unwrap_or_default())
     }
@@ -542,7 +542,7 @@ pub struct Outcome {
     pub why: String,
 }
 
-fn report(o: &Outcome) {
+pub(crate) fn report(o: &Outcome) {
     println!(
         "xtask: {} {}{}{}",
         if o.ok { "ok    " } else { "FAILED" },
@@ -624,7 +624,7 @@ pub fn burst_pair(
     out
 }
 
-fn tail(s: &str) -> String {
+pub(crate) fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(3)..].join(" | ")
 }

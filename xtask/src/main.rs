@@ -2,6 +2,7 @@
 //! README and `.ci/run` both call it.
 
 mod bench;
+mod cm;
 mod congestion;
 mod daemon;
 mod dataplanes;
@@ -19,6 +20,7 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
        cargo xtask daemon [--quick]
+       cargo xtask cm [--quick] [--veth] [--rxe]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -59,6 +61,12 @@ daemon  burstd over a veth pair (root), one daemon per side: perftest and
         ib_write_bw (the application ends); without --quick the numbers:
         write_bw and send_lat through burstd against embedded mode, and
         1, 2, 4, 8 pairs sharing one burstd per side
+cm      the rdma_cm applications (rping, udaddy, ucmatose, rdma_server/
+        rdma_client, perftest -R, cmtime) on burst's drop-in librdmacm:
+        burst to burst over a veth pair (--veth) and against the kernel's
+        RDMA CM on RXE in the lab VM, both roles (--rxe); default both;
+        --quick: rping, udaddy, ib_write_bw -R, cmtime (also part of
+        cargo xtask interop)
 congestion  flows through a shared bottleneck on simulated time under each
         congestion control (default 8 and 64 flows): plots of each flow's
         rate and the queue, docs/congestion-report.md";
@@ -768,6 +776,9 @@ fn interop(args: &[String]) -> ExitCode {
                 if quick { dropin::QUICK } else { dropin::CASES },
                 c4,
             ));
+            // rdma_cm: the drop-in librdmacm against the kernel's RDMA CM
+            // and burst to burst.
+            runs.extend(cm_runs(&root, &dir, quick, true, true));
             for r in &runs {
                 if r.ok {
                     passed += 1;
@@ -781,6 +792,47 @@ fn interop(args: &[String]) -> ExitCode {
     }
     println!("interop: {passed} passed, {failed} failed");
     if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The rdma_cm set: over the veth pair and against RXE (both roles).
+fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<dropin::Outcome> {
+    let cases: Vec<&cm::CmCase> = if quick {
+        cm::quick()
+    } else {
+        cm::CASES.iter().chain(cm::VETH_ONLY).collect()
+    };
+    let rxe_cases: Vec<&cm::CmCase> = if quick {
+        cm::quick()
+    } else {
+        cm::CASES.iter().collect()
+    };
+    let mut runs = Vec::new();
+    if veth {
+        runs.extend(cm::veth(dir, &cases, 23000));
+    }
+    if rxe {
+        runs.extend(cm::rxe(root, dir, &rxe_cases, true, 23100));
+        runs.extend(cm::rxe(root, dir, &rxe_cases, false, 23200));
+    }
+    runs
+}
+
+fn cm_cmd(args: &[String]) -> ExitCode {
+    let root = root();
+    let has = |f: &str| args.iter().any(|a| a == f);
+    let (mut veth, mut rxe) = (has("--veth"), has("--rxe"));
+    if !veth && !rxe {
+        (veth, rxe) = (true, true);
+    }
+    let Some(dir) = dropin::build(&root) else {
+        return ExitCode::FAILURE;
+    };
+    let runs = cm_runs(&root, &dir, has("--quick"), veth, rxe);
+    if dropin::summary("cm", &runs) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -966,6 +1018,7 @@ fn main() -> ExitCode {
             }
         }
         Some("dropin") => dropin_cmd(&args[1..]),
+        Some("cm") => cm_cmd(&args[1..]),
         Some("bench") => bench::bench(&root(), &args[1..]),
         Some("sweep") => sweep(&args[1..]),
         Some("congestion") => congestion::report(&root(), &args[1..]),

@@ -1,0 +1,397 @@
+//! The rdma_cm applications (rdmacm-utils, perftest's `-R`) on burst's
+//! drop-in librdmacm: burst to burst over the veth pair, and against the
+//! kernel's RDMA CM on RXE in the lab VM in both roles. rdma_cm servers
+//! have no TCP port to probe, so readiness is signalled with files: the
+//! VM touches `ready-N` in its shared state folder before it starts
+//! server N; the host touches `host-ready-N` there once its server N has
+//! its device open, and the VM's client N waits for it.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::dropin::{report, spawn, tail, veth_setup, veth_teardown, Outcome};
+
+/// One application pair. `{addr}` is the server's address, `{port}` the
+/// case's port.
+pub struct CmCase {
+    name: &'static str,
+    server: &'static str,
+    client: &'static str,
+    /// A line the client prints when it passed.
+    pass: &'static str,
+    /// The server never ends by itself (cmtime): stopped after the client.
+    endless: bool,
+}
+
+const fn case(
+    name: &'static str,
+    server: &'static str,
+    client: &'static str,
+    pass: &'static str,
+) -> CmCase {
+    CmCase {
+        name,
+        server,
+        client,
+        pass,
+        endless: false,
+    }
+}
+
+/// Every case.
+pub const CASES: &[CmCase] = &[
+    case(
+        "rping -C 10",
+        "rping -s -v -C 10 -a {addr} -p {port}",
+        "rping -c -v -C 10 -a {addr} -p {port}",
+        "rdma-ping-9:",
+    ),
+    // udaddy's -p is the port space: its port is always 7174.
+    case("udaddy", "udaddy", "udaddy -s {addr}", "test complete"),
+    case(
+        "ucmatose -c 4",
+        "ucmatose -c 4 -p {port}",
+        "ucmatose -s {addr} -c 4 -p {port}",
+        "test complete",
+    ),
+    case(
+        "rdma_server/rdma_client",
+        "rdma_server -s {addr} -p {port}",
+        "rdma_client -s {addr} -p {port}",
+        "end 0",
+    ),
+    case(
+        "ib_write_bw -R",
+        "ib_write_bw -R -F -D 2 -s 65536 -p {port}",
+        "ib_write_bw -R -F -D 2 -s 65536 -p {port} {addr}",
+        "65536",
+    ),
+    case(
+        "ib_send_lat -R",
+        "ib_send_lat -R -F -n 1000 -p {port}",
+        "ib_send_lat -R -F -n 1000 -p {port} {addr}",
+        " 1000 ",
+    ),
+    case(
+        "ib_read_bw -R",
+        "ib_read_bw -R -F -D 2 -s 65536 -p {port}",
+        "ib_read_bw -R -F -D 2 -s 65536 -p {port} {addr}",
+        "65536",
+    ),
+    CmCase {
+        name: "cmtime (100 connections)",
+        server: "cmtime -b {addr} -p {port}",
+        client: "cmtime -s {addr} -p {port}",
+        pass: "disconnect",
+        endless: true,
+    },
+];
+
+/// burst to burst only (RXE's VM lacks nothing here, but these add little
+/// against it).
+pub const VETH_ONLY: &[CmCase] = &[case(
+    "rdma_xserver/rdma_xclient",
+    "rdma_xserver -p {port}",
+    "rdma_xclient -s {addr} -p {port}",
+    "end 0",
+)];
+
+/// The CI share: connected, datagram, perftest and connection rate.
+pub fn quick() -> Vec<&'static CmCase> {
+    CASES
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.name,
+                "rping -C 10" | "udaddy" | "ib_write_bw -R" | "cmtime (100 connections)"
+            )
+        })
+        .collect()
+}
+
+fn argv(template: &str, addr: &str, port: u16) -> String {
+    template
+        .replace("{addr}", addr)
+        .replace("{port}", &port.to_string())
+}
+
+/// Whether UDP 4791 is bound in namespace `ns` (a burst device is open).
+fn roce_bound(ns: &str) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-Hluln"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(":4791 "))
+}
+
+fn wait_for(what: impl Fn() -> bool, within: Duration) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if what() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// A burst process in namespace `ns` with address `addr`.
+fn burst_argv(dir: &Path, ns: &str, addr: &str, cmd: &str, secs: u32) -> Vec<String> {
+    let mut v: Vec<String> = ["ip", "netns", "exec", ns, "env"]
+        .map(String::from)
+        .to_vec();
+    v.push(format!("BURST_ADDR={addr}"));
+    v.push(format!("LD_LIBRARY_PATH={}", dir.display()));
+    v.extend(["timeout".into(), secs.to_string()]);
+    v.extend(cmd.split_whitespace().map(String::from));
+    v
+}
+
+fn outcome(name: String, ok: bool, numbers: Option<String>, why: String) -> Outcome {
+    let o = Outcome {
+        name,
+        ok,
+        numbers,
+        why,
+    };
+    report(&o);
+    o
+}
+
+/// The figure a passing client printed: perftest's row, cmtime's connect
+/// line, else the line that says it passed.
+fn numbers(c: &CmCase, out: &str) -> Option<String> {
+    if c.endless {
+        return cmtime_connect(out)
+            .map(|(total_ms, per)| format!("connect {total_ms:.2} ms total, {per:.1} us/conn"));
+    }
+    out.lines()
+        .rfind(|l| l.contains(c.pass))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// cmtime's connect row: (total ms, us per connection).
+pub fn cmtime_connect(out: &str) -> Option<(f64, f64)> {
+    let l = out.lines().find(|l| {
+        let t = l.trim_start();
+        t.starts_with("connect") && t.contains(':')
+    })?;
+    let f: Vec<f64> = l
+        .split(':')
+        .nth(1)?
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    (f.len() >= 4).then(|| (f[0], f[3]))
+}
+
+/// burst to burst over the veth pair.
+pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    if !veth_setup(1500) {
+        out.push(outcome(
+            "rdma_cm veth set-up".into(),
+            false,
+            None,
+            "ip netns failed".into(),
+        ));
+        return out;
+    }
+    let (sa, ca) = ("198.18.0.101", "198.18.0.102");
+    for (i, c) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        let name = format!("rdma_cm burst<->burst veth: {}", c.name);
+        let server = match spawn(&burst_argv(
+            dir,
+            "burstbb1",
+            sa,
+            &argv(c.server, sa, port),
+            60,
+        )) {
+            Ok(s) => s,
+            Err(e) => {
+                out.push(outcome(name, false, None, format!("spawn: {e}")));
+                continue;
+            }
+        };
+        // The device opens at bind; the listen follows within microseconds.
+        let up = wait_for(|| roce_bound("burstbb1"), Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(500));
+        let (cok, cout) = if up {
+            match spawn(&burst_argv(
+                dir,
+                "burstbb2",
+                ca,
+                &argv(c.client, sa, port),
+                60,
+            )) {
+                Ok(r) => r.wait(),
+                Err(e) => (false, format!("spawn: {e}")),
+            }
+        } else {
+            (false, "the server never opened its device".into())
+        };
+        let (sok, sout) = if c.endless || !cok {
+            let (_, s) = server.stop();
+            (true, s)
+        } else {
+            server.wait()
+        };
+        let nums = numbers(c, &cout);
+        let ok = cok && sok && nums.is_some();
+        let why = if ok {
+            String::new()
+        } else {
+            tail(&(cout + " / server: " + &sout))
+        };
+        out.push(outcome(name, ok, nums, why));
+    }
+    veth_teardown();
+    out
+}
+
+/// Against RXE in the lab VM; `vm_serves`: the VM runs the servers.
+pub fn rxe(
+    root: &Path,
+    dir: &Path,
+    cases: &[&CmCase],
+    vm_serves: bool,
+    base_port: u16,
+) -> Vec<Outcome> {
+    let lab = root.join("../shared/rxe-lab/rxe-vm");
+    let state = Path::new("/run/rxe-lab/run-a");
+    let label = if vm_serves {
+        "rdma_cm burst client -> RXE server"
+    } else {
+        "rdma_cm RXE client -> burst server"
+    };
+    let (vm_ip, host_ip) = ("198.18.0.2", "198.18.0.1");
+    let server_ip = if vm_serves { vm_ip } else { host_ip };
+    let _ = Command::new("bash").arg(&lab).arg("setup").status();
+    let _ = std::fs::create_dir_all(state);
+    for i in 0..cases.len() {
+        let _ = std::fs::remove_file(state.join(format!("ready-{i}")));
+        let _ = std::fs::remove_file(state.join(format!("host-ready-{i}")));
+        let _ = std::fs::remove_file(state.join(format!("done-{i}")));
+    }
+    let mut script = String::new();
+    for (i, c) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        let (before, t, cmd, after) = if vm_serves {
+            (
+                format!("touch $RXE_LAB_STATE/ready-{i}"),
+                if c.endless { 40 } else { 90 },
+                argv(c.server, server_ip, port),
+                "true".to_string(),
+            )
+        } else {
+            (
+                format!("for t in $(seq 1 600); do [ -e $RXE_LAB_STATE/host-ready-{i} ] && break; sleep 0.2; done"),
+                90,
+                argv(c.client, server_ip, port),
+                format!("touch $RXE_LAB_STATE/done-{i}"),
+            )
+        };
+        script.push_str(&format!(
+            "{before}; timeout {t} {cmd} > /tmp/cm{i}.log 2>&1; rc=$?; {after}; echo VMRESULT {i} $rc; tail -n 12 /tmp/cm{i}.log | sed 's/^/VMLOG {i} /'; "
+        ));
+    }
+    let vm = match spawn(&[
+        "bash".into(),
+        lab.to_string_lossy().into_owned(),
+        "run".into(),
+        "--timeout".into(),
+        (300 + 120 * cases.len()).to_string(),
+        "--".into(),
+        script,
+    ]) {
+        Ok(v) => v,
+        Err(e) => return vec![outcome(label.into(), false, None, format!("VM: {e}"))],
+    };
+    let mut host: Vec<(bool, String)> = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let port = base_port + i as u16;
+        let r = if vm_serves {
+            let ready = state.join(format!("ready-{i}"));
+            if wait_for(|| ready.exists(), Duration::from_secs(400)) {
+                // The server starts after the file (a slow, emulated CPU).
+                std::thread::sleep(Duration::from_secs(5));
+                match spawn(&burst_argv(
+                    dir,
+                    "burstlab",
+                    host_ip,
+                    &argv(c.client, vm_ip, port),
+                    90,
+                )) {
+                    Ok(r) => r.wait(),
+                    Err(e) => (false, format!("spawn: {e}")),
+                }
+            } else {
+                (false, "the VM never started the server".into())
+            }
+        } else {
+            match spawn(&burst_argv(
+                dir,
+                "burstlab",
+                host_ip,
+                &argv(c.server, host_ip, port),
+                400,
+            )) {
+                Ok(s) => {
+                    let up = wait_for(|| roce_bound("burstlab"), Duration::from_secs(20));
+                    std::thread::sleep(Duration::from_millis(500));
+                    let _ = std::fs::write(state.join(format!("host-ready-{i}")), "");
+                    if !up {
+                        s.stop()
+                    } else if c.endless {
+                        // Until the VM's client has ended.
+                        let done = state.join(format!("done-{i}"));
+                        let _ = wait_for(|| done.exists(), Duration::from_secs(150));
+                        s.stop()
+                    } else {
+                        s.wait()
+                    }
+                }
+                Err(e) => (false, format!("spawn: {e}")),
+            }
+        };
+        host.push(r);
+    }
+    let (_, vm_out) = vm.wait();
+    let mut out = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let rc = vm_out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("VMRESULT {i} ")))
+            .map(|r| r.trim().to_string());
+        let vm_log: Vec<&str> = vm_out
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("VMLOG {i} ")))
+            .collect();
+        let vm_log = vm_log.join("\n");
+        let (hok, hout) = &host[i];
+        // The endless server (cmtime) is stopped: its status says nothing.
+        let vm_ok =
+            rc.as_deref() == Some("0") || (c.endless && vm_serves && rc.as_deref() == Some("124"));
+        let host_ok = *hok || (c.endless && !vm_serves);
+        let client_out = if vm_serves {
+            hout.as_str()
+        } else {
+            vm_log.as_str()
+        };
+        let nums = numbers(c, client_out);
+        let ok = vm_ok && host_ok && nums.is_some();
+        let why = if ok {
+            String::new()
+        } else {
+            format!(
+                "burst: {} / RXE exit {}: {}",
+                tail(hout),
+                rc.as_deref().unwrap_or("none"),
+                tail(&vm_log)
+            )
+        };
+        out.push(outcome(format!("{label}: {}", c.name), ok, nums, why));
+    }
+    out
+}
