@@ -137,10 +137,25 @@ fn wait_for(what: impl Fn() -> bool, within: Duration) -> bool {
 
 /// A burst process in namespace `ns` with address `addr`.
 fn burst_argv(dir: &Path, ns: &str, addr: &str, cmd: &str, secs: u32) -> Vec<String> {
+    burst_argv_on(dir, ns, addr, None, cmd, secs)
+}
+
+/// The same, a client of the burstd at `daemon` when there is one.
+fn burst_argv_on(
+    dir: &Path,
+    ns: &str,
+    addr: &str,
+    daemon: Option<&Path>,
+    cmd: &str,
+    secs: u32,
+) -> Vec<String> {
     let mut v: Vec<String> = ["ip", "netns", "exec", ns, "env"]
         .map(String::from)
         .to_vec();
     v.push(format!("BURST_ADDR={addr}"));
+    if let Some(d) = daemon {
+        v.push(format!("BURST_DAEMON={}", d.display()));
+    }
     v.push(format!("LD_LIBRARY_PATH={}", dir.display()));
     v.extend(["timeout".into(), secs.to_string()]);
     v.extend(cmd.split_whitespace().map(String::from));
@@ -186,45 +201,48 @@ pub fn cmtime_connect(out: &str) -> Option<(f64, f64)> {
 }
 
 /// burst to burst over the veth pair.
-pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16) -> Vec<Outcome> {
+pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16, daemons: bool) -> Vec<Outcome> {
     let mut out = Vec::new();
     if !veth_setup(1500) {
-        out.push(outcome(
-            "rdma_cm veth set-up".into(),
-            false,
-            None,
-            "ip netns failed".into(),
-        ));
+        let why = "ip netns failed".into();
+        out.push(outcome("rdma_cm veth set-up".into(), false, None, why));
         return out;
     }
     let (sa, ca) = ("198.18.0.101", "198.18.0.102");
+    let (da, db) = if daemons {
+        (
+            crate::dropin::start_daemon(Some("burstbb1"), sa, None),
+            crate::dropin::start_daemon(Some("burstbb2"), ca, None),
+        )
+    } else {
+        (None, None)
+    };
+    if daemons && (da.is_none() || db.is_none()) {
+        let why = "burstd did not start".into();
+        out.push(outcome("rdma_cm veth: burstd".into(), false, None, why));
+        return out;
+    }
+    let sock_a = da.as_ref().map(|d| d.socket.as_path());
+    let sock_b = db.as_ref().map(|d| d.socket.as_path());
+    let via = if daemons { " via burstd" } else { "" };
     for (i, c) in cases.iter().enumerate() {
         let port = base_port + i as u16;
-        let name = format!("rdma_cm burst<->burst veth: {}", c.name);
-        let server = match spawn(&burst_argv(
-            dir,
-            "burstbb1",
-            sa,
-            &argv(c.server, sa, port),
-            60,
-        )) {
+        let name = format!("rdma_cm burst<->burst veth{via}: {}", c.name);
+        let cmd = argv(c.server, sa, port);
+        let server = match spawn(&burst_argv_on(dir, "burstbb1", sa, sock_a, &cmd, 60)) {
             Ok(s) => s,
             Err(e) => {
                 out.push(outcome(name, false, None, format!("spawn: {e}")));
                 continue;
             }
         };
-        // The device opens at bind; the listen follows within microseconds.
+        // The device opens at bind and the listen follows within
+        // microseconds; burstd's port is bound already: a moment more.
         let up = wait_for(|| roce_bound("burstbb1"), Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(if daemons { 1500 } else { 500 }));
         let (cok, cout) = if up {
-            match spawn(&burst_argv(
-                dir,
-                "burstbb2",
-                ca,
-                &argv(c.client, sa, port),
-                60,
-            )) {
+            let cmd = argv(c.client, sa, port);
+            match spawn(&burst_argv_on(dir, "burstbb2", ca, sock_b, &cmd, 60)) {
                 Ok(r) => r.wait(),
                 Err(e) => (false, format!("spawn: {e}")),
             }
@@ -246,6 +264,7 @@ pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16) -> Vec<Outcome> {
         };
         out.push(outcome(name, ok, nums, why));
     }
+    drop((da, db));
     veth_teardown();
     out
 }

@@ -20,7 +20,7 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
        cargo xtask daemon [--quick]
-       cargo xtask cm [--quick] [--veth] [--rxe]
+       cargo xtask cm [--quick] [--veth] [--rxe] [--daemon]
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -66,7 +66,8 @@ cm      the rdma_cm applications (rping, udaddy, ucmatose, rdma_server/
         burst to burst over a veth pair (--veth) and against the kernel's
         RDMA CM on RXE in the lab VM, both roles (--rxe); default both;
         --quick: rping, udaddy, ib_write_bw -R, cmtime (also part of
-        cargo xtask interop)
+        cargo xtask interop); --daemon: over the veth pair through one
+        burstd per side (its QP1 routed to the applications' CMs)
 congestion  flows through a shared bottleneck on simulated time under each
         congestion control (default 8 and 64 flows): plots of each flow's
         rate and the queue, docs/congestion-report.md";
@@ -800,6 +801,7 @@ fn interop(args: &[String]) -> ExitCode {
 
 /// The rdma_cm set: over the veth pair and against RXE (both roles).
 fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<dropin::Outcome> {
+    let daemons = std::env::var_os("BURST_XTASK_BURSTD").is_some();
     let cases: Vec<&cm::CmCase> = if quick {
         cm::quick()
     } else {
@@ -812,7 +814,7 @@ fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<d
     };
     let mut runs = Vec::new();
     if veth {
-        runs.extend(cm::veth(dir, &cases, 23000));
+        runs.extend(cm::veth(dir, &cases, 23000, daemons));
     }
     if rxe {
         runs.extend(cm::rxe(root, dir, &rxe_cases, true, 23100));
@@ -824,6 +826,9 @@ fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<d
 fn cm_cmd(args: &[String]) -> ExitCode {
     let root = root();
     let has = |f: &str| args.iter().any(|a| a == f);
+    if let Err(c) = take_daemon_flag(&root, args) {
+        return c;
+    }
     let (mut veth, mut rxe) = (has("--veth"), has("--rxe"));
     if !veth && !rxe {
         (veth, rxe) = (true, true);

@@ -6,6 +6,10 @@
 //! through [`CmService::with`]; what a call makes the CM send leaves at
 //! once, and the events it causes reach the sink from the service thread
 //! (so a sink may itself call [`CmService::with`]).
+//!
+//! With an embedded engine the MADs go through the engine's QP1 directly;
+//! a burstd client's go through a socket to burstd, which owns QP1 and
+//! routes each MAD to the client whose connection or listen it is for.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,9 +24,57 @@ use crate::gsi::GsiMad;
 /// What receives the CM's events (on the service thread).
 pub type EventSink = Box<dyn FnMut(CmEvent) + Send>;
 
+/// Where the MADs go: the engine's own QP1, or burstd's through a socket.
+enum Port1 {
+    Local(Context, Arc<crate::gsi::Gsi>),
+    /// The socket, and whether burstd closed it.
+    Daemon(Context, std::os::fd::OwnedFd, std::sync::atomic::AtomicBool),
+}
+
+impl Port1 {
+    fn send(&self, m: GsiMad) -> bool {
+        match self {
+            Port1::Local(ctx, _) => ctx.gsi_send(m),
+            Port1::Daemon(_, sock, _) => {
+                crate::protocol::send_mad(std::os::fd::AsFd::as_fd(sock), &m)
+            }
+        }
+    }
+
+    fn recv(&self) -> Option<GsiMad> {
+        match self {
+            Port1::Local(_, gsi) => gsi.recv(),
+            Port1::Daemon(_, sock, closed) => loop {
+                match crate::protocol::recv_mad(std::os::fd::AsFd::as_fd(sock)) {
+                    crate::protocol::MadRecv::Mad(m) => return Some(m),
+                    crate::protocol::MadRecv::Bad => continue,
+                    crate::protocol::MadRecv::Empty => return None,
+                    crate::protocol::MadRecv::Closed => {
+                        closed.store(true, Ordering::Relaxed);
+                        return None;
+                    }
+                }
+            },
+        }
+    }
+
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Port1::Local(_, gsi) => gsi.fd(),
+            Port1::Daemon(_, sock, _) => std::os::fd::AsFd::as_fd(sock),
+        }
+    }
+
+    /// burstd hung up: nothing will ever arrive (the client's watcher
+    /// reports the device fatal).
+    fn closed(&self) -> bool {
+        matches!(self, Port1::Daemon(_, _, c) if c.load(Ordering::Relaxed))
+    }
+}
+
 struct Inner {
     cm: Mutex<Cm>,
-    ctx: Context,
+    port: Port1,
     /// Signalled when a call changed the CM's deadlines or queued events.
     wake: EventFd,
     stop: AtomicBool,
@@ -37,7 +89,7 @@ impl Inner {
     /// Sends what the CM queued (under its lock, so MADs leave in order).
     fn flush(&self, cm: &mut Cm) {
         while let Some(t) = cm.poll_transmit() {
-            if !self.ctx.gsi_send(GsiMad {
+            if !self.port.send(GsiMad {
                 peer: t.peer,
                 mad: t.mad,
             }) {
@@ -60,16 +112,24 @@ impl std::fmt::Debug for CmService {
 }
 
 impl CmService {
-    /// Starts the CM of `ctx`'s device; `sink` gets every event. Fails for
-    /// a daemon client (burstd's CM owns QP1).
+    /// Starts the CM of `ctx`'s device; `sink` gets every event.
     pub fn start(ctx: &Context, sink: EventSink) -> std::io::Result<CmService> {
-        if ctx.gsi().is_none() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::Unsupported,
-                "connection management through burstd is not available yet: \
-                 run rdma_cm applications with an embedded engine (unset BURST_DAEMON)",
-            ));
-        }
+        let port = match ctx.gsi() {
+            Some(gsi) => Port1::Local(ctx.clone(), Arc::clone(gsi)),
+            None => {
+                let (ours, theirs) = crate::protocol::mad_socketpair()?;
+                let fd = std::os::fd::AsFd::as_fd(&theirs);
+                match ctx.daemon_request(&crate::protocol::Request::CmAttach, &[fd]) {
+                    Ok((crate::protocol::Reply::Done, _)) => {
+                        Port1::Daemon(ctx.clone(), ours, AtomicBool::new(false))
+                    }
+                    Ok((crate::protocol::Reply::Error { message, .. }, _)) => {
+                        return Err(std::io::Error::other(format!("burstd: {message}")))
+                    }
+                    _ => return Err(std::io::Error::other("burstd did not take the CM socket")),
+                }
+            }
+        };
         let mut seed = [0u8; 8];
         // A random seed: communication IDs must not repeat across runs (a
         // failure leaves the time as the seed).
@@ -82,7 +142,7 @@ impl CmService {
         let guid = ctx.query_device().node_guid;
         let inner = Arc::new(Inner {
             cm: Mutex::new(Cm::new(CmConfig::new(guid, u64::from_ne_bytes(seed)))),
-            ctx: ctx.clone(),
+            port,
             wake: EventFd::new()?,
             stop: AtomicBool::new(false),
             start: Instant::now(),
@@ -108,6 +168,43 @@ impl CmService {
         r
     }
 
+    /// Accepts REQs and SIDR_REQs for `service_id` (again: no error). A
+    /// burstd client asks burstd to route them here first; EADDRINUSE when
+    /// another application listens on it.
+    pub fn listen(&self, service_id: u64) -> std::io::Result<()> {
+        if let Port1::Daemon(ctx, _, _) = &self.inner.port {
+            let req = crate::protocol::Request::CmListen {
+                service_id,
+                listen: true,
+            };
+            match ctx.daemon_request(&req, &[]) {
+                Ok((crate::protocol::Reply::Done, _)) => {}
+                Ok((crate::protocol::Reply::Error { errno, message, .. }, _)) => {
+                    return Err(std::io::Error::new(
+                        std::io::Error::from_raw_os_error(errno).kind(),
+                        format!("burstd: {message}"),
+                    ))
+                }
+                _ => return Err(std::io::Error::other("burstd did not answer the listen")),
+            }
+        }
+        // Already listening (another address of this process): fine.
+        let _ = self.with(|cm, _| cm.listen(service_id));
+        Ok(())
+    }
+
+    /// Stops accepting requests for `service_id`.
+    pub fn unlisten(&self, service_id: u64) {
+        self.with(|cm, _| cm.unlisten(service_id));
+        if let Port1::Daemon(ctx, _, _) = &self.inner.port {
+            let req = crate::protocol::Request::CmListen {
+                service_id,
+                listen: false,
+            };
+            let _ = ctx.daemon_request(&req, &[]);
+        }
+    }
+
     /// What the CM counted.
     pub fn counters(&self) -> burst_cm::CmCounters {
         self.with(|cm, _| cm.counters())
@@ -126,15 +223,12 @@ impl Drop for CmService {
 
 /// The service thread: MADs from QP1, timers, events to the sink.
 fn serve(inner: &Inner, mut sink: EventSink) {
-    let Some(gsi) = inner.ctx.gsi().cloned() else {
-        return;
-    };
     let mut events = Vec::new();
     while !inner.stop.load(Ordering::Acquire) {
         let wait = {
             let mut cm = inner.cm.lock().unwrap_or_else(|e| e.into_inner());
             let now = inner.now();
-            while let Some(m) = gsi.recv() {
+            while let Some(m) = inner.port.recv() {
                 cm.handle_mad(now, m.peer, &m.mad);
             }
             cm.handle_timeout(now);
@@ -157,7 +251,12 @@ fn serve(inner: &Inner, mut sink: EventSink) {
         let wait = wait
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1));
-        crate::thread::poll_two(gsi.fd(), std::os::fd::AsFd::as_fd(&inner.wake), wait);
+        if inner.port.closed() {
+            // A hung-up socket is always readable: wait on the calls alone.
+            let _ = inner.wake.wait(wait);
+        } else {
+            crate::thread::poll_two(inner.port.fd(), std::os::fd::AsFd::as_fd(&inner.wake), wait);
+        }
         while inner.wake.drain() {}
     }
 }

@@ -172,6 +172,18 @@ pub enum Request {
         /// Packets to capture at most.
         packets: u64,
     },
+    /// Connection management through the daemon's QP1: the message carries
+    /// one end of a [`mad_socketpair`], over which the daemon forwards the
+    /// CM MADs for this client's connections and takes the ones it sends.
+    CmAttach,
+    /// Routes REQs and SIDR_REQs for `service_id` to this client (or stops
+    /// to); EADDRINUSE when another client listens on it.
+    CmListen {
+        /// The IB service ID (port space and port).
+        service_id: u64,
+        /// Listen (true) or stop (false).
+        listen: bool,
+    },
 }
 
 /// What the daemon says about its device at hello.
@@ -714,5 +726,98 @@ mod tests {
         );
         let (pid, _, _) = peer_credentials(b.as_fd()).unwrap();
         assert_eq!(pid, std::process::id());
+    }
+}
+
+/// Size of a datagram on a MAD socket: the peer's address as 16 bytes
+/// (IPv4-mapped for IPv4), then the 256-byte MAD.
+pub const MAD_DATAGRAM: usize = 16 + burst_wire::mad::MAD_LEN;
+
+/// A pair of connected SOCK_SEQPACKET sockets for CM MADs between a client
+/// and the daemon (non-blocking both).
+pub fn mad_socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut sv = [0 as libc::c_int; 2];
+    // SAFETY: `sv` is a live array of two ints the call fills.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+            sv.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two fresh descriptors we own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) })
+}
+
+/// Sends one MAD on a MAD socket without blocking; `false` when the
+/// socket is full or gone (the CM retransmits).
+pub fn send_mad(sock: BorrowedFd<'_>, m: &crate::gsi::GsiMad) -> bool {
+    let mut b = [0u8; MAD_DATAGRAM];
+    let ip = match m.peer {
+        std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        std::net::IpAddr::V6(v6) => v6,
+    };
+    b[..16].copy_from_slice(&ip.octets());
+    b[16..].copy_from_slice(&m.mad);
+    // SAFETY: sends `b`, live for the call, on a descriptor we borrow.
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            b.as_ptr().cast(),
+            b.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    n == b.len() as isize
+}
+
+/// What reading a MAD socket gave.
+#[derive(Debug, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // read once per MAD, on the stack
+pub enum MadRecv {
+    /// A MAD.
+    Mad(crate::gsi::GsiMad),
+    /// Nothing waits.
+    Empty,
+    /// A datagram of the wrong size (dropped).
+    Bad,
+    /// The other end is gone.
+    Closed,
+}
+
+/// Takes one MAD from a MAD socket without blocking.
+pub fn recv_mad(sock: BorrowedFd<'_>) -> MadRecv {
+    let mut b = [0u8; MAD_DATAGRAM + 1];
+    // SAFETY: receives into `b`, live for the call, on a descriptor we borrow.
+    let n = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            b.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => MadRecv::Closed,
+        n if n < 0 => match io::Error::last_os_error().kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => MadRecv::Empty,
+            _ => MadRecv::Closed,
+        },
+        n if n as usize != MAD_DATAGRAM => MadRecv::Bad,
+        _ => {
+            let mut ip = [0u8; 16];
+            ip.copy_from_slice(&b[..16]);
+            let v6 = std::net::Ipv6Addr::from(ip);
+            let peer = v6
+                .to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4);
+            let mut mad = [0u8; burst_wire::mad::MAD_LEN];
+            mad.copy_from_slice(&b[16..MAD_DATAGRAM]);
+            MadRecv::Mad(crate::gsi::GsiMad { peer, mad })
+        }
     }
 }

@@ -30,6 +30,7 @@ use burst_verbs::shm::Segment;
 use burst_verbs::{Access, AsyncEvent, Pd, Qpn, SrqId};
 
 pub mod capture;
+pub mod cm;
 pub mod settings;
 
 pub use settings::Settings;
@@ -54,6 +55,10 @@ pub struct Daemon {
     device: DeviceInfo,
     clients: Mutex<HashMap<u32, Arc<Client>>>,
     next_client: AtomicU32,
+    /// QP1 shared by the clients' connection managers.
+    router: Option<Arc<cm::Router>>,
+    /// Set when `serve` returns: the router's thread ends.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a reply carries besides its message.
@@ -92,12 +97,18 @@ impl Daemon {
             lanes: cfg.threads.max(1),
             port: format!("{:?}", cfg.port).to_lowercase(),
         };
+        let router = cm::Router::new(&ctx).unwrap_or_else(|e| {
+            tracing::warn!("no connection management (QP1 router): {e}");
+            None
+        });
         Arc::new(Daemon {
             ctx,
             tap,
             device,
             clients: Mutex::default(),
             next_client: AtomicU32::new(1),
+            router,
+            stopping: Arc::default(),
         })
     }
 
@@ -109,11 +120,27 @@ impl Daemon {
         listener: OwnedFd,
         stop: BorrowedFd<'_>,
     ) -> std::io::Result<()> {
-        use std::os::fd::AsRawFd;
         let me = Arc::clone(self);
         std::thread::Builder::new()
             .name("burstd-events".into())
             .spawn(move || me.route_events())?;
+        if let Some(r) = &self.router {
+            let (r, stop) = (Arc::clone(r), Arc::clone(&self.stopping));
+            std::thread::Builder::new()
+                .name("burstd-cm".into())
+                .spawn(move || r.run(&stop))?;
+        }
+        let r = self.accept_loop(&listener, stop);
+        self.stopping.store(true, Ordering::Release);
+        r
+    }
+
+    fn accept_loop(
+        self: &Arc<Daemon>,
+        listener: &OwnedFd,
+        stop: BorrowedFd<'_>,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
         loop {
             let mut fds = [
                 libc::pollfd {
@@ -222,6 +249,9 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
+        if let Some(r) = &self.router {
+            r.detach(id);
+        }
         let gone = client.ctx.destroy_owned();
         tracing::info!(
             client = id,
@@ -528,6 +558,24 @@ impl Daemon {
             },
             Request::Clients => Reply::Clients(self.clients_for(c.uid)),
             Request::QpCounters { qpn } => self.qp_counters(c, qpn),
+            Request::CmAttach => {
+                let (Some(r), Some(fd)) = (&self.router, fds.next()) else {
+                    return (
+                        Reply::error(libc::EINVAL, "CM attach without a socket, or no QP1"),
+                        none,
+                    );
+                };
+                r.attach(ctx.owner(), fd);
+                Reply::Done
+            }
+            Request::CmListen { service_id, listen } => match &self.router {
+                Some(r) if r.listen(ctx.owner(), service_id, listen) => Reply::Done,
+                Some(_) => Reply::error(
+                    libc::EADDRINUSE,
+                    format!("service {service_id:#x}: another application listens on it"),
+                ),
+                None => Reply::error(libc::ENOSYS, "no QP1 on this device"),
+            },
             Request::Capture { packets } => {
                 // Everything on the wire, whoever's QP it is: root only.
                 if c.uid != 0 {
@@ -639,6 +687,13 @@ impl Daemon {
     pub fn client_count(&self) -> usize {
         self.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+}
+
+/// Waits until one of `fds` is ready or `timeout` passes.
+pub(crate) fn poll_all(fds: &mut [libc::pollfd], timeout: std::time::Duration) {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: a live slice of pollfds and its length.
+    let _ = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }
 
 /// `SO_RCVTIMEO` (`None`: block).

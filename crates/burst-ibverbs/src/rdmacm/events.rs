@@ -81,6 +81,10 @@ pub(super) fn on_cm_event(dev: usize, e: CmEvent) {
                     initiator_depth: req.responder_resources.min(d.max_rd_atomic),
                     retry_count: req.retry_count,
                     rnr_retry_count: req.rnr_retry_count,
+                    ack_timeout: match req.primary_path.local_ack_timeout {
+                        0 => DEFAULT_ACK_TIMEOUT,
+                        t => t,
+                    },
                 };
             }
             let child_ptr = publish(Arc::clone(&child));

@@ -189,7 +189,15 @@ struct Negotiated {
     initiator_depth: u8,
     retry_count: u8,
     rnr_retry_count: u8,
+    /// Local ACK timeout (4.096 us * 2^t): ours in the REQ, the REQ's on
+    /// the passive side, as the kernel's CM does.
+    ack_timeout: u8,
 }
+
+/// The ACK timeout the kernel's RDMA CM gives RoCE QPs (packet life time
+/// 18, about 1 s): short enough to recover a loss, long enough for a slow
+/// peer (RXE on an emulated CPU).
+const DEFAULT_ACK_TIMEOUT: u8 = 18;
 
 struct IdState {
     phase: Phase,
@@ -210,6 +218,8 @@ struct IdState {
     ep_connect: Vec<u8>,
     /// rdma_create_ep made the SRQ.
     own_srq: bool,
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`.
+    ack_timeout: Option<u8>,
 }
 
 /// An rdma_cm id: the C struct first (the application's pointer is to
@@ -302,6 +312,7 @@ fn new_id(
             ep_attr: None,
             ep_connect: Vec::new(),
             own_srq: false,
+            ack_timeout: None,
         }),
         unacked: AtomicU32::new(0),
         sync,
@@ -620,7 +631,7 @@ fn unlisten(id: &Arc<Id>) {
     });
     for (dev, svc) in last {
         if let Ok(d) = devcm(dev) {
-            d.svc.with(|cm, _| cm.unlisten(svc));
+            d.svc.unlisten(svc);
         }
     }
 }
@@ -748,7 +759,14 @@ unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
                 Err(e) => return fail(e),
             };
             // Several listeners (other addresses) may share a service ID.
-            let _ = d.svc.with(|cm, _| cm.listen(svc));
+            if let Err(e) = d.svc.listen(svc) {
+                tracing::warn!("rdma_listen: {e}");
+                this.lock().phase = Phase::Bound;
+                return fail(e.raw_os_error().unwrap_or(match e.kind() {
+                    std::io::ErrorKind::AddrInUse => libc::EADDRINUSE,
+                    _ => libc::EIO,
+                }));
+            }
         }
         with_reg(|r| r.listeners.push(Arc::clone(&this)));
         0
@@ -902,7 +920,7 @@ fn qp_attr_for(st: &IdState, qp_type: u32, state: u32) -> Result<(ibv_qp_attr, c
             a.sq_psn = if ud { 0 } else { n.remote_psn };
             let mut m = M_STATE | M_SQ_PSN;
             if qp_type == IBV_QPT_RC {
-                a.timeout = 14;
+                a.timeout = n.ack_timeout;
                 a.retry_cnt = n.retry_count.min(7);
                 a.rnr_retry = n.rnr_retry_count.min(7);
                 a.max_rd_atomic = n.initiator_depth;
@@ -1309,6 +1327,8 @@ fn connect_locked(id: &Arc<Id>, st: &mut IdState, p: Option<rdma_conn_param>) ->
         req.transport = burst_verbs::wire::mad::CmTransport::Uc;
     }
     req.path_mtu = d.mtu;
+    let ack_timeout = st.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
+    req.primary_path.local_ack_timeout = ack_timeout;
     req.primary_path.local_gid = d.gid;
     req.primary_path.remote_gid = burst_cm::rdma::gid_of(peer);
     hdr.emit(&mut req.private_data);
@@ -1320,6 +1340,7 @@ fn connect_locked(id: &Arc<Id>, st: &mut IdState, p: Option<rdma_conn_param>) ->
         initiator_depth: id_depth,
         retry_count: req.retry_count,
         rnr_retry_count: req.rnr_retry_count,
+        ack_timeout,
         ..Negotiated::default()
     };
     st.phase = Phase::Connecting;
@@ -1700,9 +1721,19 @@ unsafe extern "C" fn set_option(
             return fail(libc::EINVAL);
         }
         match (level, optname) {
-            // TOS, REUSEADDR, AFONLY, ACK_TIMEOUT; IB PATH: accepted,
-            // with nothing to change on burst's single-path RoCE.
-            (0, 0..=3) | (1, 1) => 0,
+            // RDMA_OPTION_ID_ACK_TIMEOUT: a u8 exponent for the QP's timeout.
+            (0, 3) => {
+                let Some(this) = id_of(id) else {
+                    return fail(libc::EINVAL);
+                };
+                // SAFETY: at least one readable byte (caller's contract).
+                let t = unsafe { *optval.cast::<u8>() };
+                this.lock().ack_timeout = Some(t.min(31));
+                0
+            }
+            // TOS, REUSEADDR, AFONLY; IB PATH: accepted, with nothing to
+            // change on burst's single-path RoCE.
+            (0, 0..=2) | (1, 1) => 0,
             _ => fail(libc::ENOSYS),
         }
     })

@@ -1,0 +1,282 @@
+//! QP1 for many applications: burstd owns the device's QP1 and each client
+//! runs its own connection manager (burst-cm in its library). The router
+//! hands every MAD that arrives to the client it is for: REQs and SIDR_REQs
+//! by service ID to the client listening on it, the other messages by the
+//! communication ID they name, which belongs to the client that sent the
+//! message carrying it. A client may only speak for its own IDs. What no
+//! client owns is answered by burstd's own CM, per the spec (a REJ for a
+//! REQ nobody listens for, a DREP for an unknown DREQ), or dropped.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use burst_cm::{Cm, CmConfig};
+use burst_verbs::engine::Context;
+use burst_verbs::eventfd::EventFd;
+use burst_verbs::gsi::{Gsi, GsiMad};
+use burst_verbs::protocol::{self as p, MadRecv};
+use burst_verbs::wire::mad::{CmAttr, MAD_HEADER_LEN, MGMT_CLASS_CM};
+
+/// Communication IDs a client may hold at once (time-wait included).
+const MAX_IDS_PER_CLIENT: usize = 65536;
+
+#[derive(Default)]
+struct Table {
+    sockets: HashMap<u32, OwnedFd>,
+    listeners: HashMap<u64, u32>,
+    /// Communication (or SIDR request) ID → client.
+    ids: HashMap<u32, u32>,
+    /// How many IDs each client holds.
+    held: HashMap<u32, usize>,
+    dropped: u64,
+}
+
+/// The router (see the module documentation).
+pub struct Router {
+    ctx: Context,
+    gsi: Arc<Gsi>,
+    table: Mutex<Table>,
+    /// The CM that answers what no client owns.
+    strays: Mutex<Cm>,
+    /// Signalled when the set of sockets changes.
+    wake: EventFd,
+    start: Instant,
+}
+
+/// The attribute ID of a MAD, if it is a CM one.
+fn cm_attr(mad: &[u8]) -> Option<u16> {
+    (mad.len() >= MAD_HEADER_LEN + 16 && mad[1] == MGMT_CLASS_CM)
+        .then(|| u16::from_be_bytes([mad[16], mad[17]]))
+}
+
+fn u32_at(mad: &[u8], body: usize) -> u32 {
+    let at = MAD_HEADER_LEN + body;
+    u32::from_be_bytes([mad[at], mad[at + 1], mad[at + 2], mad[at + 3]])
+}
+
+fn u64_at(mad: &[u8], body: usize) -> u64 {
+    let at = MAD_HEADER_LEN + body;
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&mad[at..at + 8]);
+    u64::from_be_bytes(b)
+}
+
+const REQ: u16 = CmAttr::Req as u16;
+const SIDR_REQ: u16 = CmAttr::SidrReq as u16;
+const SIDR_REP: u16 = CmAttr::SidrRep as u16;
+
+impl Router {
+    /// The router of `ctx`'s device; `None` for a context without QP1.
+    pub fn new(ctx: &Context) -> std::io::Result<Option<Arc<Router>>> {
+        let Some(gsi) = ctx.gsi().cloned() else {
+            return Ok(None);
+        };
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        let guid = ctx.query_device().node_guid;
+        Ok(Some(Arc::new(Router {
+            ctx: ctx.clone(),
+            gsi,
+            table: Mutex::default(),
+            strays: Mutex::new(Cm::new(CmConfig::new(guid, u64::from_ne_bytes(seed)))),
+            wake: EventFd::new()?,
+            start: Instant::now(),
+        })))
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Client `client`'s MAD socket (it replaces an earlier one).
+    pub fn attach(&self, client: u32, sock: OwnedFd) {
+        self.table().sockets.insert(client, sock);
+        self.wake.signal();
+    }
+
+    /// Routes requests for `service_id` to `client` (or stops); `false`
+    /// when another client listens on it.
+    pub fn listen(&self, client: u32, service_id: u64, on: bool) -> bool {
+        let mut t = self.table();
+        match (t.listeners.get(&service_id).copied(), on) {
+            (Some(c), true) if c != client => false,
+            (_, true) => {
+                t.listeners.insert(service_id, client);
+                true
+            }
+            (Some(c), false) if c == client => {
+                t.listeners.remove(&service_id);
+                true
+            }
+            (_, false) => true,
+        }
+    }
+
+    /// A client is gone: its socket, listens and IDs go.
+    pub fn detach(&self, client: u32) {
+        let mut t = self.table();
+        t.sockets.remove(&client);
+        t.listeners.retain(|_, c| *c != client);
+        t.ids.retain(|_, c| *c != client);
+        t.held.remove(&client);
+        drop(t);
+        self.wake.signal();
+    }
+
+    /// MADs routed nowhere (a full client socket, a client speaking for
+    /// another's ID, a stray).
+    pub fn dropped(&self) -> u64 {
+        self.table().dropped
+    }
+
+    /// Which client an arriving MAD is for.
+    fn owner(t: &Table, mad: &[u8]) -> Option<u32> {
+        match cm_attr(mad)? {
+            REQ | SIDR_REQ => t.listeners.get(&u64_at(mad, 8)).copied(),
+            SIDR_REP => t.ids.get(&u32_at(mad, 0)).copied(),
+            // MRA, REJ, REP, RTU, DREQ, DREP: the receiver's ID second.
+            0x11..=0x16 => t.ids.get(&u32_at(mad, 4)).copied(),
+            _ => None,
+        }
+    }
+
+    /// A MAD from the network.
+    fn arrive(&self, m: GsiMad) {
+        let mut t = self.table();
+        if let Some(c) = Self::owner(&t, &m.mad) {
+            let sent = t
+                .sockets
+                .get(&c)
+                .is_some_and(|s| p::send_mad(s.as_fd(), &m));
+            if !sent {
+                t.dropped += 1;
+            }
+            return;
+        }
+        drop(t);
+        // Nobody's: burstd's CM answers per the spec, or counts and drops.
+        let mut cm = self.strays.lock().unwrap_or_else(|e| e.into_inner());
+        cm.handle_mad(self.now(), m.peer, &m.mad);
+        self.flush(&mut cm);
+    }
+
+    /// A MAD a client sends: it claims the ID it names as its own.
+    fn depart(&self, client: u32, m: GsiMad) {
+        let Some(attr) = cm_attr(&m.mad) else {
+            self.table().dropped += 1;
+            tracing::warn!(client, "a client sent a MAD that is not CM: dropped");
+            return;
+        };
+        let mine = match attr {
+            // The sender's own ID comes first.
+            REQ | SIDR_REQ | 0x11..=0x16 => Some(u32_at(&m.mad, 0)),
+            _ => None,
+        };
+        if let Some(id) = mine {
+            let mut t = self.table();
+            match t.ids.get(&id).copied() {
+                Some(c) if c != client => {
+                    t.dropped += 1;
+                    tracing::warn!(
+                        client,
+                        id,
+                        "a client spoke for another's communication ID: dropped"
+                    );
+                    return;
+                }
+                Some(_) => {}
+                None => {
+                    let held = t.held.entry(client).or_default();
+                    if *held >= MAX_IDS_PER_CLIENT {
+                        t.dropped += 1;
+                        return;
+                    }
+                    *held += 1;
+                    t.ids.insert(id, client);
+                }
+            }
+        }
+        self.ctx.gsi_send(m);
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn flush(&self, cm: &mut Cm) {
+        while let Some(t) = cm.poll_transmit() {
+            self.ctx.gsi_send(GsiMad {
+                peer: t.peer,
+                mad: t.mad,
+            });
+        }
+        while cm.poll_event().is_some() {}
+    }
+
+    /// The router's thread: QP1 and every client socket, until `stop`.
+    pub fn run(&self, stop: &std::sync::atomic::AtomicBool) {
+        while !stop.load(std::sync::atomic::Ordering::Acquire) {
+            while let Some(m) = self.gsi.recv() {
+                self.arrive(m);
+            }
+            let (fds, owners): (Vec<libc::pollfd>, Vec<u32>) = {
+                let t = self.table();
+                t.sockets
+                    .iter()
+                    .map(|(c, s)| {
+                        (
+                            libc::pollfd {
+                                fd: s.as_raw_fd(),
+                                events: libc::POLLIN,
+                                revents: 0,
+                            },
+                            *c,
+                        )
+                    })
+                    .unzip()
+            };
+            for &c in &owners {
+                loop {
+                    let got = {
+                        let t = self.table();
+                        match t.sockets.get(&c) {
+                            Some(s) => p::recv_mad(s.as_fd()),
+                            None => MadRecv::Closed,
+                        }
+                    };
+                    match got {
+                        MadRecv::Mad(m) => self.depart(c, m),
+                        MadRecv::Bad => self.table().dropped += 1,
+                        MadRecv::Empty => break,
+                        MadRecv::Closed => {
+                            // The client's control connection ends it; its
+                            // socket just stops being read.
+                            self.table().sockets.remove(&c);
+                            break;
+                        }
+                    }
+                }
+            }
+            {
+                let mut cm = self.strays.lock().unwrap_or_else(|e| e.into_inner());
+                cm.handle_timeout(self.now());
+                self.flush(&mut cm);
+            }
+            let mut all = fds;
+            all.push(libc::pollfd {
+                fd: self.gsi.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            all.push(libc::pollfd {
+                fd: self.wake.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            crate::poll_all(&mut all, Duration::from_millis(200));
+            while self.wake.drain() {}
+        }
+    }
+}
