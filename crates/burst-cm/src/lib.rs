@@ -101,6 +101,11 @@ pub struct CmConfig {
     pub max_retries: u8,
     /// How long a disconnected connection stays in time-wait (ns).
     pub time_wait_ns: u64,
+    /// For this long after a service stops being listened on, a REQ for
+    /// it is left unanswered (the requester sends it again) instead of
+    /// rejected: an application that closes a listener and opens one on
+    /// the same port (perftest's `-R`) is not refused in between.
+    pub relisten_grace_ns: u64,
 }
 
 impl CmConfig {
@@ -113,6 +118,7 @@ impl CmConfig {
             response_timeout: 16,
             max_retries: 15,
             time_wait_ns: 1_000_000_000,
+            relisten_grace_ns: 2_000_000_000,
         }
     }
 }
@@ -249,6 +255,9 @@ pub struct CmCounters {
     pub rejects_rcvd: u64,
     /// Exchanges given up after the last retry.
     pub timeouts: u64,
+    /// REQs left unanswered because their service was listened on a
+    /// moment ago ([`CmConfig::relisten_grace_ns`]).
+    pub deferred: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,6 +316,10 @@ pub struct Cm {
     transmits: VecDeque<Transmit>,
     events: VecDeque<CmEvent>,
     counters: CmCounters,
+    /// The latest time the CM was told (for calls that take none).
+    now: u64,
+    /// Services no longer listened on, and since when.
+    unlistened: HashMap<u64, u64>,
 }
 
 /// A REQ with the rdma_cm's usual values for an RC QP: fill in the rest
@@ -381,6 +394,8 @@ impl Cm {
             by_remote: HashMap::new(),
             sidr_by_remote: HashMap::new(),
             listeners: HashMap::new(),
+            now: 0,
+            unlistened: HashMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: CmCounters::default(),
@@ -438,6 +453,11 @@ impl Cm {
     /// made from it stay).
     pub fn unlisten(&mut self, service_id: u64) {
         self.listeners.remove(&service_id);
+        let now = self.now;
+        let grace = self.cfg.relisten_grace_ns;
+        self.unlistened
+            .retain(|_, t| now.saturating_sub(*t) < grace);
+        self.unlistened.insert(service_id, now);
     }
 
     fn wait_for(&self, peer_timeout: u8) -> u64 {
@@ -765,6 +785,7 @@ impl Cm {
     /// Retransmits what waited too long, gives up what ran out of retries,
     /// ends time-waits.
     pub fn handle_timeout(&mut self, now: u64) {
+        self.now = self.now.max(now);
         let due: Vec<u32> = self
             .conns
             .iter()
@@ -844,6 +865,7 @@ impl Cm {
     /// (a REJ for a REQ nobody listens for, a DREP for a DREQ we do not
     /// know); nothing a peer sends can fail the CM.
     pub fn handle_mad(&mut self, now: u64, peer: IpAddr, bytes: &[u8]) {
+        self.now = self.now.max(now);
         self.counters.rcvd += 1;
         let mad = match CmMad::parse(bytes) {
             Ok(m)
@@ -858,7 +880,7 @@ impl Cm {
         };
         let tid = mad.header.transaction_id;
         match mad.message {
-            CmMessage::Req(req) => self.on_req(now, peer, tid, req),
+            CmMessage::Req(req) => self.on_req(peer, tid, req),
             CmMessage::Mra(m) => self.on_mra(now, m),
             CmMessage::Rej(r) => self.on_rej(now, r),
             CmMessage::Rep(r) => self.on_rep(peer, tid, r),
@@ -878,7 +900,7 @@ impl Cm {
         );
     }
 
-    fn on_req(&mut self, now: u64, peer: IpAddr, tid: u64, req: CmReq) {
+    fn on_req(&mut self, peer: IpAddr, tid: u64, req: CmReq) {
         let key = (req.local_comm_id, req.local_ca_guid);
         if let Some(&id) = self.by_remote.get(&key) {
             self.counters.duplicates += 1;
@@ -908,6 +930,14 @@ impl Cm {
             return;
         }
         if !self.listeners.contains_key(&req.service_id) {
+            let recent = self
+                .unlistened
+                .get(&req.service_id)
+                .is_some_and(|&t| self.now.saturating_sub(t) < self.cfg.relisten_grace_ns);
+            if recent {
+                self.counters.deferred += 1;
+                return;
+            }
             self.reply_rej(peer, tid, req.local_comm_id, 0, reason::INVALID_SERVICE_ID);
             return;
         }
@@ -915,7 +945,6 @@ impl Cm {
             self.reply_rej(peer, tid, req.local_comm_id, 0, reason::INVALID_TRANSPORT);
             return;
         }
-        let _ = now;
         let id = self.new_conn(State::ReqRcvd, peer, tid);
         if let Some(c) = self.conns.get_mut(&id) {
             c.remote_id = req.local_comm_id;

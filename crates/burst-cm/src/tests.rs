@@ -256,6 +256,30 @@ fn unknown_service_is_rejected_with_reason_8() {
 }
 
 #[test]
+fn a_req_just_after_a_listener_closed_waits_for_the_next_listener() {
+    let mut net = Net::new();
+    net.b.handle_timeout(10 * MS);
+    net.b.unlisten(svc());
+    let ca = net.a.connect(10 * MS, ip(B), req()).unwrap();
+    net.now = 10 * MS;
+    net.settle();
+    // Not rejected: left for the requester to repeat.
+    assert!(net.events_a.is_empty());
+    assert_eq!(net.b.counters().deferred, 1);
+    net.b.listen(svc()).unwrap();
+    net.tick();
+    assert!(matches!(net.events_b[..], [CmEvent::Request { .. }]));
+    // Long after, an unlistened service is refused at once.
+    let mut late = Net::new();
+    late.b.unlisten(svc());
+    late.b.handle_timeout(3_000 * MS);
+    let c = late.a.connect(3_000 * MS, ip(B), req()).unwrap();
+    late.settle();
+    assert!(matches!(&late.events_a[..], [CmEvent::Rejected { conn, .. }] if *conn == c));
+    let _ = ca;
+}
+
+#[test]
 fn duplicate_req_gets_an_mra_then_the_rep() {
     let mut net = Net::new();
     net.a.connect(0, ip(B), req()).unwrap();

@@ -161,7 +161,10 @@ impl CmService {
     /// queued and lets the service thread deliver its events.
     pub fn with<R>(&self, f: impl FnOnce(&mut Cm, u64) -> R) -> R {
         let mut cm = self.inner.cm.lock().unwrap_or_else(|e| e.into_inner());
-        let r = f(&mut cm, self.inner.now());
+        let now = self.inner.now();
+        // Keeps the CM's clock current for calls that take no time.
+        cm.handle_timeout(now);
+        let r = f(&mut cm, now);
         self.inner.flush(&mut cm);
         drop(cm);
         self.inner.wake.signal();

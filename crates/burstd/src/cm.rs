@@ -108,6 +108,12 @@ impl Router {
             }
             (Some(c), false) if c == client => {
                 t.listeners.remove(&service_id);
+                drop(t);
+                // A listener closed and reopened (perftest -R) is not
+                // refused in between: burstd's CM holds the REQs a moment.
+                let mut cm = self.strays.lock().unwrap_or_else(|e| e.into_inner());
+                cm.handle_timeout(self.now());
+                cm.unlisten(service_id);
                 true
             }
             (_, false) => true,

@@ -136,19 +136,34 @@ pub(crate) struct Ev {
 fn new_chan() -> Result<*mut Chan, c_int> {
     let efd = EventFd::new().map_err(|e| e.raw_os_error().unwrap_or(libc::EMFILE))?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&efd);
-    Ok(Box::into_raw(Box::new(Chan {
+    let p = Box::into_raw(Box::new(Chan {
         raw: rdma_event_channel { fd },
         efd,
         q: Mutex::new(VecDeque::new()),
         waiters: AtomicU32::new(0),
-    })))
+    }));
+    live_chans(|l| l.insert(p as usize));
+    Ok(p)
 }
 
-/// The channel behind an application's pointer.
+/// Channels made and not destroyed (see [`LIVE`]).
+static LIVE_CHANS: Mutex<Option<std::collections::HashSet<usize>>> = Mutex::new(None);
+
+fn live_chans<R>(f: impl FnOnce(&mut std::collections::HashSet<usize>) -> R) -> R {
+    let mut g = LIVE_CHANS.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Default::default))
+}
+
+/// The channel behind an application's pointer, if it is a live one.
 fn chan_of<'a>(p: *mut rdma_event_channel) -> Option<&'a Chan> {
-    // SAFETY: channels are only made by `new_chan` (the C struct first);
-    // the application passes one of ours (its contract).
-    (!p.is_null()).then(|| unsafe { &*p.cast::<Chan>() })
+    if p.is_null() || !live_chans(|l| l.contains(&(p as usize))) {
+        return None;
+    }
+    // SAFETY: a live channel made by `new_chan` (the C struct first); it
+    // is freed only by rdma_destroy_event_channel, and then only when no
+    // thread waits in it (a caller racing its own destroy is its bug, as
+    // with rdma-core).
+    Some(unsafe { &*p.cast::<Chan>() })
 }
 
 // ------------------------------------------------------------------ ids
@@ -265,19 +280,36 @@ impl Id {
     }
 }
 
+/// The ids handed to the application and not destroyed: a pointer that is
+/// not one of them (destroyed already, never made) is refused with EINVAL
+/// instead of being dereferenced (perftest calls rdma_resolve_addr on an
+/// id it destroyed after a rejected connection).
+static LIVE: Mutex<Option<std::collections::HashSet<usize>>> = Mutex::new(None);
+
+fn live<R>(f: impl FnOnce(&mut std::collections::HashSet<usize>) -> R) -> R {
+    let mut g = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(Default::default))
+}
+
 /// The id behind an application's pointer, with a reference of its own.
 fn id_of(p: *mut rdma_cm_id) -> Option<Arc<Id>> {
     if p.is_null() {
         return None;
     }
     let p = p.cast::<Id>().cast_const();
-    // SAFETY: ids are made by `new_id` with `Arc::into_raw`, and the
-    // application holds that reference until rdma_destroy_id (its
-    // contract): adding one and taking it back as an Arc is sound.
-    unsafe {
-        Arc::increment_strong_count(p);
-        Some(Arc::from_raw(p))
-    }
+    live(|l| {
+        if !l.contains(&(p as usize)) {
+            tracing::warn!("rdma_cm: {p:?} is not a live rdma_cm_id (destroyed?): EINVAL");
+            return None;
+        }
+        // SAFETY: a live id (checked under the lock that destroy takes):
+        // made by `new_id` with `Arc::into_raw`, and the application's
+        // reference is still held, so adding one is sound.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    })
 }
 
 fn new_id(
@@ -324,7 +356,24 @@ fn new_id(
 
 /// Hands the application its reference to `id`.
 fn publish(id: Arc<Id>) -> *mut rdma_cm_id {
-    Arc::into_raw(id).cast::<rdma_cm_id>().cast_mut()
+    let p = Arc::into_raw(id);
+    live(|l| l.insert(p as usize));
+    p.cast::<rdma_cm_id>().cast_mut()
+}
+
+/// Takes back the application's reference (rdma_destroy_id); `false` if
+/// it was not live.
+fn unpublish(p: *mut rdma_cm_id) -> bool {
+    let p = p.cast::<Id>().cast_const();
+    live(|l| {
+        if !l.remove(&(p as usize)) {
+            return false;
+        }
+        // SAFETY: the application's reference, made by `publish`, given up
+        // once (it was in the live set until just now).
+        drop(unsafe { Arc::from_raw(p) });
+        true
+    })
 }
 
 // ------------------------------------------------------------- registry
@@ -464,6 +513,7 @@ export!(
 unsafe extern "C" fn destroy_event_channel(channel: *mut rdma_event_channel) {
     guard("rdma_destroy_event_channel", (), || {
         let Some(c) = chan_of(channel) else { return };
+        live_chans(|l| l.remove(&(channel as usize)));
         if c.waiters.load(Ordering::Acquire) > 0 {
             // A thread still blocks in rdma_get_cm_event (rping at exit):
             // leave the channel to it.
@@ -593,8 +643,7 @@ unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
         }
         let chan = this.channel();
         drop(this);
-        // SAFETY: the application's reference, given up now.
-        drop(unsafe { Arc::from_raw(id.cast::<Id>().cast_const()) });
+        unpublish(id);
         if sync {
             // SAFETY: the id's private channel, no longer used.
             unsafe { destroy_event_channel(chan) };
