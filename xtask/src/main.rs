@@ -383,6 +383,29 @@ fn test(args: &[String]) -> ExitCode {
         "drop-in libibverbs (exports, Debian tools on loopback)",
         dropin_ok,
     ));
+    // The drop-in librdmacm: the rdma_cm tools burst to burst over a veth
+    // pair, embedded and through one burstd per side (the RXE set: cargo
+    // xtask interop).
+    if is_root() {
+        let burstd = root.join("target/release/burstd");
+        let ok = match dropin::build(&root) {
+            Some(dir) if burstd.exists() => {
+                let mut runs = cm::veth(&dir, &cm::quick(), 23300, false);
+                // Edition 2021: a safe call; no other thread reads it now.
+                std::env::set_var("BURST_XTASK_BURSTD", &burstd);
+                runs.extend(cm::veth(&dir, &cm::quick(), 23400, true));
+                std::env::remove_var("BURST_XTASK_BURSTD");
+                dropin::summary("cm (veth)", &runs)
+            }
+            _ => false,
+        };
+        results.push((
+            "rdma_cm tools over a veth pair, embedded and through burstd",
+            ok,
+        ));
+    } else {
+        skipped.push("rdma_cm tools over a veth pair (needs root)");
+    }
     let mut doc = cargo(&root, &["doc", "--workspace", "--no-deps"]);
     doc.env("RUSTDOCFLAGS", "-D warnings");
     results.push(("doc", step("doc", &mut doc)));

@@ -792,6 +792,114 @@ pub(crate) fn ah_index(c: &Ctx, a: &ibv_ah_attr) -> Result<u32, c_int> {
     c.ctx.create_ah(a.grh.dgid).map_err(|_| libc::EIO)
 }
 
+/// The transport's attributes for `ibv_modify_qp(a, mask)` on context `c`,
+/// or the errno rdma-core returns for them.
+fn qp_attr_of(c: &Ctx, a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
+    let a = *a;
+    if mask & (M_ALT_PATH | M_CAP) != 0 {
+        tracing::warn!(
+            mask,
+            "ibv_modify_qp: alternate paths and resizing are not supported"
+        );
+        return Err(libc::EINVAL);
+    }
+    let on = |bit| mask & bit != 0;
+    let mut t = QpAttr::default();
+    if on(M_STATE) {
+        let Some(s) = qp_state_of(a.qp_state) else {
+            return Err(libc::EINVAL);
+        };
+        t.state = Some(s);
+    }
+    if on(M_ACCESS_FLAGS) {
+        let f = a.qp_access_flags as u32;
+        // LOCAL_WRITE (1) is accepted and means nothing for a QP.
+        t.access = Some(QpAccess {
+            remote_write: f & 2 != 0,
+            remote_read: f & 4 != 0,
+            remote_atomic: f & 8 != 0,
+        });
+    }
+    if on(M_PKEY_INDEX) {
+        t.pkey_index = Some(a.pkey_index);
+    }
+    if on(M_PORT) {
+        t.port = Some(a.port_num);
+    }
+    if on(M_QKEY) {
+        t.qkey = Some(a.qkey);
+    }
+    if on(M_AV) {
+        match ah_index(c, &a.ah_attr) {
+            Ok(i) => t.ah = Some(i),
+            Err(e) => return Err(e),
+        }
+    }
+    if on(M_PATH_MTU) {
+        let Some(m) = mtu_of(a.path_mtu) else {
+            return Err(libc::EINVAL);
+        };
+        t.path_mtu = Some(m);
+    }
+    if on(M_TIMEOUT) {
+        t.timeout = Some(a.timeout);
+    }
+    if on(M_RETRY_CNT) {
+        t.retry_cnt = Some(a.retry_cnt);
+    }
+    if on(M_RNR_RETRY) {
+        t.rnr_retry = Some(a.rnr_retry);
+    }
+    if on(M_RQ_PSN) {
+        t.rq_psn = Some(Psn::new(a.rq_psn));
+    }
+    if on(M_MAX_QP_RD_ATOMIC) {
+        // Initiator depth: perftest sets the *peer's* device maximum
+        // here (RXE reports 128). Issuing fewer READs/atomics at once
+        // than allowed is always safe, so clamp instead of refusing.
+        t.max_rd_atomic = Some(a.max_rd_atomic.min(burst_verbs::transport::MAX_RD_ATOMIC));
+    }
+    if on(M_MIN_RNR_TIMER) {
+        t.min_rnr_timer = Some(a.min_rnr_timer);
+    }
+    if on(M_SQ_PSN) {
+        t.sq_psn = Some(Psn::new(a.sq_psn));
+    }
+    if on(M_MAX_DEST_RD_ATOMIC) {
+        t.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
+    }
+    if on(M_DEST_QPN) {
+        let Some(n) = Qpn::new(a.dest_qp_num) else {
+            return Err(libc::EINVAL);
+        };
+        t.dest_qpn = Some(n);
+    }
+    // CUR_STATE (2), EN_SQD_ASYNC_NOTIFY (4), PATH_MIG_STATE (1 << 18)
+    // and RATE_LIMIT (1 << 25) are accepted and have no effect.
+    Ok(t)
+}
+
+/// Records an applied `ibv_modify_qp` for `ibv_query_qp` and the QP's state word.
+fn record(q: &Qp, qp: *mut ibv_qp, a: &ibv_qp_attr, mask: c_int) {
+    let on = |bit| mask & bit != 0;
+    let a = *a;
+    let mut s = q.shadow.lock().unwrap_or_else(|e| e.into_inner());
+    let keep_cap = s.cap;
+    macro_rules! take {
+        ($($bit:ident => $f:ident),*) => { $( if on($bit) { s.$f = a.$f; } )* };
+    }
+    take!(M_STATE => qp_state, M_ACCESS_FLAGS => qp_access_flags, M_PKEY_INDEX => pkey_index,
+        M_PORT => port_num, M_QKEY => qkey, M_AV => ah_attr, M_PATH_MTU => path_mtu,
+        M_TIMEOUT => timeout, M_RETRY_CNT => retry_cnt, M_RNR_RETRY => rnr_retry,
+        M_RQ_PSN => rq_psn, M_MAX_QP_RD_ATOMIC => max_rd_atomic, M_MIN_RNR_TIMER => min_rnr_timer,
+        M_SQ_PSN => sq_psn, M_MAX_DEST_RD_ATOMIC => max_dest_rd_atomic, M_DEST_QPN => dest_qp_num);
+    s.cap = keep_cap;
+    if on(M_STATE) {
+        // SAFETY: the state word of our own QP struct; apps read it.
+        unsafe { (*qp).state = a.qp_state };
+    }
+}
+
 pub(crate) unsafe extern "C" fn modify_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
@@ -806,86 +914,10 @@ pub(crate) unsafe extern "C" fn modify_qp(
         };
         // SAFETY: a readable ibv_qp_attr (caller's contract).
         let a = unsafe { *attr };
-        if mask & (M_ALT_PATH | M_CAP) != 0 {
-            tracing::warn!(
-                mask,
-                "ibv_modify_qp: alternate paths and resizing are not supported"
-            );
-            return libc::EINVAL;
-        }
-        let on = |bit| mask & bit != 0;
-        let mut t = QpAttr::default();
-        if on(M_STATE) {
-            let Some(s) = qp_state_of(a.qp_state) else {
-                return libc::EINVAL;
-            };
-            t.state = Some(s);
-        }
-        if on(M_ACCESS_FLAGS) {
-            let f = a.qp_access_flags as u32;
-            // LOCAL_WRITE (1) is accepted and means nothing for a QP.
-            t.access = Some(QpAccess {
-                remote_write: f & 2 != 0,
-                remote_read: f & 4 != 0,
-                remote_atomic: f & 8 != 0,
-            });
-        }
-        if on(M_PKEY_INDEX) {
-            t.pkey_index = Some(a.pkey_index);
-        }
-        if on(M_PORT) {
-            t.port = Some(a.port_num);
-        }
-        if on(M_QKEY) {
-            t.qkey = Some(a.qkey);
-        }
-        if on(M_AV) {
-            match ah_index(c, &a.ah_attr) {
-                Ok(i) => t.ah = Some(i),
-                Err(e) => return e,
-            }
-        }
-        if on(M_PATH_MTU) {
-            let Some(m) = mtu_of(a.path_mtu) else {
-                return libc::EINVAL;
-            };
-            t.path_mtu = Some(m);
-        }
-        if on(M_TIMEOUT) {
-            t.timeout = Some(a.timeout);
-        }
-        if on(M_RETRY_CNT) {
-            t.retry_cnt = Some(a.retry_cnt);
-        }
-        if on(M_RNR_RETRY) {
-            t.rnr_retry = Some(a.rnr_retry);
-        }
-        if on(M_RQ_PSN) {
-            t.rq_psn = Some(Psn::new(a.rq_psn));
-        }
-        if on(M_MAX_QP_RD_ATOMIC) {
-            // Initiator depth: perftest sets the *peer's* device maximum
-            // here (RXE reports 128). Issuing fewer READs/atomics at once
-            // than allowed is always safe, so clamp instead of refusing.
-            t.max_rd_atomic = Some(a.max_rd_atomic.min(burst_verbs::transport::MAX_RD_ATOMIC));
-        }
-        if on(M_MIN_RNR_TIMER) {
-            t.min_rnr_timer = Some(a.min_rnr_timer);
-        }
-        if on(M_SQ_PSN) {
-            t.sq_psn = Some(Psn::new(a.sq_psn));
-        }
-        if on(M_MAX_DEST_RD_ATOMIC) {
-            t.max_dest_rd_atomic = Some(a.max_dest_rd_atomic);
-        }
-        if on(M_DEST_QPN) {
-            let Some(n) = Qpn::new(a.dest_qp_num) else {
-                return libc::EINVAL;
-            };
-            t.dest_qpn = Some(n);
-        }
-        // CUR_STATE (2), EN_SQD_ASYNC_NOTIFY (4), PATH_MIG_STATE (1 << 18)
-        // and RATE_LIMIT (1 << 25) are accepted and have no effect.
+        let t = match qp_attr_of(c, &a, mask) {
+            Ok(t) => t,
+            Err(e) => return e,
+        };
         if let Err(e) = q.qp.modify(&t) {
             tracing::warn!(
                 qpn = q.qp.qpn().value(),
@@ -894,23 +926,44 @@ pub(crate) unsafe extern "C" fn modify_qp(
             );
             return e.errno();
         }
-        let mut s = q.shadow.lock().unwrap_or_else(|e| e.into_inner());
-        let keep_cap = s.cap;
-        macro_rules! take {
-            ($($bit:ident => $f:ident),*) => { $( if on($bit) { s.$f = a.$f; } )* };
-        }
-        take!(M_STATE => qp_state, M_ACCESS_FLAGS => qp_access_flags, M_PKEY_INDEX => pkey_index,
-            M_PORT => port_num, M_QKEY => qkey, M_AV => ah_attr, M_PATH_MTU => path_mtu,
-            M_TIMEOUT => timeout, M_RETRY_CNT => retry_cnt, M_RNR_RETRY => rnr_retry,
-            M_RQ_PSN => rq_psn, M_MAX_QP_RD_ATOMIC => max_rd_atomic, M_MIN_RNR_TIMER => min_rnr_timer,
-            M_SQ_PSN => sq_psn, M_MAX_DEST_RD_ATOMIC => max_dest_rd_atomic, M_DEST_QPN => dest_qp_num);
-        s.cap = keep_cap;
-        if on(M_STATE) {
-            // SAFETY: the state word of our own QP struct; apps read it.
-            unsafe { (*qp).state = a.qp_state };
-        }
+        record(q, qp, &a, mask);
         0
     })
+}
+
+/// Several `ibv_modify_qp` calls in one trip to the engine (the connection
+/// manager's INIT, RTR, RTS): 0, or the errno of the first refused (those
+/// before it are applied).
+pub(crate) fn modify_qp_steps(qp: *mut ibv_qp, steps: &[(ibv_qp_attr, c_int)]) -> c_int {
+    let Some(q) = ours!(Qp, qp) else {
+        return libc::EINVAL;
+    };
+    let Some(c) = ctx_from(q.raw.qp_base.context) else {
+        return libc::EINVAL;
+    };
+    let mut attrs = Vec::with_capacity(steps.len());
+    for (a, m) in steps {
+        match qp_attr_of(c, a, *m) {
+            Ok(t) => attrs.push(t),
+            Err(e) => return e,
+        }
+    }
+    let (done, r) = match q.qp.modify_steps(&attrs) {
+        Ok(Ok(())) => (steps.len(), 0),
+        Ok(Err((i, e))) => {
+            tracing::warn!(
+                qpn = q.qp.qpn().value(),
+                step = i,
+                "QP transition refused: {e:?}"
+            );
+            (i, burst_verbs::engine::CreateError::Verbs(e).errno())
+        }
+        Err(e) => (0, e.errno()),
+    };
+    for (a, m) in &steps[..done] {
+        record(q, qp, a, *m);
+    }
+    r
 }
 export!("ibv_modify_qp", "IBVERBS_1.1", modify_qp);
 

@@ -461,6 +461,7 @@ impl Remote {
             // Created through their own requests (they return segments);
             // the congestion report and fault injection stay in the daemon.
             Control::CreateQp { .. }
+            | Control::ModifyQpSteps { .. }
             | Control::CreateSrq { .. }
             | Control::Congestion { .. }
             | Control::DebugPanicFor { .. } => return Err(PostError::Invalid),

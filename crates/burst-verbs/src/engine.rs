@@ -489,6 +489,13 @@ pub(crate) enum Control {
         attr: QpAttr,
         reply: Sender<Result<(), VerbsError>>,
     },
+    /// Several transitions in one call; stops at the first refused
+    /// (its index and error).
+    ModifyQpSteps {
+        qpn: Qpn,
+        attrs: Vec<QpAttr>,
+        reply: Sender<Result<(), (usize, VerbsError)>>,
+    },
     Counters {
         reply: Sender<DeviceCounters>,
     },
@@ -1136,6 +1143,13 @@ fn control(dev: &mut Device, c: Control) {
         }
         Control::ModifyQp { qpn, attr, reply } => {
             let _ = reply.send(dev.modify_qp(qpn, &attr));
+        }
+        Control::ModifyQpSteps { qpn, attrs, reply } => {
+            let r = attrs
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, a)| dev.modify_qp(qpn, a).map_err(|e| (i, e)));
+            let _ = reply.send(r);
         }
         Control::Counters { reply } => {
             let _ = reply.send(dev.counters());
@@ -2365,6 +2379,32 @@ impl Context {
         })
     }
 
+    /// Several `ibv_modify_qp` transitions of `qpn` in one trip to the
+    /// engine (a connection manager's INIT, RTR, RTS); the first refused
+    /// stops the rest and is returned with its index.
+    pub fn modify_qp_steps(
+        &self,
+        qpn: Qpn,
+        attrs: &[QpAttr],
+    ) -> Result<Result<(), (usize, VerbsError)>, PostError> {
+        self.ring(qpn)?;
+        if self.remote.is_some() {
+            // burstd takes them one by one.
+            for (i, a) in attrs.iter().enumerate() {
+                if let Err(e) = self.modify_qp(qpn, a)? {
+                    return Ok(Err((i, e)));
+                }
+            }
+            return Ok(Ok(()));
+        }
+        let attrs = attrs.to_vec();
+        self.call_on(self.lane_of(qpn), |reply| Control::ModifyQpSteps {
+            qpn,
+            attrs,
+            reply,
+        })
+    }
+
     /// Takes RC QP `qpn` from RESET to RTS towards `peer`: an address
     /// handle for its GID, then the INIT, RTR and RTS transitions
     /// ([`crate::RcParams::transitions`]).
@@ -2606,6 +2646,14 @@ impl QueuePair {
         self.ctx
             .modify_qp(self.rings.qpn, attr)?
             .map_err(CreateError::Verbs)
+    }
+
+    /// Several transitions in one trip ([`Context::modify_qp_steps`]).
+    pub fn modify_steps(
+        &self,
+        attrs: &[QpAttr],
+    ) -> Result<Result<(), (usize, VerbsError)>, PostError> {
+        self.ctx.modify_qp_steps(self.rings.qpn, attrs)
     }
 
     /// Takes this RC QP from RESET to RTS towards `peer`

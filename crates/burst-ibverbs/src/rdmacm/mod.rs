@@ -1000,11 +1000,14 @@ fn ready_qp(id: &Id, st: &IdState) -> Result<(), c_int> {
     }
     // SAFETY: our live id.
     let qp_type = unsafe { (*qp).qp_type };
-    for state in [IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS] {
-        let (a, m) = qp_attr_for(st, qp_type, state)?;
-        modify(qp, a, m)?;
+    let steps =
+        [IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS].map(|state| qp_attr_for(st, qp_type, state));
+    let steps: Vec<_> = steps.into_iter().collect::<Result<_, _>>()?;
+    // One trip to the engine for the three transitions.
+    match crate::verbs::modify_qp_steps(qp, &steps) {
+        0 => Ok(()),
+        e => Err(e),
     }
-    Ok(())
 }
 
 /// Moves the id's QP to the error state (flushing its work requests).
@@ -1106,15 +1109,14 @@ fn create_qp_on(id: &Arc<Id>, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c
         }
     }
     drop(st);
-    for (a, m) in steps {
-        if let Err(e) = modify(qp, a, m) {
-            // SAFETY: the QP just made, not yet published.
-            unsafe { crate::verbs::destroy_qp(qp) };
-            if own_cqs {
-                destroy_own_cqs(id);
-            }
-            return fail(e);
+    let e = crate::verbs::modify_qp_steps(qp, &steps);
+    if e != 0 {
+        // SAFETY: the QP just made, not yet published.
+        unsafe { crate::verbs::destroy_qp(qp) };
+        if own_cqs {
+            destroy_own_cqs(id);
         }
+        return fail(e);
     }
     // SAFETY: our live id.
     unsafe {
