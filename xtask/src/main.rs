@@ -830,18 +830,20 @@ fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<d
     } else {
         cm::CASES.iter().chain(cm::VETH_ONLY).collect()
     };
-    let rxe_cases: Vec<&cm::CmCase> = if quick {
-        cm::quick()
-    } else {
-        cm::CASES.iter().collect()
+    let rxe_cases = |vm_serves: bool| -> Vec<&cm::CmCase> {
+        if quick {
+            cm::quick_rxe(vm_serves)
+        } else {
+            cm::CASES.iter().collect()
+        }
     };
     let mut runs = Vec::new();
     if veth {
         runs.extend(cm::veth(dir, &cases, 23000, daemons));
     }
     if rxe {
-        runs.extend(cm::rxe(root, dir, &rxe_cases, true, 23100));
-        runs.extend(cm::rxe(root, dir, &rxe_cases, false, 23200));
+        runs.extend(cm::rxe(root, dir, &rxe_cases(true), true, 23100));
+        runs.extend(cm::rxe(root, dir, &rxe_cases(false), false, 23200));
     }
     runs
 }
