@@ -692,12 +692,7 @@ impl Cm {
         };
         match c.state {
             State::ReqSent => {
-                let (remote, tid) = (c.remote_id, c.tid);
-                self.send_once(
-                    conn.0,
-                    &CmMad::new(tid, CmMessage::Rej(rej(conn.0, remote, 2, reason::TIMEOUT))),
-                );
-                self.counters.rejects_sent += 1;
+                self.reject_timeout(conn.0, 2);
                 self.forget(conn.0);
             }
             State::ReqRcvd | State::MraSent | State::RepRcvd => {
@@ -756,6 +751,19 @@ impl Cm {
             c.released = true;
         }
         Ok(())
+    }
+
+    /// Sends REJ "timeout" for the message `rejected` names (1 REP, 2 other).
+    fn reject_timeout(&mut self, id: u32, rejected: u8) {
+        let Some((remote, tid)) = self.conns.get(&id).map(|c| (c.remote_id, c.tid)) else {
+            return;
+        };
+        let mad = CmMad::new(
+            tid,
+            CmMessage::Rej(rej(id, remote, rejected, reason::TIMEOUT)),
+        );
+        self.send_once(id, &mad);
+        self.counters.rejects_sent += 1;
     }
 
     fn enter_time_wait(&mut self, now: u64, id: u32) {
@@ -821,24 +829,11 @@ impl Cm {
                     self.event(id, CmEvent::Disconnected { conn });
                     self.enter_time_wait(now, id);
                 }
-                State::RepSent => {
-                    // No RTU: tell the peer why (IBA 12.9.8.2) and give up.
-                    let (remote, tid) = (c.remote_id, c.tid);
-                    self.send_once(
-                        id,
-                        &CmMad::new(tid, CmMessage::Rej(rej(id, remote, 1, reason::TIMEOUT))),
-                    );
-                    self.counters.rejects_sent += 1;
-                    self.event(id, CmEvent::Unreachable { conn });
-                    self.forget(id);
-                }
-                State::ReqSent => {
-                    let (remote, tid) = (c.remote_id, c.tid);
-                    self.send_once(
-                        id,
-                        &CmMad::new(tid, CmMessage::Rej(rej(id, remote, 2, reason::TIMEOUT))),
-                    );
-                    self.counters.rejects_sent += 1;
+                // No REP, or no RTU: tell the peer why (IBA 12.9.8.2:
+                // REJ "timeout" naming the message) and give up.
+                State::RepSent | State::ReqSent => {
+                    let rejected = if c.state == State::RepSent { 1 } else { 2 };
+                    self.reject_timeout(id, rejected);
                     self.event(id, CmEvent::Unreachable { conn });
                     self.forget(id);
                 }

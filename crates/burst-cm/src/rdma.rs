@@ -170,22 +170,7 @@ fn ipv6_at(b: &[u8]) -> Ipv6Addr {
     Ipv6Addr::from(o)
 }
 
-/// The RoCEv2 GID of an IP address (IPv4-mapped for IPv4).
-pub fn gid_of(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
-}
-
-/// The IP address of a RoCEv2 GID.
-pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
-    let v6 = Ipv6Addr::from(gid);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
-}
+pub use burst_wire::{gid_of, ip_of_gid};
 
 #[cfg(test)]
 mod tests {

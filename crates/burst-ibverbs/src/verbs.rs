@@ -684,15 +684,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             );
             return fail_null(libc::EOPNOTSUPP);
         }
-        let mut base = ibv_qp_init_attr {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-        };
+        let mut base = a.base();
         let q = create_qp_common(a.pd, &mut base, extended);
         a.cap = base.cap;
         q

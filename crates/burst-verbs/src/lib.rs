@@ -61,8 +61,6 @@ mod thread;
 
 pub(crate) use dataplane::{Device, FIRST_QPN};
 
-use std::net::{IpAddr, Ipv6Addr};
-
 use burst_io::Port;
 
 /// Device-wide counters (names after RXE's where one exists).
@@ -409,22 +407,7 @@ impl QpInit {
     }
 }
 
-/// A GID as RoCE v2 uses it: the IPv6 address, or the IPv4-mapped one.
-pub fn gid_of(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
-        IpAddr::V6(v) => v.octets(),
-    }
-}
-
-/// The IP address a RoCE v2 GID stands for.
-pub fn ip_of_gid(gid: [u8; 16]) -> IpAddr {
-    let v6 = Ipv6Addr::from(gid);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
-}
+pub use burst_wire::{gid_of, ip_of_gid};
 
 /// The port a device has unless told otherwise: any port, chosen when
 /// the device opens (a UDP socket, the same behind a [`burst_io::LossyPort`]

@@ -1176,15 +1176,7 @@ unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_at
         }
         // SAFETY: a writable extended init attr (caller's contract).
         let a = unsafe { &mut *attr };
-        let mut base = ibv_qp_init_attr {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-        };
+        let mut base = a.base();
         // IBV_QP_INIT_ATTR_PD
         let pd = if a.comp_mask & 1 != 0 {
             a.pd
