@@ -286,3 +286,119 @@ impl Router {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burst_cm::rdma::PortSpace;
+    use burst_cm::{reason, CmEvent};
+    use burst_verbs::cm::CmService;
+    use burst_verbs::engine::Engine;
+    use burst_verbs::wire::mad::{CmIds, CmMad, CmMessage, MAD_LEN};
+    use burst_verbs::wire::{Psn, Qpn};
+    use burst_verbs::Mtu;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
+
+    /// The next MAD on a client's socket, within 5 s.
+    fn mad_on(sock: &OwnedFd) -> GsiMad {
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let MadRecv::Mad(m) = p::recv_mad(sock.as_fd()) {
+                return m;
+            }
+            assert!(Instant::now() < end, "no MAD for the client");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn requests_go_to_the_listener_ids_to_their_owner_strays_are_answered() {
+        let (ia, ib) = (
+            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 1)),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 2)),
+        );
+        let ea = Engine::start(ia, Mtu::Mtu1024).unwrap();
+        let eb = Engine::start(ib, Mtu::Mtu1024).unwrap();
+        let router = Router::new(&ea.context()).unwrap().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r2, s2) = (Arc::clone(&router), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || r2.run(&s2));
+        let (c1, d1) = p::mad_socketpair().unwrap();
+        let (c2, d2) = p::mad_socketpair().unwrap();
+        router.attach(1, d1);
+        router.attach(2, d2);
+        let svc = PortSpace::Tcp.service_id(5000);
+        assert!(router.listen(1, svc, true));
+        assert!(!router.listen(2, svc, true), "another client's port");
+
+        // B's CM: a REQ for the service reaches client 1.
+        let (tb, rb) = mpsc::channel();
+        let b = CmService::start(&eb.context(), Box::new(move |e| drop(tb.send(e)))).unwrap();
+        let req = burst_cm::req_template(svc, Qpn::new(0x11).unwrap(), Psn::new(1));
+        let cb = b.with(|cm, now| cm.connect(now, ia, req)).unwrap();
+        let m = mad_on(&c1);
+        assert_eq!(m.peer, ib);
+        let CmMessage::Req(got) = CmMad::parse(&m.mad).unwrap().message else {
+            panic!("not a REQ")
+        };
+        assert_eq!(got.local_comm_id, cb.0);
+
+        // Client 1 answers as comm ID 77 (a REJ): the ID is now its own;
+        // client 2 speaking for it is dropped.
+        let rej = burst_verbs::wire::mad::CmRej {
+            local_comm_id: 77,
+            remote_comm_id: cb.0,
+            message_rejected: 0,
+            reject_info_length: 0,
+            reason: reason::CONSUMER,
+            ari: [0; 72],
+            private_data: [0; 148],
+        };
+        let mut mad = [0u8; MAD_LEN];
+        CmMad::new(1, CmMessage::Rej(rej)).emit(&mut mad).unwrap();
+        assert!(p::send_mad(c1.as_fd(), &GsiMad { peer: ib, mad }));
+        match rb.recv_timeout(Duration::from_secs(5)).unwrap() {
+            CmEvent::Rejected { conn, rej } => {
+                assert_eq!(conn, cb);
+                assert_eq!(rej.reason, reason::CONSUMER);
+            }
+            e => panic!("{e:?}"),
+        }
+        let before = router.dropped();
+        let rtu = CmIds {
+            local_comm_id: 77,
+            remote_comm_id: 5,
+            private_data: [0; 224],
+        };
+        CmMad::new(2, CmMessage::Rtu(rtu)).emit(&mut mad).unwrap();
+        assert!(p::send_mad(c2.as_fd(), &GsiMad { peer: ib, mad }));
+        let end = Instant::now() + Duration::from_secs(5);
+        while router.dropped() == before {
+            assert!(Instant::now() < end, "the forged message was not dropped");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+
+        // Nobody listens on another service: burstd's CM rejects it (8).
+        let other = burst_cm::req_template(
+            PortSpace::Tcp.service_id(5001),
+            Qpn::new(0x11).unwrap(),
+            Psn::new(1),
+        );
+        let c3 = b.with(|cm, now| cm.connect(now, ia, other)).unwrap();
+        match rb.recv_timeout(Duration::from_secs(5)).unwrap() {
+            CmEvent::Rejected { conn, rej } => {
+                assert_eq!(conn, c3);
+                assert_eq!(rej.reason, reason::INVALID_SERVICE_ID);
+            }
+            e => panic!("{e:?}"),
+        }
+
+        // Client 1 leaves: its service is free for client 2.
+        router.detach(1);
+        assert!(router.listen(2, svc, true));
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        thread.join().unwrap();
+    }
+}
