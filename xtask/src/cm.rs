@@ -47,6 +47,13 @@ pub const CASES: &[CmCase] = &[
         "rping -c -v -C 10 -a {addr} -p {port}",
         "rdma-ping-9:",
     ),
+    // The application readies its own QP (rdma_init_qp_attr, rdma_establish).
+    case(
+        "rping -q -C 10",
+        "rping -s -q -v -C 10 -a {addr} -p {port}",
+        "rping -c -q -v -C 10 -a {addr} -p {port}",
+        "rdma-ping-9:",
+    ),
     // udaddy's -p is the port space: its port is always 7174.
     case("udaddy", "udaddy", "udaddy -s {addr}", "test complete"),
     case(
@@ -90,12 +97,21 @@ pub const CASES: &[CmCase] = &[
 
 /// burst to burst only (RXE's VM lacks nothing here, but these add little
 /// against it).
-pub const VETH_ONLY: &[CmCase] = &[case(
-    "rdma_xserver/rdma_xclient",
-    "rdma_xserver -p {port}",
-    "rdma_xclient -s {addr} -p {port}",
-    "end 0",
-)];
+pub const VETH_ONLY: &[CmCase] = &[
+    case(
+        "rdma_xserver/rdma_xclient",
+        "rdma_xserver -p {port}",
+        "rdma_xclient -s {addr} -p {port}",
+        "end 0",
+    ),
+    // rdma_migrate_id to a new event channel.
+    case(
+        "ucmatose -m",
+        "ucmatose -m -p {port}",
+        "ucmatose -m -s {addr} -p {port}",
+        "test complete",
+    ),
+];
 
 /// The CI share against RXE: perftest's `-R` client connects its test QPs
 /// right after its handshake, and an RXE server on the lab's emulated CPU

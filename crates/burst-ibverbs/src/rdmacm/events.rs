@@ -75,7 +75,10 @@ pub(super) fn on_cm_event(dev: usize, e: CmEvent) {
                 st.neg = Negotiated {
                     remote_qpn: req.local_qpn.value(),
                     remote_psn: req.starting_psn.value(),
-                    my_psn: 0,
+                    // Chosen now: an application readying its own QP
+                    // (rdma_init_qp_attr before rdma_accept, rping -q)
+                    // needs it before the REP carries it.
+                    my_psn: random_psn(),
                     mtu: req.path_mtu.clamp(1, d.mtu),
                     responder_resources: req.initiator_depth.min(d.max_rd_atomic),
                     initiator_depth: req.responder_resources.min(d.max_rd_atomic),

@@ -1499,7 +1499,6 @@ fn accept_locked(id: &Arc<Id>, st: &mut IdState, p: Option<rdma_conn_param>) -> 
         // SAFETY: the id's live QP.
         unsafe { (*qp).qp_num }
     };
-    st.neg.my_psn = random_psn();
     st.phase = Phase::Accepting;
     if let Err(e) = ready_qp(id, st) {
         st.phase = Phase::RequestRcvd;
