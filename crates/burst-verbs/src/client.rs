@@ -776,10 +776,10 @@ mod tests {
         // SAFETY: `len` bytes we just mapped.
         unsafe { std::ptr::write_bytes(p, 1, len) };
         let old = remap(p as usize, len).unwrap().1.remove(0).fd;
-        // The application frees the buffer; new memory lands at the same
-        // address with other contents.
-        // SAFETY: our mapping.
-        unsafe { libc::munmap(p.cast(), len) };
+        // The application frees the buffer and new memory lands at the same
+        // address with other contents. One `MAP_FIXED` replaces the pages
+        // atomically: an munmap first would leave a window in which another
+        // test thread maps (and later unmaps) this range.
         let q = anon(len, p as usize);
         assert_eq!(q, p);
         // SAFETY: `len` bytes we just mapped.
