@@ -41,7 +41,7 @@
 
 pub mod rdma;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 
 use burst_wire::mad::{
@@ -320,6 +320,30 @@ pub struct Cm {
     now: u64,
     /// Services no longer listened on, and since when.
     unlistened: HashMap<u64, u64>,
+    timers: Timers,
+}
+
+/// Every connection's deadline, earliest first, so that arming a timer and
+/// finding the next one cost O(log n) (with thousands of connections in
+/// flight a scan of them all on each call was the CM's main cost).
+#[derive(Debug, Default)]
+struct Timers(BTreeSet<(u64, u32)>);
+
+impl Timers {
+    /// Moves connection `id`'s deadline from `*slot` to `at`.
+    fn set(&mut self, id: u32, slot: &mut Option<u64>, at: Option<u64>) {
+        if let Some(old) = slot.take() {
+            self.0.remove(&(old, id));
+        }
+        if let Some(at) = at {
+            self.0.insert((at, id));
+        }
+        *slot = at;
+    }
+
+    fn first(&self) -> Option<(u64, u32)> {
+        self.0.first().copied()
+    }
 }
 
 /// A REQ with the rdma_cm's usual values for an RC QP: fill in the rest
@@ -396,6 +420,7 @@ impl Cm {
             listeners: HashMap::new(),
             now: 0,
             unlistened: HashMap::new(),
+            timers: Timers::default(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: CmCounters::default(),
@@ -486,7 +511,8 @@ impl Cm {
         if let Some(c) = self.conns.get_mut(&id) {
             c.last = Some(bytes);
             c.wait_ns = wait_ns;
-            c.deadline = Some(now.saturating_add(wait_ns));
+            let at = Some(now.saturating_add(wait_ns));
+            self.timers.set(id, &mut c.deadline, at);
             c.retries_left = retries;
         }
     }
@@ -500,7 +526,7 @@ impl Cm {
         let bytes = self.send(peer, mad);
         if let Some(c) = self.conns.get_mut(&id) {
             c.last = Some(bytes);
-            c.deadline = None;
+            self.timers.set(id, &mut c.deadline, None);
         }
     }
 
@@ -637,7 +663,8 @@ impl Cm {
             }
             State::RepSent => {
                 c.state = State::Established;
-                c.deadline = None;
+                let mut at = c.deadline.take();
+                self.timers.set(conn.0, &mut at, None);
                 self.event(conn.0, CmEvent::Established { conn });
                 Ok(())
             }
@@ -769,12 +796,14 @@ impl Cm {
     fn enter_time_wait(&mut self, now: u64, id: u32) {
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = State::TimeWait;
-            c.deadline = Some(now.saturating_add(self.cfg.time_wait_ns));
+            let at = Some(now.saturating_add(self.cfg.time_wait_ns));
+            self.timers.set(id, &mut c.deadline, at);
         }
     }
 
     fn forget(&mut self, id: u32) {
-        if let Some(c) = self.conns.remove(&id) {
+        if let Some(mut c) = self.conns.remove(&id) {
+            self.timers.set(id, &mut c.deadline, None);
             if self.by_remote.get(&(c.remote_id, c.remote_guid)) == Some(&id) {
                 self.by_remote.remove(&(c.remote_id, c.remote_guid));
             }
@@ -787,18 +816,20 @@ impl Cm {
     /// The earliest deadline (a retransmission or the end of a
     /// time-wait), if any.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        self.timers.first().map(|(at, _)| at)
     }
 
     /// Retransmits what waited too long, gives up what ran out of retries,
     /// ends time-waits.
     pub fn handle_timeout(&mut self, now: u64) {
         self.now = self.now.max(now);
+        // Only what was due on entry: a retransmission armed here waits
+        // for the next call, as with a scan.
         let due: Vec<u32> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
-            .map(|(&id, _)| id)
+            .timers
+            .0
+            .range(..=(now, u32::MAX))
+            .map(|&(_, id)| id)
             .collect();
         for id in due {
             let Some(c) = self.conns.get_mut(&id) else {
@@ -815,7 +846,8 @@ impl Cm {
             }
             if c.retries_left > 0 {
                 c.retries_left -= 1;
-                c.deadline = Some(now.saturating_add(c.wait_ns));
+                let at = Some(now.saturating_add(c.wait_ns));
+                self.timers.set(id, &mut c.deadline, at);
                 self.counters.retransmits += 1;
                 self.resend_last(id);
                 continue;
@@ -845,9 +877,25 @@ impl Cm {
         }
     }
 
+    /// The timer set holds exactly the connections' deadlines.
+    #[cfg(test)]
+    pub(crate) fn assert_timers_consistent(&self) {
+        let from_conns: BTreeSet<(u64, u32)> = self
+            .conns
+            .iter()
+            .filter_map(|(&id, c)| c.deadline.map(|d| (d, id)))
+            .collect();
+        assert_eq!(from_conns, self.timers.0);
+    }
+
     /// The next MAD to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
+    }
+
+    /// Whether events wait for [`Cm::poll_event`].
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// The next event for the application.
@@ -975,7 +1023,8 @@ impl Cm {
         // over from there.
         let wait = timeout_ns(m.service_timeout) + timeout_ns(self.cfg.response_timeout);
         c.wait_ns = wait;
-        c.deadline = Some(now.saturating_add(wait));
+        let at = Some(now.saturating_add(wait));
+        self.timers.set(m.remote_comm_id, &mut c.deadline, at);
         c.retries_left = self.cfg.max_retries;
     }
 
@@ -1027,7 +1076,7 @@ impl Cm {
                 c.remote_id = r.local_comm_id;
                 c.remote_guid = r.local_ca_guid;
                 c.remote_qpn = r.local_qpn;
-                c.deadline = None;
+                self.timers.set(r.remote_comm_id, &mut c.deadline, None);
                 let id = r.remote_comm_id;
                 self.event(
                     id,
@@ -1050,7 +1099,7 @@ impl Cm {
         match self.conns.get_mut(&r.remote_comm_id) {
             Some(c) if c.state == State::RepSent && c.remote_id == r.local_comm_id => {
                 c.state = State::Established;
-                c.deadline = None;
+                self.timers.set(r.remote_comm_id, &mut c.deadline, None);
                 let id = r.remote_comm_id;
                 self.event(id, CmEvent::Established { conn: ConnId(id) });
             }

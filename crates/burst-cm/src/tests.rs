@@ -83,6 +83,8 @@ impl Net {
                 moved = true;
                 self.events_b.push(e);
             }
+            self.a.assert_timers_consistent();
+            self.b.assert_timers_consistent();
             if !moved {
                 return;
             }

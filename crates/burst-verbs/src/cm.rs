@@ -164,10 +164,18 @@ impl CmService {
         let now = self.inner.now();
         // Keeps the CM's clock current for calls that take no time.
         cm.handle_timeout(now);
+        let before = cm.poll_timeout();
         let r = f(&mut cm, now);
         self.inner.flush(&mut cm);
+        // The service thread sleeps until the earliest deadline it saw:
+        // wake it only for an earlier one or for events to deliver, not on
+        // every call (a wake-up per connect was a context switch each).
+        let after = cm.poll_timeout();
+        let wake = cm.has_events() || after.is_some_and(|a| before.is_none_or(|b| a < b));
         drop(cm);
-        self.inner.wake.signal();
+        if wake {
+            self.inner.wake.signal();
+        }
         r
     }
 
