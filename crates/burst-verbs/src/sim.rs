@@ -612,7 +612,17 @@ impl RxHarness {
                 self.frames, c.rcvd_pkts
             ));
         }
-        let accounted = c.malformed + c.icrc_errors + c.no_qp + c.qps.rcvd_pkts + c.cc.cnp_rcvd;
+        // QP1's MADs go to the connection manager's queue, counted there
+        // (nothing is sent on QP1 here, so its drops are receive drops).
+        let gsi = self.ctx.gsi().map(|g| g.counters()).unwrap_or_default();
+        let accounted = c.malformed
+            + c.icrc_errors
+            + c.no_qp
+            + c.qps.rcvd_pkts
+            + c.cc.cnp_rcvd
+            + gsi.rcvd
+            + gsi.malformed
+            + gsi.dropped;
         if accounted != c.rcvd_pkts {
             return Err(format!(
                 "{} frames received, {accounted} accounted for: {c:?}",
