@@ -33,6 +33,9 @@ struct QpSlot {
     completions: VecDeque<WorkCompletion>,
     srq: Option<usize>,
     flow: QpFlow,
+    /// Send and receive WRs the transport took (the retired ones are these
+    /// less what its queues still hold).
+    accepted: (u64, u64),
 }
 
 /// A burst RDMA device on one IP address, over packet port `P`.
@@ -233,6 +236,7 @@ impl<P: Port> Device<P> {
             completions: VecDeque::new(),
             srq,
             flow: self.cc.flow(),
+            accepted: (0, 0),
         };
         if index == self.qps.len() {
             self.qps.push(Some(slot));
@@ -365,18 +369,32 @@ impl<P: Port> Device<P> {
     /// Takes a receive that passed `QpConfig::check_recv` when it was posted.
     pub fn post_recv_checked(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
         let mem = self.mrs.memory();
-        slot_in(&mut self.qps, self.lane, qpn)?
-            .qp
-            .post_recv_checked(wr, &mem)
+        let s = slot_in(&mut self.qps, self.lane, qpn)?;
+        s.qp.post_recv_checked(wr, &mem)?;
+        s.accepted.1 += 1;
+        Ok(())
+    }
+
+    /// Send and receive WRs of `qpn` the transport has finished with
+    /// (completed, flushed or refused once taken), counted since creation.
+    /// The front end keeps each queue's outstanding work within its depth
+    /// from this.
+    pub fn retired(&self, qpn: Qpn) -> Option<(u64, u64)> {
+        let s = self.qps[self.qp_index(qpn).ok()?].as_ref()?;
+        Some((
+            s.accepted.0.saturating_sub(s.qp.send_queue_len() as u64),
+            s.accepted.1.saturating_sub(s.qp.recv_queue_len() as u64),
+        ))
     }
 
     /// Takes a WR that passed [`burst_transport::QpConfig::check_send`] when
     /// it was posted, without making progress.
     pub fn post_send_checked(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
         let mem = self.mrs.memory();
-        slot_in(&mut self.qps, self.lane, qpn)?
-            .qp
-            .post_send_checked(wr, &mem)
+        let s = slot_in(&mut self.qps, self.lane, qpn)?;
+        s.qp.post_send_checked(wr, &mem)?;
+        s.accepted.0 += 1;
+        Ok(())
     }
 
     /// Takes a completion of `qpn` gathered by earlier progress.

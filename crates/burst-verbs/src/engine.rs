@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -29,7 +29,7 @@ use crate::shm::{Segment, ShmRing};
 
 use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
 use burst_transport::{
-    InlineData, QpAttr, QpConfig, QpType, RecvWr, SendWr, VerbsError, WcOpcode, WcStatus,
+    InlineData, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, VerbsError, WcOpcode, WcStatus,
     WorkCompletion,
 };
 use burst_wire::{Mtu, Qpn};
@@ -384,7 +384,93 @@ impl Cq {
 /// Where a QP's two rings sit in its segment: (send, receive, total bytes).
 pub(crate) fn qp_layout(send_slots: usize, recv_slots: usize) -> (usize, usize, usize) {
     let recv = ShmRing::<SendWr>::bytes(send_slots).div_ceil(64) * 64;
-    (0, recv, recv + ShmRing::<RecvWr>::bytes(recv_slots))
+    let words = (recv + ShmRing::<RecvWr>::bytes(recv_slots)).div_ceil(64) * 64;
+    (0, recv, words + QpWords::BYTES)
+}
+
+/// Words a QP's front end and engine share after its rings: the state the
+/// application last gave the QP (which posts it allows) and, per queue,
+/// the WRs posted and those the engine retired, so that a post finds a
+/// full queue as `ibv_post_*` does (ENOMEM), by outstanding work rather
+/// than by room in the ring. A client that scribbles on them only misleads
+/// its own posts: the transport checks state and depth again.
+struct QpWords {
+    seg: Arc<Segment>,
+    at: usize,
+}
+
+impl QpWords {
+    const BYTES: usize = 64;
+    const STATE: usize = 0;
+    const SEND_POSTED: usize = 8;
+    const SEND_RETIRED: usize = 16;
+    const RECV_POSTED: usize = 24;
+    const RECV_RETIRED: usize = 32;
+
+    fn word(&self, w: usize) -> &AtomicU64 {
+        self.seg.word64(self.at + w)
+    }
+
+    fn state(&self) -> QpState {
+        match self.word(Self::STATE).load(Ordering::Acquire) {
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            _ => QpState::Reset,
+        }
+    }
+
+    fn set_state(&self, s: QpState) {
+        let v = match s {
+            QpState::Reset => 0,
+            QpState::Init => 1,
+            QpState::Rtr => 2,
+            QpState::Rts => 3,
+            QpState::Sqd => 4,
+            QpState::Sqe => 5,
+            QpState::Err => 6,
+        };
+        self.word(Self::STATE).store(v, Ordering::Release);
+    }
+
+    /// Takes a place in a queue of depth `depth` (`recv`: the receive
+    /// queue); `false` when outstanding work fills it.
+    fn reserve(&self, recv: bool, depth: u32) -> bool {
+        let (p, r) = if recv {
+            (Self::RECV_POSTED, Self::RECV_RETIRED)
+        } else {
+            (Self::SEND_POSTED, Self::SEND_RETIRED)
+        };
+        let posted = self.word(p).fetch_add(1, Ordering::AcqRel);
+        let retired = self.word(r).load(Ordering::Acquire);
+        if posted.wrapping_sub(retired) >= u64::from(depth) {
+            self.word(p).fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Gives back a place [`QpWords::reserve`] took for a post that failed.
+    fn unreserve(&self, recv: bool) {
+        let p = if recv {
+            Self::RECV_POSTED
+        } else {
+            Self::SEND_POSTED
+        };
+        self.word(p).fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The engine: WRs retired so far (send, receive).
+    fn set_retired(&self, send: u64, recv: u64) {
+        for (w, v) in [(Self::SEND_RETIRED, send), (Self::RECV_RETIRED, recv)] {
+            if self.word(w).load(Ordering::Relaxed) != v {
+                self.word(w).store(v, Ordering::Release);
+            }
+        }
+    }
 }
 
 /// A QP's rings. Their entries are the transport's own work requests
@@ -401,6 +487,10 @@ struct QpRings {
     recv_cq: CqId,
     /// The daemon client that created it (0: the engine's own process).
     owner: u32,
+    words: QpWords,
+    /// WRs the engine took from the rings and refused (completed in
+    /// error): retired without reaching the transport (send, receive).
+    refused: (AtomicU64, AtomicU64),
 }
 
 impl QpRings {
@@ -415,7 +505,11 @@ impl QpRings {
         cqs: (CqId, CqId),
         owner: u32,
     ) -> std::io::Result<QpRings> {
-        let (s_off, r_off, _) = qp_layout(slots.0, slots.1);
+        let (s_off, r_off, total) = qp_layout(slots.0, slots.1);
+        let words = QpWords {
+            seg: Arc::clone(&seg),
+            at: total - QpWords::BYTES,
+        };
         let (send, recv) = if fresh {
             (
                 ShmRing::create(Arc::clone(&seg), s_off, slots.0)?,
@@ -436,6 +530,8 @@ impl QpRings {
             send_cq: cqs.0,
             recv_cq: cqs.1,
             owner,
+            words,
+            refused: (AtomicU64::new(0), AtomicU64::new(0)),
         })
     }
 }
@@ -1301,6 +1397,7 @@ impl Core {
             if (foreign && r.cfg.check_recv(&w).is_err())
                 || dev.post_recv_checked(r.qpn, w).is_err()
             {
+                r.refused.1.fetch_add(1, Ordering::Relaxed);
                 spill.push_back(Spill {
                     cq: r.recv_cq.0 as usize,
                     wc: refused(id, WcOpcode::Recv, r.qpn),
@@ -1313,13 +1410,27 @@ impl Core {
             if (foreign && r.cfg.check_send(&w).is_err())
                 || dev.post_send_checked(r.qpn, w).is_err()
             {
+                r.refused.0.fetch_add(1, Ordering::Relaxed);
                 spill.push_back(Spill {
                     cq: r.send_cq.0 as usize,
                     wc: refused(id, op, r.qpn),
                 });
             }
         }
+        if busy {
+            Core::publish_retired(dev, r);
+        }
         busy
+    }
+
+    /// Tells `r`'s front end how many of its WRs are finished with.
+    fn publish_retired(dev: &Device, r: &QpRings) {
+        if let Some((send, recv)) = dev.retired(r.qpn) {
+            r.words.set_retired(
+                send + r.refused.0.load(Ordering::Relaxed),
+                recv + r.refused.1.load(Ordering::Relaxed),
+            );
+        }
     }
 
     /// Posts a checked send WR straight into the transport (the posting
@@ -1478,6 +1589,9 @@ impl Core {
         }
         let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
         for r in rings.iter().flatten().filter(|r| r.lane == lane) {
+            // Before its completions: a slot is free again by the time the
+            // application sees the completion that frees it.
+            Core::publish_retired(dev, r);
             while let Some(wc) = dev.take_completion(r.qpn) {
                 busy = true;
                 let cq = if wc.is_recv() { r.recv_cq } else { r.send_cq }.0 as usize;
@@ -2370,13 +2484,17 @@ impl Context {
 
     /// `ibv_modify_qp`, executed by the engine.
     pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr) -> Result<Result<(), VerbsError>, PostError> {
-        self.ring(qpn)?;
+        let ring = self.ring(qpn)?;
         let attr = *attr;
-        self.call_on(self.lane_of(qpn), |reply| Control::ModifyQp {
+        let r = self.call_on(self.lane_of(qpn), |reply| Control::ModifyQp {
             qpn,
             attr,
             reply,
-        })
+        })?;
+        if let (Ok(()), Some(s)) = (&r, attr.state) {
+            ring.words.set_state(s);
+        }
+        Ok(r)
     }
 
     /// Several `ibv_modify_qp` transitions of `qpn` in one trip to the
@@ -2397,12 +2515,22 @@ impl Context {
             }
             return Ok(Ok(()));
         }
-        let attrs = attrs.to_vec();
-        self.call_on(self.lane_of(qpn), |reply| Control::ModifyQpSteps {
+        let ring = self.ring(qpn)?;
+        let steps = attrs.to_vec();
+        let r = self.call_on(self.lane_of(qpn), |reply| Control::ModifyQpSteps {
             qpn,
-            attrs,
+            attrs: steps,
             reply,
-        })
+        })?;
+        // The state of the last transition that was made.
+        let made = match &r {
+            Ok(()) => attrs.len(),
+            Err((i, _)) => *i,
+        };
+        if let Some(s) = attrs[..made].iter().rev().find_map(|a| a.state) {
+            ring.words.set_state(s);
+        }
+        Ok(r)
     }
 
     /// Takes RC QP `qpn` from RESET to RTS towards `peer`: an address
@@ -2465,8 +2593,33 @@ impl Context {
     }
 
     fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
-        let mut wr = *wr;
+        let wr = *wr;
         let len = ring.cfg.check_send(&wr).map_err(PostError::Refused)?;
+        if self.remote.as_ref().is_some_and(|r| r.is_dead()) {
+            return Err(PostError::Stopped);
+        }
+        // As RXE: sends need RTS (or later: in SQD, SQE and ERR they queue,
+        // in ERR to be flushed); the queue's depth bounds outstanding WRs.
+        let state = ring.words.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostError::Refused(VerbsError::InvalidState(state)));
+        }
+        if !ring.words.reserve(false, ring.cfg.max_send_wr) {
+            return Err(PostError::Refused(VerbsError::QueueFull));
+        }
+        let r = self.post_send_reserved(ring, wr, len);
+        if r.is_err() {
+            ring.words.unreserve(false);
+        }
+        r
+    }
+
+    fn post_send_reserved(
+        &self,
+        ring: &QpRings,
+        mut wr: SendWr,
+        len: u64,
+    ) -> Result<(), PostError> {
         if let Some(r) = &self.remote {
             if r.is_dead() {
                 return Err(PostError::Stopped);
@@ -2525,6 +2678,23 @@ impl Context {
         if self.device_failed() {
             return Err(PostError::Stopped);
         }
+        // Receives may be posted from INIT on (IBA C10-49; in ERR they are
+        // flushed); the queue's depth bounds outstanding WRs.
+        let state = ring.words.state();
+        if state == QpState::Reset {
+            return Err(PostError::Refused(VerbsError::InvalidState(state)));
+        }
+        if !ring.words.reserve(true, ring.cfg.max_recv_wr) {
+            return Err(PostError::Refused(VerbsError::QueueFull));
+        }
+        let r = self.post_recv_reserved(ring, wr);
+        if r.is_err() {
+            ring.words.unreserve(true);
+        }
+        r
+    }
+
+    fn post_recv_reserved(&self, ring: &QpRings, wr: &RecvWr) -> Result<(), PostError> {
         // No step: the next post_send or poll of an empty CQ steps. Stepping
         // here would send the deferred ACK of the message just received
         // alone, a system call before the reply the application is about to

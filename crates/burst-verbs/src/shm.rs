@@ -196,7 +196,8 @@ impl Segment {
         unsafe { AtomicU32::from_ptr(self.ptr.add(off).cast()) }
     }
 
-    fn word64(&self, off: usize) -> &AtomicU64 {
+    /// The 64-bit word at byte `off` (aligned, inside the segment).
+    pub(crate) fn word64(&self, off: usize) -> &AtomicU64 {
         assert!(
             off % 8 == 0 && off + 8 <= self.len,
             "word outside the segment"

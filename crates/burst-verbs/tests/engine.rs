@@ -389,3 +389,98 @@ fn bad_work_requests_are_refused_at_post_with_rdma_cores_errno() {
     c.dereg_mr(k.lkey).unwrap();
     drop(e);
 }
+
+#[test]
+fn posts_follow_the_qp_state_and_the_queue_depth_like_rxe() {
+    use burst_verbs::engine::PostError;
+    use burst_verbs::{QpCaps, QpInit};
+    let e = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 83, 11)), Mtu::Mtu4096).unwrap();
+    let c = e.context();
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(64);
+    let mut init = QpInit::new(QpType::Rc, pd);
+    init.caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = c.create_qp_with(&init, cq, cq).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` outlives its registration (deregistered below).
+    let k = unsafe { c.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access(1)) }.unwrap();
+    let sge = Sge {
+        addr: k.addr,
+        length: 8,
+        lkey: k.lkey,
+    };
+    let send = |id| qp.post_send(&SendWr::new(id, SendOp::Send, [sge]));
+    let recv = |id| {
+        qp.post_recv(&RecvWr {
+            wr_id: id,
+            sg_list: [sge].into(),
+        })
+    };
+    let errno = |r: Result<(), PostError>| r.expect_err("refused at post").errno();
+    // RESET: nothing may be posted.
+    assert_eq!(errno(send(1)), libc::EINVAL);
+    assert_eq!(errno(recv(2)), libc::EINVAL);
+    // A peer that never answers: sends stay outstanding until the retries
+    // run out.
+    let peer = RcPeer {
+        gid: burst_wire::gid_of(IpAddr::V4(Ipv4Addr::new(127, 0, 83, 12))),
+        qpn: Qpn::new(0x99).unwrap(),
+        psn: Psn::new(1),
+    };
+    let mut p = RcParams::new(Psn::new(1), Mtu::Mtu1024);
+    p.timeout = 14;
+    p.retry_cnt = 1;
+    let ah = c.create_ah(peer.gid).unwrap();
+    let steps = p.transitions(ah, &peer);
+    qp.modify(&steps[0]).unwrap();
+    // INIT: receives yes, as many as the queue holds; sends not yet.
+    for id in 10..14 {
+        recv(id).unwrap();
+    }
+    assert_eq!(
+        errno(recv(14)),
+        libc::ENOMEM,
+        "a fifth receive in a queue of 4"
+    );
+    assert_eq!(errno(send(15)), libc::EINVAL, "a send in INIT");
+    qp.modify(&steps[1]).unwrap();
+    assert_eq!(errno(send(16)), libc::EINVAL, "a send in RTR");
+    qp.modify(&steps[2]).unwrap();
+    for id in 20..24 {
+        send(id).unwrap();
+    }
+    assert_eq!(
+        errno(send(24)),
+        libc::ENOMEM,
+        "a fifth send in a queue of 4"
+    );
+    // Retries exhausted: the QP fails, its WRs complete in error, and the
+    // queues have room again; posts in ERR are taken and flushed.
+    let done = drain(&c, cq, 8);
+    assert!(
+        done.iter().all(|w| w.status != WcStatus::Success),
+        "{done:?}"
+    );
+    send(30).unwrap();
+    recv(31).unwrap();
+    let flushed = drain(&c, cq, 2);
+    assert!(
+        flushed.iter().all(|w| w.status == WcStatus::WrFlushErr),
+        "{flushed:?}"
+    );
+    // Back to RESET: refused again.
+    qp.modify(&QpAttr {
+        state: Some(QpState::Reset),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(errno(recv(32)), libc::EINVAL);
+    c.dereg_mr(k.lkey).unwrap();
+    drop(e);
+}
