@@ -1589,10 +1589,16 @@ impl Core {
         }
         let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
         for r in rings.iter().flatten().filter(|r| r.lane == lane) {
-            // Before its completions: a slot is free again by the time the
-            // application sees the completion that frees it.
-            Core::publish_retired(dev, r);
+            // Published with completions, before them: a slot is free again
+            // by the time the application sees the completion that frees
+            // it, and idle QPs cost nothing per step. (Unsignaled sends
+            // free their slots with the next completion, as on an RNIC.)
+            let mut published = false;
             while let Some(wc) = dev.take_completion(r.qpn) {
+                if !published {
+                    Core::publish_retired(dev, r);
+                    published = true;
+                }
                 busy = true;
                 let cq = if wc.is_recv() { r.recv_cq } else { r.send_cq }.0 as usize;
                 if !spill.is_empty()
