@@ -1265,3 +1265,59 @@ pub fn device_listing(dir: &Path) -> Vec<Outcome> {
     }
     out
 }
+
+/// `interop/verbs-conformance.c` (built against the system libibverbs) on
+/// the drop-in, in one process on loopback: extended queries, `cmd_fd`,
+/// `ibv_create_qp_ex`'s attributes, posts by QP state and queue depth.
+pub fn conformance(root: &Path, dir: &Path) -> Vec<Outcome> {
+    let name = "verbs conformance (interop/verbs-conformance.c) on the drop-in".to_string();
+    let bin = root.join("target/interop/verbs-conformance");
+    let _ = std::fs::create_dir_all(root.join("target/interop"));
+    let built = Command::new("gcc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(root.join("interop/verbs-conformance.c"))
+        .arg("-libverbs")
+        .status()
+        .is_ok_and(|s| s.success());
+    let o = if !built {
+        Outcome {
+            name,
+            ok: false,
+            numbers: None,
+            why: "cannot build it (gcc and libibverbs-dev needed)".into(),
+        }
+    } else {
+        match Command::new("timeout")
+            .arg("60")
+            .arg(&bin)
+            .env("BURST_ADDR", "127.0.96.1")
+            .env("LD_LIBRARY_PATH", dir)
+            .output()
+        {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
+                let checks = text.lines().filter(|l| l.starts_with("ok")).count();
+                Outcome {
+                    name,
+                    ok: out.status.success() && fails.is_empty() && checks > 0,
+                    numbers: Some(format!("{checks} checks passed")),
+                    why: if fails.is_empty() {
+                        format!("exit {:?}: {}", out.status.code(), tail(&text))
+                    } else {
+                        fails.join("; ")
+                    },
+                }
+            }
+            Err(e) => Outcome {
+                name,
+                ok: false,
+                numbers: None,
+                why: format!("spawn: {e}"),
+            },
+        }
+    };
+    report(&o);
+    vec![o]
+}

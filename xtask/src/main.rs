@@ -375,12 +375,15 @@ fn test(args: &[String]) -> ExitCode {
             let exports = dropin::check_exports(&root, &dir);
             let mut runs = dropin::device_listing(&dir);
             runs.extend(dropin_loopback(&dir, dropin::QUICK));
+            // (Its build failing says what to install when this cannot.)
+            let _ = ensure_debs(&["gcc", "libibverbs-dev"]);
+            runs.extend(dropin::conformance(&root, &dir));
             dropin::summary("dropin (loopback)", &runs) && exports
         }
         None => false,
     };
     results.push((
-        "drop-in libibverbs (exports, Debian tools on loopback)",
+        "drop-in libibverbs (exports, Debian tools and verbs conformance on loopback)",
         dropin_ok,
     ));
     // The drop-in librdmacm: the rdma_cm tools burst to burst over a veth

@@ -247,7 +247,16 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
         c.ops[op::POST_SRQ_RECV] = crate::datapath::post_srq_recv as Fp;
         c.ops[op::POST_SEND] = crate::datapath::post_send as Fp;
         c.ops[op::POST_RECV] = crate::datapath::post_recv as Fp;
-        c.cmd_fd = -1;
+        // A real descriptor where libibverbs has its uverbs command file
+        // (some applications dup or fcntl it); -1 only if even /dev/null
+        // cannot be opened.
+        let cmd_fd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .ok()
+            .map(std::os::fd::OwnedFd::from);
+        c.cmd_fd = cmd_fd.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
         c.async_fd = std::os::fd::AsRawFd::as_raw_fd(&async_fd);
         c.num_comp_vectors = 1;
         c.abi_compat = usize::MAX as *mut c_void; // __VERBS_ABI_IS_EXTENDED
@@ -257,6 +266,7 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
             engine,
             ctx,
             async_fd,
+            cmd_fd,
             srqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
         });
@@ -371,6 +381,24 @@ pub(crate) unsafe extern "C" fn query_device_ex(
                 attr.cast::<u8>(),
                 size_of::<ibv_device_attr>(),
             );
+        }
+        // The extensions a software device has: the capability flags again
+        // (as RXE reports them) and the port count.
+        let ext: [(usize, &[u8]); 2] = [
+            (280, &u64::from(orig.device_cap_flags).to_ne_bytes()), // device_cap_flags_ex
+            (396, &u32::from(orig.phys_port_cnt).to_ne_bytes()),    // phys_port_cnt_ex
+        ];
+        for (off, bytes) in ext {
+            if off + bytes.len() <= n {
+                // SAFETY: inside the first n bytes of the caller's buffer.
+                unsafe {
+                    ptr::copy_nonoverlapping(
+                        bytes.as_ptr(),
+                        attr.cast::<u8>().add(off),
+                        bytes.len(),
+                    )
+                };
+            }
         }
         0
     })

@@ -59,6 +59,10 @@ pub(crate) struct Ctx {
     /// Readable while async events are pending: a duplicate of the
     /// engine's event descriptor (see `Context::async_fd`).
     pub async_fd: std::os::fd::OwnedFd,
+    /// What `ibv_context.cmd_fd` holds: there is no uverbs command file,
+    /// so `/dev/null`, opened per context (an application may `dup`,
+    /// `fcntl` or close-on-exec it; nothing else reads it).
+    pub cmd_fd: Option<std::os::fd::OwnedFd>,
     /// SRQ handle → `ibv_srq` pointer, for async events.
     pub srqs: Mutex<HashMap<u32, usize>>,
     /// QPN → `ibv_qp` pointer, for async events.

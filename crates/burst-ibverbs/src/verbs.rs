@@ -650,13 +650,39 @@ pub(crate) unsafe extern "C" fn create_qp(
 export!("ibv_create_qp", "IBVERBS_1.1", create_qp);
 
 const QP_INIT_ATTR_PD: u32 = 1;
+const QP_INIT_ATTR_CREATE_FLAGS: u32 = 4;
 const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 0x40;
-/// Send ops the `ibv_wr_*` path supports: WRITE, WRITE_IMM, SEND, SEND_IMM,
-/// READ, CMP_SWP, FETCH_ADD, SEND_INV.
-const SUPPORTED_SEND_OPS: u64 = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x100;
 
-/// `verbs_context.create_qp_ex`: PD and send-ops flags; the QP also speaks
-/// the `ibv_wr_*` API.
+/// `enum ibv_qp_create_send_ops_flags`, the ones the `ibv_wr_*` path
+/// supports.
+mod send_ops {
+    pub const WRITE: u64 = 1 << 0;
+    pub const WRITE_IMM: u64 = 1 << 1;
+    pub const SEND: u64 = 1 << 2;
+    pub const SEND_IMM: u64 = 1 << 3;
+    pub const READ: u64 = 1 << 4;
+    pub const CMP_SWP: u64 = 1 << 5;
+    pub const FETCH_ADD: u64 = 1 << 6;
+    pub const SEND_INV: u64 = 1 << 9;
+}
+
+/// The send ops a QP of `qp_type` may ask for: RXE's per-type sets, less
+/// LOCAL_INV and BIND_MW (no memory windows yet).
+fn supported_send_ops(qp_type: u32) -> u64 {
+    use send_ops::*;
+    match qp_type_of(qp_type) {
+        Some(QpType::Rc) => {
+            WRITE | WRITE_IMM | SEND | SEND_IMM | READ | CMP_SWP | FETCH_ADD | SEND_INV
+        }
+        Some(QpType::Uc) => WRITE | WRITE_IMM | SEND | SEND_IMM | SEND_INV,
+        Some(QpType::Ud) => SEND | SEND_IMM,
+        _ => 0,
+    }
+}
+
+/// `verbs_context.create_qp_ex`: the PD, create flags (none defined for a
+/// software device: RXE refuses any, as here) and send-ops flags; the QP
+/// also speaks the `ibv_wr_*` API.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -667,17 +693,23 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         }
         // SAFETY: a readable and writable ibv_qp_init_attr_ex (caller's contract).
         let a = unsafe { &mut *attr };
-        if a.comp_mask & !(QP_INIT_ATTR_PD | QP_INIT_ATTR_SEND_OPS_FLAGS) != 0
-            || a.comp_mask & QP_INIT_ATTR_PD == 0
-        {
+        let known = QP_INIT_ATTR_PD | QP_INIT_ATTR_CREATE_FLAGS | QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0 || a.comp_mask & QP_INIT_ATTR_PD == 0 {
             tracing::warn!(
                 comp_mask = a.comp_mask,
-                "ibv_create_qp_ex: unsupported attributes"
+                "ibv_create_qp_ex: unsupported attributes (PD, CREATE_FLAGS and SEND_OPS_FLAGS are)"
+            );
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+            tracing::warn!(
+                create_flags = a.create_flags,
+                "ibv_create_qp_ex: no create flags are supported"
             );
             return fail_null(libc::EOPNOTSUPP);
         }
         let extended = a.comp_mask & QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
-        if extended && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0 {
+        if extended && a.send_ops_flags & !supported_send_ops(a.qp_type) != 0 {
             tracing::warn!(
                 send_ops = a.send_ops_flags,
                 "ibv_create_qp_ex: unsupported send ops"

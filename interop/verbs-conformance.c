@@ -1,0 +1,210 @@
+/*
+ * Verbs semantics a provider owes its applications, checked in one process
+ * with no peer: the extended queries, the context's command descriptor,
+ * ibv_create_qp_ex's attributes, and which posts a QP's state and queue
+ * depth allow. Built against the system libibverbs; run on burst's drop-in
+ * (LD_LIBRARY_PATH) or on kernel RXE, whose behaviour it follows.
+ *
+ * Usage: verbs-conformance [device-name]   (exit status: failed checks)
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+
+static int failed;
+
+static void check(int ok, const char *what)
+{
+	printf("%s  %s\n", ok ? "ok  " : "FAIL", what);
+	if (!ok)
+		failed++;
+}
+
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr a = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_RC,
+	};
+	return ibv_create_qp(pd, &a);
+}
+
+static int to_state(struct ibv_qp *qp, enum ibv_qp_state s)
+{
+	struct ibv_qp_attr a = { .qp_state = s };
+	int mask = IBV_QP_STATE;
+
+	if (s == IBV_QPS_INIT) {
+		a.port_num = 1;
+		a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+		mask |= IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+	}
+	return ibv_modify_qp(qp, &a, mask);
+}
+
+static int post_send(struct ibv_qp *qp, struct ibv_sge *sge, uint64_t id)
+{
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int post_recv(struct ibv_qp *qp, struct ibv_sge *sge, uint64_t id)
+{
+	struct ibv_recv_wr wr = { .wr_id = id, .sg_list = sge, .num_sge = 1 };
+	struct ibv_recv_wr *bad;
+
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+/* Polls up to `n` completions within about a second; returns how many
+ * had status `want`. */
+static int flushed(struct ibv_cq *cq, int n, enum ibv_wc_status want)
+{
+	struct ibv_wc wc;
+	int got = 0, seen = 0;
+
+	for (int i = 0; i < 100000 && seen < n; i++) {
+		int k = ibv_poll_cq(cq, 1, &wc);
+
+		if (k == 1) {
+			seen++;
+			got += wc.status == want;
+		} else {
+			usleep(10);
+		}
+	}
+	return got;
+}
+
+int main(int argc, char **argv)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_device *dev = NULL;
+	char msg[160];
+
+	for (int i = 0; list && list[i]; i++)
+		if (argc < 2 || !strcmp(ibv_get_device_name(list[i]), argv[1]))
+			dev = dev ? dev : list[i];
+	if (!dev) {
+		fprintf(stderr, "no RDMA device%s%s\n", argc > 1 ? " named " : "",
+			argc > 1 ? argv[1] : "");
+		return 100;
+	}
+	struct ibv_context *ctx = ibv_open_device(dev);
+	if (!ctx) {
+		perror("ibv_open_device");
+		return 100;
+	}
+
+	/* Extended device query: the port count is there too. */
+	struct ibv_device_attr_ex ax;
+	memset(&ax, 0xa5, sizeof(ax));
+	int r = ibv_query_device_ex(ctx, NULL, &ax);
+	snprintf(msg, sizeof(msg),
+		 "ibv_query_device_ex: phys_port_cnt_ex %u = phys_port_cnt %u",
+		 r ? 0 : ax.phys_port_cnt_ex, r ? 0 : ax.orig_attr.phys_port_cnt);
+	check(!r && ax.phys_port_cnt_ex == ax.orig_attr.phys_port_cnt &&
+		      ax.phys_port_cnt_ex >= 1, msg);
+
+	/* The command descriptor is a descriptor. */
+	int d = dup(ctx->cmd_fd);
+	check(d >= 0, "ibv_context.cmd_fd can be dup'ed");
+	if (d >= 0)
+		close(d);
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	if (!pd || !cq) {
+		perror("pd/cq");
+		return 100;
+	}
+
+	/* ibv_create_qp_ex: CREATE_FLAGS with no flag is fine, a flag is not;
+	 * send ops are checked per QP type. */
+	struct ibv_qp_init_attr_ex ex = {
+		.send_cq = cq, .recv_cq = cq,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS,
+		.pd = pd,
+	};
+	struct ibv_qp *q = ibv_create_qp_ex(ctx, &ex);
+	check(q != NULL, "ibv_create_qp_ex with IBV_QP_INIT_ATTR_CREATE_FLAGS 0");
+	if (q)
+		ibv_destroy_qp(q);
+	ex.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+	q = ibv_create_qp_ex(ctx, &ex);
+	check(q == NULL, "ibv_create_qp_ex refuses a create flag it lacks");
+	if (q)
+		ibv_destroy_qp(q);
+	ex.create_flags = 0;
+	ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	ex.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV |
+			    IBV_QP_EX_WITH_RDMA_READ;
+	q = ibv_create_qp_ex(ctx, &ex);
+	check(q != NULL && ibv_qp_to_qp_ex(q) != NULL,
+	      "ibv_create_qp_ex RC with SEND, SEND_WITH_INV, RDMA_READ");
+	if (q)
+		ibv_destroy_qp(q);
+	ex.qp_type = IBV_QPT_UD;
+	ex.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE;
+	q = ibv_create_qp_ex(ctx, &ex);
+	check(q == NULL, "ibv_create_qp_ex refuses RDMA WRITE on UD");
+	if (q)
+		ibv_destroy_qp(q);
+
+	/* Posts and the QP's state and depth. */
+	static char buf[4096];
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_qp *qp = rc_qp(pd, cq);
+	if (!mr || !qp) {
+		perror("mr/qp");
+		return 100;
+	}
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	ibv_query_qp(qp, &qa, IBV_QP_CAP, &qi);
+	unsigned depth = qi.cap.max_recv_wr;
+
+	check(post_send(qp, &sge, 1) != 0, "post_send in RESET fails");
+	check(post_recv(qp, &sge, 2) != 0, "post_recv in RESET fails");
+	check(!to_state(qp, IBV_QPS_INIT), "RESET -> INIT");
+	r = 0;
+	for (unsigned i = 0; i < depth && !r; i++)
+		r = post_recv(qp, &sge, 10 + i);
+	snprintf(msg, sizeof(msg), "post_recv in INIT: %u receives (the depth)", depth);
+	check(!r, msg);
+	r = post_recv(qp, &sge, 99);
+	snprintf(msg, sizeof(msg), "post_recv beyond the depth: ENOMEM (got %d)", r);
+	check(r == ENOMEM, msg);
+	check(post_send(qp, &sge, 3) != 0, "post_send in INIT fails");
+	check(!to_state(qp, IBV_QPS_ERR), "INIT -> ERR");
+	snprintf(msg, sizeof(msg), "the %u receives are flushed", depth);
+	check(flushed(cq, depth, IBV_WC_WR_FLUSH_ERR) == (int)depth, msg);
+	check(!post_recv(qp, &sge, 4), "post_recv in ERR is taken");
+	check(!post_send(qp, &sge, 5), "post_send in ERR is taken");
+	check(flushed(cq, 2, IBV_WC_WR_FLUSH_ERR) == 2, "and both are flushed");
+	check(!to_state(qp, IBV_QPS_RESET), "ERR -> RESET");
+	check(post_recv(qp, &sge, 6) != 0, "post_recv in RESET fails again");
+
+	ibv_destroy_qp(qp);
+	ibv_dereg_mr(mr);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	ibv_free_device_list(list);
+	printf("verbs-conformance: %d failed\n", failed);
+	return failed;
+}
