@@ -781,19 +781,6 @@ pub(crate) const M_MAX_DEST_RD_ATOMIC: c_int = 131072;
 pub(crate) const M_CAP: c_int = 524288;
 pub(crate) const M_DEST_QPN: c_int = 1048576;
 
-fn qp_state_of(s: u32) -> Option<QpState> {
-    Some(match s {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        6 => QpState::Err,
-        _ => return None,
-    })
-}
-
 fn mtu_of(m: u32) -> Option<Mtu> {
     u8::try_from(m).ok().and_then(Mtu::from_ibv_mtu)
 }
@@ -830,7 +817,7 @@ fn qp_attr_of(c: &Ctx, a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
     let on = |bit| mask & bit != 0;
     let mut t = QpAttr::default();
     if on(M_STATE) {
-        let Some(s) = qp_state_of(a.qp_state) else {
+        let Some(s) = QpState::from_ibv(a.qp_state) else {
             return Err(libc::EINVAL);
         };
         t.state = Some(s);
@@ -1007,7 +994,7 @@ pub(crate) unsafe extern "C" fn query_qp(
         let mut a = *q.shadow.lock().unwrap_or_else(|e| e.into_inner());
         // The state moves on its own (errors): ask the engine.
         if let Ok((state, _)) = c.ctx.query_qp(q.qp.qpn()) {
-            a.qp_state = state as u32;
+            a.qp_state = state.ibv();
         }
         a.cur_qp_state = a.qp_state;
         a.cap = q.cap;

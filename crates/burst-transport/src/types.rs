@@ -458,6 +458,34 @@ pub enum QpState {
     Err,
 }
 
+impl QpState {
+    /// Its `enum ibv_qp_state` value.
+    pub fn ibv(self) -> u32 {
+        self as u32
+    }
+
+    /// The state an `enum ibv_qp_state` value names.
+    ///
+    /// ```
+    /// use burst_transport::QpState;
+    /// assert_eq!(QpState::from_ibv(3), Some(QpState::Rts));
+    /// assert_eq!(QpState::from_ibv(QpState::Err.ibv()), Some(QpState::Err));
+    /// assert_eq!(QpState::from_ibv(7), None);
+    /// ```
+    pub fn from_ibv(v: u32) -> Option<QpState> {
+        Some(match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            _ => return None,
+        })
+    }
+}
+
 /// Remote access rights of a QP (`IBV_ACCESS_REMOTE_*`).
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

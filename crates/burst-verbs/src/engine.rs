@@ -412,28 +412,16 @@ impl QpWords {
     }
 
     fn state(&self) -> QpState {
-        match self.word(Self::STATE).load(Ordering::Acquire) {
-            1 => QpState::Init,
-            2 => QpState::Rtr,
-            3 => QpState::Rts,
-            4 => QpState::Sqd,
-            5 => QpState::Sqe,
-            6 => QpState::Err,
-            _ => QpState::Reset,
-        }
+        let v = self.word(Self::STATE).load(Ordering::Acquire);
+        u32::try_from(v)
+            .ok()
+            .and_then(QpState::from_ibv)
+            .unwrap_or(QpState::Reset)
     }
 
     fn set_state(&self, s: QpState) {
-        let v = match s {
-            QpState::Reset => 0,
-            QpState::Init => 1,
-            QpState::Rtr => 2,
-            QpState::Rts => 3,
-            QpState::Sqd => 4,
-            QpState::Sqe => 5,
-            QpState::Err => 6,
-        };
-        self.word(Self::STATE).store(v, Ordering::Release);
+        self.word(Self::STATE)
+            .store(u64::from(s.ibv()), Ordering::Release);
     }
 
     /// Takes a place in a queue of depth `depth` (`recv`: the receive
