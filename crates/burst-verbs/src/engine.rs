@@ -1188,7 +1188,13 @@ fn refused(wr_id: u64, opcode: WcOpcode, qpn: Qpn) -> WorkCompletion {
     }
 }
 
-fn control(dev: &mut Device, c: Control) {
+/// Runs a control request; returns the QP a modify touched (its queues may
+/// have been emptied without completions: RESET discards them).
+fn control(dev: &mut Device, c: Control) -> Option<Qpn> {
+    let touched = match &c {
+        Control::ModifyQp { qpn, .. } | Control::ModifyQpSteps { qpn, .. } => Some(*qpn),
+        _ => None,
+    };
     match c {
         Control::CreateQp { init, reply } => {
             let qp = dev.create_qp_with(&init).and_then(|qpn| {
@@ -1249,6 +1255,7 @@ fn control(dev: &mut Device, c: Control) {
             let _ = reply.send(());
         }
     }
+    touched
 }
 
 /// The engine thread: steps the core while no application thread does.
@@ -1363,11 +1370,22 @@ impl Core {
     }
 
     /// Runs the control requests waiting.
-    fn run_control(&mut self) {
+    fn run_control(&mut self, shared: &Shared) {
         if let Some(dev) = self.dev.as_mut() {
             while let Ok(c) = self.control_rx.try_recv() {
-                control(dev, c);
+                if let Some(qpn) = control(dev, c) {
+                    Core::publish_modified(dev, shared, qpn);
+                }
             }
+        }
+    }
+
+    /// After a modify: the QP's queues may have changed without a
+    /// completion (RESET empties them), so its front end learns now.
+    fn publish_modified(dev: &Device, shared: &Shared, qpn: Qpn) {
+        let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(Some(r)) = rings.get(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
+            Core::publish_retired(dev, r);
         }
     }
 
@@ -1447,7 +1465,9 @@ impl Core {
         let mut busy = false;
         while let Ok(c) = self.control_rx.try_recv() {
             busy = true;
-            control(dev, c);
+            if let Some(qpn) = control(dev, c) {
+                Core::publish_modified(dev, shared, qpn);
+            }
         }
         let spill = &mut self.spill;
         // Doorbells: move posted WQEs from the rings into the transport. A
@@ -2054,7 +2074,7 @@ impl Context {
             match self.shared.cores[lane].try_lock() {
                 Ok(mut core) => {
                     let sh = &*self.shared;
-                    core.contained(sh, |c| c.run_control());
+                    core.contained(sh, |c| c.run_control(sh));
                 }
                 Err(_) => std::thread::yield_now(),
             }
@@ -2499,7 +2519,7 @@ impl Context {
         qpn: Qpn,
         attrs: &[QpAttr],
     ) -> Result<Result<(), (usize, VerbsError)>, PostError> {
-        self.ring(qpn)?;
+        let ring = self.ring(qpn)?;
         if self.remote.is_some() {
             // burstd takes them one by one.
             for (i, a) in attrs.iter().enumerate() {
@@ -2509,7 +2529,6 @@ impl Context {
             }
             return Ok(Ok(()));
         }
-        let ring = self.ring(qpn)?;
         let steps = attrs.to_vec();
         let r = self.call_on(self.lane_of(qpn), |reply| Control::ModifyQpSteps {
             qpn,

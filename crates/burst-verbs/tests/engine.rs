@@ -481,6 +481,22 @@ fn posts_follow_the_qp_state_and_the_queue_depth_like_rxe() {
     })
     .unwrap();
     assert_eq!(errno(recv(32)), libc::EINVAL);
+    // RESET discards posted WRs without completions: their places are
+    // free again once the QP is reused.
+    let reset = QpAttr {
+        state: Some(QpState::Reset),
+        ..Default::default()
+    };
+    qp.modify(&steps[0]).unwrap();
+    for id in 40..44 {
+        recv(id).unwrap();
+    }
+    qp.modify(&reset).unwrap();
+    qp.modify(&steps[0]).unwrap();
+    for id in 50..54 {
+        recv(id).unwrap();
+    }
+    assert_eq!(errno(recv(54)), libc::ENOMEM);
     c.dereg_mr(k.lkey).unwrap();
     drop(e);
 }
