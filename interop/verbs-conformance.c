@@ -5,9 +5,15 @@
  * depth allow. Built against the system libibverbs; run on burst's drop-in
  * (LD_LIBRARY_PATH) or on kernel RXE, whose behaviour it follows.
  *
- * Usage: verbs-conformance [device-name]   (exit status: failed checks)
+ * The extended CQ (ibv_create_cq_ex, ibv_start_poll, ibv_wc_read_*) is
+ * checked over two RC QPs of the device connected to each other through
+ * GID `gid-index` (default 0).
+ *
+ * Usage: verbs-conformance [device-name [gid-index]]
+ * (exit status: failed checks)
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +90,143 @@ static int flushed(struct ibv_cq *cq, int n, enum ibv_wc_status want)
 		}
 	}
 	return got;
+}
+
+/* INIT -> RTR (-> RTS) towards `dest` on this device, through GID `gidx`. */
+static int connect_rc(struct ibv_qp *qp, uint32_t dest, int gidx, int rts)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+				   IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.port_num = 1;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.grh.sgid_index = gidx;
+	if (ibv_query_gid(qp->context, 1, gidx, &a.ah_attr.grh.dgid))
+		return -1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				   IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return -1;
+	if (!rts)
+		return 0;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
+				      IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/* The extended CQ: a SEND with immediate between two connected QPs, both
+ * completions read through ibv_start_poll / ibv_wc_read_*. The receiver
+ * stays in RTR, as a passive side before the CM's RTU: its first packet
+ * raises IBV_EVENT_COMM_EST on the context's (readable) async descriptor. */
+static void cq_ex(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
+{
+	char msg[200];
+	struct ibv_cq_init_attr_ex ca = {
+		.cqe = 16,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
+			    IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP |
+			    IBV_WC_EX_WITH_SL,
+	};
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &ca);
+
+	check(cqx != NULL, "ibv_create_cq_ex with byte_len, imm, qp_num, src_qp, sl");
+	if (!cqx)
+		return;
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+	static char buf[4096];
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_qp *a = rc_qp(pd, cq), *b = rc_qp(pd, cq);
+
+	if (!mr || !a || !b || connect_rc(a, b->qp_num, gidx, 1) ||
+	    connect_rc(b, a->qp_num, gidx, 0)) {
+		check(0, "two RC QPs connected to each other");
+		return;
+	}
+	struct ibv_sge rs = { .addr = (uintptr_t)buf + 2048, .length = 1024,
+			      .lkey = mr->lkey };
+	struct ibv_sge ss = { .addr = (uintptr_t)buf, .length = 100,
+			      .lkey = mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 7, .sg_list = &ss, .num_sge = 1,
+				  .opcode = IBV_WR_SEND_WITH_IMM,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .imm_data = htobe32(0x12345678) };
+	struct ibv_send_wr *bad;
+
+	check(!post_recv(b, &rs, 8) && !ibv_post_send(a, &wr, &bad),
+	      "post a receive and a SEND with immediate");
+	int sends = 0, recvs = 0, ok_send = 0, ok_recv = 0;
+	struct ibv_poll_cq_attr pa = { 0 };
+
+	for (int i = 0; i < 500000 && sends + recvs < 2; i++) {
+		int r = ibv_start_poll(cqx, &pa);
+
+		if (r == ENOENT) {
+			usleep(10);
+			continue;
+		}
+		while (r == 0) {
+			if (cqx->wr_id == 7) {
+				sends++;
+				ok_send = cqx->status == IBV_WC_SUCCESS &&
+					  ibv_wc_read_opcode(cqx) == IBV_WC_SEND &&
+					  ibv_wc_read_qp_num(cqx) == a->qp_num;
+			} else if (cqx->wr_id == 8) {
+				recvs++;
+				snprintf(msg, sizeof(msg),
+					 "receive read with ibv_wc_read_*: status %d opcode %d "
+					 "byte_len %u imm %#x qp %#x flags %#x",
+					 cqx->status, ibv_wc_read_opcode(cqx),
+					 ibv_wc_read_byte_len(cqx),
+					 be32toh(ibv_wc_read_imm_data(cqx)),
+					 ibv_wc_read_qp_num(cqx), ibv_wc_read_wc_flags(cqx));
+				ok_recv = cqx->status == IBV_WC_SUCCESS &&
+					  ibv_wc_read_opcode(cqx) == IBV_WC_RECV &&
+					  ibv_wc_read_byte_len(cqx) == 100 &&
+					  be32toh(ibv_wc_read_imm_data(cqx)) == 0x12345678 &&
+					  (ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM) &&
+					  ibv_wc_read_qp_num(cqx) == b->qp_num;
+			}
+			r = ibv_next_poll(cqx);
+		}
+		ibv_end_poll(cqx);
+	}
+	check(sends == 1 && ok_send, "send completion read with ibv_start_poll");
+	if (!recvs)
+		snprintf(msg, sizeof(msg), "receive read with ibv_wc_read_*: none");
+	check(recvs == 1 && ok_recv, msg);
+
+	struct pollfd pfd = { .fd = ctx->async_fd, .events = POLLIN };
+	struct ibv_async_event ev;
+	int readable = poll(&pfd, 1, 2000) == 1;
+
+	check(readable, "the async descriptor becomes readable");
+	if (readable && !ibv_get_async_event(ctx, &ev)) {
+		snprintf(msg, sizeof(msg), "async event %s on the receiver (want %s)",
+			 ibv_event_type_str(ev.event_type),
+			 ibv_event_type_str(IBV_EVENT_COMM_EST));
+		check(ev.event_type == IBV_EVENT_COMM_EST && ev.element.qp == b, msg);
+		ibv_ack_async_event(&ev);
+	}
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr);
+	check(!ibv_destroy_cq(cq), "ibv_destroy_cq of an extended CQ");
 }
 
 int main(int argc, char **argv)
@@ -201,6 +344,7 @@ int main(int argc, char **argv)
 
 	ibv_destroy_qp(qp);
 	ibv_dereg_mr(mr);
+	cq_ex(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);

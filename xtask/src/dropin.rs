@@ -28,6 +28,11 @@ pub fn build(root: &Path) -> Option<PathBuf> {
     if !step("build burst-ibverbs", &mut cargo(root, &args)) {
         return None;
     }
+    // `burst run` gives UCX the device files it looks for.
+    let tool = ["build", "--release", "-p", "burstd", "--bin", "burst"];
+    if !step("build the burst tool", &mut cargo(root, &tool)) {
+        return None;
+    }
     lay_out(root, &root.join("target/dropin"))
 }
 
@@ -113,6 +118,10 @@ enum Kind {
     Pingpong,
     /// perftest: `-x`, `-p`; exit status and a row of numbers.
     Perftest,
+    /// `ucx_perftest`: `{dev}` in the arguments, `NAME=value` words as its
+    /// environment, the server without test arguments; burst's side under
+    /// `burst run` (UCX wants /dev/infiniband and sysfs); the "Final:" row.
+    Ucx,
 }
 
 /// One test: the same tool and arguments on both sides.
@@ -148,6 +157,64 @@ const fn pt(name: &'static str, tool: &'static str, args: &'static str) -> Case 
         kind: Kind::Perftest,
     }
 }
+
+const fn ux(name: &'static str, args: &'static str) -> Case {
+    Case {
+        name,
+        tool: "ucx_perftest",
+        args,
+        kind: Kind::Ucx,
+    }
+}
+
+/// UCX over burst: UCT put/AM over rc_verbs and ud_verbs, UCP tag matching
+/// (eager and rendezvous) over both.
+pub const UCX_CASES: &[Case] = &[
+    ux(
+        "ucx put_bw 64 KiB rc_verbs zcopy",
+        "-t put_bw -x rc_verbs -d {dev}:1 -s 65536 -n 1000 -D zcopy",
+    ),
+    ux(
+        "ucx put_lat 8 B rc_verbs",
+        "-t put_lat -x rc_verbs -d {dev}:1 -s 8 -n 1000",
+    ),
+    ux(
+        "ucx am_lat 8 B ud_verbs",
+        "-t am_lat -x ud_verbs -d {dev}:1 -s 8 -n 1000",
+    ),
+    ux(
+        "ucx tag_bw 64 KiB rc_verbs (UCP, rendezvous)",
+        "UCX_TLS=rc_verbs,ud_verbs -t tag_bw -s 65536 -n 1000",
+    ),
+    ux(
+        "ucx tag_lat 8 B ud_verbs (UCP)",
+        "UCX_TLS=ud_verbs -t tag_lat -s 8 -n 1000",
+    ),
+];
+
+/// The UCX cases of `--quick`.
+pub const UCX_QUICK: &[Case] = &[UCX_CASES[0], UCX_CASES[3]];
+
+/// The UCX cases against RXE: UCP only (a UCT test names one device for
+/// both sides, so it cannot run between burst0 and rxe0), in an emulated
+/// VM (fewer iterations).
+pub const UCX_RXE_CASES: &[Case] = &[
+    ux(
+        "ucx tag_bw 64 KiB rc_verbs (UCP, rendezvous)",
+        "UCX_TLS=rc_verbs,ud_verbs -t tag_bw -s 65536 -n 100",
+    ),
+    ux(
+        "ucx tag_lat 8 B ud_verbs (UCP)",
+        "UCX_TLS=ud_verbs -t tag_lat -s 8 -n 100",
+    ),
+    ux(
+        "ucx ucp_put_bw 64 KiB rc_verbs (UCP)",
+        "UCX_TLS=rc_verbs,ud_verbs -t ucp_put_bw -s 65536 -n 100",
+    ),
+];
+
+/// The UCX cases against RXE of `--quick`.
+pub const UCX_RXE_QUICK: &[Case] = &[UCX_RXE_CASES[0], UCX_RXE_CASES[1]];
 
 /// Every case at MTU 1024 (a 1500-byte link).
 pub const CASES: &[Case] = &[
@@ -340,6 +407,25 @@ pub const QUICK: &[Case] = &[
 
 /// The arguments of `c` for one side: device, GID index, port, peer.
 fn tool_args(c: &Case, dev: &str, gid: &str, port: u16, peer: Option<&str>) -> Vec<String> {
+    if c.kind == Kind::Ucx {
+        let (env, args): (Vec<&str>, Vec<&str>) =
+            c.args.split_whitespace().partition(|w| w.contains('='));
+        let mut v: Vec<String> = vec!["env".into(), format!("UCX_NET_DEVICES={dev}:1")];
+        // RXE's UD completions leave the RoCE packet type out of `sl` (mlx5
+        // and burst put it there), so UCX on RXE cannot check the GRH's
+        // destination GID: RXE's own UCX needs the check off, whoever the peer.
+        if dev.starts_with("rxe") {
+            v.push("UCX_UD_VERBS_ETH_DGID_CHECK=n".into());
+        }
+        v.extend(env.into_iter().map(String::from));
+        v.push(c.tool.into());
+        if peer.is_some() {
+            v.extend(args.iter().map(|a| a.replace("{dev}", dev)));
+        }
+        v.extend(["-p".into(), port.to_string()]);
+        v.extend(peer.map(String::from));
+        return v;
+    }
     let mut v: Vec<String> = vec![c.tool.into(), "-d".into(), dev.into()];
     v.push(if c.kind == Kind::Pingpong { "-g" } else { "-x" }.into());
     v.push(gid.into());
@@ -358,6 +444,10 @@ fn result_line(c: &Case, out: &str) -> Option<String> {
             .lines()
             .find(|l| l.contains(" iters in "))
             .map(|l| l.trim().to_string()),
+        Kind::Ucx => out
+            .lines()
+            .find(|l| l.starts_with("Final:"))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")),
         Kind::Perftest => out
             .lines()
             .rfind(|l| {
@@ -529,6 +619,15 @@ impl BurstSide {
             )),
         }
         v.push(format!("LD_LIBRARY_PATH={}", self.libdir.display()));
+        if c.kind == Kind::Ucx {
+            // `lay_out`'s directory is target/dropin: the tool is beside.
+            let burst = self.libdir.join("../release/burst");
+            v.extend([
+                burst.to_string_lossy().into_owned(),
+                "run".into(),
+                "--".into(),
+            ]);
+        }
         v.extend(tool_args(c, "burst0", "0", port, peer));
         v
     }

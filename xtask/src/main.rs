@@ -13,7 +13,7 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
-       cargo xtask interop [--quick] [--examples-only WORD] [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
+       cargo xtask interop [--quick] [--examples-only WORD] [--ucx-only] [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
        cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
        cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
@@ -656,6 +656,7 @@ fn interop(args: &[String]) -> ExitCode {
         "libibverbs-dev",
         "ibverbs-utils",
         "perftest",
+        "ucx-utils",
         "iproute2",
         "gcc",
     ]) {
@@ -697,7 +698,11 @@ fn interop(args: &[String]) -> ExitCode {
         .windows(2)
         .find(|w| w[0] == "--examples-only")
         .map(|w| w[1].as_str());
-    let chosen: Vec<&Scenario> = if let Some(w) = only {
+    // --ucx-only: just the UCX cases (burst to burst and against RXE).
+    let ucx_only = args.iter().any(|a| a == "--ucx-only");
+    let chosen: Vec<&Scenario> = if ucx_only {
+        Vec::new()
+    } else if let Some(w) = only {
         SCENARIOS.iter().filter(|s| s.name.contains(w)).collect()
     } else if quick {
         SCENARIOS.iter().take(2).collect()
@@ -797,19 +802,29 @@ fn interop(args: &[String]) -> ExitCode {
         Some(dir) => {
             let c4 = if quick { &[][..] } else { dropin::CASES_4096 };
             let cases = if quick { dropin::QUICK } else { dropin::CASES };
-            let mut runs = dropin_rxe(&root, &dir, cases, c4);
-            runs.extend(dropin::veth(
-                &dir,
-                if quick { dropin::QUICK } else { dropin::CASES },
-                c4,
-            ));
-            // rdma_cm: the drop-in librdmacm against the kernel's RDMA CM
-            // and burst to burst, on the default port and embedded (through
-            // burstd: cargo xtask test, cargo xtask cm --daemon).
+            let mut runs = Vec::new();
             let default_port = std::env::var("BURST_PORT").is_err();
             let embedded = std::env::var_os("BURST_XTASK_BURSTD").is_none();
+            if !ucx_only {
+                runs.extend(dropin_rxe(&root, &dir, cases, c4));
+                runs.extend(dropin::veth(&dir, cases, c4));
+                // rdma_cm: the drop-in librdmacm against the kernel's RDMA
+                // CM and burst to burst, on the default port and embedded
+                // (through burstd: cargo xtask test, cargo xtask cm --daemon).
+                if default_port && embedded {
+                    runs.extend(cm_runs(&root, &dir, quick, true, true));
+                }
+            }
             if default_port && embedded {
-                runs.extend(cm_runs(&root, &dir, quick, true, true));
+                // UCX (not through burstd yet: see docs/ucx.md).
+                let (v, r) = if quick {
+                    (dropin::UCX_QUICK, dropin::UCX_RXE_QUICK)
+                } else {
+                    (dropin::UCX_CASES, dropin::UCX_RXE_CASES)
+                };
+                runs.extend(dropin::veth(&dir, v, &[]));
+                runs.extend(dropin::rxe(&root, &dir, r, "1500", true, 23700));
+                runs.extend(dropin::rxe(&root, &dir, r, "1500", false, 23800));
             }
             for r in &runs {
                 if r.ok {

@@ -46,6 +46,7 @@ pub struct ibv_context {
 /// Slots of `struct verbs_context` before `sz` (index = offset / 8).
 pub mod vop {
     pub const QUERY_PORT: usize = 0;
+    pub const CREATE_CQ_EX: usize = 25;
     pub const QUERY_DEVICE_EX: usize = 27;
     pub const CREATE_QP_EX: usize = 33;
 }
@@ -92,6 +93,47 @@ pub struct ibv_cq {
     pub cond: [u64; 6],
     pub comp_events_completed: u32,
     pub async_events_completed: u32,
+}
+
+/// What `struct ibv_cq_ex` adds after its `ibv_cq` (offset 128): the
+/// current completion's status and wr_id, and the polling entry points.
+#[repr(C)]
+pub struct ibv_cq_ex_tail {
+    pub comp_mask: u32,
+    pub status: u32,
+    pub wr_id: u64,
+    pub start_poll: Fp,
+    pub next_poll: Fp,
+    pub end_poll: Fp,
+    /// read_opcode … read_completion_wallclock_ns, 15 pointers (see `cqx`).
+    pub read: [Fp; 15],
+}
+
+/// Slots of `ibv_cq_ex_tail::read`.
+pub mod cqx {
+    pub const OPCODE: usize = 0;
+    pub const VENDOR_ERR: usize = 1;
+    pub const BYTE_LEN: usize = 2;
+    pub const IMM_DATA: usize = 3;
+    pub const QP_NUM: usize = 4;
+    pub const SRC_QP: usize = 5;
+    pub const WC_FLAGS: usize = 6;
+    pub const SLID: usize = 7;
+    pub const SL: usize = 8;
+    pub const DLID_PATH_BITS: usize = 9;
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
 }
 
 #[repr(C)]
@@ -447,6 +489,16 @@ const _: () = {
     assert!(size_of::<ibv_device>() == 664);
     assert!(offset_of!(ibv_device, transport_type) == 20);
     assert!(offset_of!(ibv_device, ibdev_path) == 408);
+    // struct ibv_cq_ex: ibv_cq, then status@132, wr_id@136, start_poll@144,
+    // read_opcode@168, read_dlid_path_bits@240, 288 bytes in all.
+    assert!(size_of::<ibv_cq>() + size_of::<ibv_cq_ex_tail>() == 288);
+    assert!(128 + offset_of!(ibv_cq_ex_tail, status) == 132);
+    assert!(128 + offset_of!(ibv_cq_ex_tail, start_poll) == 144);
+    assert!(128 + offset_of!(ibv_cq_ex_tail, read) + cqx::OPCODE * 8 == 168);
+    assert!(128 + offset_of!(ibv_cq_ex_tail, read) + cqx::DLID_PATH_BITS * 8 == 240);
+    assert!(size_of::<ibv_cq_init_attr_ex>() == 56);
+    assert!(offset_of!(ibv_cq_init_attr_ex, wc_flags) == 32);
+    assert!(offset_of!(verbs_context, ops) + vop::CREATE_CQ_EX * 8 == 200);
     assert!(size_of::<ibv_context>() == 328);
     assert!(offset_of!(ibv_context, cmd_fd) == 264);
     assert!(offset_of!(ibv_context, num_comp_vectors) == 272);

@@ -10,7 +10,7 @@ use std::ffi::{c_int, c_void};
 
 use burst_verbs::engine::PostError;
 use burst_verbs::transport::{
-    InlineData, QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WorkCompletion,
+    InlineData, NetworkHeader, QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WorkCompletion,
 };
 use burst_verbs::wire::Qpn;
 
@@ -255,23 +255,13 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     })
 }
 
-const WC_GRH: u32 = 1;
-const WC_WITH_IMM: u32 = 2;
-const WC_WITH_INV: u32 = 4;
-
 fn wc_of(w: &WorkCompletion) -> ibv_wc {
-    let mut flags = 0;
-    if w.grh {
-        flags |= WC_GRH;
-    }
-    let mut imm = 0;
-    if let Some(i) = w.imm_data {
-        flags |= WC_WITH_IMM;
-        imm = i.to_be();
-    } else if let Some(k) = w.invalidated_rkey {
-        flags |= WC_WITH_INV;
-        imm = k;
-    }
+    // imm_data and invalidate_rkey share the field (a union in rdma-core).
+    let imm = match (w.imm_data, w.invalidated_rkey) {
+        (Some(i), _) => i.to_be(),
+        (None, Some(k)) => k,
+        (None, None) => 0,
+    };
     ibv_wc {
         wr_id: w.wr_id,
         status: w.status as u32,
@@ -281,10 +271,10 @@ fn wc_of(w: &WorkCompletion) -> ibv_wc {
         imm_data: imm,
         qp_num: w.qp_num.value(),
         src_qp: w.src_qp.value(),
-        wc_flags: flags,
+        wc_flags: w.wc_flags(),
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: w.grh.map_or(0, NetworkHeader::roce_sl),
         dlid_path_bits: 0,
     }
 }
@@ -311,6 +301,109 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         got += 1;
     }
     got
+}
+
+// ------------------------------------------------------- ibv_cq_ex polling
+
+/// Steps the CQ to its next completion: ENOENT when there is none, EIO
+/// once burstd is gone.
+fn step_cq(q: &Cq, cqx: *mut ibv_cq) -> c_int {
+    let Some(w) = q.handle.poll() else {
+        return if q.handle.device_failed() {
+            libc::EIO
+        } else {
+            libc::ENOENT
+        };
+    };
+    let wc = wc_of(&w);
+    // SAFETY: `cqx` is this CQ's own ibv_cq_ex (the caller polls it); the
+    // status and wr_id fields are the application's to read, ours to set.
+    unsafe {
+        let ex = &raw mut (*cqx.cast::<Cq>()).ex;
+        (*ex).status = wc.status;
+        (*ex).wr_id = wc.wr_id;
+    }
+    *q.current.lock().unwrap_or_else(|e| e.into_inner()) = wc;
+    0
+}
+
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq, attr: *mut u32) -> c_int {
+    let Some(q) = ours!(Cq, cq) else {
+        return libc::EINVAL;
+    };
+    // `struct ibv_poll_cq_attr { uint32_t comp_mask; }`: no bit is defined.
+    // SAFETY: a readable attribute (caller's contract), or null.
+    if unsafe { attr.as_ref() }.is_some_and(|m| *m != 0) {
+        return libc::EINVAL;
+    }
+    step_cq(q, cq)
+}
+
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq) -> c_int {
+    match ours!(Cq, cq) {
+        Some(q) => step_cq(q, cq),
+        None => libc::EINVAL,
+    }
+}
+
+unsafe extern "C" fn end_poll(_cq: *mut ibv_cq) {}
+
+/// The current completion of an extended CQ.
+fn current_wc(cq: *mut ibv_cq) -> ibv_wc {
+    match ours!(Cq, cq) {
+        Some(q) => *q.current.lock().unwrap_or_else(|e| e.into_inner()),
+        // SAFETY: ibv_wc is plain data; all-zero is valid.
+        None => unsafe { std::mem::zeroed() },
+    }
+}
+
+unsafe extern "C" fn read_opcode(cq: *mut ibv_cq) -> u32 {
+    current_wc(cq).opcode
+}
+unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq) -> u32 {
+    current_wc(cq).vendor_err
+}
+unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq) -> u32 {
+    current_wc(cq).byte_len
+}
+unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq) -> u32 {
+    current_wc(cq).imm_data
+}
+unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq) -> u32 {
+    current_wc(cq).qp_num
+}
+unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq) -> u32 {
+    current_wc(cq).src_qp
+}
+unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq) -> u32 {
+    current_wc(cq).wc_flags
+}
+unsafe extern "C" fn read_slid(cq: *mut ibv_cq) -> u32 {
+    u32::from(current_wc(cq).slid)
+}
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq) -> u8 {
+    current_wc(cq).sl
+}
+unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq) -> u8 {
+    current_wc(cq).dlid_path_bits
+}
+
+/// Fills the entry points of an extended CQ (the reads RXE offers; the
+/// others stay null, as in rdma-core's providers).
+pub(crate) fn fill_cq_ex(ex: &mut ibv_cq_ex_tail) {
+    ex.start_poll = start_poll as Fp;
+    ex.next_poll = next_poll as Fp;
+    ex.end_poll = end_poll as Fp;
+    ex.read[cqx::OPCODE] = read_opcode as Fp;
+    ex.read[cqx::VENDOR_ERR] = read_vendor_err as Fp;
+    ex.read[cqx::BYTE_LEN] = read_byte_len as Fp;
+    ex.read[cqx::IMM_DATA] = read_imm_data as Fp;
+    ex.read[cqx::QP_NUM] = read_qp_num as Fp;
+    ex.read[cqx::SRC_QP] = read_src_qp as Fp;
+    ex.read[cqx::WC_FLAGS] = read_wc_flags as Fp;
+    ex.read[cqx::SLID] = read_slid as Fp;
+    ex.read[cqx::SL] = read_sl as Fp;
+    ex.read[cqx::DLID_PATH_BITS] = read_dlid_path_bits as Fp;
 }
 
 /// `ops.req_notify_cq`.

@@ -238,6 +238,7 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
         vctx.ops[vop::QUERY_PORT] = crate::device::query_port_ex as Fp;
         vctx.ops[vop::QUERY_DEVICE_EX] = crate::device::query_device_ex as Fp;
         vctx.ops[vop::CREATE_QP_EX] = crate::verbs::create_qp_ex as Fp;
+        vctx.ops[vop::CREATE_CQ_EX] = crate::verbs::create_cq_ex as Fp;
         let c = &mut vctx.context;
         c.device = ptr::from_ref(&d.raw).cast_mut();
         c.ops[op::COMPAT_QUERY_DEVICE] = query_device as Fp;

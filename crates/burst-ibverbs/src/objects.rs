@@ -110,6 +110,12 @@ pub(crate) struct Channel {
 #[repr(C)]
 pub(crate) struct Cq {
     pub raw: ibv_cq,
+    /// The rest of an `ibv_cq_ex` (every CQ has it; `ibv_create_cq_ex`
+    /// fills its entry points).
+    pub ex: ibv_cq_ex_tail,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` stepped to, for the
+    /// `ibv_wc_read_*` calls.
+    pub current: Mutex<ibv_wc>,
     pub handle: CompletionQueue,
     pub id: CqId,
     /// QPs completing into it.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use burst_verbs::mem::Access;
-use burst_verbs::transport::{QpAccess, QpAttr, QpState, QpType};
+use burst_verbs::transport::{QpAccess, QpAttr, QpEvent, QpState, QpType};
 use burst_verbs::wire::{Mtu, Psn, Qpn};
 use burst_verbs::{AsyncEvent, QpCaps, QpInit};
 
@@ -307,57 +307,134 @@ pub(crate) unsafe extern "C" fn create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     guard("ibv_create_cq", ptr::null_mut(), || {
-        let Some(c) = ctx_from(context) else {
-            return fail_null(libc::EINVAL);
-        };
-        if !(1..=MAX_CQE).contains(&cqe)
-            || comp_vector < 0
-            || comp_vector >= c.vctx.context.num_comp_vectors
-        {
-            tracing::warn!(
-                cqe,
-                comp_vector,
-                "ibv_create_cq: size or vector out of range"
-            );
-            return fail_null(libc::EINVAL);
+        match new_cq(context, cqe, cq_context, channel, comp_vector) {
+            Ok(p) => p.cast(),
+            Err(e) => fail_null(e),
         }
-        let ch = ours!(Channel, channel);
-        let id = match c
-            .ctx
-            .try_create_cq(cqe as usize, ch.map(|ch| Arc::clone(&ch.ch)))
-        {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::warn!("ibv_create_cq refused: {e}");
-                return fail_null(e.errno());
-            }
-        };
-        let Some(handle) = c.ctx.cq(id) else {
-            return fail_null(libc::EIO);
-        };
-        // SAFETY: ibv_cq is plain data; all-zero is valid.
-        let mut raw: ibv_cq = unsafe { std::mem::zeroed() };
-        raw.context = context;
-        raw.channel = channel;
-        raw.cq_context = cq_context;
-        raw.handle = id.0;
-        raw.cqe = cqe;
-        let p = boxed(Cq {
-            raw,
-            handle,
-            id,
-            users: AtomicU32::new(0),
-        });
-        if let Some(ch) = ch {
-            ch.cqs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id.0, p as usize);
-        }
-        p.cast()
     })
 }
+
+/// A CQ of ours (with the `ibv_cq_ex` tail, unfilled), or the errno.
+fn new_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut Cq, c_int> {
+    let c = ctx_from(context).ok_or(libc::EINVAL)?;
+    if !(1..=MAX_CQE).contains(&cqe)
+        || comp_vector < 0
+        || comp_vector >= c.vctx.context.num_comp_vectors
+    {
+        tracing::warn!(
+            cqe,
+            comp_vector,
+            "ibv_create_cq: size or vector out of range"
+        );
+        return Err(libc::EINVAL);
+    }
+    let ch = ours!(Channel, channel);
+    let id = c
+        .ctx
+        .try_create_cq(cqe as usize, ch.map(|ch| Arc::clone(&ch.ch)))
+        .map_err(|e| {
+            tracing::warn!("ibv_create_cq refused: {e}");
+            e.errno()
+        })?;
+    let handle = c.ctx.cq(id).ok_or(libc::EIO)?;
+    // SAFETY: ibv_cq, its ex tail and ibv_wc are plain data (null function
+    // pointers are None); all-zero is valid.
+    let (mut raw, ex, wc): (ibv_cq, ibv_cq_ex_tail, ibv_wc) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
+    raw.context = context;
+    raw.channel = channel;
+    raw.cq_context = cq_context;
+    raw.handle = id.0;
+    raw.cqe = cqe;
+    let p = boxed(Cq {
+        raw,
+        ex,
+        current: Mutex::new(wc),
+        handle,
+        id,
+        users: AtomicU32::new(0),
+    });
+    if let Some(ch) = ch {
+        ch.cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.0, p as usize);
+    }
+    Ok(p)
+}
 export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
+
+// `enum ibv_create_cq_wc_flags`: what RXE's provider accepts.
+const WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
+const WC_EX_WITH_IMM: u64 = 1 << 1;
+const WC_EX_WITH_QP_NUM: u64 = 1 << 2;
+const WC_EX_WITH_SRC_QP: u64 = 1 << 3;
+const WC_EX_WITH_SLID: u64 = 1 << 4;
+const WC_EX_WITH_SL: u64 = 1 << 5;
+const WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+const WC_EX_SUPPORTED: u64 = WC_EX_WITH_BYTE_LEN
+    | WC_EX_WITH_IMM
+    | WC_EX_WITH_QP_NUM
+    | WC_EX_WITH_SRC_QP
+    | WC_EX_WITH_SLID
+    | WC_EX_WITH_SL
+    | WC_EX_WITH_DLID_PATH_BITS;
+// `ibv_cq_init_attr_ex.comp_mask` and `.flags`.
+const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
+const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
+
+/// `verbs_context.create_cq_ex` (`ibv_create_cq_ex`): a CQ polled with
+/// `ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll` and read with the
+/// `ibv_wc_read_*` calls `wc_flags` asks for. As RXE: byte_len, imm,
+/// qp_num, src_qp, slid, sl and dlid_path_bits; no timestamps, no parent
+/// domain (EOPNOTSUPP).
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq {
+    guard("ibv_create_cq_ex", ptr::null_mut(), || {
+        // SAFETY: a readable attribute struct (caller's contract).
+        let Some(a) = (unsafe { attr.as_ref() }) else {
+            return fail_null(libc::EINVAL);
+        };
+        if a.wc_flags & !WC_EX_SUPPORTED != 0 {
+            tracing::warn!(
+                wc_flags = a.wc_flags,
+                "ibv_create_cq_ex: a wc_flag burst does not offer (timestamps, cvlan, flow tag, TM)"
+            );
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
+            || (a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
+                && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0)
+        {
+            tracing::warn!(
+                comp_mask = a.comp_mask,
+                flags = a.flags,
+                "ibv_create_cq_ex: parent domains and CQ flags other than SINGLE_THREADED are not offered"
+            );
+            return fail_null(libc::EOPNOTSUPP);
+        }
+        let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector)) else {
+            return fail_null(libc::EINVAL);
+        };
+        match new_cq(context, cqe, a.cq_context, a.channel, vector) {
+            Ok(p) => {
+                // SAFETY: our fresh CQ, not yet shared.
+                let q = unsafe { &mut *p };
+                crate::datapath::fill_cq_ex(&mut q.ex);
+                p.cast()
+            }
+            Err(e) => fail_null(e),
+        }
+    })
+}
 
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
@@ -739,6 +816,13 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         let Some(c) = ctx_from(q.raw.qp_base.context) else {
             return libc::EINVAL;
         };
+        // The QP's counters die with it: the last chance to see why a run
+        // stalled (BURST_LOG=burst_ibverbs=debug).
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            if let Ok(k) = c.ctx.qp_counters(q.qp.qpn()) {
+                tracing::debug!(qpn = q.qp.qpn().value(), counters = ?k, "QP destroyed");
+            }
+        }
         if let Err(e) = c.ctx.destroy_qp(q.qp.qpn()) {
             return e.errno();
         }
@@ -1140,8 +1224,25 @@ export!("ibv_create_ah_from_wc", "IBVERBS_1.1", create_ah_from_wc);
 
 // `enum ibv_event_type`.
 const EVENT_QP_FATAL: u32 = 1;
+const EVENT_QP_REQ_ERR: u32 = 2;
+const EVENT_QP_ACCESS_ERR: u32 = 3;
+const EVENT_COMM_EST: u32 = 4;
+const EVENT_SQ_DRAINED: u32 = 5;
 const EVENT_DEVICE_FATAL: u32 = 8;
 const EVENT_SRQ_LIMIT_REACHED: u32 = 15;
+const EVENT_QP_LAST_WQE_REACHED: u32 = 16;
+
+/// The `ibv_event_type` of a QP's event.
+fn qp_event_type(e: QpEvent) -> u32 {
+    match e {
+        QpEvent::Fatal => EVENT_QP_FATAL,
+        QpEvent::RequestError => EVENT_QP_REQ_ERR,
+        QpEvent::AccessError => EVENT_QP_ACCESS_ERR,
+        QpEvent::CommEstablished => EVENT_COMM_EST,
+        QpEvent::SqDrained => EVENT_SQ_DRAINED,
+        QpEvent::LastWqeReached => EVENT_QP_LAST_WQE_REACHED,
+    }
+}
 
 /// The `ibv_async_event` for `ev`, or `None` when its object is gone (a QP
 /// or SRQ destroyed since).
@@ -1161,9 +1262,9 @@ fn async_event_of(c: &Ctx, ev: AsyncEvent) -> Option<ibv_async_event> {
                 event_type: EVENT_SRQ_LIMIT_REACHED,
             }
         }
-        AsyncEvent::QpFatal(qpn) => ibv_async_event {
+        AsyncEvent::Qp(qpn, e) => ibv_async_event {
             element: lookup(&c.qps, qpn.value())? as *mut c_void,
-            event_type: EVENT_QP_FATAL,
+            event_type: qp_event_type(e),
         },
         AsyncEvent::DeviceFatal => ibv_async_event {
             // The union's `port_num` / `element` is unused for this event.
@@ -1210,7 +1311,14 @@ unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
         // SAFETY: an event filled by get_async_event (caller's contract).
         let e = unsafe { &*event };
         match e.event_type {
-            EVENT_QP_FATAL if !e.element.is_null() => {
+            EVENT_QP_FATAL
+            | EVENT_QP_REQ_ERR
+            | EVENT_QP_ACCESS_ERR
+            | EVENT_COMM_EST
+            | EVENT_SQ_DRAINED
+            | EVENT_QP_LAST_WQE_REACHED
+                if !e.element.is_null() =>
+            {
                 let q = e.element.cast::<ibv_qp>();
                 // SAFETY: `element` is the live QP of ours the event named;
                 // written through a raw pointer, as C owns the struct.

@@ -409,8 +409,41 @@ pub struct WorkCompletion {
     pub qp_num: Qpn,
     /// Source QPN (UD receives).
     pub src_qp: Qpn,
-    /// A GRH is present in the buffer (IBV_WC_GRH, UD receives).
-    pub grh: bool,
+    /// The buffer's first 40 bytes hold the packet's network header
+    /// (IBV_WC_GRH, UD receives), and which one it is.
+    pub grh: Option<NetworkHeader>,
+}
+
+/// The network header a RoCE v2 datagram arrived with, in the 40-byte GRH
+/// area of a UD receive buffer (`enum rdma_network_type`): IPv6 fills the
+/// area, IPv4 the last 20 bytes of it (RoCE v2 Annex A17.4.5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkHeader {
+    /// An IPv4 header at offset 20.
+    Ipv4,
+    /// An IPv6 header at offset 0.
+    Ipv6,
+}
+
+impl NetworkHeader {
+    /// Which header a GRH area holds: IPv6 starts with version 6.
+    pub fn of_grh_area(area: &[u8; 40]) -> Self {
+        if area[0] >> 4 == 6 {
+            Self::Ipv6
+        } else {
+            Self::Ipv4
+        }
+    }
+
+    /// The RoCE packet type mlx5 reports in `ibv_wc.sl` of a UD receive
+    /// over Ethernet (UDP bit 3 | L3 type: IPv6 1, IPv4 2), on which UCX
+    /// relies to find the destination GID in the GRH area.
+    pub fn roce_sl(self) -> u8 {
+        match self {
+            Self::Ipv6 => 0x8 | 1,
+            Self::Ipv4 => 0x8 | 2,
+        }
+    }
 }
 
 impl WorkCompletion {
@@ -420,7 +453,7 @@ impl WorkCompletion {
     }
     /// `wc_flags` bits as rdma-core defines them (GRH 1, WITH_IMM 2, WITH_INV 8).
     pub fn wc_flags(&self) -> u32 {
-        u32::from(self.grh)
+        u32::from(self.grh.is_some())
             | (u32::from(self.imm_data.is_some()) << 1)
             | (u32::from(self.invalidated_rkey.is_some()) << 3)
     }

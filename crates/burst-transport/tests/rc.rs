@@ -930,3 +930,172 @@ fn a_replay_that_loses_its_first_response_is_asked_for_again_at_once() {
     let s = run_workload(769, &o).unwrap_or_else(|e| panic!("{e}"));
     assert!(s.ops > 0 && s.retransmitted > 0, "{s:?}");
 }
+
+/// A SEND, a multi-packet READ and a SEND arriving together: the ACK
+/// queued for the first SEND keeps its PSN, so it goes out before the READ's
+/// responses without acknowledging the READ (the requester would take it as
+/// an implied NAK and ask for the READ again: UCX's rendezvous stalled on
+/// it, a retransmission timeout per message).
+#[test]
+fn an_ack_queued_before_read_responses_does_not_acknowledge_the_read() {
+    fn setup(p: &mut Pair) -> (u32, u64, u32, u64) {
+        let (rk, ra) = p.buf(1, 8192, 3);
+        let (lk, la) = p.buf(0, 8192, 0);
+        for i in 0..2 {
+            p.post_recv(RecvWr {
+                wr_id: 100 + i,
+                sg_list: sge(rk, ra + 4096 + i * 64, 64),
+            });
+        }
+        (rk, ra, lk, la)
+    }
+    // A's three requests, as they leave A.
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 5);
+    p.w.sent_log = Some(Vec::new());
+    let (rk, ra, lk, la) = setup(&mut p);
+    p.post_send(SendWr::new(1, SendOp::Send, sge(lk, la, 16)));
+    let read = SendOp::Read {
+        remote_addr: ra,
+        rkey: rk,
+    };
+    p.post_send(SendWr::new(2, read, sge(lk, la + 4096, 4096)));
+    p.post_send(SendWr::new(3, SendOp::Send, sge(lk, la + 64, 16)));
+    let (wa, _) = p.run(3, 2);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    let requests: Vec<Vec<u8>> =
+        p.w.sent_log
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(dst, _)| *dst == 1)
+            .map(|(_, b)| b)
+            .take(3)
+            .collect();
+    // The same B again, the three arriving at once.
+    let mut q = pair(Faults::default(), Mtu::Mtu1024, 5);
+    q.w.sent_log = Some(Vec::new());
+    setup(&mut q);
+    for r in requests {
+        q.w.inject(1, r);
+    }
+    q.w.run(1_000_000, |_| false);
+    let b = q.b;
+    assert_eq!(
+        q.w.qps[b].1.counters().rdma_recvs,
+        2,
+        "{:?}",
+        q.w.qps[b].1.counters()
+    );
+    let psn = |b: &[u8]| u32::from_be_bytes([0, b[37], b[38], b[39]]);
+    let out: Vec<(u8, u32)> =
+        q.w.sent_log
+            .take()
+            .unwrap_or_default()
+            .iter()
+            .filter(|(dst, _)| *dst == 0)
+            .map(|(_, b)| (b[28], psn(b)))
+            .collect();
+    // ACK 5 (the SEND), READ responses 6..9, ACK 10 (the second SEND).
+    let ack = Opcode::RC_ACKNOWLEDGE.0;
+    assert_eq!(out.first(), Some(&(ack, 5)), "{out:?}");
+    assert_eq!(out.last(), Some(&(ack, 10)), "{out:?}");
+    assert_eq!(out.len(), 6, "{out:?}");
+}
+
+/// The transport's asynchronous events: COMM_EST once for the first packet
+/// in RTR, ACCESS_ERR when a responder meets a bad rkey, SQ_DRAINED when a
+/// QP enters SQD with nothing outstanding, LAST_WQE_REACHED when a QP on an
+/// SRQ enters the error state; and none for a UD QP's first packet.
+#[test]
+fn qp_async_events() {
+    use burst_transport::sim::connect_attrs;
+    let mut w = World::new(7, 2, Faults::default());
+    let mtu = Mtu::Mtu1024;
+    let a = w.add_qp(0, QpType::Rc, mtu);
+    let b = w.add_qp(1, QpType::Rc, mtu);
+    let (qa, qb) = (w.qps[a].1.qpn(), w.qps[b].1.qpn());
+    for attr in connect_attrs(QpType::Rc, mtu, Psn::new(5), Some((1, qb, Psn::new(100)))) {
+        w.qps[a].1.modify(&attr).unwrap();
+    }
+    // B stops in RTR, as a passive side waiting for the CM's RTU.
+    let [init, rtr, _] = connect_attrs(QpType::Rc, mtu, Psn::new(100), Some((0, qa, Psn::new(5))));
+    w.qps[b].1.modify(&init).unwrap();
+    w.qps[b].1.modify(&rtr).unwrap();
+    let mut p = Pair { w, a, b };
+    let (rk, ra) = p.buf(1, 4096, 1);
+    let (lk, la) = p.buf(0, 4096, 2);
+    for i in 0..2 {
+        p.post_recv(RecvWr {
+            wr_id: i,
+            sg_list: sge(rk, ra + i * 64, 64),
+        });
+        p.post_send(SendWr::new(10 + i, SendOp::Send, sge(lk, la, 32)));
+        p.run(1, 1);
+    }
+    assert_eq!(p.w.qps[b].1.take_events(), vec![QpEvent::CommEstablished]);
+    assert!(p.w.qps[a].1.take_events().is_empty(), "A was in RTS");
+    // B to RTS (it cannot send in RTR), then a WRITE with a bad rkey.
+    let [_, _, rts] = connect_attrs(QpType::Rc, mtu, Psn::new(100), Some((0, qa, Psn::new(5))));
+    p.w.qps[b].1.modify(&rts).unwrap();
+    let bad = SendOp::Write {
+        remote_addr: ra,
+        rkey: rk ^ 0xff00,
+    };
+    p.post_send(SendWr::new(20, bad, sge(lk, la, 32)));
+    let (wa, _) = p.run(1, 0);
+    assert_eq!(wa[0].status, WcStatus::RemAccessErr);
+    assert_eq!(p.w.qps[b].1.take_events(), vec![QpEvent::AccessError]);
+    assert_eq!(p.w.qps[b].1.state(), QpState::Err);
+
+    // SQD with nothing outstanding: drained at once, once.
+    let mut q = pair(Faults::default(), mtu, 5);
+    let sqd = QpAttr {
+        state: Some(QpState::Sqd),
+        ..Default::default()
+    };
+    q.w.qps[q.a].1.modify(&sqd).unwrap();
+    assert_eq!(q.w.qps[q.a].1.take_events(), vec![QpEvent::SqDrained]);
+    q.w.run(1_000_000, |_| false);
+    assert!(q.w.qps[q.a].1.take_events().is_empty());
+
+    // A QP on an SRQ that enters the error state; a UD QP's first packet.
+    let mut w = World::new(7, 2, Faults::default());
+    let srq = w.add_srq(1, 16);
+    let s = w.add_qp_on_srq(1, QpType::Rc, mtu, srq);
+    let err = QpAttr {
+        state: Some(QpState::Err),
+        ..Default::default()
+    };
+    w.qps[s].1.modify(&err).unwrap();
+    assert_eq!(w.qps[s].1.take_events(), vec![QpEvent::LastWqeReached]);
+    let u = w.add_qp(0, QpType::Ud, mtu);
+    let v = w.add_qp(1, QpType::Ud, mtu);
+    let vq = w.qps[v].1.qpn();
+    for attr in connect_attrs(QpType::Ud, mtu, Psn::new(0), None) {
+        w.qps[u].1.modify(&attr).unwrap();
+    }
+    let [init, rtr, _] = connect_attrs(QpType::Ud, mtu, Psn::new(0), None);
+    w.qps[v].1.modify(&init).unwrap();
+    w.qps[v].1.modify(&rtr).unwrap();
+    let (uk, ua) = w.mems[1].register(1, 4096, Access::ALL);
+    let (sk, sa) = w.mems[0].register(1, 4096, Access::ALL);
+    let (n, qv) = &mut w.qps[v];
+    qv.post_recv(
+        RecvWr {
+            wr_id: 1,
+            sg_list: sge(uk, ua, 4096),
+        },
+        &w.mems[*n],
+    )
+    .unwrap();
+    let mut wr = SendWr::new(2, SendOp::Send, sge(sk, sa, 100));
+    wr.ud = Some(UdDest {
+        remote_qpn: vq,
+        remote_qkey: 0x1111_1111,
+        ah: 1,
+    });
+    let (n, qu) = &mut w.qps[u];
+    qu.post_send(wr, &w.mems[*n]).unwrap();
+    assert!(w.run(1_000_000_000, |w| !w.completions[v].is_empty()));
+    assert!(w.qps[v].1.take_events().is_empty(), "no COMM_EST for UD");
+}

@@ -98,7 +98,7 @@ fn ud_delivers_grh_and_checks_qkey() {
     // the wrong Q_Key was dropped; the right one landed after a 40-byte GRH
     assert_eq!(
         (r.wr_id, r.byte_len, r.grh, r.src_qp),
-        (0, 940, true, w.qps[a].1.qpn())
+        (0, 940, Some(NetworkHeader::Ipv4), w.qps[a].1.qpn())
     );
     let buf = w.mems[1].bytes(rk);
     assert_eq!(

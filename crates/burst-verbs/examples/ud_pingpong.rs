@@ -185,7 +185,7 @@ fn run() -> Result<(), String> {
         match wc.wr_id {
             SEND_WRID => scnt += 1,
             RECV_WRID => {
-                if wc.byte_len as usize != size + GRH || !wc.grh || wc.src_qp != rqpn {
+                if wc.byte_len as usize != size + GRH || wc.grh.is_none() || wc.src_qp != rqpn {
                     return Err(format!("unexpected receive {wc:?}"));
                 }
                 rcnt += 1;

@@ -20,7 +20,7 @@ use burst_wire::{IbPacket, Mtu, Qpn, ROCEV2_PORT};
 
 use crate::congestion::{Congestion, QpFlow};
 use crate::{
-    clock, contain, gid_of, ip_of_gid, AnyPort, AsyncEvent, DeviceCounters, QpInit, SrqId,
+    clock, contain, gid_of, ip_of_gid, AnyPort, AsyncEvent, DeviceCounters, QpEvent, QpInit, SrqId,
     MAX_INLINE, MAX_QP, MAX_QP_WR, MAX_SGE,
 };
 
@@ -477,7 +477,7 @@ impl<P: Port> Device<P> {
     ///
     /// A panic while handling one QP (its packets, timers or transmit)
     /// moves that QP to the error state, flushing its work requests, and
-    /// raises [`AsyncEvent::QpFatal`]; one outside any QP (the port, the
+    /// raises [`QpEvent::Fatal`]; one outside any QP (the port, the
     /// demux) fails every QP and raises [`AsyncEvent::DeviceFatal`]. Either
     /// way it is logged, the caller does not unwind, and the device keeps
     /// serving its other QPs.
@@ -515,7 +515,7 @@ impl<P: Port> Device<P> {
     }
 
     /// Contains a fault of the QP in slot `i`: error state (flushing its
-    /// WRs), [`AsyncEvent::QpFatal`], a log line.
+    /// WRs), [`QpEvent::Fatal`], a log line.
     fn qp_fatal(&mut self, i: usize, msg: &str) {
         let Some(s) = self.qps[i].as_mut() else {
             return;
@@ -546,7 +546,7 @@ impl<P: Port> Device<P> {
             s.completions.push_back(wc);
         }
         if first {
-            self.events.push(AsyncEvent::QpFatal(qpn));
+            self.events.push(AsyncEvent::Qp(qpn, QpEvent::Fatal));
         }
     }
 
@@ -618,6 +618,12 @@ impl<P: Port> Device<P> {
             while let Some(wc) = s.qp.poll_completion() {
                 s.completions.push_back(wc);
             }
+            let qpn = s.qp.qpn();
+            self.events.extend(
+                s.qp.take_events()
+                    .into_iter()
+                    .map(|e| AsyncEvent::Qp(qpn, e)),
+            );
         }
     }
 

@@ -1184,7 +1184,7 @@ fn refused(wr_id: u64, opcode: WcOpcode, qpn: Qpn) -> WorkCompletion {
         invalidated_rkey: None,
         qp_num: qpn,
         src_qp: Qpn::default(),
-        grh: false,
+        grh: None,
     }
 }
 

@@ -3,8 +3,8 @@
 //! offsets, little-endian, decoded with every enum tag and length checked.
 
 use burst_transport::{
-    InlineData, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
-    MAX_INLINE, MAX_SGE,
+    InlineData, NetworkHeader, QpEvent, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode,
+    WcStatus, WorkCompletion, MAX_INLINE, MAX_SGE,
 };
 use burst_wire::Qpn;
 
@@ -240,7 +240,8 @@ impl Entry for WorkCompletion {
         le::put_u32(b, 32, self.src_qp.value());
         b[36] = u8::from(self.imm_data.is_some())
             | u8::from(self.invalidated_rkey.is_some()) << 1
-            | u8::from(self.grh) << 2;
+            | u8::from(self.grh.is_some()) << 2
+            | u8::from(self.grh == Some(NetworkHeader::Ipv6)) << 3;
     }
 
     fn decode(b: &[u8]) -> Option<WorkCompletion> {
@@ -254,9 +255,36 @@ impl Entry for WorkCompletion {
             invalidated_rkey: (f & 2 != 0).then(|| le::u32(b, 24)),
             qp_num: Qpn::new(le::u32(b, 28))?,
             src_qp: Qpn::new(le::u32(b, 32))?,
-            grh: f & 4 != 0,
+            grh: (f & 4 != 0).then_some(if f & 8 != 0 {
+                NetworkHeader::Ipv6
+            } else {
+                NetworkHeader::Ipv4
+            }),
         })
     }
+}
+
+fn qp_event_code(e: QpEvent) -> u8 {
+    match e {
+        QpEvent::Fatal => 0,
+        QpEvent::CommEstablished => 1,
+        QpEvent::LastWqeReached => 2,
+        QpEvent::SqDrained => 3,
+        QpEvent::RequestError => 4,
+        QpEvent::AccessError => 5,
+    }
+}
+
+fn qp_event(code: u8) -> Option<QpEvent> {
+    Some(match code {
+        0 => QpEvent::Fatal,
+        1 => QpEvent::CommEstablished,
+        2 => QpEvent::LastWqeReached,
+        3 => QpEvent::SqDrained,
+        4 => QpEvent::RequestError,
+        5 => QpEvent::AccessError,
+        _ => return None,
+    })
 }
 
 impl Entry for AsyncEvent {
@@ -265,10 +293,14 @@ impl Entry for AsyncEvent {
     fn encode(&self, b: &mut [u8]) {
         let (tag, v) = match self {
             AsyncEvent::SrqLimitReached(s) => (1, s.0),
-            AsyncEvent::QpFatal(q) => (2, q.value()),
+            AsyncEvent::Qp(q, _) => (2, q.value()),
             AsyncEvent::DeviceFatal => (3, 0),
         };
         b[0] = tag;
+        b[1] = match self {
+            AsyncEvent::Qp(_, e) => qp_event_code(*e),
+            _ => 0,
+        };
         le::put_u32(b, 4, v);
     }
 
@@ -276,7 +308,7 @@ impl Entry for AsyncEvent {
         let v = le::u32(b, 4);
         match b[0] {
             1 => Some(AsyncEvent::SrqLimitReached(SrqId(v))),
-            2 => Some(AsyncEvent::QpFatal(Qpn::new(v)?)),
+            2 => Some(AsyncEvent::Qp(Qpn::new(v)?, qp_event(b[1])?)),
             3 => Some(AsyncEvent::DeviceFatal),
             _ => None,
         }
@@ -385,10 +417,18 @@ mod tests {
             invalidated_rkey: None,
             qp_num: Qpn::new(0x11).unwrap(),
             src_qp: Qpn::new(0x22).unwrap(),
-            grh: true,
+            grh: Some(NetworkHeader::Ipv6),
         });
         round(AsyncEvent::DeviceFatal);
-        round(AsyncEvent::QpFatal(Qpn::new(0x33).unwrap()));
+        round(AsyncEvent::Qp(Qpn::new(0x33).unwrap(), QpEvent::Fatal));
+        round(AsyncEvent::Qp(
+            Qpn::new(0x34).unwrap(),
+            QpEvent::AccessError,
+        ));
+        round(AsyncEvent::Qp(
+            Qpn::new(0x35).unwrap(),
+            QpEvent::CommEstablished,
+        ));
         round(AsyncEvent::SrqLimitReached(SrqId(4)));
     }
 }

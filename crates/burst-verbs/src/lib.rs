@@ -44,8 +44,8 @@ pub use {
 // names every type of the API through burst-verbs.
 pub use burst_mem::{Access, MrKeys, Pd, RegError};
 pub use burst_transport::{
-    QpAccess, QpAttr, QpConfig, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest, VerbsError,
-    WcOpcode, WcStatus, WorkCompletion,
+    QpAccess, QpAttr, QpConfig, QpEvent, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest,
+    VerbsError, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use burst_wire::{Mtu, Psn, Qpn};
 mod congestion;
@@ -133,10 +133,12 @@ pub enum AsyncEvent {
     /// The SRQ's posted receives fell below its limit, which disarms
     /// (`IBV_EVENT_SRQ_LIMIT_REACHED`).
     SrqLimitReached(SrqId),
-    /// The QP hit an error no completion can report (here: a fault inside
-    /// burst while handling it) and is now in the error state, its work
-    /// requests flushed (`IBV_EVENT_QP_FATAL`).
-    QpFatal(Qpn),
+    /// Something happened to a QP: the transport's events (COMM_EST,
+    /// LAST_WQE_REACHED, SQ_DRAINED, request and access errors as
+    /// responder), and [`QpEvent::Fatal`] for a fault inside burst while
+    /// handling it, after which the QP is in the error state with its work
+    /// requests flushed.
+    Qp(Qpn, QpEvent),
     /// The device failed outside any one QP: every QP is in the error state
     /// (`IBV_EVENT_DEVICE_FATAL`).
     DeviceFatal,

@@ -109,7 +109,10 @@ fn a_fault_handling_one_qp_fails_that_qp_only() {
     b.debug_panic_on_packet_for(Some(qb1)).unwrap();
     a.post_send(qa1, &send(10)).unwrap();
     assert!(readable(efd, 10_000), "the async fd becomes readable");
-    assert_eq!(b.take_async_event(), Some(AsyncEvent::QpFatal(qb1)));
+    assert_eq!(
+        b.take_async_event(),
+        Some(AsyncEvent::Qp(qb1, QpEvent::Fatal))
+    );
     assert_eq!(b.take_async_event(), None);
     assert!(!readable(efd, 0), "one count per event");
     assert_eq!(b.query_qp(qb1).unwrap().0, QpState::Err);

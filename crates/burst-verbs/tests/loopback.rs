@@ -396,7 +396,7 @@ fn qps_on_one_device_talk_to_each_other() {
     let r = r.expect("UD receive");
     assert_eq!(
         (r.status, r.byte_len, r.src_qp, r.grh),
-        (WcStatus::Success, 1040, ua, true)
+        (WcStatus::Success, 1040, ua, Some(NetworkHeader::Ipv4))
     );
     drop((d, e));
     assert_eq!(&dst[..5000], &src[..]);

@@ -307,8 +307,8 @@ fn a_fault_outside_any_qp_fails_the_device_not_the_caller() {
     assert_eq!(
         events,
         [
-            AsyncEvent::QpFatal(q1.qpn()),
-            AsyncEvent::QpFatal(q2.qpn()),
+            AsyncEvent::Qp(q1.qpn(), QpEvent::Fatal),
+            AsyncEvent::Qp(q2.qpn(), QpEvent::Fatal),
             AsyncEvent::DeviceFatal
         ]
     );

@@ -31,6 +31,7 @@ use burst_verbs::{Access, AsyncEvent, Pd, Qpn, SrqId};
 
 pub mod capture;
 pub mod cm;
+pub mod devfiles;
 pub mod settings;
 
 pub use settings::Settings;
@@ -186,7 +187,7 @@ impl Daemon {
                 continue;
             };
             let owner = match ev {
-                AsyncEvent::QpFatal(q) => self.ctx.owner_of_qp(q),
+                AsyncEvent::Qp(q, _) => self.ctx.owner_of_qp(q),
                 AsyncEvent::SrqLimitReached(s) => self.ctx.owner_of_srq(s),
                 AsyncEvent::DeviceFatal => None,
             };

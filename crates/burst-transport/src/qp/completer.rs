@@ -73,7 +73,7 @@ impl Qp {
                     invalidated_rkey: None,
                     qp_num: qpn,
                     src_qp: Qpn::default(),
-                    grh: false,
+                    grh: None,
                 });
             }
             if w.status != WcStatus::Success && self.state != QpState::Err {

@@ -158,9 +158,16 @@ struct Requester {
 
 #[derive(Debug)]
 enum Out {
-    Ack,
+    /// An ACK of every request up to this PSN, fixed when queued: a later
+    /// request must not make an ACK queued before a READ's responses
+    /// acknowledge that READ (the requester would take the ACK as an
+    /// implied NAK of the READ and ask for it again).
+    Ack(Psn),
     Nak(Syndrome, Psn),
-    AtomicAck { psn: Psn, orig: u64 },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+    },
     Read(ReadJob),
 }
 
@@ -222,8 +229,6 @@ struct Responder {
     /// a duplicate of one may be answered from (RXE's responder resources).
     resources: VecDeque<RdResource>,
     unacked_pkts: u32,
-    /// The last ACK psn put in `out`, to coalesce.
-    ack_psn: Psn,
 }
 
 /// A queue pair's transport state.
@@ -236,6 +241,35 @@ pub struct Qp {
     resp: Responder,
     completions: VecDeque<WorkCompletion>,
     counters: Counters,
+    /// Asynchronous events not yet taken ([`Qp::take_events`]).
+    events: Vec<QpEvent>,
+    /// COMM_EST was raised since the QP last left RESET.
+    established: bool,
+    /// SQ_DRAINED was raised since the QP last entered SQD.
+    drained: bool,
+}
+
+/// An asynchronous event of one QP (`enum ibv_event_type`), raised by the
+/// transport for the data plane to deliver on the device's event queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpEvent {
+    /// The first packet reached the QP in RTR (`IBV_EVENT_COMM_EST`).
+    CommEstablished,
+    /// The QP, attached to an SRQ, entered the error state: no more
+    /// receives of the SRQ will complete on it
+    /// (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    LastWqeReached,
+    /// The QP is in SQD with no send outstanding (`IBV_EVENT_SQ_DRAINED`).
+    SqDrained,
+    /// As responder, an invalid request moved the QP to the error state
+    /// (`IBV_EVENT_QP_REQ_ERR`).
+    RequestError,
+    /// As responder, a remote access violation moved the QP to the error
+    /// state (`IBV_EVENT_QP_ACCESS_ERR`).
+    AccessError,
+    /// As responder, an operational error moved the QP to the error state
+    /// (`IBV_EVENT_QP_FATAL`).
+    Fatal,
 }
 
 fn ceil_div(a: u64, b: u64) -> u64 {
@@ -265,6 +299,22 @@ impl Qp {
             resp: Responder::default(),
             completions: VecDeque::new(),
             counters: Counters::default(),
+            events: Vec::new(),
+            established: false,
+            drained: false,
+        }
+    }
+
+    /// Takes the asynchronous events raised since the last call.
+    pub fn take_events(&mut self) -> Vec<QpEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Raises SQ_DRAINED once the QP is in SQD with no send outstanding.
+    fn check_drained(&mut self) {
+        if self.state == QpState::Sqd && !self.drained && self.req.sq.is_empty() {
+            self.drained = true;
+            self.events.push(QpEvent::SqDrained);
         }
     }
 
@@ -481,7 +531,6 @@ impl Qp {
         }
         if let Some(p) = attr.rq_psn {
             self.resp.epsn = p;
-            self.resp.ack_psn = p - 1;
         }
         if let Some(p) = attr.sq_psn {
             self.req.next_psn = p;
@@ -493,15 +542,24 @@ impl Qp {
                 self.req = Requester::default();
                 self.resp = Responder::default();
                 self.completions.clear();
+                self.established = false;
             }
             QpState::Err => self.enter_error(),
             _ => {}
         }
+        if to == Sqd && from != Sqd {
+            self.drained = false;
+        }
         self.state = to;
+        self.check_drained();
         Ok(())
     }
 
     fn enter_error(&mut self) {
+        if self.cfg.srq && self.state != QpState::Err {
+            // Receives of the SRQ stay with it; none will complete here.
+            self.events.push(QpEvent::LastWqeReached);
+        }
         self.state = QpState::Err;
         let qpn = self.cfg.qpn;
         for w in self.req.sq.drain(..) {
@@ -520,7 +578,7 @@ impl Qp {
                     invalidated_rkey: None,
                     qp_num: qpn,
                     src_qp: Qpn::default(),
-                    grh: false,
+                    grh: None,
                 });
             }
         }
@@ -784,7 +842,7 @@ impl Qp {
         // it. The two are in different PSN spaces, so their order is free.
         let ack_last = request.is_some()
             && self.resp.out.len() == 1
-            && matches!(self.resp.out.front(), Some(Out::Ack));
+            && matches!(self.resp.out.front(), Some(Out::Ack(_)));
         if !self.resp.out.is_empty() && !ack_last {
             self.counters.sent_pkts += 1;
             return self.poll_response();
@@ -841,6 +899,11 @@ impl Qp {
             self.counters.dropped_pkts += 1;
             return;
         }
+        // o11-5.1.1: connected QPs only.
+        if self.state == QpState::Rtr && !self.established && self.cfg.qp_type != QpType::Ud {
+            self.established = true;
+            self.events.push(QpEvent::CommEstablished);
+        }
         match info.operation {
             Operation::Acknowledge | Operation::AtomicAcknowledge | Operation::RdmaReadResponse => {
                 if self.state != QpState::Rtr {
@@ -853,6 +916,7 @@ impl Qp {
                 QpType::Ud => self.ud_request(pkt, grh, mem),
             },
         }
+        self.check_drained();
     }
 }
 
@@ -898,6 +962,6 @@ fn recv_wc(
         invalidated_rkey: None,
         qp_num: qpn,
         src_qp: Qpn::default(),
-        grh: false,
+        grh: None,
     }
 }

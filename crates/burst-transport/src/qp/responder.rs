@@ -27,12 +27,8 @@ impl Qp {
         let front = self.resp.out.front_mut()?;
         let aeth = |syndrome| Some(AethRepr { syndrome, msn });
         let (ib, payload, pop) = match front {
-            Out::Ack => {
-                let mut ib = IbRepr::new(BthRepr::new(
-                    Opcode::RC_ACKNOWLEDGE,
-                    dest,
-                    self.resp.ack_psn,
-                ));
+            Out::Ack(psn) => {
+                let mut ib = IbRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest, *psn));
                 ib.aeth = aeth(Syndrome::Ack(credits));
                 (ib, Payload::None, true)
             }
@@ -85,10 +81,13 @@ impl Qp {
     /// Queues an ACK of the last request taken (C9-95: an ACK carries the
     /// PSN of the most recent request packet it acknowledges).
     pub(super) fn queue_ack(&mut self) {
-        self.resp.ack_psn = self.resp.epsn - 1;
+        let psn = self.resp.epsn - 1;
         self.resp.unacked_pkts = 0;
-        if !matches!(self.resp.out.back(), Some(Out::Ack)) {
-            self.resp.out.push_back(Out::Ack);
+        // Coalesce with an ACK still waiting at the back only: nothing is
+        // queued behind it, so moving its PSN skips no response.
+        match self.resp.out.back_mut() {
+            Some(Out::Ack(p)) => *p = psn,
+            _ => self.resp.out.push_back(Out::Ack(psn)),
         }
     }
 
@@ -111,6 +110,13 @@ impl Qp {
         self.counters.send_err += 1;
         let psn = self.resp.epsn;
         self.resp.out.push_back(Out::Nak(Syndrome::Nak(code), psn));
+        if self.state != QpState::Err {
+            self.events.push(match code {
+                NakCode::RemoteAccessError => QpEvent::AccessError,
+                NakCode::InvalidRequest => QpEvent::RequestError,
+                _ => QpEvent::Fatal,
+            });
+        }
         self.enter_error();
     }
 
@@ -313,7 +319,6 @@ impl Qp {
         );
         if acked_by_response {
             // READ responses and atomic ACKs acknowledge this PSN themselves.
-            self.resp.ack_psn = self.resp.epsn - 1;
             self.resp.unacked_pkts = 0;
         } else if bth.ack_req() || ends || self.resp.unacked_pkts >= self.cfg.ack_every {
             self.queue_ack();

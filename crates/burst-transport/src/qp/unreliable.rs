@@ -105,15 +105,14 @@ impl Qp {
             total as u32,
         );
         wc.src_qp = deth.src_qp();
-        wc.grh = true;
+        let zero = [0u8; 40];
+        let area = grh.unwrap_or(&zero);
+        wc.grh = Some(NetworkHeader::of_grh_area(area));
         wc.imm_data = pkt.imm_dt().map(|i| i.imm());
         if total > sg_len(&wr.sg_list) {
             wc.status = WcStatus::LocLenErr;
         } else {
-            let zero = [0u8; 40];
-            if mem
-                .write_local(&wr.sg_list, 0, grh.unwrap_or(&zero))
-                .is_err()
+            if mem.write_local(&wr.sg_list, 0, area).is_err()
                 || mem.write_local(&wr.sg_list, 40, data).is_err()
             {
                 wc.status = WcStatus::LocProtErr;

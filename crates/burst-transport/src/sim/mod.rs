@@ -1337,7 +1337,7 @@ pub fn run_workload_on<F: Fabric>(
                     ));
                 };
                 ud_seen.push(i);
-                if !wc.grh || wc.src_qp != w.qpn(*a) {
+                if wc.grh.is_none() || wc.src_qp != w.qpn(*a) {
                     return Err(format!(
                         "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
                     ));
@@ -1361,7 +1361,7 @@ pub fn run_workload_on<F: Fabric>(
                     ));
                 }
             }
-            if *t == QpType::Ud && (!wc.grh || wc.src_qp != w.qpn(*a)) {
+            if *t == QpType::Ud && (wc.grh.is_none() || wc.src_qp != w.qpn(*a)) {
                 return Err(format!(
                     "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
                 ));

@@ -7,6 +7,7 @@
 //! burst stat                     # device counters (RXE's names)
 //! burst stat --qp 0x12           # one QP's counters
 //! burst capture -w out.pcapng -c 1000   # live capture (root)
+//! burst run -- ucx_info -d       # a command that wants /dev/infiniband
 //! ```
 //! The socket is `--socket`, else `BURST_DAEMON`, else /run/burst/burstd.sock.
 
@@ -50,6 +51,17 @@ enum What {
         /// Packets to capture.
         #[arg(short = 'c', long, default_value_t = 1000)]
         count: u64,
+    },
+    /// Run a command with the kernel's RDMA device files for burst's
+    /// devices (`/dev/infiniband/uverbsN`, `/sys/class/infiniband/<dev>`), in a
+    /// private mount namespace: what UCX looks for before it uses a device.
+    /// The devices are burstd's with --socket or BURST_DAEMON, else those
+    /// BURST_ADDR, BURST_IFACE or the configuration file name. Needs root or
+    /// unprivileged user namespaces.
+    Run {
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
     },
 }
 
@@ -96,12 +108,33 @@ fn counter_lines(v: &serde_json::Value, prefix: &str, out: &mut String) {
     }
 }
 
+/// `burst run`: the device files, then the command in our place.
+fn run_with_device_files(a: &Args, command: &[std::ffi::OsString]) -> Result<(), String> {
+    let daemon = a.socket.is_some() || std::env::var_os("BURST_DAEMON").is_some();
+    let devices = if daemon {
+        let ctx = Context::connect(&socket(a)).map_err(|e| e.to_string())?;
+        vec![ctx.config().clone()]
+    } else {
+        burst_verbs::config::Config::from_env()
+            .map_err(|e| e.to_string())?
+            .devices
+    };
+    burstd::devfiles::enter(&burstd::devfiles::DeviceFiles::for_devices(&devices))
+        .map_err(|e| e.to_string())?;
+    let err = std::os::unix::process::CommandExt::exec(
+        std::process::Command::new(&command[0]).args(&command[1..]),
+    );
+    Err(format!("{}: {err}", command[0].to_string_lossy()))
+}
+
 fn run(a: Args) -> Result<(), String> {
     let path = socket(&a);
-    let ctx = Context::connect(&path).map_err(|e| e.to_string())?;
-    let me = ctx.client_id().unwrap_or(0);
-    match a.what {
+    // Every command but `run` talks to burstd.
+    let connect = || Context::connect(&path).map_err(|e| e.to_string());
+    match &a.what {
+        What::Run { command } => run_with_device_files(&a, command)?,
         What::Dev => {
+            let ctx = connect()?;
             let c = ctx.config();
             println!("device {}", c.name);
             println!("  address    {}", c.addr);
@@ -118,6 +151,8 @@ fn run(a: Args) -> Result<(), String> {
             );
         }
         What::Clients => {
+            let ctx = connect()?;
+            let me = ctx.client_id().unwrap_or(0);
             let Reply::Clients(list) = ask(&ctx, &Request::Clients)? else {
                 return Err("unexpected reply".into());
             };
@@ -138,6 +173,7 @@ fn run(a: Args) -> Result<(), String> {
             }
         }
         What::Stat { qp } => {
+            let ctx = connect()?;
             let req = match qp {
                 Some(q) => {
                     let n = match q.strip_prefix("0x") {
@@ -161,6 +197,7 @@ fn run(a: Args) -> Result<(), String> {
             let _ = std::io::stdout().write_all(text.as_bytes());
         }
         What::Capture { write, count } => {
+            let ctx = connect()?;
             let mut fds = [0; 2];
             // SAFETY: pipe2 into a live array of two.
             if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -168,7 +205,7 @@ fn run(a: Args) -> Result<(), String> {
             }
             // SAFETY: two fresh descriptors we own.
             let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-            let req = Request::Capture { packets: count };
+            let req = Request::Capture { packets: *count };
             match ctx.daemon_request(&req, &[w.as_fd()]) {
                 Ok((Reply::Done, _)) => {}
                 Ok((Reply::Error { message, .. }, _)) => return Err(message),
@@ -179,7 +216,7 @@ fn run(a: Args) -> Result<(), String> {
             let mut out: Box<dyn Write> = if write.as_os_str() == "-" {
                 Box::new(std::io::stdout())
             } else {
-                Box::new(std::fs::File::create(&write).map_err(|e| e.to_string())?)
+                Box::new(std::fs::File::create(write).map_err(|e| e.to_string())?)
             };
             let mut r = std::fs::File::from(r);
             let mut buf = vec![0u8; 1 << 16];
