@@ -1370,53 +1370,82 @@ pub fn device_listing(dir: &Path) -> Vec<Outcome> {
 /// `ibv_create_qp_ex`'s attributes, posts by QP state and queue depth.
 pub fn conformance(root: &Path, dir: &Path) -> Vec<Outcome> {
     let name = "verbs conformance (interop/verbs-conformance.c) on the drop-in".to_string();
+    let Some(bin) = build_conformance(root) else {
+        return vec![not_built(name)];
+    };
+    let mut c = Command::new("timeout");
+    c.arg("60")
+        .arg(&bin)
+        .env("BURST_ADDR", "127.0.96.1")
+        .env("LD_LIBRARY_PATH", dir);
+    let o = conformance_outcome(name, c.output());
+    report(&o);
+    vec![o]
+}
+
+/// The same program on kernel RXE in the lab VM: what burst is held to.
+pub fn conformance_rxe(root: &Path) -> Vec<Outcome> {
+    let name = "verbs conformance (interop/verbs-conformance.c) on kernel RXE".to_string();
+    let Some(bin) = build_conformance(root) else {
+        return vec![not_built(name)];
+    };
+    let lab = root.join("../shared/rxe-lab/rxe-vm");
+    let mut c = Command::new("bash");
+    c.arg(&lab)
+        .args(["run", "--timeout", "200", "--"])
+        .arg(format!("{} rxe0 $RXE_GID_INDEX", bin.display()));
+    let o = conformance_outcome(name, c.output());
+    report(&o);
+    vec![o]
+}
+
+fn build_conformance(root: &Path) -> Option<PathBuf> {
     let bin = root.join("target/interop/verbs-conformance");
     let _ = std::fs::create_dir_all(root.join("target/interop"));
-    let built = Command::new("gcc")
+    Command::new("gcc")
         .args(["-O2", "-Wall", "-o"])
         .arg(&bin)
         .arg(root.join("interop/verbs-conformance.c"))
         .arg("-libverbs")
         .status()
-        .is_ok_and(|s| s.success());
-    let o = if !built {
-        Outcome {
+        .is_ok_and(|s| s.success())
+        .then_some(bin)
+}
+
+fn not_built(name: String) -> Outcome {
+    let o = Outcome {
+        name,
+        ok: false,
+        numbers: None,
+        why: "cannot build it (gcc and libibverbs-dev needed)".into(),
+    };
+    report(&o);
+    o
+}
+
+/// Passes when the program ran, printed checks and none failed.
+fn conformance_outcome(name: String, out: std::io::Result<std::process::Output>) -> Outcome {
+    match out {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
+            let checks = text.lines().filter(|l| l.starts_with("ok")).count();
+            Outcome {
+                name,
+                ok: out.status.success() && fails.is_empty() && checks > 0,
+                numbers: Some(format!("{checks} checks passed")),
+                why: if fails.is_empty() {
+                    format!("exit {:?}: {}", out.status.code(), tail(&text))
+                } else {
+                    fails.join("; ")
+                },
+            }
+        }
+        Err(e) => Outcome {
             name,
             ok: false,
             numbers: None,
-            why: "cannot build it (gcc and libibverbs-dev needed)".into(),
-        }
-    } else {
-        match Command::new("timeout")
-            .arg("60")
-            .arg(&bin)
-            .env("BURST_ADDR", "127.0.96.1")
-            .env("LD_LIBRARY_PATH", dir)
-            .output()
-        {
-            Ok(out) => {
-                let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                let fails: Vec<&str> = text.lines().filter(|l| l.starts_with("FAIL")).collect();
-                let checks = text.lines().filter(|l| l.starts_with("ok")).count();
-                Outcome {
-                    name,
-                    ok: out.status.success() && fails.is_empty() && checks > 0,
-                    numbers: Some(format!("{checks} checks passed")),
-                    why: if fails.is_empty() {
-                        format!("exit {:?}: {}", out.status.code(), tail(&text))
-                    } else {
-                        fails.join("; ")
-                    },
-                }
-            }
-            Err(e) => Outcome {
-                name,
-                ok: false,
-                numbers: None,
-                why: format!("spawn: {e}"),
-            },
-        }
-    };
-    report(&o);
-    vec![o]
+            why: format!("spawn: {e}"),
+        },
+    }
 }

@@ -826,6 +826,9 @@ fn interop(args: &[String]) -> ExitCode {
                 runs.extend(dropin::rxe(&root, &dir, r, "1500", true, 23700));
                 runs.extend(dropin::rxe(&root, &dir, r, "1500", false, 23800));
             }
+            if !ucx_only {
+                runs.extend(dropin::conformance_rxe(&root));
+            }
             for r in &runs {
                 if r.ok {
                     passed += 1;

@@ -357,35 +357,27 @@ fn current_wc(cq: *mut ibv_cq) -> ibv_wc {
     }
 }
 
-unsafe extern "C" fn read_opcode(cq: *mut ibv_cq) -> u32 {
-    current_wc(cq).opcode
+/// `ibv_wc_read_<field>`: one field of the current completion.
+macro_rules! cq_read {
+    ($($name:ident: $ty:ty = |$w:ident| $e:expr;)*) => {$(
+        unsafe extern "C" fn $name(cq: *mut ibv_cq) -> $ty {
+            let $w = current_wc(cq);
+            $e
+        }
+    )*};
 }
-unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq) -> u32 {
-    current_wc(cq).vendor_err
-}
-unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq) -> u32 {
-    current_wc(cq).byte_len
-}
-unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq) -> u32 {
-    current_wc(cq).imm_data
-}
-unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq) -> u32 {
-    current_wc(cq).qp_num
-}
-unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq) -> u32 {
-    current_wc(cq).src_qp
-}
-unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq) -> u32 {
-    current_wc(cq).wc_flags
-}
-unsafe extern "C" fn read_slid(cq: *mut ibv_cq) -> u32 {
-    u32::from(current_wc(cq).slid)
-}
-unsafe extern "C" fn read_sl(cq: *mut ibv_cq) -> u8 {
-    current_wc(cq).sl
-}
-unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq) -> u8 {
-    current_wc(cq).dlid_path_bits
+
+cq_read! {
+    read_opcode: u32 = |w| w.opcode;
+    read_vendor_err: u32 = |w| w.vendor_err;
+    read_byte_len: u32 = |w| w.byte_len;
+    read_imm_data: u32 = |w| w.imm_data;
+    read_qp_num: u32 = |w| w.qp_num;
+    read_src_qp: u32 = |w| w.src_qp;
+    read_wc_flags: u32 = |w| w.wc_flags;
+    read_slid: u32 = |w| u32::from(w.slid);
+    read_sl: u8 = |w| w.sl;
+    read_dlid_path_bits: u8 = |w| w.dlid_path_bits;
 }
 
 /// Fills the entry points of an extended CQ (the reads RXE offers; the

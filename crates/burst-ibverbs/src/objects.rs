@@ -97,6 +97,10 @@ pub(crate) struct Pd {
 #[repr(C)]
 pub(crate) struct Mr {
     pub raw: ibv_mr,
+    /// The address remote peers name it by (`ibv_reg_mr_iova`).
+    pub iova: u64,
+    /// The access flags it was registered with (for `ibv_rereg_mr`).
+    pub access: u32,
 }
 
 #[repr(C)]

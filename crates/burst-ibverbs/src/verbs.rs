@@ -137,6 +137,8 @@ unsafe extern "C" fn reg_mr_iova2(
                     lkey: k.lkey,
                     rkey: k.rkey,
                 },
+                iova,
+                access,
             })
             .cast(),
             Err(e) => {
@@ -189,6 +191,90 @@ unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
+
+// `enum ibv_rereg_mr_flags` and `enum ibv_rereg_mr_err_code`.
+const REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+const REREG_MR_CHANGE_PD: c_int = 1 << 1;
+const REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
+const REREG_MR_ERR_INPUT: c_int = -1;
+const REREG_MR_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`: a new registration with what `flags` changes (address
+/// and length, PD, access), then the old one dropped; the MR keeps its
+/// handle and takes the new keys (rdma-core lets keys change). A refused
+/// registration leaves the MR as it was (IBV_REREG_MR_ERR_CMD, errno).
+unsafe extern "C" fn rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    guard("ibv_rereg_mr", REREG_MR_ERR_CMD, || {
+        let all = REREG_MR_CHANGE_TRANSLATION | REREG_MR_CHANGE_PD | REREG_MR_CHANGE_ACCESS;
+        let translation = flags & REREG_MR_CHANGE_TRANSLATION != 0;
+        let bad_input = flags & !all != 0
+            || flags == 0
+            || (translation && (addr.is_null() || length == 0))
+            || (!translation && length != 0)
+            || (flags & REREG_MR_CHANGE_PD != 0 && ours!(Pd, pd).is_none());
+        let Some(m) = ours!(Mr, mr) else {
+            set_errno(libc::EINVAL);
+            return REREG_MR_ERR_INPUT;
+        };
+        if bad_input {
+            set_errno(libc::EINVAL);
+            return REREG_MR_ERR_INPUT;
+        }
+        let new_pd = if flags & REREG_MR_CHANGE_PD != 0 {
+            pd
+        } else {
+            m.raw.pd
+        };
+        let (new_addr, new_len, new_iova) = if translation {
+            (addr, length, addr as u64)
+        } else {
+            (m.raw.addr, m.raw.length, m.iova)
+        };
+        let new_access = if flags & REREG_MR_CHANGE_ACCESS != 0 {
+            access as u32
+        } else {
+            m.access
+        };
+        // SAFETY: the application's contract for the new range, as for
+        // ibv_reg_mr; the old range stays registered until the new one is.
+        let fresh = unsafe { reg_mr_iova2(new_pd, new_addr, new_len, new_iova, new_access) };
+        let Some(n) = ours!(Mr, fresh) else {
+            return REREG_MR_ERR_CMD; // errno set by the registration
+        };
+        let (lkey, rkey) = (n.raw.lkey, n.raw.rkey);
+        // SAFETY: our fresh MR object, not handed out: only its keys are kept.
+        unsafe { free(fresh.cast::<Mr>()) };
+        let Some(c) = ctx_from(m.raw.context) else {
+            return REREG_MR_ERR_CMD;
+        };
+        if let Err(e) = c.ctx.dereg_mr(m.raw.lkey) {
+            let _ = c.ctx.dereg_mr(lkey);
+            set_errno(e.errno());
+            return REREG_MR_ERR_CMD;
+        }
+        // SAFETY: the caller's MR (ours); C owns the struct, so the new
+        // values are written through the pointer.
+        unsafe {
+            let raw = &raw mut (*mr.cast::<Mr>()).raw;
+            (*raw).pd = new_pd;
+            (*raw).addr = new_addr;
+            (*raw).length = new_len;
+            (*raw).lkey = lkey;
+            (*raw).rkey = rkey;
+            (*mr.cast::<Mr>()).iova = new_iova;
+            (*mr.cast::<Mr>()).access = new_access;
+        }
+        0
+    })
+}
+export!("ibv_rereg_mr", "IBVERBS_1.1", rereg_mr);
 
 // ---------------------------------------------------- completion channels
 
@@ -369,6 +455,26 @@ fn new_cq(
     Ok(p)
 }
 export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
+
+/// `ibv_resize_cq`: a new depth in 1..=MAX_CQE (EINVAL outside, as RXE).
+/// The engine never overruns a CQ (completions past its ring wait in the
+/// engine), so the depth is what `cq->cqe` reports; the ring keeps its
+/// size.
+unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard("ibv_resize_cq", libc::EIO, || {
+        if ours!(Cq, cq).is_none() {
+            return libc::EINVAL;
+        }
+        if !(1..=MAX_CQE).contains(&cqe) {
+            tracing::warn!(cqe, "ibv_resize_cq: size out of range");
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller's CQ (ours); C owns the struct.
+        unsafe { (*cq).cqe = cqe };
+        0
+    })
+}
+export!("ibv_resize_cq", "IBVERBS_1.1", resize_cq);
 
 // `enum ibv_create_cq_wc_flags`: what RXE's provider accepts.
 const WC_EX_WITH_BYTE_LEN: u64 = 1 << 0;
