@@ -577,7 +577,12 @@ impl RxHarness {
         self.ctx.advance_clock_to(self.now);
         self.ctx.progress();
         while let Some(e) = self.ctx.take_async_event() {
-            if !matches!(e, crate::AsyncEvent::SrqLimitReached(_)) {
+            // A fault inside burst is a bug; the transport's own events
+            // (an access error a hostile packet caused, COMM_EST...) are not.
+            if matches!(
+                e,
+                crate::AsyncEvent::Qp(_, crate::QpEvent::Fatal) | crate::AsyncEvent::DeviceFatal
+            ) {
                 self.faults.push(e);
             }
         }
