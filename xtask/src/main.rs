@@ -815,16 +815,19 @@ fn interop(args: &[String]) -> ExitCode {
                     runs.extend(cm_runs(&root, &dir, quick, true, true));
                 }
             }
-            if default_port && embedded {
-                // UCX (not through burstd yet: see docs/ucx.md).
+            if default_port {
+                // UCX: burst to burst (embedded or through burstd), and
+                // against RXE (embedded).
                 let (v, r) = if quick {
                     (dropin::UCX_QUICK, dropin::UCX_RXE_QUICK)
                 } else {
                     (dropin::UCX_CASES, dropin::UCX_RXE_CASES)
                 };
                 runs.extend(dropin::veth(&dir, v, &[]));
-                runs.extend(dropin::rxe(&root, &dir, r, "1500", true, 23700));
-                runs.extend(dropin::rxe(&root, &dir, r, "1500", false, 23800));
+                if embedded {
+                    runs.extend(dropin::rxe(&root, &dir, r, "1500", true, 23700));
+                    runs.extend(dropin::rxe(&root, &dir, r, "1500", false, 23800));
+                }
             }
             // The same program on RXE: what burst is held to (once; it
             // does not depend on burst's port or mode).

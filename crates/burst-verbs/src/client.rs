@@ -597,23 +597,34 @@ fn move_pages(start: usize, end: usize) -> Result<Area, String> {
     // SAFETY: `start..end` is mapped readable (checked in /proc/self/maps)
     // and `tmp` is `size` fresh bytes.
     unsafe { std::ptr::copy_nonoverlapping(start as *const u8, tmp.cast::<u8>(), size) };
+    // The system call itself, not libc's `mremap`: memory hooks that
+    // interpose it can lose MREMAP_FIXED's target (UCX's libucm 1.13 passes
+    // four arguments on), and the pages land elsewhere while the
+    // application keeps writing its old ones.
     // SAFETY: moves our temporary mapping over `start..end`, which holds
     // private anonymous pages of the application that now live in the
     // memfd with the same contents.
     let moved = unsafe {
-        libc::mremap(
+        libc::syscall(
+            libc::SYS_mremap,
             tmp,
             size,
             size,
             libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
             start as *mut libc::c_void,
         )
-    };
+    } as *mut libc::c_void;
     if moved == libc::MAP_FAILED {
         let e = std::io::Error::last_os_error();
         // SAFETY: our temporary mapping, still where mmap put it.
         unsafe { libc::munmap(tmp, size) };
         return Err(format!("mremap: {e}"));
+    }
+    if moved != start as *mut libc::c_void {
+        // SAFETY: the mapping mremap returned is ours alone (`start..end`
+        // still holds the application's pages, untouched).
+        unsafe { libc::munmap(moved, size) };
+        return Err(format!("mremap moved the pages to {moved:p}, not {start:#x}"));
     }
     // SAFETY: a zeroed stat is valid; fstat on our memfd.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
