@@ -624,7 +624,9 @@ fn move_pages(start: usize, end: usize) -> Result<Area, String> {
         // SAFETY: the mapping mremap returned is ours alone (`start..end`
         // still holds the application's pages, untouched).
         unsafe { libc::munmap(moved, size) };
-        return Err(format!("mremap moved the pages to {moved:p}, not {start:#x}"));
+        return Err(format!(
+            "mremap moved the pages to {moved:p}, not {start:#x}"
+        ));
     }
     // SAFETY: a zeroed stat is valid; fstat on our memfd.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
