@@ -109,25 +109,9 @@ unsafe extern "C" fn reg_mr_iova2(
         let Some(p) = ours!(Pd, pd) else {
             return fail_null(libc::EINVAL);
         };
-        let Some(c) = ctx_from(p.raw.context) else {
-            return fail_null(libc::EINVAL);
-        };
-        let access = access & !OPTIONAL_RANGE;
-        if access & ON_DEMAND != 0 {
-            tracing::warn!("ibv_reg_mr: on-demand paging is not supported");
-            return fail_null(libc::EOPNOTSUPP);
-        }
-        if addr.is_null() && length > 0 {
-            return fail_null(libc::EINVAL);
-        }
-        // SAFETY: the application keeps addr..addr+length valid until
-        // ibv_dereg_mr (the Verbs contract); the engine reaches it in place.
-        let keys = unsafe {
-            c.ctx
-                .reg_mr_iova(p.pd, addr.cast(), length, iova, Access(access & 0xf))
-        };
-        match keys {
-            Ok(k) => boxed(Mr {
+        // SAFETY: forwarded contract.
+        match unsafe { register(p, addr, length, iova, access) } {
+            Ok((k, access)) => boxed(Mr {
                 raw: ibv_mr {
                     context: p.raw.context,
                     pd,
@@ -141,11 +125,41 @@ unsafe extern "C" fn reg_mr_iova2(
                 access,
             })
             .cast(),
-            Err(e) => {
-                tracing::warn!("ibv_reg_mr refused: {e}");
-                fail_null(e.errno())
-            }
+            Err(e) => fail_null(e),
         }
+    })
+}
+
+/// Registers `addr..addr+length` on `p` with ibv_reg_mr's checks and
+/// errno; returns the keys and the access kept (optional bits dropped).
+///
+/// # Safety
+/// The application keeps the range valid until it is deregistered (the
+/// Verbs contract); the engine reaches it in place.
+unsafe fn register(
+    p: &Pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> Result<(burst_verbs::MrKeys, u32), c_int> {
+    let c = ctx_from(p.raw.context).ok_or(libc::EINVAL)?;
+    let access = access & !OPTIONAL_RANGE;
+    if access & ON_DEMAND != 0 {
+        tracing::warn!("ibv_reg_mr: on-demand paging is not supported");
+        return Err(libc::EOPNOTSUPP);
+    }
+    if addr.is_null() && length > 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: forwarded contract.
+    let keys = unsafe {
+        c.ctx
+            .reg_mr_iova(p.pd, addr.cast(), length, iova, Access(access & 0xf))
+    };
+    keys.map(|k| (k, access)).map_err(|e| {
+        tracing::warn!("ibv_reg_mr refused: {e}");
+        e.errno()
     })
 }
 export!("ibv_reg_mr_iova2", "IBVERBS_1.8", reg_mr_iova2);
@@ -217,8 +231,7 @@ unsafe extern "C" fn rereg_mr(
         let bad_input = flags & !all != 0
             || flags == 0
             || (translation && (addr.is_null() || length == 0))
-            || (!translation && length != 0)
-            || (flags & REREG_MR_CHANGE_PD != 0 && ours!(Pd, pd).is_none());
+            || (!translation && length != 0);
         let Some(m) = ours!(Mr, mr) else {
             set_errno(libc::EINVAL);
             return REREG_MR_ERR_INPUT;
@@ -242,18 +255,20 @@ unsafe extern "C" fn rereg_mr(
         } else {
             m.access
         };
+        let (Some(p), Some(c)) = (ours!(Pd, new_pd), ctx_from(m.raw.context)) else {
+            set_errno(libc::EINVAL);
+            return REREG_MR_ERR_INPUT;
+        };
         // SAFETY: the application's contract for the new range, as for
         // ibv_reg_mr; the old range stays registered until the new one is.
-        let fresh = unsafe { reg_mr_iova2(new_pd, new_addr, new_len, new_iova, new_access) };
-        let Some(n) = ours!(Mr, fresh) else {
-            return REREG_MR_ERR_CMD; // errno set by the registration
-        };
-        let (lkey, rkey) = (n.raw.lkey, n.raw.rkey);
-        // SAFETY: our fresh MR object, not handed out: only its keys are kept.
-        unsafe { free(fresh.cast::<Mr>()) };
-        let Some(c) = ctx_from(m.raw.context) else {
-            return REREG_MR_ERR_CMD;
-        };
+        let (lkey, rkey, new_access) =
+            match unsafe { register(p, new_addr, new_len, new_iova, new_access) } {
+                Ok((k, a)) => (k.lkey, k.rkey, a),
+                Err(e) => {
+                    set_errno(e);
+                    return REREG_MR_ERR_CMD;
+                }
+            };
         if let Err(e) = c.ctx.dereg_mr(m.raw.lkey) {
             let _ = c.ctx.dereg_mr(lkey);
             set_errno(e.errno());
