@@ -255,6 +255,16 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     })
 }
 
+/// The RoCE packet type mlx5 reports in `ibv_wc.sl` of a UD receive over
+/// Ethernet (UDP bit 3 | L3 type: IPv6 1, IPv4 2): UCX finds the
+/// destination GID in the GRH area by it. A C-ABI convention, kept here.
+fn roce_sl(h: NetworkHeader) -> u8 {
+    match h {
+        NetworkHeader::Ipv6 => 0x8 | 1,
+        NetworkHeader::Ipv4 => 0x8 | 2,
+    }
+}
+
 fn wc_of(w: &WorkCompletion) -> ibv_wc {
     // imm_data and invalidate_rkey share the field (a union in rdma-core).
     let imm = match (w.imm_data, w.invalidated_rkey) {
@@ -274,7 +284,7 @@ fn wc_of(w: &WorkCompletion) -> ibv_wc {
         wc_flags: w.wc_flags(),
         pkey_index: 0,
         slid: 0,
-        sl: w.grh.map_or(0, NetworkHeader::roce_sl),
+        sl: w.grh.map_or(0, roce_sl),
         dlid_path_bits: 0,
     }
 }

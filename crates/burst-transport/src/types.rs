@@ -434,16 +434,6 @@ impl NetworkHeader {
             Self::Ipv4
         }
     }
-
-    /// The RoCE packet type mlx5 reports in `ibv_wc.sl` of a UD receive
-    /// over Ethernet (UDP bit 3 | L3 type: IPv6 1, IPv4 2), on which UCX
-    /// relies to find the destination GID in the GRH area.
-    pub fn roce_sl(self) -> u8 {
-        match self {
-            Self::Ipv6 => 0x8 | 1,
-            Self::Ipv4 => 0x8 | 2,
-        }
-    }
 }
 
 impl WorkCompletion {
