@@ -5,9 +5,10 @@
  * depth allow. Built against the system libibverbs; run on burst's drop-in
  * (LD_LIBRARY_PATH) or on kernel RXE, whose behaviour it follows.
  *
- * The extended CQ (ibv_create_cq_ex, ibv_start_poll, ibv_wc_read_*) is
- * checked over two RC QPs of the device connected to each other through
- * GID `gid-index` (default 0).
+ * The extended CQ (ibv_create_cq_ex, ibv_start_poll, ibv_wc_read_*) and
+ * memory windows (types 1 and 2: bind, access through the window, local
+ * and remote invalidation) are checked over RC QPs of the device connected
+ * to each other through GID `gid-index` (default 0).
  *
  * Usage: verbs-conformance [device-name [gid-index]]
  * (exit status: failed checks)
@@ -96,7 +97,8 @@ static int flushed(struct ibv_cq *cq, int n, enum ibv_wc_status want)
 static int connect_rc(struct ibv_qp *qp, uint32_t dest, int gidx, int rts)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
+						    IBV_ACCESS_REMOTE_READ };
 
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
 				   IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
@@ -247,6 +249,237 @@ out:
 	check(!ibv_destroy_cq(cq), "ibv_destroy_cq of an extended CQ");
 }
 
+/* The next completion of `cq` (about two seconds at most); status -1 if none. */
+static struct ibv_wc next_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc = { .status = -1 };
+
+	for (int i = 0; i < 200000; i++) {
+		if (ibv_poll_cq(cq, 1, &wc) == 1)
+			return wc;
+		usleep(10);
+	}
+	wc.status = -1;
+	return wc;
+}
+
+/* An RC WRITE or READ of `len` bytes at `raddr` through `rkey`, from `qp`;
+ * returns its completion status. */
+static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
+		struct ibv_sge *sge, uint64_t raddr, uint32_t rkey)
+{
+	struct ibv_send_wr wr = { .wr_id = 40, .sg_list = sge, .num_sge = 1,
+				  .opcode = op, .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	if (ibv_post_send(qp, &wr, &bad))
+		return -2;
+	return next_wc(cq).status;
+}
+
+/* Two RC QPs connected to each other, `a` the requester, `b` the target. */
+static int rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, int gidx,
+		   struct ibv_qp **a, struct ibv_qp **b)
+{
+	*a = rc_qp(pd, cq);
+	*b = rc_qp(pd, cq);
+	return !*a || !*b || connect_rc(*a, (*b)->qp_num, gidx, 1) ||
+	       connect_rc(*b, (*a)->qp_num, gidx, 1);
+}
+
+/* Memory windows (IBA 10.6.7, as RXE offers them). The target region has
+ * no remote right of its own: whatever a peer reaches, it reaches through
+ * a window. */
+static void windows(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
+{
+	char msg[200];
+	struct ibv_device_attr da;
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	static char buf[8192], local[4096];
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf),
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mr *lmr = ibv_reg_mr(pd, local, sizeof(local), IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_qp *a, *b;
+	struct ibv_send_wr *bad;
+	struct ibv_wc wc;
+	int rxe = !strncmp(ibv_get_device_name(ctx->device), "rxe", 3);
+
+	int r = ibv_query_device(ctx, &da);
+	snprintf(msg, sizeof(msg), "memory windows offered: max_mw %d, cap flags %#x",
+		 r ? -1 : da.max_mw, r ? 0 : da.device_cap_flags);
+	check(!r && da.max_mw > 0 && (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW), msg);
+	if (!cq || !mr || !lmr || rc_pair(pd, cq, gidx, &a, &b)) {
+		check(0, "MW set-up: a CQ, regions with MW_BIND, two connected RC QPs");
+		return;
+	}
+	uint64_t base = (uintptr_t)buf;
+	struct ibv_sge ls = { .addr = (uintptr_t)local, .length = 16, .lkey = lmr->lkey };
+
+	/* Type 1: ibv_bind_mw, then a WRITE inside the window lands. */
+	struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	check(mw1 != NULL, "ibv_alloc_mw type 1");
+	if (!mw1)
+		goto out;
+	uint32_t before = mw1->rkey;
+	struct ibv_mw_bind bind1 = {
+		.wr_id = 31, .send_flags = IBV_SEND_SIGNALED,
+		.bind_info = { .mr = mr, .addr = base + 256, .length = 512,
+			       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE },
+	};
+	r = ibv_bind_mw(b, mw1, &bind1);
+	wc = next_wc(cq);
+	snprintf(msg, sizeof(msg),
+		 "ibv_bind_mw: %d, completion status %d opcode %d, rkey %#x -> %#x", r,
+		 wc.status, wc.opcode, before, mw1->rkey);
+	check(!r && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW &&
+		      wc.wr_id == 31 && mw1->rkey == ibv_inc_rkey(before), msg);
+	memcpy(local, "through window 1", 16);
+	r = rdma(a, cq, IBV_WR_RDMA_WRITE, &ls, base + 300, mw1->rkey);
+	snprintf(msg, sizeof(msg), "RDMA WRITE through the type 1 window: status %d", r);
+	check(r == IBV_WC_SUCCESS && !memcmp(buf + 300, "through window 1", 16), msg);
+	r = rdma(a, cq, IBV_WR_RDMA_WRITE, &ls, base + 300, before);
+	snprintf(msg, sizeof(msg), "the rkey before the bind misses: status %d", r);
+	check(r == IBV_WC_REM_ACCESS_ERR, msg);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+	if (rc_pair(pd, cq, gidx, &a, &b))
+		goto out;
+	r = rdma(a, cq, IBV_WR_RDMA_READ, &ls, base + 300, mw1->rkey);
+	snprintf(msg, sizeof(msg), "a READ the window does not grant: status %d", r);
+	check(r == IBV_WC_REM_ACCESS_ERR, msg);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+	if (rc_pair(pd, cq, gidx, &a, &b))
+		goto out;
+	r = rdma(a, cq, IBV_WR_RDMA_WRITE, &ls, base + 100, mw1->rkey);
+	snprintf(msg, sizeof(msg), "a WRITE before the window's start: status %d", r);
+	if (rxe && r == IBV_WC_SUCCESS)
+		printf("skip  %s: RXE of this kernel checks the region's bounds, "
+		       "not the window's\n", msg);
+	else
+		check(r == IBV_WC_REM_ACCESS_ERR, msg);
+	r = ibv_dereg_mr(mr);
+	snprintf(msg, sizeof(msg), "ibv_dereg_mr of a region with a window bound fails (%d)", r);
+	check(r != 0, msg);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+
+	/* Type 2: bound by a work request, READ through it, then a SEND WITH
+	 * INVALIDATE from the peer frees it and its rkey misses. */
+	if (rc_pair(pd, cq, gidx, &a, &b))
+		goto out;
+	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	check(mw2 != NULL, "ibv_alloc_mw type 2");
+	if (!mw2)
+		goto out;
+	uint32_t k2 = ibv_inc_rkey(mw2->rkey);
+	struct ibv_send_wr bw = { .wr_id = 32, .opcode = IBV_WR_BIND_MW,
+				  .send_flags = IBV_SEND_SIGNALED };
+	bw.bind_mw.mw = mw2;
+	bw.bind_mw.rkey = k2;
+	bw.bind_mw.bind_info = (struct ibv_mw_bind_info){
+		.mr = mr, .addr = base + 4096, .length = 4096,
+		.mw_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE };
+	r = ibv_post_send(b, &bw, &bad);
+	wc = next_wc(cq);
+	snprintf(msg, sizeof(msg), "IBV_WR_BIND_MW of a type 2 window: %d, status %d opcode %d",
+		 r, wc.status, wc.opcode);
+	check(!r && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW, msg);
+	mw2->rkey = k2;
+	memcpy(buf + 5000, "through window 2", 16);
+	memset(local, 0, 16);
+	r = rdma(a, cq, IBV_WR_RDMA_READ, &ls, base + 5000, k2);
+	snprintf(msg, sizeof(msg), "RDMA READ through the type 2 window: status %d", r);
+	check(r == IBV_WC_SUCCESS && !memcmp(local, "through window 2", 16), msg);
+	struct ibv_sge rs = { .addr = (uintptr_t)local + 1024, .length = 64,
+			      .lkey = lmr->lkey };
+	struct ibv_send_wr inv = { .wr_id = 33, .sg_list = &ls, .num_sge = 1,
+				   .opcode = IBV_WR_SEND_WITH_INV,
+				   .send_flags = IBV_SEND_SIGNALED,
+				   .invalidate_rkey = k2 };
+	int recv_ok = 0, send_ok = 0;
+
+	r = post_recv(b, &rs, 34) || ibv_post_send(a, &inv, &bad);
+	for (int i = 0; i < 2 && !r; i++) {
+		wc = next_wc(cq);
+		if (wc.wr_id == 33)
+			send_ok = wc.status == IBV_WC_SUCCESS;
+		if (wc.wr_id == 34) {
+			snprintf(msg, sizeof(msg),
+				 "SEND WITH INVALIDATE of the window's rkey: status %d "
+				 "flags %#x invalidated %#x (want %#x)",
+				 wc.status, wc.wc_flags, wc.invalidated_rkey, k2);
+			/* RXE sets the kernel's IB_WC_WITH_INVALIDATE (4),
+			 * which user space reads as IBV_WC_IP_CSUM_OK. */
+			recv_ok = wc.status == IBV_WC_SUCCESS &&
+				  (wc.wc_flags & (rxe ? 4 : IBV_WC_WITH_INV)) &&
+				  wc.invalidated_rkey == k2;
+		}
+	}
+	if (!recv_ok && r)
+		snprintf(msg, sizeof(msg), "SEND WITH INVALIDATE: post failed");
+	check(!r && send_ok && recv_ok, msg);
+	r = rdma(a, cq, IBV_WR_RDMA_READ, &ls, base + 5000, k2);
+	snprintf(msg, sizeof(msg), "the invalidated window's rkey misses: status %d", r);
+	check(r == IBV_WC_REM_ACCESS_ERR, msg);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+
+	/* Bound again (free once more), then a local invalidate; a second
+	 * one finds nothing bound and completes in error. */
+	if (rc_pair(pd, cq, gidx, &a, &b))
+		goto out;
+	k2 = ibv_inc_rkey(k2);
+	bw.bind_mw.rkey = k2;
+	r = ibv_post_send(b, &bw, &bad);
+	wc = next_wc(cq);
+	check(!r && wc.status == IBV_WC_SUCCESS, "the freed type 2 window binds again");
+	mw2->rkey = k2;
+	struct ibv_send_wr li = { .wr_id = 35, .opcode = IBV_WR_LOCAL_INV,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .invalidate_rkey = k2 };
+	r = ibv_post_send(b, &li, &bad);
+	wc = next_wc(cq);
+	snprintf(msg, sizeof(msg), "IBV_WR_LOCAL_INV: %d, status %d opcode %d", r, wc.status,
+		 wc.opcode);
+	check(!r && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV, msg);
+	li.wr_id = 36;
+	if (rxe) {
+		/* rxe_do_invalidate_mw of a free window dereferences its NULL QP. */
+		printf("skip  a second LOCAL_INV: it crashes the kernel of RXE 6.1\n");
+	} else {
+		r = ibv_post_send(b, &li, &bad);
+		wc = next_wc(cq);
+		snprintf(msg, sizeof(msg), "a second LOCAL_INV completes in error: status %d",
+			 wc.status);
+		check(!r && wc.wr_id == 36 && wc.status != IBV_WC_SUCCESS &&
+			      wc.status != (enum ibv_wc_status)-1, msg);
+	}
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+	check(!ibv_dealloc_mw(mw2), "ibv_dealloc_mw type 2");
+	check(!ibv_dealloc_mw(mw1), "ibv_dealloc_mw type 1");
+	check(!ibv_dereg_mr(mr), "ibv_dereg_mr once the windows are gone");
+	mr = NULL;
+out:
+	if (mr)
+		ibv_dereg_mr(mr);
+	ibv_dereg_mr(lmr);
+	ibv_destroy_cq(cq);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -363,6 +596,7 @@ int main(int argc, char **argv)
 	ibv_destroy_qp(qp);
 	ibv_dereg_mr(mr);
 	cq_ex(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
+	windows(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);

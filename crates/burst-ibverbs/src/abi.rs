@@ -25,6 +25,9 @@ pub struct ibv_device {
 pub mod op {
     pub const COMPAT_QUERY_DEVICE: usize = 0;
     pub const COMPAT_QUERY_PORT: usize = 1;
+    pub const ALLOC_MW: usize = 7;
+    pub const BIND_MW: usize = 8;
+    pub const DEALLOC_MW: usize = 9;
     pub const POLL_CQ: usize = 11;
     pub const REQ_NOTIFY_CQ: usize = 12;
     pub const POST_SRQ_RECV: usize = 20;
@@ -73,6 +76,32 @@ pub struct ibv_mr {
     pub handle: u32,
     pub lkey: u32,
     pub rkey: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub type_: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+#[repr(C)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 #[repr(C)]
@@ -179,6 +208,8 @@ pub struct ibv_qp_ex {
 pub mod wrop {
     pub const ATOMIC_CMP_SWP: usize = 0;
     pub const ATOMIC_FETCH_ADD: usize = 1;
+    pub const BIND_MW: usize = 2;
+    pub const LOCAL_INV: usize = 3;
     pub const RDMA_READ: usize = 4;
     pub const RDMA_WRITE: usize = 5;
     pub const RDMA_WRITE_IMM: usize = 6;
@@ -266,7 +297,17 @@ pub struct ibv_send_wr {
     /// compare_add, swap, rkey}, ud {ah, remote_qpn, remote_qkey}.
     pub wr: [u64; 4],
     pub qp_type: [u32; 2],
-    pub bind_mw_tso: [u64; 6],
+    /// `bind_mw` {mw, rkey, bind_info} (or `tso`).
+    pub bind_mw: ibv_send_wr_bind_mw,
+}
+
+/// The `bind_mw` member of `ibv_send_wr`'s last union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut ibv_mw,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 #[repr(C)]
@@ -530,6 +571,12 @@ const _: () = {
     assert!(offset_of!(ibv_qp_ex, wr_id) == 168);
     assert!(offset_of!(ibv_qp_ex, wr_flags) == 176);
     assert!(offset_of!(ibv_qp_ex, ops) == 184);
+    assert!(size_of::<ibv_mw>() == 32);
+    assert!(size_of::<ibv_mw_bind>() == 48);
+    assert!(offset_of!(ibv_mw_bind, bind_info) == 16);
+    assert!(offset_of!(ibv_send_wr, bind_mw) == 80);
+    assert!(size_of::<ibv_send_wr>() == 128);
+    assert!(offset_of!(ibv_qp_ex, ops) + wrop::BIND_MW * 8 == 200);
     assert!(offset_of!(ibv_qp_ex, ops) + wrop::SEND * 8 == 240);
     assert!(offset_of!(ibv_qp_ex, ops) + wrop::SET_SGE * 8 == 304);
     assert!(offset_of!(ibv_qp_ex, ops) + wrop::START * 8 == 320);

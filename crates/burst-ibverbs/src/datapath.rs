@@ -10,13 +10,14 @@ use std::ffi::{c_int, c_void};
 
 use burst_verbs::engine::PostError;
 use burst_verbs::transport::{
-    InlineData, NetworkHeader, QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WorkCompletion,
+    InlineData, MwBind, NetworkHeader, QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest,
+    WorkCompletion,
 };
 use burst_verbs::wire::Qpn;
 
 use crate::abi::*;
 use crate::guard;
-use crate::objects::{ctx_of, ours, Ah, Cq, Qp, Srq, WrBatch};
+use crate::objects::{ctx_of, ours, Ah, Cq, Mr, Mw, Qp, Srq, WrBatch};
 
 const SEND_FENCE: u32 = 1;
 const SEND_SIGNALED: u32 = 2;
@@ -83,6 +84,34 @@ unsafe fn gather_inline(list: &[Sge]) -> Result<InlineData, c_int> {
     Ok(d)
 }
 
+/// IBV_ACCESS_ZERO_BASED, which a type 1 bind refuses (as RXE's provider).
+const ACCESS_ZERO_BASED: u32 = 1 << 5;
+
+/// A window bind as the transport takes it: `mw` gets `rkey` over what
+/// `info` names (no region and a zero length unbind a type 1 window). The
+/// binding rules themselves are checked when the bind executes (burst-mem),
+/// and a refusal completes with IBV_WC_MW_BIND_ERR, as on RXE.
+fn bind_op(mw: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info) -> Result<SendOp, c_int> {
+    let Some(m) = ours!(Mw, mw) else {
+        return Err(libc::EINVAL);
+    };
+    let mr_lkey = match ours!(Mr, info.mr) {
+        Some(r) => r.raw.lkey,
+        None if info.addr == 0 && info.length == 0 => 0,
+        None => return Err(libc::EINVAL),
+    };
+    // The window is named by its index; the tag (low 8 bits) is the
+    // application's to step, so a stale `mw->rkey` still names it.
+    Ok(SendOp::BindMw(MwBind {
+        mw_rkey: m.raw.handle << 8 | (m.raw.rkey & 0xff),
+        new_rkey: rkey,
+        mr_lkey,
+        addr: info.addr,
+        len: info.length,
+        access: info.mw_access_flags,
+    }))
+}
+
 /// Posts one `ibv_send_wr`: it becomes a [`SendWr`] (SGEs and inline bytes
 /// held in place, no allocation) that the engine checks and posts.
 fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
@@ -118,6 +147,8 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
             rkey: w.wr[3] as u32,
         },
         // invalidate_rkey is host order (not __be32).
+        7 => SendOp::LocalInv(w.imm_data),
+        8 => bind_op(w.bind_mw.mw, w.bind_mw.rkey, &w.bind_mw.bind_info)?,
         9 => SendOp::SendWithInv(w.imm_data),
         other => {
             tracing::warn!(opcode = other, "ibv_post_send: opcode not supported");
@@ -146,7 +177,8 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
     let wr = SendWr {
         wr_id: w.wr_id,
         op,
-        sg_list: list,
+        // A local operation gathers nothing.
+        sg_list: if op.is_local() { SgList::new() } else { list },
         signaled: q.sq_sig_all || w.send_flags & SEND_SIGNALED != 0,
         fence: w.send_flags & SEND_FENCE != 0,
         solicited: w.send_flags & SEND_SOLICITED != 0,
@@ -155,6 +187,45 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
         inline_data,
     };
     q.qp.post_send(&wr).map_err(PostError::errno)
+}
+
+/// `ops.bind_mw` (`ibv_bind_mw`, type 1 windows): posts the bind on `qp`
+/// with the window's next rkey (`ibv_inc_rkey`) and, once posted, gives the
+/// window that rkey (rdma-core's RXE provider does the same; an error
+/// completion leaves the application to undo it).
+pub(crate) unsafe extern "C" fn bind_mw(
+    qp: *mut ibv_qp,
+    mw: *mut ibv_mw,
+    bind: *mut ibv_mw_bind,
+) -> c_int {
+    guard("ibv_bind_mw", libc::EIO, || {
+        let (Some(q), Some(m)) = (ours!(Qp, qp), ours!(Mw, mw)) else {
+            return libc::EINVAL;
+        };
+        if bind.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: a readable ibv_mw_bind (caller's contract).
+        let b = unsafe { &*bind };
+        if m.raw.type_ != 1 || b.bind_info.mw_access_flags & ACCESS_ZERO_BASED != 0 {
+            return libc::EINVAL;
+        }
+        let rkey = (m.raw.rkey & !0xff) | (m.raw.rkey.wrapping_add(1) & 0xff);
+        let op = match bind_op(mw, rkey, &b.bind_info) {
+            Ok(op) => op,
+            Err(e) => return e,
+        };
+        let mut wr = SendWr::new(b.wr_id, op, SgList::new());
+        wr.signaled = q.sq_sig_all || b.send_flags & SEND_SIGNALED != 0;
+        wr.fence = b.send_flags & SEND_FENCE != 0;
+        if let Err(e) = q.qp.post_send(&wr) {
+            return e.errno();
+        }
+        // SAFETY: the application's window, which it does not touch while
+        // binding it (the Verbs contract); rdma-core writes it the same way.
+        unsafe { (*mw).rkey = rkey };
+        0
+    })
 }
 
 /// `ops.post_send`.
@@ -515,6 +586,31 @@ unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_ad
     );
 }
 
+unsafe extern "C" fn wr_bind_mw(
+    qpx: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    if info.is_null() {
+        with_batch(qpx, |_, b| b.error = libc::EINVAL);
+        return;
+    }
+    // SAFETY: a readable bind info (caller's contract).
+    match bind_op(mw, rkey, unsafe { &*info }) {
+        Ok(op) => begin(qpx, op),
+        Err(e) => with_batch(qpx, |_, b| {
+            if b.error == 0 {
+                b.error = e;
+            }
+        }),
+    }
+}
+
+unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    begin(qpx, SendOp::LocalInv(rkey));
+}
+
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     begin(qpx, SendOp::Read { remote_addr, rkey });
 }
@@ -658,6 +754,8 @@ pub(crate) fn install_wr_ops(q: &mut ibv_qp_ex) {
     let o = &mut q.ops;
     o[wrop::ATOMIC_CMP_SWP] = wr_atomic_cmp_swp as Fp;
     o[wrop::ATOMIC_FETCH_ADD] = wr_atomic_fetch_add as Fp;
+    o[wrop::BIND_MW] = wr_bind_mw as Fp;
+    o[wrop::LOCAL_INV] = wr_local_inv as Fp;
     o[wrop::RDMA_READ] = wr_rdma_read as Fp;
     o[wrop::RDMA_WRITE] = wr_rdma_write as Fp;
     o[wrop::RDMA_WRITE_IMM] = wr_rdma_write_imm as Fp;

@@ -243,6 +243,9 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
         c.device = ptr::from_ref(&d.raw).cast_mut();
         c.ops[op::COMPAT_QUERY_DEVICE] = query_device as Fp;
         c.ops[op::COMPAT_QUERY_PORT] = query_port as Fp;
+        c.ops[op::ALLOC_MW] = crate::verbs::alloc_mw as Fp;
+        c.ops[op::BIND_MW] = crate::datapath::bind_mw as Fp;
+        c.ops[op::DEALLOC_MW] = crate::verbs::dealloc_mw as Fp;
         c.ops[op::POLL_CQ] = crate::datapath::poll_cq as Fp;
         c.ops[op::REQ_NOTIFY_CQ] = crate::datapath::req_notify_cq as Fp;
         c.ops[op::POST_SRQ_RECV] = crate::datapath::post_srq_recv as Fp;
@@ -310,13 +313,14 @@ fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) {
     a.vendor_part_id = 0;
     a.max_qp = MAX_QP as c_int;
     a.max_qp_wr = MAX_QP_WR as c_int;
-    // RC_RNR_NAK_GEN | SRQ_RESIZE
-    a.device_cap_flags = (1 << 12) | (1 << 13);
+    // RC_RNR_NAK_GEN | SRQ_RESIZE | MEM_WINDOW | MEM_WINDOW_TYPE_2B (as RXE)
+    a.device_cap_flags = (1 << 12) | (1 << 13) | (1 << 17) | (1 << 24);
     a.max_sge = MAX_SGE as c_int;
     a.max_sge_rd = MAX_SGE as c_int;
     a.max_cq = MAX_QP as c_int;
     a.max_cqe = MAX_CQE;
     a.max_mr = 1 << 24;
+    a.max_mw = burst_verbs::mem::MAX_WINDOWS as c_int;
     a.max_pd = 1 << 16;
     a.max_qp_rd_atom = attr.max_qp_rd_atom as c_int;
     a.max_res_rd_atom = (attr.max_qp_rd_atom * MAX_QP) as c_int;

@@ -104,6 +104,12 @@ pub(crate) struct Mr {
 }
 
 #[repr(C)]
+pub(crate) struct Mw {
+    /// `handle` is the window's index (the upper 24 bits of its rkeys).
+    pub raw: ibv_mw,
+}
+
+#[repr(C)]
 pub(crate) struct Channel {
     pub raw: ibv_comp_channel,
     pub ch: Arc<CompChannel>,

@@ -13,7 +13,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use burst_verbs::mem::Access;
+use burst_verbs::mem::{Access, MwType};
 use burst_verbs::transport::{QpAccess, QpAttr, QpEvent, QpState, QpType};
 use burst_verbs::wire::{Mtu, Psn, Qpn};
 use burst_verbs::{AsyncEvent, QpCaps, QpInit};
@@ -155,7 +155,7 @@ unsafe fn register(
     // SAFETY: forwarded contract.
     let keys = unsafe {
         c.ctx
-            .reg_mr_iova(p.pd, addr.cast(), length, iova, Access(access & 0xf))
+            .reg_mr_iova(p.pd, addr.cast(), length, iova, Access(access & 0x1f))
     };
     keys.map(|k| (k, access)).map_err(|e| {
         tracing::warn!("ibv_reg_mr refused: {e}");
@@ -205,6 +205,59 @@ unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
+
+// ------------------------------------------------------------------- MW
+
+/// `ops.alloc_mw` (`ibv_alloc_mw`): a type 1 or type 2 window of `pd`.
+pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, kind: u32) -> *mut ibv_mw {
+    guard("ibv_alloc_mw", ptr::null_mut(), || {
+        let Some(p) = ours!(Pd, pd) else {
+            return fail_null(libc::EINVAL);
+        };
+        let Some(c) = ctx_from(p.raw.context) else {
+            return fail_null(libc::EINVAL);
+        };
+        let Some(kind_) = MwType::from_verbs(kind) else {
+            tracing::warn!(kind, "ibv_alloc_mw: no such window type");
+            return fail_null(libc::EINVAL);
+        };
+        match c.ctx.alloc_mw(p.pd, kind_) {
+            Ok(k) => boxed(Mw {
+                raw: ibv_mw {
+                    context: p.raw.context,
+                    pd,
+                    rkey: k.rkey,
+                    handle: k.handle,
+                    type_: kind,
+                },
+            })
+            .cast(),
+            Err(e) => {
+                tracing::warn!("ibv_alloc_mw refused: {e}");
+                fail_null(e.errno())
+            }
+        }
+    })
+}
+
+/// `ops.dealloc_mw` (`ibv_dealloc_mw`).
+pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    guard("ibv_dealloc_mw", libc::EIO, || {
+        let Some(m) = ours!(Mw, mw) else {
+            return libc::EINVAL;
+        };
+        let Some(c) = ctx_from(m.raw.context) else {
+            return libc::EINVAL;
+        };
+        if let Err(e) = c.ctx.dealloc_mw(m.raw.handle) {
+            tracing::warn!("ibv_dealloc_mw refused: {e}");
+            return e.errno();
+        }
+        // SAFETY: a window of ours, freed once.
+        unsafe { free(mw.cast::<Mw>()) };
+        0
+    })
+}
 
 // `enum ibv_rereg_mr_flags` and `enum ibv_rereg_mr_err_code`.
 const REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;

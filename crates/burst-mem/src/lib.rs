@@ -15,7 +15,7 @@
 //!
 //! ```
 //! use burst_mem::{Access, MrTable};
-//! use burst_transport::{Memory, RemoteAccess};
+//! use burst_transport::{Memory, QpScope, RemoteAccess};
 //!
 //! let table = MrTable::new();
 //! let pd = table.alloc_pd();
@@ -25,14 +25,16 @@
 //!     table.register(pd, buf.as_mut_ptr(), buf.len(), buf.as_ptr() as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
 //! }.unwrap();
 //! let mut mem = table.memory();
-//! mem.check_remote(pd.0, mr.rkey, mr.addr + 16, 4, RemoteAccess::Write).unwrap();
+//! let qp = QpScope { pd: pd.0, qpn: burst_wire::Qpn::from_wire(1) };
+//! mem.check_remote(qp, mr.rkey, mr.addr + 16, 4, RemoteAccess::Write).unwrap();
 //! mem.write_remote(mr.rkey, mr.addr + 16, b"RDMA").unwrap();
-//! assert!(mem.check_remote(pd.0, mr.rkey, mr.addr + 4094, 4, RemoteAccess::Write).is_err());
+//! assert!(mem.check_remote(qp, mr.rkey, mr.addr + 4094, 4, RemoteAccess::Write).is_err());
 //! table.deregister(mr.lkey).unwrap();
 //! assert_eq!(&buf[16..20], b"RDMA");
 //! ```
 
 mod raw;
+mod window;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -40,9 +42,10 @@ use std::sync::{Arc, RwLock};
 
 use burst_dsa::CpuCopy;
 use burst_transport::memory::{check_invalidate, check_remote_access, RemoteRegion};
-use burst_transport::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess, Sge};
+use burst_transport::{walk_sges, AtomicOp, MemError, Memory, MwBind, QpScope, RemoteAccess, Sge};
 
 pub use raw::Region;
+pub use window::{MwKeys, MwType, MAX_WINDOWS};
 
 /// Access rights of a memory region, with the bit values of `enum ibv_access_flags`.
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -58,6 +61,10 @@ impl Access {
     pub const REMOTE_READ: Access = Access(4);
     /// IBV_ACCESS_REMOTE_ATOMIC.
     pub const REMOTE_ATOMIC: Access = Access(8);
+    /// IBV_ACCESS_MW_BIND: memory windows may be bound to the region.
+    pub const MW_BIND: Access = Access(16);
+    /// IBV_ACCESS_ZERO_BASED: a window addressed from 0 (refused here).
+    pub const ZERO_BASED: Access = Access(32);
     /// IBV_ACCESS_RELAXED_ORDERING: accepted and ignored (no PCIe here).
     pub const RELAXED_ORDERING: Access = Access(1 << 20);
 
@@ -115,6 +122,9 @@ pub enum RegError {
     /// The key space is exhausted.
     #[error("out of memory region slots")]
     Exhausted,
+    /// Memory windows are bound to the region (unbind or free them first).
+    #[error("memory windows are bound to the region")]
+    InUse,
 }
 
 impl RegError {
@@ -122,7 +132,8 @@ impl RegError {
     pub fn errno(self) -> i32 {
         match self {
             RegError::Exhausted => 12, // ENOMEM
-            _ => 22,                   // EINVAL
+            // EINVAL also for InUse, as RXE's dereg_mr with windows bound.
+            _ => 22, // EINVAL
         }
     }
 }
@@ -135,7 +146,10 @@ const MAX_REGIONS: usize = 1 << 24;
 pub struct MrTable {
     // A read lock on the hot path: registrations are rare next to lookups.
     // An RCU-style table can replace it without changing the interface.
+    // Lock order: `windows` before `regions`.
     regions: RwLock<HashMap<u32, Arc<Region>>>,
+    /// Memory windows by index (an rkey's upper 24 bits).
+    windows: RwLock<HashMap<u32, window::Window>>,
     next_pd: AtomicU32,
     /// State of the key generator of a [`MrTable::seeded`] table (0: keys
     /// from the system's entropy source).
@@ -223,14 +237,16 @@ impl MrTable {
         if len == 0 || iova.checked_add(len as u64).is_none() {
             return Err(RegError::InvalidLength);
         }
+        let windows = self.windows.read().unwrap_or_else(|e| e.into_inner());
         let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
         if regions.len() >= MAX_REGIONS {
             return Err(RegError::Exhausted);
         }
-        // A fresh random key on every registration; 0 means "no key".
+        // A fresh random key on every registration; 0 means "no key". Never
+        // one whose upper 24 bits index a window.
         let key = loop {
             let k = self.draw_key();
-            if k != 0 && !regions.contains_key(&k) {
+            if k != 0 && !regions.contains_key(&k) && !windows.contains_key(&(k >> 8)) {
                 break k;
             }
         };
@@ -263,14 +279,22 @@ impl MrTable {
     }
 
     /// Deregisters a region. Returns once no in-flight operation holds it, so
-    /// the application may free the memory afterwards.
+    /// the application may free the memory afterwards. Refused while memory
+    /// windows are bound to it.
     pub fn deregister(&self, lkey: u32) -> Result<(), RegError> {
-        let region = self
-            .regions
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&lkey)
-            .ok_or(RegError::NoSuchRegion)?;
+        // The windows' lock is held across the removal: no bind can take
+        // the region in between.
+        let windows = self.windows.read().unwrap_or_else(|e| e.into_inner());
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if !regions.contains_key(&lkey) {
+            return Err(RegError::NoSuchRegion);
+        }
+        if window::bound_to(&windows, lkey) {
+            return Err(RegError::InUse);
+        }
+        let region = regions.remove(&lkey).ok_or(RegError::NoSuchRegion)?;
+        drop(regions);
+        drop(windows);
         // No new lookup can find it now; wait for those already holding it.
         while Arc::strong_count(&region) > 1 {
             std::thread::yield_now();
@@ -310,6 +334,37 @@ impl MrTable {
         let off = r.offset_of(va, len).ok_or(MemError::OutOfBounds)?;
         Ok((r, off))
     }
+
+    /// What an rkey reaches: a region, and the view the remote-access
+    /// check applies (the region's own, or the window's bound on it).
+    fn remote(&self, rkey: u32) -> Result<(Arc<Region>, RemoteRegion), MemError> {
+        if let Some(r) = self.lookup(rkey) {
+            let view = remote_region(&r);
+            return Ok((r, view));
+        }
+        self.window_view(rkey).ok_or(MemError::BadKey(rkey))
+    }
+
+    /// A checked remote access: the region and the offset of `va` in it.
+    fn reach(
+        &self,
+        qp: Option<QpScope>,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        access: RemoteAccess,
+    ) -> Result<(Arc<Region>, u64), MemError> {
+        let (r, view) = self.remote(rkey)?;
+        // The data path's second look (after `check_remote`) keeps the
+        // view's bounds and rights, not its QP and PD.
+        let qp = qp.unwrap_or(QpScope {
+            pd: view.pd,
+            qpn: view.qpn.unwrap_or_default(),
+        });
+        check_remote_access(&view, qp, va, len, access)?;
+        let off = r.offset_of(va, len).ok_or(MemError::OutOfBounds)?;
+        Ok((r, off))
+    }
 }
 
 /// What the shared remote-access check (`burst_transport::memory`) sees of
@@ -324,6 +379,7 @@ fn remote_region(r: &Region) -> RemoteRegion {
         remote_read: a.contains(Access::REMOTE_READ),
         remote_atomic: a.contains(Access::REMOTE_ATOMIC),
         invalidatable: false,
+        qpn: None,
     }
 }
 
@@ -378,44 +434,50 @@ impl Memory for TableMemory<'_> {
 
     fn check_remote(
         &self,
-        pd: u32,
+        qp: QpScope,
         rkey: u32,
         va: u64,
         len: u64,
         access: RemoteAccess,
     ) -> Result<(), MemError> {
-        let r = self.table.lookup(rkey).ok_or(MemError::BadKey(rkey))?;
-        check_remote_access(&remote_region(&r), pd, va, len, access).map(|_| ())
+        self.table
+            .reach(Some(qp), rkey, va, len, access)
+            .map(|_| ())
     }
 
     fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
-        let (r, off) = self.table.find(rkey, va, out.len() as u64)?;
-        if !r.access().contains(Access::REMOTE_READ) {
-            return Err(MemError::NoAccess);
-        }
+        let (r, off) = self
+            .table
+            .reach(None, rkey, va, out.len() as u64, RemoteAccess::Read)?;
         r.read(&self.copy, off, out);
         Ok(())
     }
 
     fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
-        let (r, off) = self.table.find(rkey, va, data.len() as u64)?;
-        if !r.access().contains(Access::REMOTE_WRITE) {
-            return Err(MemError::NoAccess);
-        }
+        let (r, off) = self
+            .table
+            .reach(None, rkey, va, data.len() as u64, RemoteAccess::Write)?;
         r.write(&self.copy, off, data);
         Ok(())
     }
 
-    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
-        self.check_remote(pd, rkey, va, 8, RemoteAccess::Atomic)?;
-        let (r, off) = self.table.find(rkey, va, 8)?;
+    fn atomic(&mut self, qp: QpScope, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        let (r, off) = self
+            .table
+            .reach(Some(qp), rkey, va, 8, RemoteAccess::Atomic)?;
         r.atomic(off, op).ok_or(MemError::Misaligned)
     }
 
-    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        // Memory windows and fast-registered MRs are what SEND WITH
-        // INVALIDATE targets; an MR of ibv_reg_mr is never invalidatable.
-        let r = self.table.lookup(rkey).ok_or(MemError::BadKey(rkey))?;
-        check_invalidate(&remote_region(&r), pd)
+    fn invalidate(&mut self, qp: QpScope, rkey: u32) -> Result<(), MemError> {
+        // Memory windows and fast-registered MRs are what an invalidate
+        // targets; an MR of ibv_reg_mr is never invalidatable.
+        if let Some(r) = self.table.lookup(rkey) {
+            return check_invalidate(&remote_region(&r), qp);
+        }
+        self.table.invalidate_window(qp, rkey)
+    }
+
+    fn bind_window(&mut self, qp: QpScope, bind: &MwBind) -> Result<(), MemError> {
+        self.table.bind(qp, bind)
     }
 }

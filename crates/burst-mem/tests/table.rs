@@ -4,7 +4,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burst_mem::*;
-use burst_transport::{AtomicOp, MemError, Memory, RemoteAccess, Sge};
+use burst_transport::{AtomicOp, MemError, Memory, QpScope, RemoteAccess, Sge};
+use burst_wire::Qpn;
+
+/// A QP of `pd` (QP 1: these tests use memory regions, which serve every QP of the PD).
+fn qp(pd: u32) -> QpScope {
+    QpScope {
+        pd,
+        qpn: Qpn::from_wire(1),
+    }
+}
 
 fn reg(t: &MrTable, pd: Pd, buf: &mut [u8], access: Access) -> MrKeys {
     // SAFETY: every test keeps its buffer alive past deregistration or the
@@ -72,30 +81,30 @@ fn remote_checks_bounds_pd_and_rights() {
     let mut buf = vec![0u8; 4096];
     let k = reg(&t, pd, &mut buf, Access::LOCAL_WRITE | Access::REMOTE_READ);
     let m = t.memory();
-    m.check_remote(pd.0, k.rkey, k.addr, 4096, RemoteAccess::Read)
+    m.check_remote(qp(pd.0), k.rkey, k.addr, 4096, RemoteAccess::Read)
         .unwrap();
     assert_eq!(
-        m.check_remote(pd.0, k.rkey, k.addr + 1, 4096, RemoteAccess::Read),
+        m.check_remote(qp(pd.0), k.rkey, k.addr + 1, 4096, RemoteAccess::Read),
         Err(MemError::OutOfBounds)
     );
     assert_eq!(
-        m.check_remote(pd.0, k.rkey, k.addr - 1, 1, RemoteAccess::Read),
+        m.check_remote(qp(pd.0), k.rkey, k.addr - 1, 1, RemoteAccess::Read),
         Err(MemError::OutOfBounds)
     );
     assert_eq!(
-        m.check_remote(pd.0, k.rkey, u64::MAX, 2, RemoteAccess::Read),
+        m.check_remote(qp(pd.0), k.rkey, u64::MAX, 2, RemoteAccess::Read),
         Err(MemError::OutOfBounds)
     );
     assert_eq!(
-        m.check_remote(other.0, k.rkey, k.addr, 8, RemoteAccess::Read),
+        m.check_remote(qp(other.0), k.rkey, k.addr, 8, RemoteAccess::Read),
         Err(MemError::PdMismatch)
     );
     assert_eq!(
-        m.check_remote(pd.0, k.rkey, k.addr, 8, RemoteAccess::Write),
+        m.check_remote(qp(pd.0), k.rkey, k.addr, 8, RemoteAccess::Write),
         Err(MemError::NoAccess)
     );
     assert_eq!(
-        m.check_remote(pd.0, k.rkey ^ 0x1, k.addr, 8, RemoteAccess::Read),
+        m.check_remote(qp(pd.0), k.rkey ^ 0x1, k.addr, 8, RemoteAccess::Read),
         Err(MemError::BadKey(k.rkey ^ 1))
     );
 }
@@ -170,12 +179,12 @@ fn atomics_execute_on_application_memory() {
     .unwrap();
     let mut m = t.memory();
     assert_eq!(
-        m.atomic(pd.0, k.rkey, 0x8000, AtomicOp::FetchAdd { add: 5 }),
+        m.atomic(qp(pd.0), k.rkey, 0x8000, AtomicOp::FetchAdd { add: 5 }),
         Ok(0)
     );
     assert_eq!(
         m.atomic(
-            pd.0,
+            qp(pd.0),
             k.rkey,
             0x8000,
             AtomicOp::CompareSwap {
@@ -187,7 +196,7 @@ fn atomics_execute_on_application_memory() {
     );
     assert_eq!(
         m.atomic(
-            pd.0,
+            qp(pd.0),
             k.rkey,
             0x8000,
             AtomicOp::CompareSwap {
@@ -198,11 +207,11 @@ fn atomics_execute_on_application_memory() {
         Ok(9)
     );
     assert_eq!(
-        m.atomic(pd.0, k.rkey, 0x8004, AtomicOp::FetchAdd { add: 1 }),
+        m.atomic(qp(pd.0), k.rkey, 0x8004, AtomicOp::FetchAdd { add: 1 }),
         Err(MemError::Misaligned)
     );
     assert_eq!(
-        m.atomic(pd.0, k.rkey, 0x800c, AtomicOp::FetchAdd { add: 1 }),
+        m.atomic(qp(pd.0), k.rkey, 0x800c, AtomicOp::FetchAdd { add: 1 }),
         Err(MemError::OutOfBounds)
     );
     assert_eq!(cell[0], 9);

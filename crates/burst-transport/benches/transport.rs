@@ -26,7 +26,7 @@ impl Memory for NullMemory {
     }
     fn check_remote(
         &self,
-        _: u32,
+        _: QpScope,
         _: u32,
         _: u64,
         _: u64,
@@ -40,10 +40,10 @@ impl Memory for NullMemory {
     fn write_remote(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), MemError> {
         Ok(())
     }
-    fn atomic(&mut self, _: u32, _: u32, _: u64, _: AtomicOp) -> Result<u64, MemError> {
+    fn atomic(&mut self, _: QpScope, _: u32, _: u64, _: AtomicOp) -> Result<u64, MemError> {
         Ok(0)
     }
-    fn invalidate(&mut self, _: u32, _: u32) -> Result<(), MemError> {
+    fn invalidate(&mut self, _: QpScope, _: u32) -> Result<(), MemError> {
         Ok(())
     }
 }
@@ -115,7 +115,7 @@ fn bench(c: &mut Criterion) {
                     lkey: 1,
                 }],
             );
-            a.post_send(wr, &mem).unwrap();
+            a.post_send(wr, &mut mem).unwrap();
             let mut now = 0;
             loop {
                 let mut moved = false;

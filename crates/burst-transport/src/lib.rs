@@ -26,7 +26,7 @@ mod types;
 
 pub use counters::Counters;
 pub use error::VerbsError;
-pub use memory::{walk_sges, AtomicOp, MemError, Memory, RemoteAccess};
+pub use memory::{walk_sges, AtomicOp, MemError, Memory, QpScope, RemoteAccess};
 pub use qp::{Payload, Qp, QpEvent, Transmit, MAX_RD_ATOMIC};
 pub use srq::Srq;
 pub use types::*;

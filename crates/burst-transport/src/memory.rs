@@ -3,7 +3,19 @@
 //! implements this trait, performs every key, PD, bounds and permission check,
 //! and moves the bytes (through the copy engine in the real stack).
 
-use crate::types::Sge;
+use burst_wire::Qpn;
+
+use crate::types::{MwBind, Sge};
+
+/// The QP a memory operation is made for: its protection domain, and its
+/// number (a type 2 memory window serves only the QP it was bound on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QpScope {
+    /// The QP's protection domain.
+    pub pd: u32,
+    /// The QP's number.
+    pub qpn: Qpn,
+}
 
 /// Remote access kinds checked against a memory region's rights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,6 +63,10 @@ pub enum MemError {
     /// An atomic address is not 8-byte aligned.
     #[error("misaligned atomic address")]
     Misaligned,
+    /// A memory-window bind broke a rule of IBA 10.6.7 (window state or
+    /// type, the region's MW_BIND right, the range, the rights).
+    #[error("memory window bind refused: {0}")]
+    Bind(&'static str),
 }
 
 /// Memory as the transport sees it. Offsets into SGE lists are byte offsets
@@ -63,10 +79,10 @@ pub trait Memory {
     fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError>;
     /// Places `data` at `offset` of the SGE list.
     fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError>;
-    /// Checks a remote access of `len` bytes at `va` through `rkey` for a QP of `pd`.
+    /// Checks a remote access of `len` bytes at `va` through `rkey` for QP `qp`.
     fn check_remote(
         &self,
-        pd: u32,
+        qp: QpScope,
         rkey: u32,
         va: u64,
         len: u64,
@@ -77,13 +93,20 @@ pub trait Memory {
     /// Writes remote-accessible memory (already checked).
     fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError>;
     /// Checks and executes an atomic; returns the original value.
-    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError>;
-    /// Invalidates `rkey` (SEND WITH INVALIDATE).
-    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError>;
+    fn atomic(&mut self, qp: QpScope, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError>;
+    /// Invalidates `rkey` for `qp` (SEND WITH INVALIDATE from the peer, or
+    /// a local invalidate work request).
+    fn invalidate(&mut self, qp: QpScope, rkey: u32) -> Result<(), MemError>;
+    /// Binds a memory window on behalf of `qp` (a bind work request
+    /// reaching the send queue). A memory without windows refuses.
+    fn bind_window(&mut self, qp: QpScope, bind: &MwBind) -> Result<(), MemError> {
+        let _ = (qp, bind);
+        Err(MemError::Bind("no memory windows"))
+    }
 }
 
-/// What a remote access is checked against: a region (memory region, or a
-/// memory window later) as a key names it.
+/// What a remote access is checked against: a memory region or a bound
+/// memory window, as a key names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteRegion {
     /// Its protection domain.
@@ -101,33 +124,45 @@ pub struct RemoteRegion {
     /// Whether SEND WITH INVALIDATE may invalidate its key: memory windows
     /// and fast-registered MRs, never an MR of `ibv_reg_mr` (as RXE).
     pub invalidatable: bool,
+    /// The one QP it serves (a bound type 2 memory window); `None`: any
+    /// QP of its protection domain.
+    pub qpn: Option<Qpn>,
 }
 
 /// The one remote-access check every [`Memory`] applies once the key has
-/// named a live region `r`: protection domain, bounds, rights, and for
-/// atomics 8-byte alignment (IBA 9.7.5.1.1: the responder validates R_Key,
-/// PD, address range and access rights before any side effect). Returns
-/// the offset of `va` in the region.
+/// named a live region `r`: protection domain (and the QP of a type 2
+/// window), bounds, rights, and for atomics 8-byte alignment (IBA
+/// 9.7.5.1.1: the responder validates R_Key, PD, address range and access
+/// rights before any side effect). Returns the offset of `va` in the region.
 ///
 /// ```
-/// use burst_transport::memory::{check_remote_access, MemError, RemoteAccess, RemoteRegion};
+/// use burst_transport::memory::{check_remote_access, MemError, QpScope, RemoteAccess, RemoteRegion};
+/// use burst_wire::Qpn;
 /// let r = RemoteRegion { pd: 1, iova: 0x1000, len: 64, remote_write: true, remote_read: false,
-///     remote_atomic: true, invalidatable: false };
-/// assert_eq!(check_remote_access(&r, 1, 0x1010, 16, RemoteAccess::Write), Ok(0x10));
-/// assert_eq!(check_remote_access(&r, 2, 0x1010, 16, RemoteAccess::Write), Err(MemError::PdMismatch));
-/// assert_eq!(check_remote_access(&r, 1, 0x1038, 16, RemoteAccess::Write), Err(MemError::OutOfBounds));
-/// assert_eq!(check_remote_access(&r, 1, 0x1000, 8, RemoteAccess::Read), Err(MemError::NoAccess));
-/// assert_eq!(check_remote_access(&r, 1, 0x1004, 8, RemoteAccess::Atomic), Err(MemError::Misaligned));
+///     remote_atomic: true, invalidatable: false, qpn: None };
+/// let qp = QpScope { pd: 1, qpn: Qpn::from_wire(17) };
+/// assert_eq!(check_remote_access(&r, qp, 0x1010, 16, RemoteAccess::Write), Ok(0x10));
+/// let other_pd = QpScope { pd: 2, ..qp };
+/// assert_eq!(check_remote_access(&r, other_pd, 0x1010, 16, RemoteAccess::Write), Err(MemError::PdMismatch));
+/// assert_eq!(check_remote_access(&r, qp, 0x1038, 16, RemoteAccess::Write), Err(MemError::OutOfBounds));
+/// assert_eq!(check_remote_access(&r, qp, 0x1000, 8, RemoteAccess::Read), Err(MemError::NoAccess));
+/// assert_eq!(check_remote_access(&r, qp, 0x1004, 8, RemoteAccess::Atomic), Err(MemError::Misaligned));
+/// // A type 2 window bound on QP 18 serves no other QP.
+/// let window = RemoteRegion { qpn: Some(Qpn::from_wire(18)), ..r };
+/// assert!(check_remote_access(&window, qp, 0x1010, 16, RemoteAccess::Write).is_err());
 /// ```
 pub fn check_remote_access(
     r: &RemoteRegion,
-    pd: u32,
+    qp: QpScope,
     va: u64,
     len: u64,
     access: RemoteAccess,
 ) -> Result<u64, MemError> {
-    if r.pd != pd {
+    if r.pd != qp.pd {
         return Err(MemError::PdMismatch);
+    }
+    if r.qpn.is_some_and(|q| q != qp.qpn) {
+        return Err(MemError::NoAccess);
     }
     let off = va.checked_sub(r.iova).ok_or(MemError::OutOfBounds)?;
     if off.checked_add(len).is_none_or(|end| end > r.len) {
@@ -150,8 +185,8 @@ pub fn check_remote_access(
 /// The one check of a SEND WITH INVALIDATE's key against the region it
 /// names: same protection domain, and a kind of region that may be
 /// invalidated ([`RemoteRegion::invalidatable`]).
-pub fn check_invalidate(r: &RemoteRegion, pd: u32) -> Result<(), MemError> {
-    if r.pd != pd {
+pub fn check_invalidate(r: &RemoteRegion, qp: QpScope) -> Result<(), MemError> {
+    if r.pd != qp.pd {
         return Err(MemError::PdMismatch);
     }
     if !r.invalidatable {

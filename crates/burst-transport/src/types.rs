@@ -76,6 +76,33 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// Binds a memory window (`IBV_WR_BIND_MW`, and `ibv_bind_mw` for a
+    /// type 1 window): a local operation, executed in send-queue order.
+    BindMw(MwBind),
+    /// Invalidates a local key (`IBV_WR_LOCAL_INV`): a type 2 memory
+    /// window's rkey. A local operation, as [`SendOp::BindMw`].
+    LocalInv(u32),
+}
+
+/// What a memory-window bind asks for (`ibv_mw_bind_info` with the
+/// window's keys): the window `mw_rkey` names gets `new_rkey` (its low 8
+/// bits, the key's tag; `ibv_inc_rkey`) and grants `access` to
+/// `addr..addr+len` of the region `mr_lkey` names. A length of 0 unbinds
+/// a type 1 window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MwBind {
+    /// The window's rkey now.
+    pub mw_rkey: u32,
+    /// The rkey it takes (same upper 24 bits, the index).
+    pub new_rkey: u32,
+    /// The memory region's lkey.
+    pub mr_lkey: u32,
+    /// First address of the window (in the region's address space).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote rights (`IBV_ACCESS_REMOTE_*` bits).
+    pub access: u32,
 }
 
 impl SendOp {
@@ -90,9 +117,16 @@ impl SendOp {
     pub fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
+    /// A local operation: no packet, executed when taken by the send
+    /// queue (memory-window bind, local invalidate).
+    pub fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
+    }
     /// The completion opcode of this operation.
     pub fn wc_opcode(&self) -> WcOpcode {
         match self {
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
             SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
             SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
@@ -354,6 +388,8 @@ pub enum WcStatus {
     LocProtErr = 4,
     /// IBV_WC_WR_FLUSH_ERR: flushed because the QP is in error.
     WrFlushErr = 5,
+    /// IBV_WC_MW_BIND_ERR: a memory-window bind was refused.
+    MwBindErr = 6,
     /// IBV_WC_BAD_RESP_ERR.
     BadRespErr = 7,
     /// IBV_WC_LOC_ACCESS_ERR.
@@ -384,6 +420,10 @@ pub enum WcOpcode {
     CompSwap = 3,
     /// IBV_WC_FETCH_ADD.
     FetchAdd = 4,
+    /// IBV_WC_BIND_MW.
+    BindMw = 5,
+    /// IBV_WC_LOCAL_INV.
+    LocalInv = 6,
     /// IBV_WC_RECV.
     Recv = 128,
     /// IBV_WC_RECV_RDMA_WITH_IMM.
@@ -613,6 +653,8 @@ impl QpConfig {
         }
         let len = wr.sg_list.total_len();
         let allowed = match (t, &wr.op) {
+            // As RXE: a bind on RC and UC, a local invalidate on RC only.
+            (QpType::Uc, SendOp::LocalInv(_)) => false,
             (QpType::Rc, _) => true,
             (QpType::Uc, op) => !op.is_read_or_atomic() && !matches!(op, SendOp::SendWithInv(_)),
             (QpType::Ud, SendOp::Send | SendOp::SendWithImm(_)) => true,

@@ -30,7 +30,7 @@ impl Pair {
     }
     fn post_send(&mut self, wr: SendWr) {
         let (n, qp) = &mut self.w.qps[self.a];
-        qp.post_send(wr, &self.w.mems[*n]).unwrap();
+        qp.post_send(wr, &mut self.w.mems[*n]).unwrap();
     }
     fn post_recv(&mut self, wr: RecvWr) {
         let (n, qp) = &mut self.w.qps[self.b];
@@ -1095,7 +1095,58 @@ fn qp_async_events() {
         ah: 1,
     });
     let (n, qu) = &mut w.qps[u];
-    qu.post_send(wr, &w.mems[*n]).unwrap();
+    qu.post_send(wr, &mut w.mems[*n]).unwrap();
     assert!(w.run(1_000_000_000, |w| !w.completions[v].is_empty()));
     assert!(w.qps[v].1.take_events().is_empty(), "no COMM_EST for UD");
+}
+
+#[test]
+fn local_operations_complete_in_send_queue_order() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 0);
+    let (k, a) = p.buf(0, 64, 1);
+    let (rk, ra) = p.buf(1, 64, 0);
+    let (ik, ia) = p.w.mems[0].register_invalidatable(1, 64, Access::ALL);
+    p.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: sge(rk, ra, 64).into(),
+    });
+    p.post_send(SendWr::new(1, SendOp::Send, sge(k, a, 64)));
+    // Executed when posted, completed after the SEND before it is acknowledged.
+    p.post_send(SendWr::new(2, SendOp::LocalInv(ik), SgList::new()));
+    assert!(p.w.mems[0]
+        .check_remote(
+            QpScope {
+                pd: 1,
+                qpn: p.w.qps[p.b].1.qpn()
+            },
+            ik,
+            ia,
+            8,
+            RemoteAccess::Read
+        )
+        .is_err());
+    // The simulator's memory has no windows: the bind is refused, completes
+    // in error and breaks the QP, flushing what follows.
+    let bind = MwBind {
+        mw_rkey: 0x100,
+        new_rkey: 0x101,
+        mr_lkey: k,
+        addr: a,
+        len: 64,
+        access: 2,
+    };
+    p.post_send(SendWr::new(3, SendOp::BindMw(bind), SgList::new()));
+    p.post_send(SendWr::new(4, SendOp::Send, sge(k, a, 64)));
+    let (s, r) = p.run(4, 1);
+    let got: Vec<_> = s.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::LocalInv),
+            (3, WcStatus::MwBindErr, WcOpcode::BindMw),
+            (4, WcStatus::WrFlushErr, WcOpcode::Send),
+        ]
+    );
+    assert_eq!(r[0].status, WcStatus::Success);
 }

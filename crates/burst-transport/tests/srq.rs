@@ -60,7 +60,7 @@ impl Setup {
             }],
         );
         let (_, qp) = &mut self.w.qps[from];
-        qp.post_send(wr, &self.w.mems[0]).unwrap();
+        qp.post_send(wr, &mut self.w.mems[0]).unwrap();
     }
 
     fn recv_wcs(&self) -> usize {

@@ -148,11 +148,11 @@ fn post_checks() {
         }],
     );
     assert_eq!(
-        q.post_send(wr, &mem),
+        q.post_send(wr, &mut mem),
         Err(VerbsError::InvalidState(QpState::Reset))
     );
     q.modify(&init(QpType::Rc)).unwrap();
-    assert!(q.post_send(wr, &mem).is_err(), "no sends before RTS");
+    assert!(q.post_send(wr, &mut mem).is_err(), "no sends before RTS");
     // receives may be posted from INIT on
     q.post_recv(
         RecvWr {
@@ -169,7 +169,7 @@ fn post_checks() {
     .unwrap();
     q.modify(&rtr()).unwrap();
     q.modify(&rts()).unwrap();
-    q.post_send(wr, &mem).unwrap();
+    q.post_send(wr, &mut mem).unwrap();
     let atomic = |addr| {
         SendWr::new(
             2,
@@ -186,10 +186,10 @@ fn post_checks() {
         )
     };
     assert!(matches!(
-        q.post_send(atomic(0x1004), &mem),
+        q.post_send(atomic(0x1004), &mut mem),
         Err(VerbsError::BadWr(_))
     ));
-    q.post_send(atomic(0x1008), &mem).unwrap();
+    q.post_send(atomic(0x1008), &mut mem).unwrap();
     let mut inl = SendWr::new(
         3,
         SendOp::Send,
@@ -200,7 +200,7 @@ fn post_checks() {
         }],
     );
     inl.inline = true;
-    q.post_send(inl, &mem).unwrap();
+    q.post_send(inl, &mut mem).unwrap();
     let big = vec![
         Sge {
             addr: a,
@@ -227,8 +227,8 @@ fn post_checks() {
             lkey: k ^ 0xff00,
         }],
     );
-    q.post_send(bad, &mem).unwrap();
-    q.post_send(wr, &mem).unwrap();
+    q.post_send(bad, &mut mem).unwrap();
+    q.post_send(wr, &mut mem).unwrap();
     let mut wcs = Vec::new();
     while let Some(w) = q.poll_completion() {
         wcs.push(w);
@@ -241,7 +241,7 @@ fn post_checks() {
 
 #[test]
 fn uc_rejects_reads_and_ud_rejects_writes() {
-    let mem = SimMemory::default();
+    let mut mem = SimMemory::default();
     let mut q = qp(QpType::Uc);
     q.modify(&init(QpType::Uc)).unwrap();
     let mut r = rtr();
@@ -262,7 +262,10 @@ fn uc_rejects_reads_and_ud_rejects_writes() {
         },
         SgList::new(),
     );
-    assert!(matches!(q.post_send(rd, &mem), Err(VerbsError::BadWr(_))));
+    assert!(matches!(
+        q.post_send(rd, &mut mem),
+        Err(VerbsError::BadWr(_))
+    ));
     let mut u = qp(QpType::Ud);
     u.modify(&init(QpType::Ud)).unwrap();
     u.modify(&QpAttr {
@@ -284,10 +287,13 @@ fn uc_rejects_reads_and_ud_rejects_writes() {
         },
         SgList::new(),
     );
-    assert!(matches!(u.post_send(wr, &mem), Err(VerbsError::BadWr(_))));
+    assert!(matches!(
+        u.post_send(wr, &mut mem),
+        Err(VerbsError::BadWr(_))
+    ));
     let no_ah = SendWr::new(1, SendOp::Send, SgList::new());
     assert!(matches!(
-        u.post_send(no_ah, &mem),
+        u.post_send(no_ah, &mut mem),
         Err(VerbsError::BadWr(_))
     ));
 }

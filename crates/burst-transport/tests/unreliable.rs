@@ -41,7 +41,7 @@ fn uc_loss_drops_the_message_and_the_next_one_starts_cleanly() {
         let (n, q) = &mut w.qps[a];
         q.post_send(
             SendWr::new(id, SendOp::SendWithImm(id as u32), sge(k, ad, len)),
-            &w.mems[*n],
+            &mut w.mems[*n],
         )
         .unwrap();
     }
@@ -90,7 +90,7 @@ fn ud_delivers_grh_and_checks_qkey() {
             ah: 1,
         });
         let (n, q) = &mut w.qps[a];
-        q.post_send(wr, &w.mems[*n]).unwrap();
+        q.post_send(wr, &mut w.mems[*n]).unwrap();
     }
     assert!(w.run(1_000_000_000, |w| w.completions[a].len() == 2
         && !w.completions[b].is_empty()));
@@ -123,7 +123,7 @@ fn ud_delivers_grh_and_checks_qkey() {
         ah: 1,
     });
     let (n, q) = &mut w.qps[a];
-    assert!(q.post_send(big, &w.mems[*n]).is_err());
+    assert!(q.post_send(big, &mut w.mems[*n]).is_err());
 }
 
 /// A few seeds of the full workload in the ordinary test run; the thousand
@@ -175,7 +175,7 @@ fn uc_write_with_imm_without_a_receive_is_dropped() {
     };
     {
         let (n, q) = &mut w.qps[a];
-        q.post_send(write(1, 0), &w.mems[*n]).unwrap();
+        q.post_send(write(1, 0), &mut w.mems[*n]).unwrap();
     }
     assert!(w.run(1_000_000_000, |w| w.completions[a].len() == 1));
     w.run(10_000_000, |_| false);
@@ -198,7 +198,7 @@ fn uc_write_with_imm_without_a_receive_is_dropped() {
     }
     {
         let (n, q) = &mut w.qps[a];
-        q.post_send(write(2, 512), &w.mems[*n]).unwrap();
+        q.post_send(write(2, 512), &mut w.mems[*n]).unwrap();
     }
     assert!(w.run(1_000_000_000, |w| !w.completions[b].is_empty()));
     let r = w.completions[b].pop_front().unwrap();

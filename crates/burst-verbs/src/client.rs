@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use burst_mem::{Access, MrKeys, Pd, RegError};
+use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError};
 use burst_transport::{QpConfig, VerbsError};
 use burst_wire::Qpn;
 
@@ -306,9 +306,32 @@ impl Remote {
     }
 
     pub(crate) fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
-        self.call_ok(&Request::DeregMr { lkey }, &[])
-            .map(|_| ())
-            .map_err(|_| RegError::NoSuchRegion)
+        self.reg_call(&Request::DeregMr { lkey }).map(|_| ())
+    }
+
+    pub(crate) fn alloc_mw(&self, pd: Pd, kind: MwType) -> Result<MwKeys, RegError> {
+        match self.reg_call(&Request::AllocMw { pd: pd.0, kind })? {
+            Reply::Mw { keys } => Ok(keys),
+            _ => Err(RegError::Exhausted),
+        }
+    }
+
+    pub(crate) fn dealloc_mw(&self, handle: u32) -> Result<(), RegError> {
+        self.reg_call(&Request::DeallocMw { handle }).map(|_| ())
+    }
+
+    /// A memory call: burstd's refusal as the [`RegError`] its errno names.
+    fn reg_call(&self, req: &Request) -> Result<Reply, RegError> {
+        match self.call(req, &[]) {
+            Ok((Reply::Error { errno, message, .. }, _)) => Err(match errno {
+                libc::ENOMEM => RegError::Exhausted,
+                libc::ENOENT => RegError::NoSuchPd,
+                _ if message.contains(&RegError::InUse.to_string()) => RegError::InUse,
+                _ => RegError::NoSuchRegion,
+            }),
+            Ok((r, _)) => Ok(r),
+            Err(_) => Err(RegError::Exhausted),
+        }
     }
 
     pub(crate) fn register_channel(&self, ch: &CompChannel) -> std::io::Result<()> {

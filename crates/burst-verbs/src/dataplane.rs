@@ -390,9 +390,9 @@ impl<P: Port> Device<P> {
     /// Takes a WR that passed [`burst_transport::QpConfig::check_send`] when
     /// it was posted, without making progress.
     pub fn post_send_checked(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
-        let mem = self.mrs.memory();
+        let mut mem = self.mrs.memory();
         let s = slot_in(&mut self.qps, self.lane, qpn)?;
-        s.qp.post_send_checked(wr, &mem)?;
+        s.qp.post_send_checked(wr, &mut mem)?;
         s.accepted.0 += 1;
         Ok(())
     }

@@ -27,7 +27,7 @@ use crossbeam::queue::SegQueue;
 
 use crate::shm::{Segment, ShmRing};
 
-use burst_mem::{Access, MrKeys, MrTable, Pd, RegError};
+use burst_mem::{Access, MrKeys, MrTable, MwKeys, MwType, Pd, RegError};
 use burst_transport::{
     InlineData, QpAttr, QpConfig, QpState, QpType, RecvWr, SendWr, VerbsError, WcOpcode, WcStatus,
     WorkCompletion,
@@ -614,6 +614,8 @@ struct Shared {
     pd_owner: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
     /// Each memory region's owner and the daemon's mapping of its pages.
     mr_owner: std::sync::Mutex<std::collections::HashMap<u32, MrOwner>>,
+    /// Each memory window's owner, by handle.
+    mw_owner: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
     /// Indexed by QPN - FIRST_QPN.
     rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
     srqs: std::sync::RwLock<Vec<Option<Arc<SrqRing>>>>,
@@ -1095,6 +1097,7 @@ impl Engine {
             memfd: o.shared_rings,
             pd_owner: Default::default(),
             mr_owner: Default::default(),
+            mw_owner: Default::default(),
             rings: std::sync::RwLock::new(Vec::new()),
             srqs: std::sync::RwLock::new(Vec::new()),
             cqs: std::sync::RwLock::new(Vec::new()),
@@ -1745,7 +1748,8 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner());
         let used = mrs
             .keys()
-            .any(|k| self.shared.mrs.lookup(*k).is_some_and(|r| r.pd() == pd.0));
+            .any(|k| self.shared.mrs.lookup(*k).is_some_and(|r| r.pd() == pd.0))
+            || self.shared.mrs.pd_has_windows(pd);
         drop(mrs);
         let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
         if used || rings.iter().flatten().any(|r| r.cfg.pd == pd.0) {
@@ -1899,6 +1903,44 @@ impl Context {
         // The daemon's mapping goes only now, after the last user let go.
         drop(held);
         r
+    }
+
+    /// `ibv_alloc_mw`: a memory window of `pd` (see [`burst_mem::MwType`]);
+    /// it is bound by a [`burst_transport::SendOp::BindMw`] work request.
+    pub fn alloc_mw(&self, pd: Pd, kind: MwType) -> Result<MwKeys, RegError> {
+        if let Some(r) = &self.remote {
+            return r.alloc_mw(pd, kind);
+        }
+        if self.check_pd(pd).is_err() {
+            return Err(RegError::NoSuchPd);
+        }
+        let keys = self.shared.mrs.alloc_window(pd, kind)?;
+        self.shared
+            .mw_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.handle, self.owner);
+        Ok(keys)
+    }
+
+    /// `ibv_dealloc_mw`.
+    pub fn dealloc_mw(&self, handle: u32) -> Result<(), RegError> {
+        if let Some(r) = &self.remote {
+            return r.dealloc_mw(handle);
+        }
+        let mut owners = self
+            .shared
+            .mw_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match owners.get(&handle) {
+            Some(o) if *o == self.owner => {}
+            None if self.owner == 0 => {}
+            _ => return Err(RegError::NoSuchRegion),
+        }
+        owners.remove(&handle);
+        drop(owners);
+        self.shared.mrs.dealloc_window(handle)
     }
 
     /// Creates a completion queue ring of `depth` entries.
@@ -3129,6 +3171,21 @@ impl Context {
                 tracing::warn!(cq = c.0, "cleanup: destroy CQ: {e:?}");
             }
         }
+        // Windows before regions: a region with windows bound stays.
+        let windows: Vec<u32> = self
+            .shared
+            .mw_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, o)| **o == self.owner)
+            .map(|(h, _)| *h)
+            .collect();
+        for h in windows {
+            if let Err(e) = self.dealloc_mw(h) {
+                tracing::warn!(handle = h, "cleanup: dealloc MW: {e}");
+            }
+        }
         for (k, _, _) in &all.mrs {
             if let Err(e) = self.dereg_mr(*k) {
                 tracing::warn!(lkey = k, "cleanup: deregister: {e}");
@@ -3280,6 +3337,7 @@ impl Context {
             memfd: false,
             pd_owner: Default::default(),
             mr_owner: Default::default(),
+            mw_owner: Default::default(),
             rings: Default::default(),
             srqs: Default::default(),
             cqs: Default::default(),

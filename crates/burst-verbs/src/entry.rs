@@ -3,8 +3,8 @@
 //! offsets, little-endian, decoded with every enum tag and length checked.
 
 use burst_transport::{
-    InlineData, NetworkHeader, QpEvent, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode,
-    WcStatus, WorkCompletion, MAX_INLINE, MAX_SGE,
+    InlineData, MwBind, NetworkHeader, QpEvent, RecvWr, SendOp, SendWr, SgList, Sge, UdDest,
+    WcOpcode, WcStatus, WorkCompletion, MAX_INLINE, MAX_SGE,
 };
 use burst_wire::Qpn;
 
@@ -42,6 +42,8 @@ fn sges(b: &[u8], at: usize) -> Option<SgList> {
 // SendWr: 0 wr_id | 8 op | 9 flags | 10 has-inline-data | 12 inline len |
 // 16 remote_addr | 24 rkey | 28 imm/inv | 32 compare/add | 40 swap |
 // 48 ud qpn | 52 qkey | 56 ah | 63 sge count | 64 sges | 192 inline bytes.
+// A window bind: 16 addr | 24 window rkey | 28 new rkey | 32 length |
+// 40 region lkey | 44 access.
 const SGES: usize = 64;
 const INLINE: usize = SGES + MAX_SGE * 16;
 
@@ -72,6 +74,15 @@ impl Entry for SendWr {
                 rkey,
                 add,
             } => (7, remote_addr, rkey, 0, add, 0),
+            SendOp::BindMw(b) => (
+                8,
+                b.addr,
+                b.mw_rkey,
+                b.new_rkey,
+                b.len,
+                u64::from(b.mr_lkey) | u64::from(b.access) << 32,
+            ),
+            SendOp::LocalInv(k) => (9, 0, 0, k, 0, 0),
         };
         b[8] = tag;
         b[9] = u8::from(self.inline)
@@ -139,6 +150,15 @@ impl Entry for SendWr {
                 rkey,
                 add: a,
             },
+            8 => SendOp::BindMw(MwBind {
+                mw_rkey: rkey,
+                new_rkey: imm,
+                mr_lkey: s as u32,
+                addr,
+                len: a,
+                access: (s >> 32) as u32,
+            }),
+            9 => SendOp::LocalInv(imm),
             _ => return None,
         };
         let f = b[9];
@@ -197,6 +217,7 @@ fn status(v: u32) -> Option<WcStatus> {
         LocQpOpErr,
         LocProtErr,
         WrFlushErr,
+        MwBindErr,
         BadRespErr,
         LocAccessErr,
         RemInvReqErr,
@@ -217,6 +238,8 @@ fn opcode(v: u32) -> Option<WcOpcode> {
         RdmaRead,
         CompSwap,
         FetchAdd,
+        BindMw,
+        LocalInv,
         Recv,
         RecvRdmaWithImm,
     ]
@@ -336,7 +359,7 @@ mod tests {
 
     fn op() -> impl Strategy<Value = SendOp> {
         (
-            0u8..8,
+            0u8..10,
             any::<u64>(),
             any::<u32>(),
             any::<u32>(),
@@ -360,6 +383,15 @@ mod tests {
                     compare: a,
                     swap: s,
                 },
+                8 => SendOp::BindMw(MwBind {
+                    mw_rkey: rkey,
+                    new_rkey: imm,
+                    mr_lkey: s as u32,
+                    addr: remote_addr,
+                    len: a,
+                    access: (s >> 32) as u32,
+                }),
+                9 => SendOp::LocalInv(imm),
                 _ => SendOp::FetchAdd {
                     remote_addr,
                     rkey,

@@ -42,7 +42,7 @@ pub use {
 
 // The Verbs vocabulary, re-exported: an application or the C library
 // names every type of the API through burst-verbs.
-pub use burst_mem::{Access, MrKeys, Pd, RegError};
+pub use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError};
 pub use burst_transport::{
     QpAccess, QpAttr, QpConfig, QpEvent, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest,
     VerbsError, WcOpcode, WcStatus, WorkCompletion,

@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use serde::{Deserialize, Serialize};
 
-use burst_mem::MrKeys;
+use burst_mem::{MrKeys, MwKeys, MwType};
 use burst_transport::{QpAttr, QpConfig, QpState, VerbsError};
 
 use crate::{DeviceCounters, QpInit};
@@ -29,7 +29,7 @@ use crate::{DeviceCounters, QpInit};
 /// `BRST`.
 pub const MAGIC: [u8; 4] = *b"BRST";
 /// The protocol version; a client of another version is refused at hello.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 /// Descriptors one message carries at most.
@@ -87,6 +87,18 @@ pub enum Request {
     DeregMr {
         /// Its lkey.
         lkey: u32,
+    },
+    /// `ibv_alloc_mw`.
+    AllocMw {
+        /// The PD.
+        pd: u32,
+        /// Type 1 or 2.
+        kind: MwType,
+    },
+    /// `ibv_dealloc_mw`.
+    DeallocMw {
+        /// Its handle.
+        handle: u32,
     },
     /// `ibv_create_comp_channel`: carries the channel's eventfd.
     CreateCompChannel,
@@ -329,6 +341,11 @@ pub enum Reply {
     Mr {
         /// Its keys.
         keys: MrKeys,
+    },
+    /// A memory window.
+    Mw {
+        /// Its handle and rkey.
+        keys: MwKeys,
     },
     /// A completion channel registered.
     Channel {

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use burst_verbs::engine::{ClientLink, CompChannel, Context, CqId, CreateError, PostError};
 use burst_verbs::protocol::{self as p, ClientInfo, DeviceInfo, Reply, Request, WireVerbsError};
 use burst_verbs::shm::Segment;
-use burst_verbs::{Access, AsyncEvent, Pd, Qpn, SrqId};
+use burst_verbs::{Access, AsyncEvent, Pd, Qpn, RegError, SrqId};
 
 pub mod capture;
 pub mod cm;
@@ -429,6 +429,15 @@ impl Daemon {
             Request::DeregMr { lkey } => match ctx.dereg_mr(lkey) {
                 Ok(()) => Reply::Done,
                 Err(e) => Reply::error(e.errno(), format!("dereg_mr: {e}")),
+            },
+            Request::AllocMw { pd, kind } => match ctx.alloc_mw(Pd(pd), kind) {
+                Ok(keys) => Reply::Mw { keys },
+                Err(RegError::NoSuchPd) => Reply::error(libc::ENOENT, "alloc_mw: no such PD"),
+                Err(e) => Reply::error(e.errno(), format!("alloc_mw: {e}")),
+            },
+            Request::DeallocMw { handle } => match ctx.dealloc_mw(handle) {
+                Ok(()) => Reply::Done,
+                Err(e) => Reply::error(e.errno(), format!("dealloc_mw: {e}")),
             },
             Request::CreateCompChannel => {
                 let Some(fd) = fds.next() else {

@@ -16,7 +16,7 @@ use burst_wire::{
 };
 
 use crate::counters::Counters;
-use crate::memory::{AtomicOp, MemError, Memory, RemoteAccess};
+use crate::memory::{AtomicOp, MemError, Memory, QpScope, RemoteAccess};
 use crate::types::*;
 use crate::{Srq, VerbsError};
 
@@ -612,7 +612,7 @@ impl Qp {
 
     /// `ibv_post_send`: [`QpConfig::check_send`], then
     /// [`Qp::post_send_checked`].
-    pub fn post_send(&mut self, wr: SendWr, mem: &impl Memory) -> Result<(), VerbsError> {
+    pub fn post_send(&mut self, wr: SendWr, mem: &mut impl Memory) -> Result<(), VerbsError> {
         self.cfg.check_send(&wr)?;
         self.post_send_checked(wr, mem)
     }
@@ -621,11 +621,14 @@ impl Qp {
     /// end checks when the application posts, not again here): what still
     /// depends on the QP's current state is checked (state, room in the
     /// send queue, a UD message within the path MTU). Inline data not yet
-    /// captured is read from `mem` now.
+    /// captured is read from `mem` now, and a local operation (window
+    /// bind, local invalidate) is executed now: after every request posted
+    /// before it was taken, before any posted after (as RXE's requester,
+    /// which runs them when it reaches them); it completes in order.
     pub fn post_send_checked(
         &mut self,
         mut wr: SendWr,
-        mem: &impl Memory,
+        mem: &mut impl Memory,
     ) -> Result<(), VerbsError> {
         debug_assert_eq!(self.cfg.check_send(&wr).err(), None);
         match self.state {
@@ -642,6 +645,9 @@ impl Qp {
             return Err(VerbsError::BadWr("UD message larger than the path MTU"));
         }
         let mut status = WcStatus::Success;
+        if wr.op.is_local() {
+            return self.post_local(wr, mem);
+        }
         if wr.inline {
             if wr.inline_data.is_none() {
                 let mut d = InlineData::zeroed(len as usize)?;
@@ -684,6 +690,55 @@ impl Qp {
             self.complete_in_order();
         }
         Ok(())
+    }
+
+    /// Executes a local operation and queues its completion (in order with
+    /// the sends before it). A refused one completes in error
+    /// (MW_BIND_ERR for a bind, LOC_QP_OP_ERR for an invalidate, as RXE)
+    /// and moves the QP to the error state; in the error state it is
+    /// flushed, not executed.
+    fn post_local(&mut self, wr: SendWr, mem: &mut impl Memory) -> Result<(), VerbsError> {
+        let status = if self.state == QpState::Err {
+            WcStatus::WrFlushErr
+        } else {
+            let scope = self.scope();
+            match wr.op {
+                SendOp::BindMw(b) => match mem.bind_window(scope, &b) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::MwBindErr,
+                },
+                SendOp::LocalInv(rkey) => match mem.invalidate(scope, rkey) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::LocQpOpErr,
+                },
+                _ => WcStatus::LocQpOpErr,
+            }
+        };
+        self.req.sq.push_back(SendWqe {
+            wr,
+            len: 0,
+            first_psn: None,
+            npsn: 0,
+            next_pkt: 0,
+            read_got: 0,
+            read_rerequested: false,
+            done: true,
+            status,
+        });
+        if self.state == QpState::Err {
+            self.enter_error();
+        } else {
+            self.complete_in_order();
+        }
+        Ok(())
+    }
+
+    /// The QP as memory checks see it.
+    pub(super) fn scope(&self) -> QpScope {
+        QpScope {
+            pd: self.cfg.pd,
+            qpn: self.cfg.qpn,
+        }
     }
 
     /// `ibv_post_recv`.

@@ -110,7 +110,7 @@ impl Qp {
                 || (len > 0
                     && mem
                         .check_remote(
-                            self.cfg.pd,
+                            self.scope(),
                             r.rkey(),
                             r.virtual_address(),
                             len,

@@ -166,7 +166,7 @@ impl Qp {
             self.nak(NakCode::InvalidRequest);
             return;
         }
-        let pd = self.cfg.pd;
+        let scope = self.scope();
         let mut epsn_step = 1u32;
         match info.operation {
             Operation::Send => {
@@ -180,7 +180,7 @@ impl Qp {
                         if let Some(i) = pkt.ieth() {
                             // Class J: an rkey that cannot be invalidated
                             // completes the receive in error (REM_INV_REQ).
-                            if mem.invalidate(pd, i.rkey()).is_err() {
+                            if mem.invalidate(scope, i.rkey()).is_err() {
                                 self.completions.push_back(WorkCompletion {
                                     status: WcStatus::RemInvReqErr,
                                     ..wc
@@ -236,7 +236,7 @@ impl Qp {
                     || (len > 0
                         && mem
                             .check_remote(
-                                pd,
+                                scope,
                                 r.rkey(),
                                 r.virtual_address(),
                                 len,
@@ -289,7 +289,7 @@ impl Qp {
                 } else {
                     AtomicOp::FetchAdd { add: a.swap_add() }
                 };
-                match mem.atomic(pd, a.rkey(), a.virtual_address(), op) {
+                match mem.atomic(scope, a.rkey(), a.virtual_address(), op) {
                     Ok(orig) => {
                         self.keep_resource(RdResource::Atomic { psn, orig });
                         self.resp.out.push_back(Out::AtomicAck { psn, orig });
@@ -383,7 +383,7 @@ impl Qp {
                     || (len > 0
                         && mem
                             .check_remote(
-                                self.cfg.pd,
+                                self.scope(),
                                 r.rkey(),
                                 r.virtual_address(),
                                 len,

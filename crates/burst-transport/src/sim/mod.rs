@@ -16,8 +16,8 @@ use std::net::Ipv4Addr;
 use burst_wire::{FrameRepr, IpRepr, Mtu, Psn, Qpn, RoceFrame, UdpRepr};
 
 use crate::memory::{
-    check_invalidate, check_remote_access, walk_sges, AtomicOp, MemError, Memory, RemoteAccess,
-    RemoteRegion,
+    check_invalidate, check_remote_access, walk_sges, AtomicOp, MemError, Memory, QpScope,
+    RemoteAccess, RemoteRegion,
 };
 use crate::*;
 
@@ -107,6 +107,7 @@ impl Region {
             remote_read: self.access.remote_read,
             remote_atomic: self.access.remote_atomic,
             invalidatable: self.invalidatable,
+            qpn: None,
         }
     }
 }
@@ -222,14 +223,14 @@ impl Memory for SimMemory {
     }
     fn check_remote(
         &self,
-        pd: u32,
+        qp: QpScope,
         rkey: u32,
         va: u64,
         len: u64,
         access: RemoteAccess,
     ) -> Result<(), MemError> {
         let r = self.live(rkey)?;
-        check_remote_access(&r.remote(), pd, va, len, access).map(|_| ())
+        check_remote_access(&r.remote(), qp, va, len, access).map(|_| ())
     }
     fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
         let (r, off) = self.range(rkey, va, out.len() as u64)?;
@@ -241,8 +242,8 @@ impl Memory for SimMemory {
         self.bytes_mut(rkey)[off..off + data.len()].copy_from_slice(data);
         Ok(())
     }
-    fn atomic(&mut self, pd: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
-        self.check_remote(pd, rkey, va, 8, RemoteAccess::Atomic)?;
+    fn atomic(&mut self, qp: QpScope, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        self.check_remote(qp, rkey, va, 8, RemoteAccess::Atomic)?;
         let (_, off) = self.range(rkey, va, 8)?;
         let cell = &mut self.bytes_mut(rkey)[off..off + 8];
         let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| MemError::OutOfBounds)?);
@@ -259,8 +260,8 @@ impl Memory for SimMemory {
         cell.copy_from_slice(&new.to_ne_bytes());
         Ok(orig)
     }
-    fn invalidate(&mut self, pd: u32, rkey: u32) -> Result<(), MemError> {
-        check_invalidate(&self.live(rkey)?.remote(), pd)?;
+    fn invalidate(&mut self, qp: QpScope, rkey: u32) -> Result<(), MemError> {
+        check_invalidate(&self.live(rkey)?.remote(), qp)?;
         if let Some(r) = self.regions.get_mut(&rkey) {
             r.valid = false;
         }
@@ -931,7 +932,7 @@ impl Fabric for World {
     }
     fn post_send(&mut self, qp: usize, wr: SendWr) -> Result<(), VerbsError> {
         let (node, q) = &mut self.qps[qp];
-        q.post_send(wr, &self.mems[*node])
+        q.post_send(wr, &mut self.mems[*node])
     }
     fn post_recv(&mut self, qp: usize, wr: RecvWr) -> Result<(), VerbsError> {
         let (node, q) = &mut self.qps[qp];
