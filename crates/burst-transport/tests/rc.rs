@@ -1108,7 +1108,7 @@ fn local_operations_complete_in_send_queue_order() {
     let (ik, ia) = p.w.mems[0].register_invalidatable(1, 64, Access::ALL);
     p.post_recv(RecvWr {
         wr_id: 9,
-        sg_list: sge(rk, ra, 64).into(),
+        sg_list: sge(rk, ra, 64),
     });
     p.post_send(SendWr::new(1, SendOp::Send, sge(k, a, 64)));
     // Executed when posted, completed after the SEND before it is acknowledged.
