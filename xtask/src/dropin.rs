@@ -33,7 +33,26 @@ pub fn build(root: &Path) -> Option<PathBuf> {
     if !step("build the burst tool", &mut cargo(root, &tool)) {
         return None;
     }
+    let _ = std::fs::create_dir_all(root.join("target/interop"));
+    for name in PROGRAMS {
+        let mut gcc = Command::new("gcc");
+        gcc.args(["-O2", "-Wall", "-o"])
+            .arg(program(name))
+            .arg(root.join(format!("interop/{name}.c")))
+            .arg("-libverbs");
+        if !step(&format!("build interop/{name}.c"), &mut gcc) {
+            return None;
+        }
+    }
     lay_out(root, &root.join("target/dropin"))
+}
+
+/// Where [`build`] puts program `name` (an absolute path: the lab VM runs
+/// it from the host's file system too).
+fn program(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/interop")
+        .join(name)
 }
 
 /// Lays out `dir` for `LD_LIBRARY_PATH`: a copy of the release library
@@ -122,6 +141,10 @@ enum Kind {
     /// environment, the server without test arguments; burst's side under
     /// `burst run` (UCX wants /dev/infiniband and sysfs); the "Final:" row.
     Ucx,
+    /// One of burst's own two-sided programs (`interop/NAME.c`, built by
+    /// [`build`] against the system libibverbs into `target/interop`):
+    /// `-d`, `-g`, `-p`; exit status and its "NAME: ok" line.
+    Program,
 }
 
 /// One test: the same tool and arguments on both sides.
@@ -166,6 +189,22 @@ const fn ux(name: &'static str, args: &'static str) -> Case {
         kind: Kind::Ucx,
     }
 }
+
+const fn prog(name: &'static str, tool: &'static str) -> Case {
+    Case {
+        name,
+        tool,
+        args: "",
+        kind: Kind::Program,
+    }
+}
+
+/// Memory windows between two hosts (`interop/mw-peer.c`): a type 1
+/// window written, a type 2 window read and invalidated by the peer.
+pub const MW: Case = prog("memory windows (interop/mw-peer.c)", "mw-peer");
+
+/// burst's own two-sided programs, built by [`build`].
+const PROGRAMS: &[&str] = &["mw-peer"];
 
 /// UCX over burst: UCT put/AM over rc_verbs and ud_verbs, UCP tag matching
 /// (eager and rendezvous) over both.
@@ -348,6 +387,7 @@ pub const CASES: &[Case] = &[
         "ib_atomic_lat",
         "-F -n 20 -A CMP_AND_SWAP",
     ),
+    MW,
 ];
 
 /// The cases at MTU 4096 (a 9000-byte link).
@@ -403,6 +443,7 @@ pub const QUICK: &[Case] = &[
         "-F -s 4096 -n 400 -q 8",
     ),
     pt("ib_send_lat 2 B", "ib_send_lat", "-F -s 2 -n 20"),
+    MW,
 ];
 
 /// The arguments of `c` for one side: device, GID index, port, peer.
@@ -426,8 +467,13 @@ fn tool_args(c: &Case, dev: &str, gid: &str, port: u16, peer: Option<&str>) -> V
         v.extend(peer.map(String::from));
         return v;
     }
-    let mut v: Vec<String> = vec![c.tool.into(), "-d".into(), dev.into()];
-    v.push(if c.kind == Kind::Pingpong { "-g" } else { "-x" }.into());
+    let tool = if c.kind == Kind::Program {
+        program(c.tool).to_string_lossy().into_owned()
+    } else {
+        c.tool.into()
+    };
+    let mut v: Vec<String> = vec![tool, "-d".into(), dev.into()];
+    v.push(if c.kind == Kind::Perftest { "-x" } else { "-g" }.into());
     v.push(gid.into());
     v.extend(c.args.split_whitespace().map(String::from));
     v.push("-p".into());
@@ -443,6 +489,10 @@ fn result_line(c: &Case, out: &str) -> Option<String> {
         Kind::Pingpong => out
             .lines()
             .find(|l| l.contains(" iters in "))
+            .map(|l| l.trim().to_string()),
+        Kind::Program => out
+            .lines()
+            .find(|l| l.starts_with(&format!("{}: ok", c.tool)))
             .map(|l| l.trim().to_string()),
         Kind::Ucx => out
             .lines()
