@@ -480,6 +480,41 @@ out:
 	ibv_destroy_cq(cq);
 }
 
+/* ibv_attach_mcast / ibv_detach_mcast: a UD QP and a multicast GID only;
+ * detaching what is not attached fails. (Traffic: interop/mcast-peer.c.) */
+static void multicast(struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	char msg[160];
+	struct ibv_qp_init_attr a = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	struct ibv_qp *ud = ibv_create_qp(pd, &a), *rc = rc_qp(pd, cq);
+	union ibv_gid group = { .raw = { [10] = 0xff, [11] = 0xff, 239, 255, 18, 2 } };
+	union ibv_gid unicast = { .raw = { [10] = 0xff, [11] = 0xff, 198, 18, 0, 77 } };
+
+	if (!ud || !rc) {
+		check(0, "multicast: a UD and an RC QP");
+		return;
+	}
+	int r = ibv_attach_mcast(rc, &group, 0);
+	snprintf(msg, sizeof(msg), "ibv_attach_mcast of an RC QP: EINVAL (got %d)", r);
+	check(r == EINVAL, msg);
+	r = ibv_attach_mcast(ud, &unicast, 0);
+	snprintf(msg, sizeof(msg), "ibv_attach_mcast to a unicast GID: EINVAL (got %d)", r);
+	check(r == EINVAL, msg);
+	r = ibv_attach_mcast(ud, &group, 0);
+	snprintf(msg, sizeof(msg), "ibv_attach_mcast of a UD QP to 239.255.18.2 (got %d)", r);
+	check(r == 0, msg);
+	check(!ibv_detach_mcast(ud, &group, 0), "ibv_detach_mcast");
+	r = ibv_detach_mcast(ud, &group, 0);
+	snprintf(msg, sizeof(msg), "a second ibv_detach_mcast: EINVAL (got %d)", r);
+	check(r == EINVAL, msg);
+	ibv_destroy_qp(ud);
+	ibv_destroy_qp(rc);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -595,6 +630,7 @@ int main(int argc, char **argv)
 
 	ibv_destroy_qp(qp);
 	ibv_dereg_mr(mr);
+	multicast(pd, cq);
 	cq_ex(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	windows(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	ibv_destroy_cq(cq);

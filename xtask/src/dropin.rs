@@ -203,8 +203,27 @@ const fn prog(name: &'static str, tool: &'static str) -> Case {
 /// window written, a type 2 window read and invalidated by the peer.
 pub const MW: Case = prog("memory windows (interop/mw-peer.c)", "mw-peer");
 
+/// UD multicast between two hosts (`interop/mcast-peer.c`): the receiver
+/// attached to a group, the sender to QPN 0xFFFFFF through the group's GID.
+pub const MCAST: Case = prog("UD multicast (interop/mcast-peer.c)", "mcast-peer");
+
+/// `cases` less what the port in use cannot run: UD multicast needs the
+/// UDP port (the AF_XDP and DPDK ports do not join groups yet).
+pub fn for_port(cases: &'static [Case]) -> &'static [Case] {
+    if std::env::var("BURST_PORT").is_ok_and(|p| p != "udp") {
+        let v: Vec<Case> = cases
+            .iter()
+            .filter(|c| c.tool != MCAST.tool)
+            .copied()
+            .collect();
+        Box::leak(v.into_boxed_slice())
+    } else {
+        cases
+    }
+}
+
 /// burst's own two-sided programs, built by [`build`].
-const PROGRAMS: &[&str] = &["mw-peer"];
+const PROGRAMS: &[&str] = &["mw-peer", "mcast-peer"];
 
 /// UCX over burst: UCT put/AM over rc_verbs and ud_verbs, UCP tag matching
 /// (eager and rendezvous) over both.
@@ -388,6 +407,7 @@ pub const CASES: &[Case] = &[
         "-F -n 20 -A CMP_AND_SWAP",
     ),
     MW,
+    MCAST,
 ];
 
 /// The cases at MTU 4096 (a 9000-byte link).
@@ -444,6 +464,7 @@ pub const QUICK: &[Case] = &[
     ),
     pt("ib_send_lat 2 B", "ib_send_lat", "-F -s 2 -n 20"),
     MW,
+    MCAST,
 ];
 
 /// The arguments of `c` for one side: device, GID index, port, peer.

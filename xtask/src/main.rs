@@ -801,7 +801,7 @@ fn interop(args: &[String]) -> ExitCode {
     match (only.is_none()).then(|| dropin::build(&root)).flatten() {
         Some(dir) => {
             let c4 = if quick { &[][..] } else { dropin::CASES_4096 };
-            let cases = if quick { dropin::QUICK } else { dropin::CASES };
+            let cases = dropin::for_port(if quick { dropin::QUICK } else { dropin::CASES });
             let mut runs = Vec::new();
             let default_port = std::env::var("BURST_PORT").is_err();
             let embedded = std::env::var_os("BURST_XTASK_BURSTD").is_none();
@@ -1017,7 +1017,11 @@ fn dropin_cmd(args: &[String]) -> ExitCode {
         why: "see the list above".into(),
     });
     let (veth, rxe) = (has("--veth"), has("--rxe"));
-    let cases = pick(if quick { dropin::QUICK } else { dropin::CASES });
+    let cases = pick(dropin::for_port(if quick {
+        dropin::QUICK
+    } else {
+        dropin::CASES
+    }));
     let c4 = pick(if quick { &[] } else { dropin::CASES_4096 });
     if has("--loopback") || !(veth || rxe || has("--numbers")) {
         all.extend(dropin::device_listing(&dir));

@@ -321,6 +321,10 @@ fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) {
     a.max_cqe = MAX_CQE;
     a.max_mr = 1 << 24;
     a.max_mw = burst_verbs::mem::MAX_WINDOWS as c_int;
+    // RXE's multicast limits (groups, QPs per group, attachments in all).
+    a.max_mcast_grp = 8192;
+    a.max_mcast_qp_attach = 56;
+    a.max_total_mcast_qp_attach = 0x70000;
     a.max_pd = 1 << 16;
     a.max_qp_rd_atom = attr.max_qp_rd_atom as c_int;
     a.max_res_rd_atom = (attr.max_qp_rd_atom * MAX_QP) as c_int;

@@ -1169,6 +1169,41 @@ fn record(q: &Qp, qp: *mut ibv_qp, a: &ibv_qp_attr, mask: c_int) {
     }
 }
 
+/// `ibv_attach_mcast` / `ibv_detach_mcast`: the group is the GID (the LID
+/// means nothing on RoCE); a UD QP only.
+fn multicast(qp: *mut ibv_qp, gid: *const [u8; 16], attach: bool) -> c_int {
+    let (Some(q), false) = (ours!(Qp, qp), gid.is_null()) else {
+        return libc::EINVAL;
+    };
+    let Some(c) = ctx_from(q.raw.qp_base.context) else {
+        return libc::EINVAL;
+    };
+    // SAFETY: a readable GID (caller's contract).
+    let mgid = unsafe { *gid };
+    match c.ctx.multicast(q.qp.qpn(), mgid, attach) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            tracing::warn!(
+                qpn = q.qp.qpn().value(),
+                "ibv_{}_mcast refused: {e}",
+                if attach { "attach" } else { "detach" }
+            );
+            e.errno()
+        }
+        Err(e) => e.errno(),
+    }
+}
+
+unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], _lid: u16) -> c_int {
+    guard("ibv_attach_mcast", libc::EIO, || multicast(qp, gid, true))
+}
+export!("ibv_attach_mcast", "IBVERBS_1.1", attach_mcast);
+
+unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const [u8; 16], _lid: u16) -> c_int {
+    guard("ibv_detach_mcast", libc::EIO, || multicast(qp, gid, false))
+}
+export!("ibv_detach_mcast", "IBVERBS_1.1", detach_mcast);
+
 pub(crate) unsafe extern "C" fn modify_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,

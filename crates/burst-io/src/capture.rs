@@ -154,6 +154,14 @@ impl<P: Port> Port for CapturePort<P> {
     fn unsteer_qp(&mut self, qpn: u32) {
         self.inner.unsteer_qp(qpn)
     }
+
+    fn join_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
+        self.inner.join_multicast(group)
+    }
+
+    fn leave_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
+        self.inner.leave_multicast(group)
+    }
 }
 
 #[cfg(test)]

@@ -124,6 +124,9 @@ pub struct RxMeta {
     /// The port verified the packet's ICRC over its IP and UDP headers as
     /// received (whole-frame ports); the caller need not check it again.
     pub icrc_verified: bool,
+    /// The destination address when it is not the port's own: a multicast
+    /// group the port joined ([`Port::join_multicast`]).
+    pub dest: Option<IpAddr>,
 }
 
 /// What a port counted of the frames it moved (whole-frame ports; a UDP
@@ -250,6 +253,21 @@ pub trait Port {
     fn steer_qp(&mut self, _qpn: u32, _lane: u32) {}
     /// QP `qpn` is gone: its frames go to the default lane again.
     fn unsteer_qp(&mut self, _qpn: u32) {}
+    /// Receives datagrams sent to multicast group `group` too (UD multicast,
+    /// `ibv_attach_mcast`), handed out with [`RxMeta::dest`] set. Joining a
+    /// group joined already is a no-op.
+    fn join_multicast(&mut self, group: IpAddr) -> io::Result<()> {
+        let _ = group;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this port does not receive multicast",
+        ))
+    }
+    /// Stops receiving `group`'s datagrams.
+    fn leave_multicast(&mut self, group: IpAddr) -> io::Result<()> {
+        let _ = group;
+        Ok(())
+    }
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
@@ -279,6 +297,12 @@ impl<P: Port + ?Sized> Port for Box<P> {
     }
     fn unsteer_qp(&mut self, qpn: u32) {
         (**self).unsteer_qp(qpn)
+    }
+    fn join_multicast(&mut self, group: IpAddr) -> io::Result<()> {
+        (**self).join_multicast(group)
+    }
+    fn leave_multicast(&mut self, group: IpAddr) -> io::Result<()> {
+        (**self).leave_multicast(group)
     }
 }
 
@@ -345,6 +369,7 @@ struct RxMsg {
     ip_id: Option<u16>,
     ecn: u8,
     icrc_verified: bool,
+    dest: Option<IpAddr>,
 }
 
 /// Receive buffers for [`Port::recv_batch`]: up to [`BURST`] datagrams of up
@@ -405,6 +430,7 @@ impl RxBatch {
                 ip_id: m.ip_id,
                 ecn: m.ecn,
                 icrc_verified: m.icrc_verified,
+                dest: m.dest,
             };
             segments(&b[..m.len], m.seg).map(move |p| (meta, p))
         })
@@ -428,6 +454,7 @@ impl RxBatch {
             ip_id: meta.ip_id,
             ecn: meta.ecn,
             icrc_verified: meta.icrc_verified,
+            dest: meta.dest,
         });
         true
     }
@@ -520,13 +547,19 @@ impl Readiness {
 /// Socket buffer size asked for (see `sys::set_buffers`).
 pub const SOCKET_BUFFER: usize = 16 << 20;
 
-/// A UDP socket port bound to `addr:4791`.
+/// A UDP socket port bound to `addr:4791`, and to the multicast groups it
+/// joined (a socket each).
 #[derive(Debug)]
 pub struct UdpPort {
     sock: UdpSocket,
     local: SocketAddr,
     /// Send runs of packets as one GSO message (`UDP_SEGMENT`).
     gso: bool,
+    /// The joined groups' sockets.
+    groups: Vec<(IpAddr, UdpSocket)>,
+    /// Readable when any of the port's sockets is: what [`Port::readiness`]
+    /// hands out, so a sleeping engine wakes for a group joined later too.
+    epoll: std::os::fd::OwnedFd,
 }
 
 impl UdpPort {
@@ -598,7 +631,38 @@ impl UdpPort {
         let _ = sys::set_ecn(&sock, ip.is_ipv4());
         let gso = sys::gso_supported(&sock) && std::env::var_os("BURST_NO_GSO").is_none();
         let local = sock.local_addr()?;
-        Ok(UdpPort { sock, local, gso })
+        if let IpAddr::V4(v4) = ip {
+            sys::set_multicast_if(&sock, v4);
+        }
+        let epoll = sys::epoll()?;
+        sys::epoll_add(&epoll, &sock)?;
+        Ok(UdpPort {
+            sock,
+            local,
+            gso,
+            groups: Vec::new(),
+            epoll,
+        })
+    }
+
+    /// Appends what the group sockets hold to `rx` (a copy each: multicast
+    /// is rare next to the unicast batch).
+    fn recv_groups(&mut self, rx: &mut RxBatch) {
+        let mut buf = [0u8; MAX_PACKET];
+        for (group, sock) in &self.groups {
+            while let Ok((n, peer)) = sock.recv_from(&mut buf) {
+                let meta = RxMeta {
+                    peer,
+                    ip_id: None,
+                    ecn: 0,
+                    icrc_verified: false,
+                    dest: Some(*group),
+                };
+                if !rx.push(meta, &buf[..n]) {
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -692,6 +756,9 @@ impl Port for UdpPort {
         let asked = rx.want;
         sys::recv_batch(&self.sock, rx, asked)?;
         rx.adapt(asked);
+        if !self.groups.is_empty() {
+            self.recv_groups(rx);
+        }
         Ok(rx.count())
     }
 
@@ -704,6 +771,36 @@ impl Port for UdpPort {
     }
 
     fn readiness(&self) -> io::Result<Readiness> {
-        Ok(Readiness::from_fd(self.sock.try_clone()?.into()))
+        Ok(Readiness::from_fd(self.epoll.try_clone()?))
+    }
+
+    fn join_multicast(&mut self, group: IpAddr) -> io::Result<()> {
+        if !group.is_multicast() || group.is_ipv4() != self.local.is_ipv4() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("burst-io: {group} is not a multicast group of the port's family"),
+            ));
+        }
+        if self.groups.iter().any(|(g, _)| *g == group) {
+            return Ok(());
+        }
+        let sock = sys::bind_group(SocketAddr::new(group, self.local.port()))?;
+        match (group, self.local.ip()) {
+            (IpAddr::V4(g), IpAddr::V4(me)) => sock.join_multicast_v4(&g, &me)?,
+            // Interface 0: the kernel picks it by route.
+            (IpAddr::V6(g), _) => sock.join_multicast_v6(&g, 0)?,
+            _ => {}
+        }
+        sock.set_nonblocking(true)?;
+        sys::set_buffers(&sock, SOCKET_BUFFER);
+        sys::epoll_add(&self.epoll, &sock)?;
+        self.groups.push((group, sock));
+        Ok(())
+    }
+
+    fn leave_multicast(&mut self, group: IpAddr) -> io::Result<()> {
+        // Closing the socket leaves the group and takes it out of the epoll set.
+        self.groups.retain(|(g, _)| *g != group);
+        Ok(())
     }
 }

@@ -778,6 +778,7 @@ fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut Po
         ip_id,
         ecn,
         icrc_verified: !raw,
+        dest: None,
     };
     let smac = f.eth.map_or([0; 6], |e| e.src);
     Rx::Roce(meta, start..start + ib.len(), smac)

@@ -417,6 +417,7 @@ impl Port for SimPort {
                 ip_id: (!hide).then_some(f.ip_id),
                 ecn: f.ecn,
                 icrc_verified: false,
+                dest: None,
             });
             got += 1;
         }

@@ -14,6 +14,66 @@ const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 
 /// A UDP socket bound to `addr` with `SO_REUSEPORT` (a lane of a group).
 pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {
+    bind_with(addr, libc::SO_REUSEPORT)
+}
+
+/// A UDP socket bound to multicast group `addr` with `SO_REUSEADDR`, so
+/// that every burst device of the host that joins the group gets a copy.
+pub(crate) fn bind_group(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let sock = bind_with(addr, libc::SO_REUSEADDR)?;
+    if addr.is_ipv4() {
+        // Only the groups this socket joined (not every group of the host).
+        set_int(&sock, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, 0);
+    }
+    Ok(sock)
+}
+
+/// Sends IPv4 multicast out of the interface holding `local` (without it
+/// the kernel routes the group's address, and a namespace with only its
+/// subnet's route has none). Best effort.
+pub(crate) fn set_multicast_if(sock: &UdpSocket, local: Ipv4Addr) {
+    let a = libc::in_addr {
+        s_addr: u32::from_ne_bytes(local.octets()),
+    };
+    // SAFETY: a valid in_addr of the stated size.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_IF,
+            (&a as *const libc::in_addr).cast(),
+            std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
+        );
+    }
+}
+
+/// An epoll instance (close-on-exec).
+pub(crate) fn epoll() -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: plain epoll_create1(2); checked.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and now own.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd` to epoll instance `ep` for readability (level-triggered).
+pub(crate) fn epoll_add(ep: &impl AsRawFd, fd: &impl AsRawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd.as_raw_fd() as u64,
+    };
+    // SAFETY: both descriptors are live; `ev` is a valid event.
+    let rc =
+        unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind_with(addr: SocketAddr, reuse: libc::c_int) -> io::Result<UdpSocket> {
     let family = if addr.is_ipv4() {
         libc::AF_INET
     } else {
@@ -26,7 +86,7 @@ pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {
     }
     // SAFETY: a descriptor we just opened and now own.
     let sock = unsafe { UdpSocket::from_raw_fd(fd) };
-    if !set_int(&sock, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1) {
+    if !set_int(&sock, libc::SOL_SOCKET, reuse, 1) {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: all-zero is a valid sockaddr_in6.
@@ -398,6 +458,7 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
             ip_id: None,
             ecn: tos & 0b11,
             icrc_verified: false,
+            dest: None,
         });
     }
     Ok(())

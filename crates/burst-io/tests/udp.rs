@@ -290,3 +290,54 @@ fn ecn_bits_are_sent_as_ect0_and_seen_on_receive() {
         ]
     );
 }
+
+/// A joined multicast group's datagrams arrive with the group as their
+/// destination (what the ICRC covers), wake the port's readiness handle,
+/// and stop after leaving. Over loopback: the sender names its interface
+/// (IP_MULTICAST_IF) by its own address.
+#[test]
+fn a_joined_multicast_group_is_received_with_its_address() {
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 78, 1));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 78, 2));
+    let group = IpAddr::V4(Ipv4Addr::new(239, 255, 78, 1));
+    let mut a = UdpPort::bind(a_ip).unwrap();
+    let mut b = UdpPort::bind(b_ip).unwrap();
+    assert!(b
+        .join_multicast(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)))
+        .is_err());
+    let ready = b.readiness().unwrap();
+    b.join_multicast(group).unwrap();
+    b.join_multicast(group).unwrap(); // twice: one membership
+    let mut ck = burst_wire::icrc::Checker::new();
+    let to = SocketAddr::new(group, 4791);
+    let send = |a: &mut UdpPort, psn: u32| {
+        let mut p = PacketBuf::new();
+        let bytes = packet(64, psn);
+        p.data[..bytes.len()].copy_from_slice(&bytes);
+        p.len = bytes.len();
+        p.peer = to;
+        a.seal(to, &mut p.data[..p.len]).unwrap();
+        assert_eq!(a.send_burst(std::slice::from_ref(&p)).unwrap(), 1);
+    };
+    send(&mut a, 7);
+    assert!(
+        ready.wait(Duration::from_secs(5)).unwrap(),
+        "readiness wakes"
+    );
+    let mut rx = RxBatch::default();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < deadline {
+        b.recv_batch(&mut rx).unwrap();
+        got.extend(rx.frames().map(|(m, p)| (m, p.to_vec())));
+    }
+    assert_eq!(got.len(), 1, "one copy");
+    let (meta, bytes) = &got[0];
+    assert_eq!(meta.dest, Some(group));
+    assert_eq!(meta.peer, a.local_addr());
+    assert_eq!(ck.check(meta.peer, to, bytes, None), IcrcCheck::Ok);
+    b.leave_multicast(group).unwrap();
+    send(&mut a, 8);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(b.recv_batch(&mut rx).unwrap(), 0, "nothing after leaving");
+}

@@ -27,6 +27,9 @@ pub enum VerbsError {
     /// The object is still in use (destroying an SRQ with QPs on it).
     #[error("busy: {0}")]
     Busy(&'static str),
+    /// The device cannot do this here (multicast on a port without it).
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
 }
 
 impl VerbsError {
@@ -35,6 +38,7 @@ impl VerbsError {
         match self {
             VerbsError::QueueFull => 12, // ENOMEM, as rdma-core providers report a full queue
             VerbsError::Busy(_) => 16,   // EBUSY
+            VerbsError::Unsupported(_) => 95, // EOPNOTSUPP
             _ => 22,                     // EINVAL
         }
     }

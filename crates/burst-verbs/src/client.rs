@@ -449,6 +449,18 @@ impl Remote {
                     attr,
                 })?);
             }
+            Control::Multicast {
+                qpn,
+                mgid,
+                attach,
+                reply,
+            } => {
+                let _ = reply.send(self.verdict(&Request::Multicast {
+                    qpn: qpn.value(),
+                    mgid,
+                    attach,
+                })?);
+            }
             Control::QueryQp { qpn, reply } => {
                 let r = match self.call(&Request::QueryQp { qpn: qpn.value() }, &[])?.0 {
                     Reply::QpState { state, cfg } => Some((state, cfg)),

@@ -38,6 +38,9 @@ struct QpSlot {
     accepted: (u64, u64),
 }
 
+/// The destination QPN of multicast packets (IBA 10.5.2.3).
+const MULTICAST_QPN: u32 = 0xff_ffff;
+
 /// A burst RDMA device on one IP address, over packet port `P`.
 pub(crate) struct Device<P: Port = AnyPort> {
     port: P,
@@ -51,6 +54,8 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// Counters of destroyed QPs, kept for the device totals.
     destroyed: burst_transport::Counters,
     ahs: Vec<SocketAddr>,
+    /// Multicast groups (MGID) and the UD QPs attached to each.
+    mcast: std::collections::HashMap<[u8; 16], Vec<Qpn>>,
     rx: RxBatch,
     tx: Vec<PacketBuf>,
     /// Sealed packets at the front of `tx` that the port had no room for
@@ -130,6 +135,7 @@ impl<P: Port> Device<P> {
             srqs: Vec::new(),
             destroyed: burst_transport::Counters::default(),
             ahs: Vec::new(),
+            mcast: Default::default(),
             rx: RxBatch::new(BURST),
             // A round sends up to a full GSO run per QP burst.
             tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
@@ -248,10 +254,69 @@ impl<P: Port> Device<P> {
         Ok(qpn)
     }
 
+    /// `ibv_attach_mcast`: UD QP `qpn` receives what is sent to multicast
+    /// group `mgid` (an IPv6 multicast address, or an IPv4 one mapped) and
+    /// QPN 0xFFFFFF, with its own Q_Key check, as on RXE. The port joins
+    /// the group with its first QP (EOPNOTSUPP where the port cannot);
+    /// attaching twice is one attachment.
+    pub fn attach_mcast(&mut self, qpn: Qpn, mgid: [u8; 16]) -> Result<(), VerbsError> {
+        if self.slot(qpn)?.qp.config().qp_type != burst_transport::QpType::Ud {
+            return Err(VerbsError::InvalidValue("multicast needs a UD QP"));
+        }
+        let group = burst_wire::ip_of_gid(mgid);
+        if !group.is_multicast() {
+            return Err(VerbsError::InvalidValue("the GID is not a multicast group"));
+        }
+        let members = self.mcast.entry(mgid).or_default();
+        if members.contains(&qpn) {
+            return Ok(());
+        }
+        if members.is_empty() {
+            if let Err(e) = self.port.join_multicast(group) {
+                tracing::warn!(%group, "ibv_attach_mcast: the port cannot join: {e}");
+                self.mcast.remove(&mgid);
+                return Err(if e.kind() == std::io::ErrorKind::Unsupported {
+                    VerbsError::Unsupported("multicast on this port")
+                } else {
+                    VerbsError::InvalidValue("the port could not join the group")
+                });
+            }
+        }
+        self.mcast.entry(mgid).or_default().push(qpn);
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: EINVAL when `qpn` is not attached to `mgid`; the
+    /// port leaves the group with its last QP.
+    pub fn detach_mcast(&mut self, qpn: Qpn, mgid: [u8; 16]) -> Result<(), VerbsError> {
+        let members = self
+            .mcast
+            .get_mut(&mgid)
+            .filter(|m| m.contains(&qpn))
+            .ok_or(VerbsError::InvalidValue(
+                "the QP is not attached to the group",
+            ))?;
+        members.retain(|q| *q != qpn);
+        if members.is_empty() {
+            self.mcast.remove(&mgid);
+            let _ = self.port.leave_multicast(burst_wire::ip_of_gid(mgid));
+        }
+        Ok(())
+    }
+
     /// `ibv_destroy_qp`: the QP stops at once; completions not yet taken
     /// are discarded, and its number is reused later.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
+        let groups: Vec<[u8; 16]> = self
+            .mcast
+            .iter()
+            .filter(|(_, m)| m.contains(&qpn))
+            .map(|(g, _)| *g)
+            .collect();
+        for g in groups {
+            let _ = self.detach_mcast(qpn, g);
+        }
         // Its ACKs of the last receives go out first (they leave a round
         // after the receive; the peer needs them to complete its sends).
         self.flush();
@@ -646,6 +711,10 @@ impl<P: Port> Device<P> {
                 self.counters.malformed += 1;
                 continue;
             };
+            // A multicast datagram's ICRC covers the group's address.
+            let local = meta
+                .dest
+                .map_or(local, |g| SocketAddr::new(g, local.port()));
             let check = if meta.icrc_verified {
                 // Checked by the port over the headers as received.
                 IcrcCheck::Ok
@@ -669,43 +738,64 @@ impl<P: Port> Device<P> {
                 }
                 continue;
             }
-            let Ok(i) = qp_index_in(&self.qps, self.lane, qpn) else {
+            // QPN 0xFFFFFF to a group: a copy for every QP attached to it
+            // (each checks its Q_Key); to our own address it names no QP.
+            let members;
+            let targets: &[Qpn] = match meta.dest {
+                Some(g) if qpn.value() == MULTICAST_QPN => {
+                    members = self
+                        .mcast
+                        .get(&burst_wire::gid_of(g))
+                        .cloned()
+                        .unwrap_or_default();
+                    &members
+                }
+                Some(_) => &[],
+                None => std::slice::from_ref(&qpn),
+            };
+            if targets.is_empty() {
                 self.counters.no_qp += 1;
                 continue;
-            };
-            let Some(s) = self.qps[i].as_mut() else {
-                continue;
-            };
-            if pkt.info().transport == burst_wire::Transport::Cnp {
-                // Congestion notification: for the controllers, not the QP.
-                self.cc.on_cnp(&mut s.flow, now);
-                continue;
             }
-            if meta.ecn == ECN_CE {
-                self.cc.on_ce(&mut s.flow, now);
-            }
-            // Only UD receives carry a GRH area: don't build it for RC/UC.
-            let grh = (pkt.info().transport == burst_wire::Transport::Ud)
-                .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
-                .flatten();
-            let srq = s
-                .srq
-                .and_then(|i| self.srqs.get_mut(i))
-                .and_then(Option::as_mut);
-            let inject = self.panic_for == Some(qpn);
-            let handled = contain(|| {
-                assert!(!inject, "fault injected for QP {qpn}");
-                match srq {
-                    Some(srq) => {
-                        s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
-                    }
-                    None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
+            for &qpn in targets {
+                let Ok(i) = qp_index_in(&self.qps, self.lane, qpn) else {
+                    self.counters.no_qp += 1;
+                    continue;
+                };
+                let Some(s) = self.qps[i].as_mut() else {
+                    continue;
+                };
+                if pkt.info().transport == burst_wire::Transport::Cnp {
+                    // Congestion notification: for the controllers, not the QP.
+                    self.cc.on_cnp(&mut s.flow, now);
+                    continue;
                 }
-            });
-            if let Err(msg) = handled {
-                faulted.push((i, msg));
-            } else {
-                let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
+                if meta.ecn == ECN_CE {
+                    self.cc.on_ce(&mut s.flow, now);
+                }
+                // Only UD receives carry a GRH area: don't build it for RC/UC.
+                let grh = (pkt.info().transport == burst_wire::Transport::Ud)
+                    .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
+                    .flatten();
+                let srq = s
+                    .srq
+                    .and_then(|i| self.srqs.get_mut(i))
+                    .and_then(Option::as_mut);
+                let inject = self.panic_for == Some(qpn);
+                let handled = contain(|| {
+                    assert!(!inject, "fault injected for QP {qpn}");
+                    match srq {
+                        Some(srq) => {
+                            s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
+                        }
+                        None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
+                    }
+                });
+                if let Err(msg) = handled {
+                    faulted.push((i, msg));
+                } else {
+                    let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
+                }
             }
         }
         for (i, msg) in faulted {

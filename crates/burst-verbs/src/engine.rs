@@ -568,6 +568,13 @@ pub(crate) enum Control {
         gid: [u8; 16],
         reply: Sender<u32>,
     },
+    /// `ibv_attach_mcast` (`attach`) or `ibv_detach_mcast`.
+    Multicast {
+        qpn: Qpn,
+        mgid: [u8; 16],
+        attach: bool,
+        reply: Sender<Result<(), VerbsError>>,
+    },
     ModifyQp {
         qpn: Qpn,
         attr: QpAttr,
@@ -1233,6 +1240,18 @@ fn control(dev: &mut Device, c: Control) -> Option<Qpn> {
         }
         Control::CreateAh { gid, reply } => {
             let _ = reply.send(dev.create_ah(gid));
+        }
+        Control::Multicast {
+            qpn,
+            mgid,
+            attach,
+            reply,
+        } => {
+            let _ = reply.send(if attach {
+                dev.attach_mcast(qpn, mgid)
+            } else {
+                dev.detach_mcast(qpn, mgid)
+            });
         }
         Control::ModifyQp { qpn, attr, reply } => {
             let _ = reply.send(dev.modify_qp(qpn, &attr));
@@ -2536,6 +2555,24 @@ impl Context {
             debug_assert_eq!(other, ah, "address handles numbered alike on every lane");
         }
         Ok(ah)
+    }
+
+    /// `ibv_attach_mcast` (`attach`) or `ibv_detach_mcast` of UD QP `qpn`
+    /// and multicast group `mgid`, on the QP's lane (whose port joins or
+    /// leaves the group).
+    pub fn multicast(
+        &self,
+        qpn: Qpn,
+        mgid: [u8; 16],
+        attach: bool,
+    ) -> Result<Result<(), VerbsError>, PostError> {
+        self.ring(qpn)?;
+        self.call_on(self.lane_of(qpn), |reply| Control::Multicast {
+            qpn,
+            mgid,
+            attach,
+            reply,
+        })
     }
 
     /// `ibv_modify_qp`, executed by the engine.

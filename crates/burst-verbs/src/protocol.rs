@@ -135,6 +135,15 @@ pub enum Request {
         /// What changes.
         attr: QpAttr,
     },
+    /// `ibv_attach_mcast` (`attach`) or `ibv_detach_mcast`.
+    Multicast {
+        /// The UD QP.
+        qpn: u32,
+        /// The group's GID.
+        mgid: [u8; 16],
+        /// Attach, or detach.
+        attach: bool,
+    },
     /// `ibv_query_qp`.
     QueryQp {
         /// The QP.
@@ -262,6 +271,7 @@ impl From<VerbsError> for WireVerbsError {
             VerbsError::TooManySge => (5, None, ""),
             VerbsError::BadWr(w) => (6, None, w),
             VerbsError::Busy(w) => (7, None, w),
+            VerbsError::Unsupported(w) => (8, None, w),
         };
         WireVerbsError {
             kind,
@@ -300,6 +310,7 @@ impl WireVerbsError {
             4 => VerbsError::QueueFull,
             5 => VerbsError::TooManySge,
             7 => VerbsError::Busy(w),
+            8 => VerbsError::Unsupported(w),
             _ => VerbsError::BadWr(w),
         }
     }

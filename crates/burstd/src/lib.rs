@@ -522,6 +522,14 @@ impl Daemon {
                 },
                 Err(e) => create_reply(e, "modify_qp"),
             },
+            Request::Multicast { qpn, mgid, attach } => match qpn_of(qpn) {
+                Ok(q) => match ctx.multicast(q, mgid, attach) {
+                    Ok(Ok(())) => Reply::Done,
+                    Ok(Err(v)) => create_reply(CreateError::Verbs(v), "multicast"),
+                    Err(e) => errno_reply(e, "multicast"),
+                },
+                Err(e) => create_reply(e, "multicast"),
+            },
             Request::QueryQp { qpn } => match qpn_of(qpn) {
                 Ok(q) => match ctx.query_qp(q) {
                     Ok((state, cfg)) => Reply::QpState { state, cfg },

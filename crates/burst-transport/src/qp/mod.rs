@@ -950,7 +950,10 @@ impl Qp {
             (self.cfg.qp_type, info.transport),
             (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
         );
-        if !ok_type || pkt.bth().dest_qp() != self.cfg.qpn {
+        // A UD QP also takes multicast (QPN 0xFFFFFF): the caller hands it
+        // only the groups the QP is attached to.
+        let multicast = self.cfg.qp_type == QpType::Ud && pkt.bth().dest_qp().value() == 0xff_ffff;
+        if !ok_type || (pkt.bth().dest_qp() != self.cfg.qpn && !multicast) {
             self.counters.dropped_pkts += 1;
             return;
         }
