@@ -297,9 +297,9 @@ fn ecn_bits_are_sent_as_ect0_and_seen_on_receive() {
 /// (IP_MULTICAST_IF) by its own address.
 #[test]
 fn a_joined_multicast_group_is_received_with_its_address() {
-    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 88, 1));
-    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 88, 2));
-    let group = IpAddr::V4(Ipv4Addr::new(239, 255, 88, 1));
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 201, 1));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 201, 2));
+    let group = IpAddr::V4(Ipv4Addr::new(239, 255, 201, 1));
     let mut a = UdpPort::bind(a_ip).unwrap();
     let mut b = UdpPort::bind(b_ip).unwrap();
     assert!(b
