@@ -250,6 +250,27 @@ pub const UCX_CASES: &[Case] = &[
     ),
 ];
 
+/// The IPv6 set against RXE: connected and datagram traffic, one-sided
+/// operations (the GRH of UD receives carries IPv6 addresses).
+pub const V6_CASES: &[Case] = &[
+    pp(
+        "rc_pingpong 4 KiB -c",
+        "ibv_rc_pingpong",
+        "-s 4096 -n 20 -c",
+    ),
+    pp(
+        "ud_pingpong 1000 B -c",
+        "ibv_ud_pingpong",
+        "-s 1000 -n 20 -c",
+    ),
+    pt("ib_write_bw 64 KiB", "ib_write_bw", "-F -s 65536 -n 20"),
+    pt("ib_read_bw 64 KiB", "ib_read_bw", "-F -s 65536 -n 20"),
+    MW,
+];
+
+/// The IPv6 cases of `--quick`.
+pub const V6_QUICK: &[Case] = &[V6_CASES[0], V6_CASES[1], V6_CASES[2]];
+
 /// The UCX cases of `--quick`.
 pub const UCX_QUICK: &[Case] = &[UCX_CASES[0], UCX_CASES[3]];
 
@@ -924,7 +945,24 @@ pub fn rxe(
     vm_serves: bool,
     base_port: u16,
 ) -> Vec<Outcome> {
-    rxe_run(root, dir, cases, eth_mtu, vm_serves, base_port, None)
+    rxe_run(root, dir, cases, eth_mtu, vm_serves, base_port, None, false)
+}
+
+/// burst's IPv6 address on the lab's bridge, and RXE's on the VM's eth0
+/// (unique local addresses: the lab's namespace routes nothing out).
+pub const LAB_V6: (&str, &str) = ("fd00:198:18::1", "fd00:198:18::2");
+
+/// [`rxe`] over IPv6: burst on [`LAB_V6`]'s first address (IPv6 enabled on
+/// the lab's bridge for it), RXE through the GID of the second, which the
+/// VM adds to its interface first. The tools' own TCP stays on IPv4.
+pub fn rxe_v6(
+    root: &Path,
+    dir: &Path,
+    cases: &[Case],
+    vm_serves: bool,
+    base_port: u16,
+) -> Vec<Outcome> {
+    rxe_run(root, dir, cases, "1500", vm_serves, base_port, None, true)
 }
 
 /// The cases whose traffic `wire_check` captures: multi-packet messages
@@ -944,7 +982,7 @@ pub fn wire_check(root: &Path, dir: &Path, base_port: u16) -> Vec<Outcome> {
     let _ = std::fs::create_dir_all(&out_dir);
     let pcap = out_dir.join("burst-to-rxe.pcapng");
     let _ = std::fs::remove_file(&pcap);
-    let mut v = rxe_run(root, dir, WIRE, "1500", true, base_port, Some(&pcap));
+    let mut v = rxe_run(root, dir, WIRE, "1500", true, base_port, Some(&pcap), false);
     let check = root.join("../shared/rxe-lab/check-icrc.py");
     let r = Command::new("python3")
         .arg(&check)
@@ -986,6 +1024,7 @@ fn rxe_run(
     vm_serves: bool,
     base_port: u16,
     capture: Option<&Path>,
+    v6: bool,
 ) -> Vec<Outcome> {
     let lab = root.join("../shared/rxe-lab/rxe-vm");
     let labnet = root.join("../shared/rxe-lab/labnet.py");
@@ -997,19 +1036,66 @@ fn rxe_run(
         ns: Some("burstlab".into()),
         addr: "198.18.0.1".into(),
         libdir: dir.into(),
-        rdma_addr: dpdk.then(|| "198.18.0.10".into()),
+        rdma_addr: if v6 {
+            Some(LAB_V6.0.into())
+        } else {
+            dpdk.then(|| "198.18.0.10".into())
+        },
         daemon: None,
     };
-    let _daemon = start_daemon(Some("burstlab"), "198.18.0.1", None);
+    let _ = Command::new("bash").arg(&lab).arg("setup").status();
+    if v6 {
+        // The lab keeps IPv6 off; this run turns it on for the bridge
+        // (and the taps the VMs attach to) and gives burst its address.
+        for dev in ["rxebr0", "rxetap0", "rxetap1"] {
+            let _ = Command::new("ip")
+                .args(["netns", "exec", "burstlab", "sysctl", "-qw"])
+                .arg(format!("net.ipv6.conf.{dev}.disable_ipv6=0"))
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "exec", "burstlab", "ip", "-6", "addr", "replace"])
+            .arg(format!("{}/64", LAB_V6.0))
+            .args(["dev", "rxebr0", "nodad"])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let burst_addr = if v6 { LAB_V6.0 } else { "198.18.0.1" };
+    let _daemon = start_daemon(Some("burstlab"), burst_addr, None);
     host.daemon = _daemon.as_ref().map(|d| d.socket.clone());
     let dirn = if vm_serves {
         "burst client -> RXE server"
     } else {
         "RXE client -> burst server"
     };
-    let label = format!("{dirn} (link MTU {eth_mtu})");
+    let label = if v6 {
+        format!("{dirn} over IPv6 (link MTU {eth_mtu})")
+    } else {
+        format!("{dirn} (link MTU {eth_mtu})")
+    };
     // The VM's script: each case in turn, its exit status on a marker line.
     let mut script = String::new();
+    if v6 {
+        // RXE lists the new address's GID once the address is up: its
+        // index replaces the IPv4 one the lab found.
+        let gid = LAB_V6
+            .1
+            .parse::<std::net::Ipv6Addr>()
+            .map(|a| {
+                a.segments()
+                    .iter()
+                    .map(|s| format!("{s:04x}"))
+                    .collect::<Vec<_>>()
+                    .join(":")
+            })
+            .unwrap_or_default();
+        script.push_str(&format!(
+            "ip -6 addr add {}/64 dev eth0 nodad; sleep 1; \
+             g=$(grep -lx {gid} /sys/class/infiniband/rxe0/ports/1/gids/* | head -n 1); \
+             RXE_GID_INDEX=${{g##*/}}; echo RXE IPv6 GID index $RXE_GID_INDEX; ",
+            LAB_V6.1
+        ));
+    }
     for (i, c) in cases.iter().enumerate() {
         let port = base_port + i as u16;
         let peer = (!vm_serves).then_some("198.18.0.1");
@@ -1024,7 +1110,6 @@ fn rxe_run(
             "timeout 150 {argv} > /tmp/case{i}.log 2>&1; rc=$?; echo VMRESULT {i} $rc; tail -n 4 /tmp/case{i}.log | sed 's/^/VMLOG {i} /'; "
         ));
     }
-    let _ = Command::new("bash").arg(&lab).arg("setup").status();
     let vm = match spawn(
         &[
             "bash".into(),

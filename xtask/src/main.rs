@@ -16,7 +16,7 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask interop [--quick] [--examples-only WORD] [--ucx-only] [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
        cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
-       cargo xtask dropin [--loopback] [--veth] [--rxe] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
+       cargo xtask dropin [--loopback] [--veth] [--rxe] [--v6] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
        cargo xtask daemon [--quick]
@@ -807,6 +807,16 @@ fn interop(args: &[String]) -> ExitCode {
             let embedded = std::env::var_os("BURST_XTASK_BURSTD").is_none();
             if !ucx_only {
                 runs.extend(dropin_rxe(&root, &dir, cases, c4));
+                if default_port {
+                    // RoCE v2 over IPv6 against RXE (the UDP port).
+                    let v6 = if quick {
+                        dropin::V6_QUICK
+                    } else {
+                        dropin::V6_CASES
+                    };
+                    runs.extend(dropin::rxe_v6(&root, &dir, v6, true, 23900));
+                    runs.extend(dropin::rxe_v6(&root, &dir, v6, false, 24000));
+                }
                 runs.extend(dropin::veth(&dir, cases, c4));
                 // rdma_cm: the drop-in librdmacm against the kernel's RDMA
                 // CM and burst to burst, on the default port and embedded
@@ -1023,7 +1033,7 @@ fn dropin_cmd(args: &[String]) -> ExitCode {
         dropin::CASES
     }));
     let c4 = pick(if quick { &[] } else { dropin::CASES_4096 });
-    if has("--loopback") || !(veth || rxe || has("--numbers")) {
+    if has("--loopback") || !(veth || rxe || has("--numbers") || has("--v6")) {
         all.extend(dropin::device_listing(&dir));
         all.extend(dropin_loopback(&dir, cases));
     }
@@ -1032,6 +1042,15 @@ fn dropin_cmd(args: &[String]) -> ExitCode {
     }
     if rxe {
         all.extend(dropin_rxe(&root, &dir, cases, c4));
+    }
+    if has("--v6") {
+        let v6 = pick(if quick {
+            dropin::V6_QUICK
+        } else {
+            dropin::V6_CASES
+        });
+        all.extend(dropin::rxe_v6(&root, &dir, v6, true, 23900));
+        all.extend(dropin::rxe_v6(&root, &dir, v6, false, 24000));
     }
     if has("--numbers") {
         let figs = dropin::numbers(&dir, 3);

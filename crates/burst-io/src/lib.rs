@@ -631,8 +631,14 @@ impl UdpPort {
         let _ = sys::set_ecn(&sock, ip.is_ipv4());
         let gso = sys::gso_supported(&sock) && std::env::var_os("BURST_NO_GSO").is_none();
         let local = sock.local_addr()?;
-        if let IpAddr::V4(v4) = ip {
-            sys::set_multicast_if(&sock, v4);
+        match ip {
+            IpAddr::V4(v4) => sys::set_multicast_if(&sock, v4),
+            // RoCE v2 senders (RXE, RNICs) leave the UDP checksum 0 over
+            // IPv6 too (the ICRC covers the packet); Linux drops such
+            // datagrams unless the socket accepts them.
+            IpAddr::V6(_) => {
+                sys::set_udp_opt(&sock, sys::UDP_NO_CHECK6_RX, 1);
+            }
         }
         let epoll = sys::epoll()?;
         sys::epoll_add(&epoll, &sock)?;
@@ -788,7 +794,10 @@ impl Port for UdpPort {
         match (group, self.local.ip()) {
             (IpAddr::V4(g), IpAddr::V4(me)) => sock.join_multicast_v4(&g, &me)?,
             // Interface 0: the kernel picks it by route.
-            (IpAddr::V6(g), _) => sock.join_multicast_v6(&g, 0)?,
+            (IpAddr::V6(g), _) => {
+                sock.join_multicast_v6(&g, 0)?;
+                sys::set_udp_opt(&sock, sys::UDP_NO_CHECK6_RX, 1);
+            }
             _ => {}
         }
         sock.set_nonblocking(true)?;

@@ -9,6 +9,10 @@ use std::os::fd::{AsRawFd, FromRawFd};
 
 use crate::{gso_run, PacketBuf, RxBatch, RxMsg, BURST, MAX_GSO_SEGMENTS};
 
+/// `UDP_NO_CHECK6_RX`: accept IPv6 UDP datagrams with a zero checksum
+/// (linux/udp.h; not in the libc crate).
+pub(crate) const UDP_NO_CHECK6_RX: libc::c_int = 102;
+
 /// `SO_ATTACH_REUSEPORT_CBPF` (not in the libc crate for this target).
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 

@@ -341,3 +341,31 @@ fn a_joined_multicast_group_is_received_with_its_address() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(b.recv_batch(&mut rx).unwrap(), 0, "nothing after leaving");
 }
+
+/// RoCE v2 senders (kernel RXE, RNICs) leave the UDP checksum 0 over IPv6
+/// too: the port takes such datagrams (Linux drops them by default).
+#[test]
+fn ipv6_datagrams_with_a_zero_udp_checksum_are_received() {
+    use std::os::fd::AsRawFd;
+    let ip: IpAddr = "::1".parse().unwrap();
+    let mut port = UdpPort::bind_port(ip, 47_915).unwrap();
+    let tx = std::net::UdpSocket::bind("[::1]:0").unwrap();
+    // UDP_NO_CHECK6_TX (linux/udp.h): send with a zero checksum, as RXE.
+    let one: libc::c_int = 1;
+    // SAFETY: a live socket and a valid int option of its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            tx.as_raw_fd(),
+            libc::SOL_UDP,
+            101,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    let bytes = packet(100, 3);
+    tx.send_to(&bytes, port.local_addr()).unwrap();
+    let (got, _) = receive(&mut port, 1);
+    assert_eq!(got.len(), 1, "the zero-checksum datagram arrived");
+    assert_eq!(got[0].1, bytes);
+}
