@@ -945,7 +945,22 @@ pub fn rxe(
     vm_serves: bool,
     base_port: u16,
 ) -> Vec<Outcome> {
-    rxe_run(root, dir, cases, eth_mtu, vm_serves, base_port, None, false)
+    rxe_run(
+        root,
+        dir,
+        cases,
+        eth_mtu,
+        vm_serves,
+        base_port,
+        Lab::default(),
+    )
+}
+
+/// How [`rxe_run`] uses the lab: a capture of the VM's tap, IPv6.
+#[derive(Default, Clone, Copy)]
+struct Lab<'a> {
+    capture: Option<&'a Path>,
+    v6: bool,
 }
 
 /// burst's IPv6 address on the lab's bridge, and RXE's on the VM's eth0
@@ -962,7 +977,11 @@ pub fn rxe_v6(
     vm_serves: bool,
     base_port: u16,
 ) -> Vec<Outcome> {
-    rxe_run(root, dir, cases, "1500", vm_serves, base_port, None, true)
+    let lab = Lab {
+        capture: None,
+        v6: true,
+    };
+    rxe_run(root, dir, cases, "1500", vm_serves, base_port, lab)
 }
 
 /// The cases whose traffic `wire_check` captures: multi-packet messages
@@ -982,7 +1001,11 @@ pub fn wire_check(root: &Path, dir: &Path, base_port: u16) -> Vec<Outcome> {
     let _ = std::fs::create_dir_all(&out_dir);
     let pcap = out_dir.join("burst-to-rxe.pcapng");
     let _ = std::fs::remove_file(&pcap);
-    let mut v = rxe_run(root, dir, WIRE, "1500", true, base_port, Some(&pcap), false);
+    let lab = Lab {
+        capture: Some(&pcap),
+        v6: false,
+    };
+    let mut v = rxe_run(root, dir, WIRE, "1500", true, base_port, lab);
     let check = root.join("../shared/rxe-lab/check-icrc.py");
     let r = Command::new("python3")
         .arg(&check)
@@ -1023,8 +1046,7 @@ fn rxe_run(
     eth_mtu: &str,
     vm_serves: bool,
     base_port: u16,
-    capture: Option<&Path>,
-    v6: bool,
+    Lab { capture, v6 }: Lab<'_>,
 ) -> Vec<Outcome> {
     let lab = root.join("../shared/rxe-lab/rxe-vm");
     let labnet = root.join("../shared/rxe-lab/labnet.py");
