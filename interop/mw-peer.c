@@ -28,19 +28,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define PEER "mw-peer"
+#include "peer.h"
+
 #define SIZE 8192
-
-static void die(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	printf("mw-peer: FAIL ");
-	vprintf(fmt, ap);
-	printf("\n");
-	va_end(ap);
-	exit(1);
-}
 
 static struct ibv_wc next_wc(struct ibv_cq *cq)
 {
@@ -54,61 +45,6 @@ static struct ibv_wc next_wc(struct ibv_cq *cq)
 	}
 	wc.status = -1;
 	return wc;
-}
-
-static int sock_line(int fd, char *buf, size_t n)
-{
-	size_t got = 0;
-
-	while (got + 1 < n) {
-		ssize_t r = read(fd, buf + got, 1);
-
-		if (r <= 0)
-			return -1;
-		if (buf[got] == '\n')
-			break;
-		got++;
-	}
-	buf[got] = 0;
-	return 0;
-}
-
-static void sock_send(int fd, const char *s)
-{
-	if (write(fd, s, strlen(s)) != (ssize_t)strlen(s))
-		die("tcp write");
-}
-
-static int tcp(const char *host, int port)
-{
-	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
-	char p[16];
-	int fd;
-
-	snprintf(p, sizeof(p), "%d", port);
-	if (host) {
-		if (getaddrinfo(host, p, &hints, &res))
-			die("resolve %s", host);
-		for (int i = 0; i < 300; i++) {
-			fd = socket(AF_INET, SOCK_STREAM, 0);
-			if (!connect(fd, res->ai_addr, res->ai_addrlen))
-				return fd;
-			close(fd);
-			usleep(100000);
-		}
-		die("connect %s:%d", host, port);
-	}
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	int one = 1, l = socket(AF_INET, SOCK_STREAM, 0);
-
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1))
-		die("listen on %d", port);
-	fd = accept(l, NULL, NULL);
-	close(l);
-	if (fd < 0)
-		die("accept");
-	return fd;
 }
 
 static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
