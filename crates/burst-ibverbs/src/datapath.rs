@@ -155,7 +155,8 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
             return Err(libc::EINVAL);
         }
     };
-    let inline = w.send_flags & SEND_INLINE != 0;
+    // A local operation carries no data (RXE ignores the flag there).
+    let inline = w.send_flags & SEND_INLINE != 0 && !op.is_local();
     let inline_data = if inline {
         // SAFETY: inline SGEs name the application's readable buffers.
         Some(unsafe { gather_inline(&list) }?)
@@ -512,7 +513,7 @@ fn begin(qpx: *mut ibv_qp_ex, op: SendOp) {
         wr.signaled = q.sq_sig_all || flags & SEND_SIGNALED != 0;
         wr.fence = flags & SEND_FENCE != 0;
         wr.solicited = flags & SEND_SOLICITED != 0;
-        wr.inline = flags & SEND_INLINE != 0;
+        wr.inline = flags & SEND_INLINE != 0 && !op.is_local();
         b.wrs.push(wr);
     });
 }
