@@ -740,16 +740,11 @@ impl<P: Port> Device<P> {
             }
             // QPN 0xFFFFFF to a group: a copy for every QP attached to it
             // (each checks its Q_Key); to our own address it names no QP.
-            let members;
             let targets: &[Qpn] = match meta.dest {
-                Some(g) if qpn.value() == MULTICAST_QPN => {
-                    members = self
-                        .mcast
-                        .get(&burst_wire::gid_of(g))
-                        .cloned()
-                        .unwrap_or_default();
-                    &members
-                }
+                Some(g) if qpn.value() == MULTICAST_QPN => self
+                    .mcast
+                    .get(&burst_wire::gid_of(g))
+                    .map_or(&[], Vec::as_slice),
                 Some(_) => &[],
                 None => std::slice::from_ref(&qpn),
             };
