@@ -289,6 +289,20 @@ static int rc_pair(struct ibv_pd *pd, struct ibv_cq *cq, int gidx,
 	       connect_rc(*b, (*a)->qp_num, gidx, 1);
 }
 
+/* A fresh pair after a remote access error broke the old one: its
+ * completions drained, both QPs destroyed. */
+static int renew_pair(struct ibv_pd *pd, struct ibv_cq *cq, int gidx,
+		      struct ibv_qp **a, struct ibv_qp **b)
+{
+	struct ibv_wc wc;
+
+	ibv_destroy_qp(*a);
+	ibv_destroy_qp(*b);
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+	return rc_pair(pd, cq, gidx, a, b);
+}
+
 /* Memory windows (IBA 10.6.7, as RXE offers them). The target region has
  * no remote right of its own: whatever a peer reaches, it reaches through
  * a window. */
@@ -342,20 +356,12 @@ static void windows(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
 	r = rdma(a, cq, IBV_WR_RDMA_WRITE, &ls, base + 300, before);
 	snprintf(msg, sizeof(msg), "the rkey before the bind misses: status %d", r);
 	check(r == IBV_WC_REM_ACCESS_ERR, msg);
-	ibv_destroy_qp(a);
-	ibv_destroy_qp(b);
-	while (ibv_poll_cq(cq, 1, &wc) == 1)
-		;
-	if (rc_pair(pd, cq, gidx, &a, &b))
+	if (renew_pair(pd, cq, gidx, &a, &b))
 		goto out;
 	r = rdma(a, cq, IBV_WR_RDMA_READ, &ls, base + 300, mw1->rkey);
 	snprintf(msg, sizeof(msg), "a READ the window does not grant: status %d", r);
 	check(r == IBV_WC_REM_ACCESS_ERR, msg);
-	ibv_destroy_qp(a);
-	ibv_destroy_qp(b);
-	while (ibv_poll_cq(cq, 1, &wc) == 1)
-		;
-	if (rc_pair(pd, cq, gidx, &a, &b))
+	if (renew_pair(pd, cq, gidx, &a, &b))
 		goto out;
 	r = rdma(a, cq, IBV_WR_RDMA_WRITE, &ls, base + 100, mw1->rkey);
 	snprintf(msg, sizeof(msg), "a WRITE before the window's start: status %d", r);
@@ -367,14 +373,10 @@ static void windows(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
 	r = ibv_dereg_mr(mr);
 	snprintf(msg, sizeof(msg), "ibv_dereg_mr of a region with a window bound fails (%d)", r);
 	check(r != 0, msg);
-	ibv_destroy_qp(a);
-	ibv_destroy_qp(b);
-	while (ibv_poll_cq(cq, 1, &wc) == 1)
-		;
 
 	/* Type 2: bound by a work request, READ through it, then a SEND WITH
 	 * INVALIDATE from the peer frees it and its rkey misses. */
-	if (rc_pair(pd, cq, gidx, &a, &b))
+	if (renew_pair(pd, cq, gidx, &a, &b))
 		goto out;
 	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
 	check(mw2 != NULL, "ibv_alloc_mw type 2");
@@ -430,14 +432,10 @@ static void windows(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
 	r = rdma(a, cq, IBV_WR_RDMA_READ, &ls, base + 5000, k2);
 	snprintf(msg, sizeof(msg), "the invalidated window's rkey misses: status %d", r);
 	check(r == IBV_WC_REM_ACCESS_ERR, msg);
-	ibv_destroy_qp(a);
-	ibv_destroy_qp(b);
-	while (ibv_poll_cq(cq, 1, &wc) == 1)
-		;
 
 	/* Bound again (free once more), then a local invalidate; a second
 	 * one finds nothing bound and completes in error. */
-	if (rc_pair(pd, cq, gidx, &a, &b))
+	if (renew_pair(pd, cq, gidx, &a, &b))
 		goto out;
 	k2 = ibv_inc_rkey(k2);
 	bw.bind_mw.rkey = k2;

@@ -140,17 +140,6 @@ impl MrTable {
             .ok_or(RegError::NoSuchRegion)
     }
 
-    /// The protection domain of window `handle`.
-    pub fn window_pd(&self, handle: u32) -> Option<Pd> {
-        let windows = self.windows.read().unwrap_or_else(|e| e.into_inner());
-        windows.get(&handle).map(|w| Pd(w.pd))
-    }
-
-    /// Windows allocated now.
-    pub fn windows(&self) -> usize {
-        self.windows.read().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
     /// True when a window of `pd` exists (the PD is in use).
     pub fn pd_has_windows(&self, pd: Pd) -> bool {
         let windows = self.windows.read().unwrap_or_else(|e| e.into_inner());
