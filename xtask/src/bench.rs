@@ -191,7 +191,9 @@ fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
         (
             "burst",
             "rdma link delete rxe0 2>/dev/null; modprobe -r rdma_rxe",
-            "-d burst0 -x 0",
+            // The VM's eth0 holds one IPv4 address: GID 1 in a table laid
+            // out as RXE's (0: the link-local default GID).
+            "-d burst0 -x 1",
             "BURST_ADDR=$RXE_IP",
         ),
     ];

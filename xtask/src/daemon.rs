@@ -21,6 +21,11 @@ use crate::dropin::{veth_setup, veth_teardown, wait_listen, Outcome};
 const NS: [&str; 2] = ["burstbb1", "burstbb2"];
 const ADDR: [&str; 2] = ["198.18.0.101", "198.18.0.102"];
 
+/// The GID index of [`ADDR`] on its veth: 0 is the link-local default GID,
+/// 1 the veth's one IPv4 address (as RXE lists them); checked against the
+/// table burstd reports before the cases run (in [`run`]).
+const VETH_GID_INDEX: &str = "1";
+
 /// A process whose output is gathered in the background.
 struct Proc {
     child: Child,
@@ -220,10 +225,16 @@ fn tool_env(libdir: &Path, d: &Daemons, side: usize, daemon: bool) -> Vec<(Strin
     v
 }
 
+/// A tool's arguments, with burst's GID index for an address of the veths.
 fn argv(tool: &str, args: &str, port: u16, peer: Option<&str>) -> Vec<String> {
+    argv_gid(tool, args, VETH_GID_INDEX, port, peer)
+}
+
+/// A tool's arguments with GID index `gid`.
+fn argv_gid(tool: &str, args: &str, gid: &str, port: u16, peer: Option<&str>) -> Vec<String> {
     let mut v: Vec<String> = vec![tool.into(), "-d".into(), "burst0".into()];
     v.push(if tool.starts_with("ibv_") { "-g" } else { "-x" }.into());
-    v.push("0".into());
+    v.push(gid.into());
     v.extend(args.split_whitespace().map(String::from));
     v.push("-p".into());
     v.push(port.to_string());
@@ -702,9 +713,11 @@ fn bypass(root: &Path, libdir: &Path) -> Vec<Outcome> {
                 ("127.0.0.1", [None, None])
             };
             let run = |side: usize, argv: &[String]| spawn_in(ns[side], &env(side), argv);
-            let s = run(0, &argv(tool, args, port, None));
+            // A DPDK port's address is on no interface: its GID is at 0.
+            let gid = if kind == "dpdk" { "0" } else { VETH_GID_INDEX };
+            let s = run(0, &argv_gid(tool, args, gid, port, None));
             crate::dropin::wait_listen(ns[0], port, Duration::from_secs(20));
-            let c = run(1, &argv(tool, args, port, Some(peer)));
+            let c = run(1, &argv_gid(tool, args, gid, port, Some(peer)));
             let (cok, cout) = c.map_or((false, "spawn failed".into()), |c| {
                 c.wait(Duration::from_secs(90))
             });
@@ -764,6 +777,14 @@ pub fn run(root: &Path, quick: bool) -> Vec<Outcome> {
             return out;
         }
     };
+    // The GID table through burstd, as `ibv_devinfo -v` reads it.
+    let gid = crate::dropin::burst_gid_index(Some(NS[0]), &tool_env(&libdir, &d, 0, true), ADDR[0]);
+    out.push(outcome(
+        "burstd: GID table lists the veth's IPv4 address at index 1 (as RXE)",
+        gid == VETH_GID_INDEX,
+        Some(format!("GID index {gid}")),
+        format!("ibv_devinfo -v lists {} at index {gid}", ADDR[0]),
+    ));
     out.extend(shared(&libdir, &d));
     out.extend(kill_app(&libdir, &d));
     out.extend(kill_daemon(&libdir, &mut d));

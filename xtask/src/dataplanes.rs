@@ -144,6 +144,19 @@ fn cases() -> Vec<PortCase> {
     ]
 }
 
+/// burst's GID index for a way's address: a DPDK port's address is on no
+/// interface (index 0); an AF_XDP port's is its interface's, in a table
+/// laid out as RXE's, read from the device.
+fn gid_index(w: &Way, libdir: &str) -> String {
+    if w.env.iter().any(|(k, v)| k == "BURST_PORT" && v == "dpdk") {
+        return "0".into();
+    }
+    let mut env = w.env.clone();
+    env.push(("LD_LIBRARY_PATH".into(), libdir.into()));
+    env.push(("BURST_ADDR".into(), w.addr.into()));
+    crate::dropin::burst_gid_index(w.ns, &env, w.addr)
+}
+
 fn command(w: &Way, argv: &[String]) -> Command {
     let mut c = Command::new("timeout");
     c.arg("120");
@@ -373,7 +386,7 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
                     "-d",
                     "burst0",
                     "-g",
-                    "0",
+                    "{gid}",
                     "-c",
                     "-n",
                     "500",
@@ -388,7 +401,7 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
                     "-d",
                     "burst0",
                     "-x",
-                    "0",
+                    "{gid}",
                     "-s",
                     "65536",
                     "-n",
@@ -400,7 +413,8 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
             let _ = std::fs::remove_file(MEMIF_SOCKET);
             let tcp_port = (19700 + i).to_string();
             let with = |w: &Way, server_name: Option<&str>| {
-                let mut a: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+                let gid = gid_index(w, &libdir);
+                let mut a: Vec<String> = argv.iter().map(|s| s.replace("{gid}", &gid)).collect();
                 a.extend(["-p".to_string(), tcp_port.clone()]);
                 if let Some(s) = server_name {
                     a.push(s.into());

@@ -696,21 +696,77 @@ pub fn start_daemon(ns: Option<&str>, addr: &str, drop_every: Option<u32>) -> Op
     Some(DaemonGuard { child, socket })
 }
 
+/// The GID index of burst's device for its address `addr`, read as a user
+/// reads it (`ibv_devinfo -v` through the drop-in, in namespace `ns` with
+/// `env`): the device lays its table out as RXE's, so an interface's IPv4
+/// address is at 1 (0: its link-local default GID), an address of no
+/// interface (unassigned loopback) at 0. Remembered per side; "0" (with a
+/// warning) if the table does not list the address.
+pub fn burst_gid_index(ns: Option<&str>, env: &[(String, String)], addr: &str) -> String {
+    static SEEN: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+    let key = format!("{ns:?} {env:?} {addr}");
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, g)) = seen.iter().find(|(k, _)| *k == key) {
+        return g.clone();
+    }
+    let mut c = match ns {
+        Some(n) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", n, "ibv_devinfo"]);
+            c
+        }
+        None => Command::new("ibv_devinfo"),
+    };
+    c.args(["-v", "-d", "burst0"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null());
+    let out = c
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let want = match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => format!("::ffff:{addr},"),
+        _ => format!("{addr},"),
+    };
+    let index = out
+        .lines()
+        .find(|l| l.contains("GID[") && l.split_whitespace().nth(1) == Some(want.as_str()))
+        .and_then(|l| l.split('[').nth(1)?.split(']').next())
+        .map(|i| i.trim().to_string());
+    let g = index.unwrap_or_else(|| {
+        eprintln!("xtask: burst's GID table does not list {addr}: using GID index 0");
+        "0".into()
+    });
+    println!("xtask: burst's GID index for {addr}: {g}");
+    seen.push((key, g.clone()));
+    g
+}
+
 impl BurstSide {
+    /// The environment burst's tools get on this side.
+    fn env(&self) -> Vec<(String, String)> {
+        let mut v = vec![match &self.daemon {
+            Some(sock) => ("BURST_DAEMON".to_string(), sock.display().to_string()),
+            None => (
+                "BURST_ADDR".to_string(),
+                self.rdma_addr.as_deref().unwrap_or(&self.addr).to_string(),
+            ),
+        }];
+        v.push((
+            "LD_LIBRARY_PATH".to_string(),
+            self.libdir.display().to_string(),
+        ));
+        v
+    }
+
     fn argv(&self, c: &Case, port: u16, peer: Option<&str>) -> Vec<String> {
         let mut v: Vec<String> = vec!["timeout".into(), "150".into()];
         if let Some(n) = &self.ns {
             v.extend(["ip", "netns", "exec", n].map(String::from));
         }
         v.push("env".into());
-        match &self.daemon {
-            Some(sock) => v.push(format!("BURST_DAEMON={}", sock.display())),
-            None => v.push(format!(
-                "BURST_ADDR={}",
-                self.rdma_addr.as_deref().unwrap_or(&self.addr)
-            )),
-        }
-        v.push(format!("LD_LIBRARY_PATH={}", self.libdir.display()));
+        let env = self.env();
+        v.extend(env.iter().map(|(k, val)| format!("{k}={val}")));
         if c.kind == Kind::Ucx {
             // `lay_out`'s directory is target/dropin: the tool is beside.
             let burst = self.libdir.join("../release/burst");
@@ -720,7 +776,9 @@ impl BurstSide {
                 "--".into(),
             ]);
         }
-        v.extend(tool_args(c, "burst0", "0", port, peer));
+        let addr = self.rdma_addr.as_deref().unwrap_or(&self.addr);
+        let gid = burst_gid_index(self.ns.as_deref(), &env, addr);
+        v.extend(tool_args(c, "burst0", &gid, port, peer));
         v
     }
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use burst_verbs::config::Config;
 use burst_verbs::engine::Engine;
+use burst_verbs::gids::GID_TABLE_LEN;
 use burst_verbs::{DeviceAttr, MAX_QP, MAX_QP_WR, MAX_SGE};
 
 use crate::abi::*;
@@ -466,10 +467,18 @@ pub(crate) unsafe extern "C" fn query_port_ex(
     })
 }
 
-fn gid(c: &Ctx, port: u8, index: c_int) -> Option<[u8; 16]> {
-    (port == 1 && index == 0).then(|| c.ctx.gid())
+/// What GID `index` of `port` holds: `Err(EINVAL)` past the table's
+/// length or for a port other than 1, `Ok(None)` for an empty slot.
+fn gid(c: &Ctx, port: u32, index: u32) -> Result<Option<[u8; 16]>, c_int> {
+    if port != 1 || index as usize >= GID_TABLE_LEN {
+        return Err(libc::EINVAL);
+    }
+    let table = c.ctx.gid_table().map_err(|_| libc::EIO)?;
+    Ok(table.get(index as usize).copied().flatten())
 }
 
+/// `ibv_query_gid`: an empty slot reads as the zero GID (rdma-core keeps
+/// that behaviour of the sysfs days).
 unsafe extern "C" fn query_gid(
     context: *mut ibv_context,
     port: u8,
@@ -478,15 +487,25 @@ unsafe extern "C" fn query_gid(
 ) -> c_int {
     guard("ibv_query_gid", -1, || {
         // SAFETY: caller's contract: a context of ours.
-        let g = unsafe { ctx_of(context) }.and_then(|c| gid(c, port, index));
+        let Some(c) = (unsafe { ctx_of(context) }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let g = u32::try_from(index)
+            .map_err(|_| libc::EINVAL)
+            .and_then(|i| gid(c, port.into(), i));
         match g {
-            Some(g) if !out.is_null() => {
+            Ok(g) if !out.is_null() => {
                 // SAFETY: `out` is a writable union ibv_gid.
-                unsafe { *out = g };
+                unsafe { *out = g.unwrap_or([0; 16]) };
                 0
             }
-            _ => {
+            Ok(_) => {
                 set_errno(libc::EINVAL);
+                -1
+            }
+            Err(e) => {
+                set_errno(e);
                 -1
             }
         }
@@ -507,6 +526,17 @@ fn ifindex(c: &Ctx) -> u32 {
     unsafe { libc::if_nametoindex(cname.as_ptr()) }
 }
 
+/// One `ibv_gid_entry` of context `c`'s device for GID `index` = `g`.
+fn gid_entry(c: &Ctx, index: u32, g: [u8; 16]) -> ibv_gid_entry {
+    ibv_gid_entry {
+        gid: g,
+        gid_index: index,
+        port_num: 1,
+        gid_type: 2, // IBV_GID_TYPE_ROCE_V2
+        ndev_ifindex: ifindex(c),
+    }
+}
+
 unsafe extern "C" fn query_gid_ex(
     context: *mut ibv_context,
     port: u32,
@@ -520,41 +550,61 @@ unsafe extern "C" fn query_gid_ex(
         let Some(c) = (unsafe { ctx_of(context) }) else {
             return libc::EINVAL;
         };
-        if entry.is_null() || entry_size < size_of::<ibv_gid_entry>() || port > 255 {
+        if entry.is_null() || entry_size < size_of::<ibv_gid_entry>() {
             return libc::EINVAL;
         }
-        let Some(g) = gid(c, port as u8, index as c_int) else {
-            return libc::ENODATA;
-        };
-        let e = ibv_gid_entry {
-            gid: g,
-            gid_index: index,
-            port_num: port,
-            gid_type: 2, // IBV_GID_TYPE_ROCE_V2
-            ndev_ifindex: ifindex(c),
-        };
-        // SAFETY: the caller's entry holds entry_size >= 32 bytes.
-        unsafe { entry.write(e) };
+        match gid(c, port, index) {
+            // SAFETY: the caller's entry holds entry_size >= 32 bytes.
+            Ok(Some(g)) => unsafe { entry.write(gid_entry(c, index, g)) },
+            Ok(None) => return libc::ENODATA,
+            Err(e) => return e,
+        }
         0
     })
 }
 export!("_ibv_query_gid_ex", "IBVERBS_1.11", query_gid_ex);
 
+/// `ibv_query_gid_table`: the valid entries, in index order.
 unsafe extern "C" fn query_gid_table(
     context: *mut ibv_context,
     entries: *mut ibv_gid_entry,
     max_entries: usize,
-    flags: u32,
+    _flags: u32,
     entry_size: usize,
 ) -> isize {
-    if max_entries == 0 {
-        return -(libc::EINVAL as isize);
-    }
-    // SAFETY: forwarded contract for the one entry (index 0 of port 1).
-    match unsafe { query_gid_ex(context, 1, 0, entries, flags, entry_size) } {
-        0 => 1,
-        e => -(e as isize),
-    }
+    guard("ibv_query_gid_table", -(libc::EIO as isize), || {
+        // SAFETY: caller's contract: a context of ours.
+        let Some(c) = (unsafe { ctx_of(context) }) else {
+            return -(libc::EINVAL as isize);
+        };
+        if entries.is_null() || entry_size < size_of::<ibv_gid_entry>() {
+            return -(libc::EINVAL as isize);
+        }
+        let Ok(table) = c.ctx.gid_table() else {
+            return -(libc::EIO as isize);
+        };
+        let valid: Vec<(usize, [u8; 16])> = table
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| g.map(|g| (i, g)))
+            .collect();
+        if valid.len() > max_entries {
+            // As the kernel: the caller's array is too small.
+            return -(libc::EINVAL as isize);
+        }
+        for (k, (i, g)) in valid.iter().enumerate() {
+            // SAFETY: the caller's array holds max_entries entries of
+            // entry_size bytes; k < valid.len() <= max_entries.
+            unsafe {
+                entries
+                    .cast::<u8>()
+                    .add(k * entry_size)
+                    .cast::<ibv_gid_entry>()
+                    .write_unaligned(gid_entry(c, *i as u32, *g))
+            };
+        }
+        valid.len() as isize
+    })
 }
 export!("_ibv_query_gid_table", "IBVERBS_1.11", query_gid_table);
 
@@ -565,8 +615,8 @@ unsafe extern "C" fn query_gid_type(
     t: *mut c_int,
 ) -> c_int {
     // SAFETY: caller's contract: a context of ours.
-    let ok = unsafe { ctx_of(context) }.and_then(|c| gid(c, port, index as c_int));
-    if ok.is_none() || t.is_null() {
+    let ok = unsafe { ctx_of(context) }.map(|c| gid(c, port.into(), index));
+    if !matches!(ok, Some(Ok(Some(_)))) || t.is_null() {
         set_errno(libc::EINVAL);
         return -1;
     }

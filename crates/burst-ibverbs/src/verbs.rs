@@ -13,6 +13,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use burst_verbs::engine::PostError;
 use burst_verbs::mem::{Access, MwType};
 use burst_verbs::transport::{QpAccess, QpAttr, QpEvent, QpState, QpType};
 use burst_verbs::wire::{Mtu, Psn, Qpn};
@@ -1050,15 +1051,19 @@ pub(crate) fn ah_index(c: &Ctx, a: &ibv_ah_attr) -> Result<u32, c_int> {
         tracing::warn!("address vector without GRH (is_global = 0): RoCE needs a GID (use -g)");
         return Err(libc::EINVAL);
     }
-    if a.grh.sgid_index != 0 || (a.port_num != 0 && a.port_num != 1) {
-        tracing::warn!(
-            sgid_index = a.grh.sgid_index,
-            port = a.port_num,
-            "address vector: no such GID index or port"
-        );
+    if a.port_num != 0 && a.port_num != 1 {
+        tracing::warn!(port = a.port_num, "address vector: no such port");
         return Err(libc::EINVAL);
     }
-    c.ctx.create_ah(a.grh.dgid).map_err(|_| libc::EIO)
+    // The engine checks the index against the GID table (EINVAL, logged).
+    match c.ctx.create_ah_from(a.grh.dgid, Some(a.grh.sgid_index)) {
+        Ok(ah) => Ok(ah),
+        Err(PostError::Refused(v)) => Err(v.errno()),
+        Err(e) => {
+            tracing::warn!("address vector: {e}");
+            Err(libc::EIO)
+        }
+    }
 }
 
 /// The transport's attributes for `ibv_modify_qp(a, mask)` on context `c`,
@@ -1367,7 +1372,11 @@ unsafe extern "C" fn init_ah_from_wc(
     grh: *const u8,
     ah: *mut ibv_ah_attr,
 ) -> c_int {
-    if ctx_from(context).is_none() || wc.is_null() || ah.is_null() {
+    let Some(c) = ctx_from(context) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    if wc.is_null() || ah.is_null() {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -1381,19 +1390,30 @@ unsafe extern "C" fn init_ah_from_wc(
     // SAFETY: the GRH area is the first 40 bytes of the receive buffer.
     let g = unsafe { std::slice::from_raw_parts(grh, 40) };
     // RoCEv2 over IPv4 puts the IPv4 header in bytes 20..40.
-    let sgid = if g[20] >> 4 == 4 {
+    let (sgid, dgid) = if g[20] >> 4 == 4 {
         let src = std::net::Ipv4Addr::new(g[32], g[33], g[34], g[35]);
-        src.to_ipv6_mapped().octets()
+        let dst = std::net::Ipv4Addr::new(g[36], g[37], g[38], g[39]);
+        (src.to_ipv6_mapped().octets(), dst.to_ipv6_mapped().octets())
     } else {
-        let mut s = [0u8; 16];
+        let (mut s, mut d) = ([0u8; 16], [0u8; 16]);
         s.copy_from_slice(&g[8..24]);
-        s
+        d.copy_from_slice(&g[24..40]);
+        (s, d)
     };
+    // The reply leaves from the GID the packet came to (as rdma-core finds
+    // it); a multicast group's members answer from the device's address.
+    let table = c.ctx.gid_table().unwrap_or_default();
+    let own = c.ctx.gid();
+    let sgid_index = table
+        .iter()
+        .position(|g| *g == Some(dgid))
+        .or_else(|| table.iter().position(|g| *g == Some(own)))
+        .unwrap_or(0);
     let out = ibv_ah_attr {
         grh: ibv_global_route {
             dgid: sgid,
             flow_label: 0,
-            sgid_index: 0,
+            sgid_index: sgid_index as u8,
             hop_limit: 0xff,
             traffic_class: 0,
         },

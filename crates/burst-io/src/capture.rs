@@ -103,11 +103,11 @@ impl<P: Port> Port for CapturePort<P> {
         if n > 0 && self.tap.is_on() {
             let local = self.inner.local_addr();
             let at = SystemTime::now();
-            self.tap.copy(rx.packets().map(|(peer, b)| Captured {
+            self.tap.copy(rx.frames().map(|(m, b)| Captured {
                 at,
                 sent: false,
-                src: peer,
-                dst: local,
+                src: m.peer,
+                dst: m.dest.map_or(local, |ip| SocketAddr::new(ip, local.port())),
                 bytes: b.to_vec(),
             }));
         }
@@ -127,7 +127,7 @@ impl<P: Port> Port for CapturePort<P> {
                 .copy(bufs[..n.min(bufs.len())].iter().map(|b| Captured {
                     at,
                     sent: true,
-                    src: local,
+                    src: b.src.map_or(local, |ip| SocketAddr::new(ip, local.port())),
                     dst: b.peer,
                     bytes: b.bytes().to_vec(),
                 }));
@@ -161,6 +161,14 @@ impl<P: Port> Port for CapturePort<P> {
 
     fn leave_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
         self.inner.leave_multicast(group)
+    }
+
+    fn add_address(&mut self, addr: std::net::SocketAddr) -> std::io::Result<()> {
+        self.inner.add_address(addr)
+    }
+
+    fn remove_address(&mut self, ip: std::net::IpAddr) {
+        self.inner.remove_address(ip)
     }
 }
 

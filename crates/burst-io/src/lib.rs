@@ -77,6 +77,10 @@ pub struct PacketBuf {
     pub len: usize,
     /// Peer address (source on receive, destination on send).
     pub peer: SocketAddr,
+    /// On send, the local address the packet leaves from when it is not
+    /// the port's own ([`Port::local_addr`]): another address the port
+    /// serves ([`Port::add_address`]; a device's GID other than its first).
+    pub src: Option<IpAddr>,
     /// The IPv4 identification the packet leaves with (set by
     /// [`Port::assign_ip_ids`]; the ICRC covers it).
     pub ip_id: u16,
@@ -89,6 +93,7 @@ impl PacketBuf {
             data: Box::new([0; MAX_PACKET]),
             len: 0,
             peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+            src: None,
             ip_id: 0,
         }
     }
@@ -125,7 +130,8 @@ pub struct RxMeta {
     /// received (whole-frame ports); the caller need not check it again.
     pub icrc_verified: bool,
     /// The destination address when it is not the port's own: a multicast
-    /// group the port joined ([`Port::join_multicast`]).
+    /// group the port joined ([`Port::join_multicast`]) or another address
+    /// it serves ([`Port::add_address`]).
     pub dest: Option<IpAddr>,
 }
 
@@ -268,6 +274,22 @@ pub trait Port {
         let _ = group;
         Ok(())
     }
+    /// Serves local address `addr` too (a device's GIDs are every address
+    /// of its interface, as RXE's): receives what is sent to it, handed out
+    /// with [`RxMeta::dest`] set, and sends the packets whose
+    /// [`PacketBuf::src`] it is. A link-local IPv6 address carries its
+    /// interface as scope. Adding an address served already is a no-op.
+    fn add_address(&mut self, addr: SocketAddr) -> io::Result<()> {
+        let _ = addr;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this port serves its own address only",
+        ))
+    }
+    /// Stops serving `ip` (added by [`Port::add_address`]).
+    fn remove_address(&mut self, ip: IpAddr) {
+        let _ = ip;
+    }
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
@@ -303,6 +325,12 @@ impl<P: Port + ?Sized> Port for Box<P> {
     }
     fn leave_multicast(&mut self, group: IpAddr) -> io::Result<()> {
         (**self).leave_multicast(group)
+    }
+    fn add_address(&mut self, addr: SocketAddr) -> io::Result<()> {
+        (**self).add_address(addr)
+    }
+    fn remove_address(&mut self, ip: IpAddr) {
+        (**self).remove_address(ip)
     }
 }
 
@@ -344,6 +372,7 @@ pub fn gso_run(bufs: &[PacketBuf], gso: bool) -> usize {
         // the ACK sent after it, and the peer would get the reply only
         // together with the ACK (measured: ping-pong p50 +0.3 us on veth).
         if b.peer != first.peer
+            || b.src != first.src
             || qp(b) != qp(first)
             || b.len > seg
             || b.len == 0
@@ -557,6 +586,8 @@ pub struct UdpPort {
     gso: bool,
     /// The joined groups' sockets.
     groups: Vec<(IpAddr, UdpSocket)>,
+    /// Sockets of the other addresses the port serves ([`Port::add_address`]).
+    addresses: Vec<(IpAddr, UdpSocket)>,
     /// Readable when any of the port's sockets is: what [`Port::readiness`]
     /// hands out, so a sleeping engine wakes for a group joined later too.
     epoll: std::os::fd::OwnedFd,
@@ -617,29 +648,10 @@ impl UdpPort {
         UdpPort::from_socket(sock)
     }
 
-    /// A port over a bound socket: non-blocking, DF, large buffers, GRO,
-    /// ECN, GSO where the kernel has it.
+    /// A port over a bound socket (see [`prepare`]).
     fn from_socket(sock: UdpSocket) -> io::Result<UdpPort> {
-        let ip = sock.local_addr()?.ip();
-        sock.set_nonblocking(true)?;
-        sys::set_df(&sock, ip.is_ipv4())?;
-        sys::set_buffers(&sock, SOCKET_BUFFER);
-        // Coalesced receive is optional: without it each packet is its own
-        // datagram, which RxBatch handles the same way.
-        sys::set_udp_opt(&sock, libc::UDP_GRO, 1);
-        // Best effort: without it packets leave Not-ECT and CE goes unseen.
-        let _ = sys::set_ecn(&sock, ip.is_ipv4());
-        let gso = sys::gso_supported(&sock) && std::env::var_os("BURST_NO_GSO").is_none();
+        let gso = prepare(&sock, true)? && std::env::var_os("BURST_NO_GSO").is_none();
         let local = sock.local_addr()?;
-        match ip {
-            IpAddr::V4(v4) => sys::set_multicast_if(&sock, v4),
-            // RoCE v2 senders (RXE, RNICs) leave the UDP checksum 0 over
-            // IPv6 too (the ICRC covers the packet); Linux drops such
-            // datagrams unless the socket accepts them.
-            IpAddr::V6(_) => {
-                sys::set_udp_opt(&sock, sys::UDP_NO_CHECK6_RX, 1);
-            }
-        }
         let epoll = sys::epoll()?;
         sys::epoll_add(&epoll, &sock)?;
         Ok(UdpPort {
@@ -647,22 +659,23 @@ impl UdpPort {
             local,
             gso,
             groups: Vec::new(),
+            addresses: Vec::new(),
             epoll,
         })
     }
 
-    /// Appends what the group sockets hold to `rx` (a copy each: multicast
-    /// is rare next to the unicast batch).
-    fn recv_groups(&mut self, rx: &mut RxBatch) {
+    /// Appends what the group and other-address sockets hold to `rx` (a
+    /// copy each: their traffic is rare next to the unicast batch).
+    fn recv_others(&mut self, rx: &mut RxBatch) {
         let mut buf = [0u8; MAX_PACKET];
-        for (group, sock) in &self.groups {
+        for (dest, sock) in self.groups.iter().chain(&self.addresses) {
             while let Ok((n, peer)) = sock.recv_from(&mut buf) {
                 let meta = RxMeta {
                     peer,
                     ip_id: None,
                     ecn: 0,
                     icrc_verified: false,
-                    dest: Some(*group),
+                    dest: Some(*dest),
                 };
                 if !rx.push(meta, &buf[..n]) {
                     return;
@@ -670,6 +683,45 @@ impl UdpPort {
             }
         }
     }
+
+    /// The socket packets from `src` leave through.
+    fn socket_for(&self, src: Option<IpAddr>) -> Option<&UdpSocket> {
+        match src {
+            None => Some(&self.sock),
+            Some(ip) if ip == self.local.ip() => Some(&self.sock),
+            Some(ip) => self
+                .addresses
+                .iter()
+                .find(|(a, _)| *a == ip)
+                .map(|(_, s)| s),
+        }
+    }
+}
+
+/// Sets a bound socket up as a port's: non-blocking, DF, large buffers,
+/// GRO if `gro` (sockets read one datagram at a time must not coalesce),
+/// ECN, multicast out of its address's interface, IPv6 zero UDP checksums
+/// accepted; returns whether the kernel has GSO for it.
+fn prepare(sock: &UdpSocket, gro: bool) -> io::Result<bool> {
+    let ip = sock.local_addr()?.ip();
+    sock.set_nonblocking(true)?;
+    sys::set_df(sock, ip.is_ipv4())?;
+    sys::set_buffers(sock, SOCKET_BUFFER);
+    // Coalesced receive is optional: without it each packet is its own
+    // datagram, which RxBatch handles the same way.
+    sys::set_udp_opt(sock, libc::UDP_GRO, i32::from(gro));
+    // Best effort: without it packets leave Not-ECT and CE goes unseen.
+    let _ = sys::set_ecn(sock, ip.is_ipv4());
+    match ip {
+        IpAddr::V4(v4) => sys::set_multicast_if(sock, v4),
+        // RoCE v2 senders (RXE, RNICs) leave the UDP checksum 0 over
+        // IPv6 too (the ICRC covers the packet); Linux drops such
+        // datagrams unless the socket accepts them.
+        IpAddr::V6(_) => {
+            sys::set_udp_opt(sock, sys::UDP_NO_CHECK6_RX, 1);
+        }
+    }
+    Ok(sys::gso_supported(sock))
 }
 
 impl UdpPort {
@@ -742,11 +794,13 @@ pub fn seal(src: SocketAddr, dst: SocketAddr, ib: &mut [u8], ip_id: u16) -> io::
 }
 
 /// [`seal`] for each packet of `bufs` (with its [`PacketBuf::ip_id`]),
-/// sent from `src`; returns how many were sealed before the first failure.
+/// sent from `src` (or its [`PacketBuf::src`]); returns how many were
+/// sealed before the first failure.
 pub fn seal_all(src: SocketAddr, bufs: &mut [PacketBuf]) -> usize {
     for (i, b) in bufs.iter_mut().enumerate() {
         let (peer, len, id) = (b.peer, b.len, b.ip_id);
-        if seal(src, peer, &mut b.data[..len], id).is_err() {
+        let from = b.src.map_or(src, |ip| SocketAddr::new(ip, src.port()));
+        if seal(from, peer, &mut b.data[..len], id).is_err() {
             return i;
         }
     }
@@ -762,8 +816,8 @@ impl Port for UdpPort {
         let asked = rx.want;
         sys::recv_batch(&self.sock, rx, asked)?;
         rx.adapt(asked);
-        if !self.groups.is_empty() {
-            self.recv_groups(rx);
+        if !self.groups.is_empty() || !self.addresses.is_empty() {
+            self.recv_others(rx);
         }
         Ok(rx.count())
     }
@@ -773,11 +827,57 @@ impl Port for UdpPort {
     }
 
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
-        sys::send_burst(&self.sock, bufs, self.gso)
+        if self.addresses.is_empty() {
+            return sys::send_burst(&self.sock, bufs, self.gso);
+        }
+        // Each run of packets from one source through that address's socket.
+        let mut sent = 0;
+        while sent < bufs.len() {
+            let src = bufs[sent].src;
+            let run = bufs[sent..].iter().take_while(|b| b.src == src).count();
+            let Some(sock) = self.socket_for(src) else {
+                // An address no longer served: dropped, as by a full link.
+                tracing::debug!("send from {src:?}: the port does not serve it");
+                sent += run;
+                continue;
+            };
+            let k = sys::send_burst(sock, &bufs[sent..sent + run], self.gso)?;
+            sent += k;
+            if k < run {
+                break;
+            }
+        }
+        Ok(sent)
     }
 
     fn readiness(&self) -> io::Result<Readiness> {
         Ok(Readiness::from_fd(self.epoll.try_clone()?))
+    }
+
+    fn add_address(&mut self, addr: SocketAddr) -> io::Result<()> {
+        let ip = addr.ip();
+        if ip == self.local.ip() || self.addresses.iter().any(|(a, _)| *a == ip) {
+            return Ok(());
+        }
+        let at = SocketAddr::new(ip, self.local.port());
+        let at = match (at, addr) {
+            (SocketAddr::V6(mut v), SocketAddr::V6(s)) => {
+                v.set_scope_id(s.scope_id());
+                SocketAddr::V6(v)
+            }
+            (a, _) => a,
+        };
+        let sock = UdpSocket::bind(at).map_err(|e| bind_error(e, ip, at.port()))?;
+        // Read a datagram at a time (recv_others): no coalescing.
+        prepare(&sock, false)?;
+        sys::epoll_add(&self.epoll, &sock)?;
+        self.addresses.push((ip, sock));
+        Ok(())
+    }
+
+    fn remove_address(&mut self, ip: IpAddr) {
+        // Closing the socket takes it out of the epoll set.
+        self.addresses.retain(|(a, _)| *a != ip);
     }
 
     fn join_multicast(&mut self, group: IpAddr) -> io::Result<()> {

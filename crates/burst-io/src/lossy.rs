@@ -134,4 +134,12 @@ impl<P: Port> Port for LossyPort<P> {
     fn leave_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
         self.inner.leave_multicast(group)
     }
+
+    fn add_address(&mut self, addr: std::net::SocketAddr) -> std::io::Result<()> {
+        self.inner.add_address(addr)
+    }
+
+    fn remove_address(&mut self, ip: std::net::IpAddr) {
+        self.inner.remove_address(ip)
+    }
 }

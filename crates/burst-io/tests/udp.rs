@@ -369,3 +369,97 @@ fn ipv6_datagrams_with_a_zero_udp_checksum_are_received() {
     assert_eq!(got.len(), 1, "the zero-checksum datagram arrived");
     assert_eq!(got[0].1, bytes);
 }
+
+/// A port serving a second address (a device's other GID): what is sent
+/// to it arrives with it as destination, and packets whose source it is
+/// leave from it (sealed for it, so the peer's ICRC check passes), in one
+/// burst with packets from the port's own address.
+#[test]
+fn a_second_address_is_received_and_sent_from() {
+    let a_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 204, 1));
+    let a2_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 204, 2));
+    let b_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 204, 3));
+    let mut a = UdpPort::bind(a_ip).unwrap();
+    let mut b = UdpPort::bind(b_ip).unwrap();
+    a.add_address(SocketAddr::new(a2_ip, 0)).unwrap();
+    a.add_address(SocketAddr::new(a2_ip, 0)).unwrap(); // twice: one socket
+    let ready = a.readiness().unwrap();
+    let mut ck = burst_wire::icrc::Checker::new();
+    let to_a2 = SocketAddr::new(a2_ip, 4791);
+
+    // b -> a's second address: a GSO run of four, taken apart again.
+    let mut run: Vec<PacketBuf> = (0..4)
+        .map(|i| {
+            let mut p = PacketBuf::new();
+            let bytes = packet(1024, 1 + i);
+            p.data[..bytes.len()].copy_from_slice(&bytes);
+            p.len = bytes.len();
+            p.peer = to_a2;
+            p
+        })
+        .collect();
+    b.assign_ip_ids(&mut run);
+    assert_eq!(seal_all(b.local_addr(), &mut run), 4);
+    assert_eq!(b.send_burst(&run).unwrap(), 4);
+    assert!(
+        ready.wait(Duration::from_secs(5)).unwrap(),
+        "readiness wakes"
+    );
+    let mut rx = RxBatch::default();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    while got.len() < 4 && Instant::now() < deadline {
+        a.recv_batch(&mut rx).unwrap();
+        got.extend(rx.frames().map(|(m, p)| (m, p.to_vec())));
+    }
+    assert_eq!(got.len(), 4, "four packets, not one coalesced datagram");
+    for (m, bytes) in &got {
+        assert_eq!(m.dest, Some(a2_ip));
+        assert_eq!(bytes.len(), run[0].len);
+        let c = ck.check(m.peer, to_a2, bytes, None);
+        assert!(matches!(c, IcrcCheck::Ok | IcrcCheck::OkWithId(_)), "{c:?}");
+    }
+
+    // a -> b: two packets from the second address between two from its own.
+    let srcs = [None, Some(a2_ip), Some(a2_ip), None];
+    let mut out: Vec<PacketBuf> = srcs
+        .iter()
+        .enumerate()
+        .map(|(i, src)| {
+            let mut p = PacketBuf::new();
+            let bytes = packet(100, 10 + i as u32);
+            p.data[..bytes.len()].copy_from_slice(&bytes);
+            p.len = bytes.len();
+            p.peer = b.local_addr();
+            p.src = *src;
+            p
+        })
+        .collect();
+    assert_eq!(a.seal_burst(&mut out), 4);
+    assert_eq!(a.send_burst(&out).unwrap(), 4);
+    let (got, _) = receive(&mut b, 4);
+    assert_eq!(got.len(), 4);
+    for (i, (peer, bytes)) in got.iter().enumerate() {
+        let psn = u32::from_be_bytes([0, bytes[9], bytes[10], bytes[11]]);
+        let want = if srcs[(psn - 10) as usize].is_some() {
+            a2_ip
+        } else {
+            a_ip
+        };
+        assert_eq!(
+            peer.ip(),
+            want,
+            "packet {i} (PSN {psn}) left from its source"
+        );
+        // A GSO run's second packet carries IP ID 1 (solved for).
+        let c = check(&mut ck, &b, *peer, bytes);
+        assert!(matches!(c, IcrcCheck::Ok | IcrcCheck::OkWithId(_)), "{c:?}");
+    }
+
+    // Removed: no longer received.
+    a.remove_address(a2_ip);
+    assert!(
+        std::net::UdpSocket::bind(to_a2).is_ok(),
+        "the socket is closed"
+    );
+}

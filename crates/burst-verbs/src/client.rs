@@ -468,14 +468,25 @@ impl Remote {
                 };
                 let _ = reply.send(r);
             }
-            Control::CreateAh { gid, reply } => {
-                match self.call_ok(&Request::CreateAh { gid }, &[])?.0 {
-                    Reply::Ah { ah } => {
-                        let _ = reply.send(ah);
-                    }
-                    _ => return Err(PostError::Invalid),
+            Control::CreateAh {
+                gid,
+                sgid_index,
+                reply,
+            } => match self.call(&Request::CreateAh { gid, sgid_index }, &[])?.0 {
+                Reply::Ah { ah } => {
+                    let _ = reply.send(Ok(ah));
                 }
-            }
+                Reply::Error { verbs: Some(v), .. } => {
+                    let _ = reply.send(Err(v.into_verbs()));
+                }
+                _ => return Err(PostError::Invalid),
+            },
+            Control::Gids { reply } => match self.call_ok(&Request::Gids, &[])?.0 {
+                Reply::Gids(t) => {
+                    let _ = reply.send(t.into_iter().map(|g| g.map(crate::ip_of_gid)).collect());
+                }
+                _ => return Err(PostError::Invalid),
+            },
             Control::QpCounters { qpn, reply } => {
                 match self
                     .call_ok(&Request::QpCounters { qpn: qpn.value() }, &[])?

@@ -6,7 +6,7 @@
 //! crate-internal: the [`crate::engine`] owns it and is the one API.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,6 +41,29 @@ struct QpSlot {
 /// The destination QPN of multicast packets (IBA 10.5.2.3).
 const MULTICAST_QPN: u32 = 0xff_ffff;
 
+/// An address handle: where packets go and, when it is not the port's
+/// own address, the GID (address) they leave from.
+#[derive(Debug, Clone, Copy)]
+struct Ah {
+    peer: SocketAddr,
+    src: Option<IpAddr>,
+}
+
+/// The interface a device's GID table follows ([`Device::set_interface`]).
+#[derive(Debug)]
+struct GidSource {
+    iface: String,
+    ifindex: u32,
+    /// When the interface's addresses were last read.
+    scanned: Option<Instant>,
+    /// Addresses the port could not serve (warned about once).
+    refused: Vec<IpAddr>,
+}
+
+/// How stale the GID table may be when it is read (an address added to the
+/// interface shows within this).
+const GID_RESCAN: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A burst RDMA device on one IP address, over packet port `P`.
 pub(crate) struct Device<P: Port = AnyPort> {
     port: P,
@@ -53,7 +76,11 @@ pub(crate) struct Device<P: Port = AnyPort> {
     srqs: Vec<Option<Srq>>,
     /// Counters of destroyed QPs, kept for the device totals.
     destroyed: burst_transport::Counters,
-    ahs: Vec<SocketAddr>,
+    ahs: Vec<Ah>,
+    /// The GID table: the port's address, or every address of its
+    /// interface laid out as RXE's ([`crate::gids`]).
+    gids: crate::gids::GidTable,
+    gid_source: Option<GidSource>,
     /// Multicast groups (MGID) and the UD QPs attached to each.
     mcast: std::collections::HashMap<[u8; 16], Vec<Qpn>>,
     rx: RxBatch,
@@ -126,8 +153,11 @@ impl<P: Port> Device<P> {
     /// `port_mtu` and memory regions in `mrs` (an engine builds one:
     /// [`engine::Engine::with_port`]).
     pub fn with_port(port: P, port_mtu: Mtu, mrs: Arc<MrTable>) -> Device<P> {
+        let gids = crate::gids::GidTable::for_address(port.local_addr().ip());
         Device {
             port,
+            gids,
+            gid_source: None,
             icrc: icrc::Checker::new(),
             mrs,
             qps: Vec::new(),
@@ -389,10 +419,98 @@ impl<P: Port> Device<P> {
         Ok(())
     }
 
-    /// Creates an address handle for a peer's GID; returns its index.
-    pub fn create_ah(&mut self, gid: [u8; 16]) -> u32 {
-        self.ahs.push(SocketAddr::new(ip_of_gid(gid), ROCEV2_PORT));
-        (self.ahs.len() - 1) as u32
+    /// Creates an address handle for a peer's GID, sent to from the GID at
+    /// `sgid_index` of the device's table (`None`: the port's address);
+    /// returns its index.
+    pub fn create_ah(&mut self, gid: [u8; 16], sgid_index: Option<u8>) -> Result<u32, VerbsError> {
+        let src = match sgid_index {
+            None => self.port.local_addr().ip(),
+            Some(i) => match self.gids.get(usize::from(i)) {
+                Some(ip) => ip,
+                None => {
+                    tracing::warn!(sgid_index = i, "address handle: no GID at this index");
+                    return Err(VerbsError::InvalidValue("sgid_index: no such GID"));
+                }
+            },
+        };
+        let dst = ip_of_gid(gid);
+        if dst.is_ipv4() != src.is_ipv4() {
+            tracing::warn!(%src, %dst, "address handle: source and destination GIDs of different IP versions");
+            return Err(VerbsError::InvalidValue(
+                "dgid: not of the sgid's IP version",
+            ));
+        }
+        let peer = match dst {
+            // A link-local peer is reached through the device's interface.
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                let scope = self.gid_source.as_ref().map_or(0, |g| g.ifindex);
+                SocketAddr::V6(SocketAddrV6::new(v6, ROCEV2_PORT, 0, scope))
+            }
+            d => SocketAddr::new(d, ROCEV2_PORT),
+        };
+        let src = (src != self.port.local_addr().ip()).then_some(src);
+        self.ahs.push(Ah { peer, src });
+        Ok((self.ahs.len() - 1) as u32)
+    }
+
+    /// Makes the GID table follow interface `iface` (every address of it,
+    /// laid out as RXE's) when the port's address is one of its addresses.
+    /// The port serves every listed address; a slot whose address it
+    /// cannot serve (ports that serve one address) stays empty.
+    pub fn set_interface(&mut self, iface: &str) {
+        self.gid_source = Some(GidSource {
+            iface: iface.to_string(),
+            ifindex: crate::netif::ifindex(iface),
+            scanned: None,
+            refused: Vec::new(),
+        });
+        self.refresh_gids();
+    }
+
+    /// The GID table, read again from the interface if older than
+    /// [`GID_RESCAN`]: slot `i` is GID index `i` (`None`: empty).
+    pub fn gid_table(&mut self) -> Vec<Option<IpAddr>> {
+        self.refresh_gids();
+        self.gids.slots().to_vec()
+    }
+
+    /// Follows the interface's addresses: the port serves what the table
+    /// gains and drops what it loses (RXE follows netdev events the same).
+    fn refresh_gids(&mut self) {
+        let Some(src) = &mut self.gid_source else {
+            return;
+        };
+        if src.scanned.is_some_and(|t| t.elapsed() < GID_RESCAN) {
+            return;
+        }
+        src.scanned = Some(Instant::now());
+        let primary = self.port.local_addr().ip();
+        let Some(change) = self.gids.follow(primary, &src.iface) else {
+            return;
+        };
+        for ip in change.removed {
+            self.port.remove_address(ip);
+        }
+        for (index, ip) in change.added {
+            if ip == primary {
+                continue;
+            }
+            let at = match ip {
+                IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                    SocketAddr::V6(SocketAddrV6::new(v6, 0, 0, src.ifindex))
+                }
+                ip => SocketAddr::new(ip, 0),
+            };
+            if let Err(e) = self.port.add_address(at) {
+                // Listed again (and retried) at the next scan: a new IPv6
+                // address cannot be bound until its duplicate detection ends.
+                self.gids.clear(ip);
+                if !src.refused.contains(&ip) {
+                    tracing::warn!(index, %ip, "GID left empty: the port cannot serve this address: {e}");
+                    src.refused.push(ip);
+                }
+            }
+        }
     }
 
     fn qp_index(&self, qpn: Qpn) -> Result<usize, VerbsError> {
@@ -420,7 +538,7 @@ impl<P: Port> Device<P> {
         // A connected QP joins its peer's congestion state.
         match s.qp.remote() {
             Some((ah, dest)) => {
-                if let Some(&peer) = self.ahs.get(ah as usize) {
+                if let Some(&Ah { peer, .. }) = self.ahs.get(ah as usize) {
                     if Congestion::connected_to(&s.flow) != Some((peer, dest)) {
                         self.cc.connect(&mut s.flow, &s.qp, peer, dest);
                     }
@@ -711,7 +829,8 @@ impl<P: Port> Device<P> {
                 self.counters.malformed += 1;
                 continue;
             };
-            // A multicast datagram's ICRC covers the group's address.
+            // A datagram to a multicast group or to another of the device's
+            // GIDs: its ICRC covers that address.
             let local = meta
                 .dest
                 .map_or(local, |g| SocketAddr::new(g, local.port()));
@@ -741,12 +860,13 @@ impl<P: Port> Device<P> {
             // QPN 0xFFFFFF to a group: a copy for every QP attached to it
             // (each checks its Q_Key); to our own address it names no QP.
             let targets: &[Qpn] = match meta.dest {
-                Some(g) if qpn.value() == MULTICAST_QPN => self
+                Some(g) if g.is_multicast() && qpn.value() == MULTICAST_QPN => self
                     .mcast
                     .get(&burst_wire::gid_of(g))
                     .map_or(&[], Vec::as_slice),
-                Some(_) => &[],
-                None => std::slice::from_ref(&qpn),
+                Some(g) if g.is_multicast() => &[],
+                _ if qpn.value() == MULTICAST_QPN => &[],
+                _ => std::slice::from_ref(&qpn),
             };
             if targets.is_empty() {
                 self.counters.no_qp += 1;
@@ -821,6 +941,7 @@ impl<P: Port> Device<P> {
             if ib.emit(&mut buf.data[..len]).is_ok() {
                 buf.len = len;
                 buf.peer = peer;
+                buf.src = None;
                 self.counters.sent_pkts += 1;
                 self.cc.counters.cnp_sent += 1;
                 n += 1;
@@ -836,6 +957,7 @@ impl<P: Port> Device<P> {
                 };
                 buf.len = len;
                 buf.peer = peer;
+                buf.src = None;
                 self.counters.sent_pkts += 1;
                 n += 1;
             }
@@ -861,7 +983,7 @@ impl<P: Port> Device<P> {
                 let mut n = start;
                 while n < tx.len() {
                     let Some(t) = q.poll_transmit(now) else { break };
-                    let Some(&peer) = ahs.get(t.ah as usize) else {
+                    let Some(&Ah { peer, src }) = ahs.get(t.ah as usize) else {
                         continue;
                     };
                     let len = t.ib.buffer_len();
@@ -878,6 +1000,7 @@ impl<P: Port> Device<P> {
                     counters.sent_pkts += 1;
                     buf.len = len;
                     buf.peer = peer;
+                    buf.src = src;
                     n += 1;
                 }
                 q.flush_unreliable();

@@ -566,7 +566,12 @@ pub(crate) enum Control {
     },
     CreateAh {
         gid: [u8; 16],
-        reply: Sender<u32>,
+        sgid_index: Option<u8>,
+        reply: Sender<Result<u32, VerbsError>>,
+    },
+    /// The GID table (`ibv_query_gid`).
+    Gids {
+        reply: Sender<Vec<Option<std::net::IpAddr>>>,
     },
     /// `ibv_attach_mcast` (`attach`) or `ibv_detach_mcast`.
     Multicast {
@@ -740,7 +745,8 @@ pub struct EngineOptions {
     pub drive: Drive,
     /// The device clock.
     pub clock: Clock,
-    /// The network interface, when one was configured (reported only).
+    /// The network interface holding the device's address, when known:
+    /// the GID table lists its addresses ([`Context::gid_table`]).
     pub interface: Option<String>,
     /// The loss the port injects (reported only; [`burst_io::LossyPort`] does it).
     pub drop_every: u64,
@@ -1084,6 +1090,11 @@ impl Engine {
             dev.set_congestion_control(o.congestion_control);
             dev.set_lane(k as u32, lanes as u32);
             dev.set_gsi(Arc::clone(&gsi));
+            // One GID table per device: with several lanes (each a port of
+            // its own) it stays the device's address alone.
+            if let (Some(iface), 1) = (&o.interface, lanes) {
+                dev.set_interface(iface);
+            }
             gid = dev.gid();
             let (control, control_rx) = bounded(64);
             controls.push(control);
@@ -1238,8 +1249,15 @@ fn control(dev: &mut Device, c: Control) -> Option<Qpn> {
         Control::QueryQp { qpn, reply } => {
             let _ = reply.send(dev.query_qp(qpn));
         }
-        Control::CreateAh { gid, reply } => {
-            let _ = reply.send(dev.create_ah(gid));
+        Control::CreateAh {
+            gid,
+            sgid_index,
+            reply,
+        } => {
+            let _ = reply.send(dev.create_ah(gid, sgid_index));
+        }
+        Control::Gids { reply } => {
+            let _ = reply.send(dev.gid_table());
         }
         Control::Multicast {
             qpn,
@@ -2546,15 +2564,39 @@ impl Context {
         Ok(())
     }
 
-    /// Creates an address handle for a GID.
+    /// Creates an address handle for destination GID `gid`, sent to from
+    /// the device's own address ([`Context::gid`]).
     pub fn create_ah(&self, gid: [u8; 16]) -> Result<u32, PostError> {
-        // Every lane holds every address handle, under the same number.
-        let ah = self.call(|reply| Control::CreateAh { gid, reply })?;
+        self.create_ah_from(gid, None)
+    }
+
+    /// Creates an address handle for destination GID `gid`, sent to from
+    /// the device's GID at `sgid_index` ([`Context::gid_table`]; `None`:
+    /// its own address); an empty index, or GIDs of different IP versions,
+    /// are refused ([`VerbsError::InvalidValue`], EINVAL).
+    pub fn create_ah_from(&self, gid: [u8; 16], sgid_index: Option<u8>) -> Result<u32, PostError> {
+        // Every lane holds every address handle, under the same number
+        // (lanes share one GID table: with several, the device's address).
+        let create = |reply| Control::CreateAh {
+            gid,
+            sgid_index,
+            reply,
+        };
+        let ah = self.call(create)?.map_err(PostError::Refused)?;
         for lane in 1..self.control.len() {
-            let other = self.call_on(lane, |reply| Control::CreateAh { gid, reply })?;
+            let other = self.call_on(lane, create)?.map_err(PostError::Refused)?;
             debug_assert_eq!(other, ah, "address handles numbered alike on every lane");
         }
         Ok(ah)
+    }
+
+    /// The GID table of port 1, as `ibv_query_gid` reads it: entry `i` is
+    /// GID index `i` (`None`: an empty slot); read again from the interface
+    /// when older than a tenth of a second, so it follows address changes.
+    /// A device on an address of no interface has that address at 0.
+    pub fn gid_table(&self) -> Result<Vec<Option<[u8; 16]>>, PostError> {
+        let t = self.call(|reply| Control::Gids { reply })?;
+        Ok(t.into_iter().map(|g| g.map(crate::gid_of)).collect())
     }
 
     /// `ibv_attach_mcast` (`attach`) or `ibv_detach_mcast` of UD QP `qpn`

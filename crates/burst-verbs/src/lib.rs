@@ -52,6 +52,7 @@ mod congestion;
 mod dataplane;
 mod entry;
 pub mod eventfd;
+pub mod gids;
 pub mod gsi;
 pub mod netif;
 pub mod protocol;
@@ -226,7 +227,7 @@ pub struct PortAttr {
     pub active_mtu: Mtu,
     /// Link layer: Ethernet (RoCE).
     pub link_layer_ethernet: bool,
-    /// GID table length.
+    /// GID table length (RXE's: [`crate::gids::GID_TABLE_LEN`]).
     pub gid_tbl_len: u32,
     /// Longest message (2^31, the IBA's limit: C9-94).
     pub max_msg_sz: u32,
@@ -240,7 +241,7 @@ impl PortAttr {
             max_mtu: Mtu::Mtu4096,
             active_mtu,
             link_layer_ethernet: true,
-            gid_tbl_len: 1,
+            gid_tbl_len: crate::gids::GID_TABLE_LEN as u32,
             max_msg_sz: burst_transport::MAX_MSG_SIZE as u32,
         }
     }

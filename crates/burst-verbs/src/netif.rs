@@ -94,6 +94,30 @@ pub fn mtu(name: &str) -> io::Result<usize> {
     Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
 }
 
+/// The hardware address of interface `name` (`None` for interfaces
+/// without one, such as loopback, whose address reads all zero).
+pub fn mac(name: &str) -> Option<[u8; 6]> {
+    if name.contains('/') {
+        return None;
+    }
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok()?;
+    let mut mac = [0u8; 6];
+    let mut parts = text.trim().split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    (parts.next().is_none() && mac != [0; 6]).then_some(mac)
+}
+
+/// The index of interface `name` (0 if there is none).
+pub fn ifindex(name: &str) -> u32 {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return 0;
+    };
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    unsafe { libc::if_nametoindex(c.as_ptr()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +132,8 @@ mod tests {
         assert!(mtu(&lo.name).unwrap() >= 1280);
         assert!(mtu("no-such-if0").is_err());
         assert!(mtu("a-name-that-is-far-too-long").is_err());
+        assert_eq!(mac(&lo.name), None, "loopback has no MAC");
+        assert!(ifindex(&lo.name) > 0);
+        assert_eq!(ifindex("no-such-if0"), 0);
     }
 }

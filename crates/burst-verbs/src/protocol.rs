@@ -29,7 +29,7 @@ use crate::{DeviceCounters, QpInit};
 /// `BRST`.
 pub const MAGIC: [u8; 4] = *b"BRST";
 /// The protocol version; a client of another version is refused at hello.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 /// Descriptors one message carries at most.
@@ -176,7 +176,11 @@ pub enum Request {
     CreateAh {
         /// The destination GID.
         gid: [u8; 16],
+        /// The source GID's index (`None`: the device's own address).
+        sgid_index: Option<u8>,
     },
+    /// The GID table (`ibv_query_gid`).
+    Gids,
     /// Device counters.
     Counters,
     /// One QP's counters (the client's own QP; any QP for root).
@@ -402,6 +406,8 @@ pub enum Reply {
         /// Its number.
         ah: u32,
     },
+    /// The GID table: entry `i` is GID index `i` (`None`: empty).
+    Gids(Vec<Option<[u8; 16]>>),
     /// Device counters.
     Counters(Box<DeviceCounters>),
     /// One QP's counters.

@@ -13,7 +13,8 @@
 //!   bound over them (a harmless character device: burst's libibverbs never
 //!   opens them, software that checks them finds them);
 //! - `/sys/class/infiniband/<dev>/`: node type, GUIDs, and port 1's state,
-//!   link layer, GID 0 with its type (`RoCE v2`) and network device;
+//!   link layer, and its GID table (each entry with its type, `RoCE v2`,
+//!   and network device), as the device lists it when it opens;
 //! - `/sys/class/infiniband_verbs/`: the ABI version and `uverbsN/ibdev`.
 //!
 //! Nothing outside the namespace changes. Where a directory is missing
@@ -29,7 +30,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{symlink, FileTypeExt};
 use std::path::{Path, PathBuf};
 
-use burst_verbs::config::DeviceConfig;
+use burst_verbs::config::{DeviceConfig, PortKind};
 
 /// What one device's files say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +39,10 @@ pub struct DeviceFiles {
     pub name: String,
     /// Its index in the device list: `/dev/infiniband/uverbs<index>`.
     pub index: usize,
-    /// GID 0.
+    /// The device's own GID (its address).
     pub gid: [u8; 16],
+    /// The GID table as the device lists it (`None`: an empty slot).
+    pub gids: Vec<Option<[u8; 16]>>,
     /// The network device behind port 1, when known.
     pub netdev: Option<String>,
 }
@@ -50,11 +53,24 @@ impl DeviceFiles {
         devices
             .iter()
             .enumerate()
-            .map(|(index, d)| DeviceFiles {
-                name: d.name.clone(),
-                index,
-                gid: burst_verbs::gid_of(d.addr),
-                netdev: d.interface.clone(),
+            .map(|(index, d)| {
+                // The device's table when it opens (one engine thread on
+                // the UDP port serves every address of its interface).
+                let mut t = burst_verbs::gids::GidTable::for_address(d.addr);
+                if let (Some(iface), 1, PortKind::Udp) = (&d.interface, d.threads, d.port) {
+                    t.follow(d.addr, iface);
+                }
+                DeviceFiles {
+                    name: d.name.clone(),
+                    index,
+                    gid: burst_verbs::gid_of(d.addr),
+                    gids: t
+                        .slots()
+                        .iter()
+                        .map(|g| g.map(burst_verbs::gid_of))
+                        .collect(),
+                    netdev: d.interface.clone(),
+                }
             })
             .collect()
     }
@@ -67,11 +83,6 @@ impl DeviceFiles {
             "{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}:{:02x}{:02x}",
             g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]
         );
-        let gid = g
-            .chunks(2)
-            .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
-            .collect::<Vec<_>>()
-            .join(":");
         let mut f = vec![
             ("node_type".into(), "1: CA".into()),
             ("node_guid".into(), guid.clone()),
@@ -83,11 +94,19 @@ impl DeviceFiles {
             ("ports/1/link_layer".into(), "Ethernet".into()),
             ("ports/1/lid".into(), "0x0".into()),
             ("ports/1/sm_lid".into(), "0x0".into()),
-            ("ports/1/gids/0".into(), gid),
-            ("ports/1/gid_attrs/types/0".into(), "RoCE v2".into()),
         ];
-        if let Some(n) = &self.netdev {
-            f.push(("ports/1/gid_attrs/ndevs/0".into(), n.clone()));
+        for (i, g) in self.gids.iter().enumerate() {
+            let Some(g) = g else { continue };
+            let gid = g
+                .chunks(2)
+                .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+                .collect::<Vec<_>>()
+                .join(":");
+            f.push((format!("ports/1/gids/{i}"), gid));
+            f.push((format!("ports/1/gid_attrs/types/{i}"), "RoCE v2".into()));
+            if let Some(n) = &self.netdev {
+                f.push((format!("ports/1/gid_attrs/ndevs/{i}"), n.clone()));
+            }
         }
         f
     }
@@ -290,13 +309,21 @@ mod tests {
             name: "burst0".into(),
             index: 0,
             gid: burst_verbs::gid_of("198.18.0.131".parse().unwrap()),
+            gids: vec![
+                None,
+                Some(burst_verbs::gid_of("198.18.0.131".parse().unwrap())),
+            ],
             netdev: Some("veth0".into()),
         };
         let f: std::collections::HashMap<_, _> = d.sysfs_files().into_iter().collect();
-        assert_eq!(f["ports/1/gid_attrs/types/0"], "RoCE v2");
-        assert_eq!(f["ports/1/gid_attrs/ndevs/0"], "veth0");
+        assert!(
+            !f.contains_key("ports/1/gids/0"),
+            "an empty slot has no file"
+        );
+        assert_eq!(f["ports/1/gid_attrs/types/1"], "RoCE v2");
+        assert_eq!(f["ports/1/gid_attrs/ndevs/1"], "veth0");
         assert_eq!(
-            f["ports/1/gids/0"],
+            f["ports/1/gids/1"],
             "0000:0000:0000:0000:0000:ffff:c612:0083"
         );
         assert_eq!(f["ports/1/link_layer"], "Ethernet");

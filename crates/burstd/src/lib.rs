@@ -566,9 +566,14 @@ impl Daemon {
                     Err(e) => create_reply(e, "modify_srq"),
                 }
             }
-            Request::CreateAh { gid } => match ctx.create_ah(gid) {
+            Request::CreateAh { gid, sgid_index } => match ctx.create_ah_from(gid, sgid_index) {
                 Ok(ah) => Reply::Ah { ah },
+                Err(PostError::Refused(v)) => create_reply(CreateError::Verbs(v), "create_ah"),
                 Err(e) => errno_reply(e, "create_ah"),
+            },
+            Request::Gids => match ctx.gid_table() {
+                Ok(t) => Reply::Gids(t),
+                Err(e) => errno_reply(e, "query_gid"),
             },
             Request::Counters => match self.ctx.counters() {
                 Ok(cn) => Reply::Counters(Box::new(cn)),

@@ -11,12 +11,15 @@ fn burst_run_gives_the_command_the_device_files_ucx_looks_for() {
         .arg(
             "test -c /dev/infiniband/uverbs0 && test -r /dev/infiniband/uverbs0 \
              && test -w /dev/infiniband/uverbs0 && test -c /dev/infiniband/rdma_cm \
-             && cat /sys/class/infiniband/burst0/ports/1/gid_attrs/types/0 \
-                    /sys/class/infiniband/burst0/ports/1/gids/0 \
-                    /sys/class/infiniband/burst0/ports/1/gid_attrs/ndevs/0 \
+             && test ! -e /sys/class/infiniband/burst0/ports/1/gids/0 \
+             && cat /sys/class/infiniband/burst0/ports/1/gid_attrs/types/1 \
+                    /sys/class/infiniband/burst0/ports/1/gids/1 \
+                    /sys/class/infiniband/burst0/ports/1/gid_attrs/ndevs/1 \
                     /sys/class/infiniband_verbs/uverbs0/ibdev \
              && test -e /dev/null && test -d /sys/class/net/lo",
         )
+        // An address of lo: its GIDs are lo's addresses, laid out as
+        // RXE's (index 0, the default GID, is empty: lo has no MAC).
         .env("BURST_ADDR", "127.0.0.1")
         .env_remove("BURST_DAEMON")
         .env_remove("BURST_CONFIG")

@@ -243,7 +243,7 @@ pub(super) fn on_cm_event(dev: usize, e: CmEvent) {
         CmEvent::SidrReply { conn, rep } => {
             let Some(id) = conn_id(dev, conn) else { return };
             unregister_conn(dev, conn);
-            let peer = {
+            let (peer, sgid_index) = {
                 let mut st = id.lock();
                 st.conn = None;
                 st.phase = if rep.status == burst_cm::sidr_status::OK {
@@ -251,7 +251,7 @@ pub(super) fn on_cm_event(dev: usize, e: CmEvent) {
                 } else {
                     Phase::Disconnected
                 };
-                st.peer
+                (st.peer, st.sgid_index)
             };
             if rep.status != burst_cm::sidr_status::OK {
                 post(&id, ev::UNREACHABLE, c_int::from(rep.status), |_| {});
@@ -267,6 +267,7 @@ pub(super) fn on_cm_event(dev: usize, e: CmEvent) {
                     ..Default::default()
                 };
                 ah.grh.dgid = gid_of(peer);
+                ah.grh.sgid_index = sgid_index;
                 ah.grh.hop_limit = 64;
                 ev.raw.param.ud = rdma_ud_param {
                     private_data: ev.data.as_ptr().cast(),

@@ -50,6 +50,10 @@ pub(crate) struct DevCm {
     pd: *mut ibv_pd,
     svc: CmService,
     gid: [u8; 16],
+    /// The index of `gid` in the device's GID table: what the address
+    /// vectors the CM hands out name as their source (as the kernel's CM
+    /// finds the GID of the bound address).
+    sgid_index: u8,
     /// Active MTU, as `enum ibv_mtu` (1 = 256 ... 5 = 4096).
     mtu: u8,
     max_rd_atomic: u8,
@@ -62,6 +66,17 @@ unsafe impl Send for DevCm {}
 unsafe impl Sync for DevCm {}
 
 static DEVCMS: Mutex<Vec<Option<Arc<DevCm>>>> = Mutex::new(Vec::new());
+
+/// The index of the device's own address in its GID table (0 if the
+/// table cannot be read).
+fn own_gid_index(ctx: &burst_verbs::engine::Context) -> u8 {
+    let own = ctx.gid();
+    ctx.gid_table()
+        .ok()
+        .and_then(|t| t.iter().position(|g| *g == Some(own)))
+        .and_then(|i| u8::try_from(i).ok())
+        .unwrap_or(0)
+}
 
 /// The CM of device `index`, started on first use.
 fn devcm(index: usize) -> Result<Arc<DevCm>, c_int> {
@@ -104,6 +119,7 @@ fn devcm(index: usize) -> Result<Arc<DevCm>, c_int> {
         pd,
         svc,
         gid: c.ctx.gid(),
+        sgid_index: own_gid_index(&c.ctx),
         mtu: c.ctx.query_port().active_mtu.ibv_mtu(),
         max_rd_atomic: attr.max_qp_rd_atom.min(255) as u8,
     });
@@ -218,6 +234,8 @@ struct IdState {
     phase: Phase,
     ps: PortSpace,
     dev: Option<usize>,
+    /// The device's GID index for its address ([`DevCm::sgid_index`]).
+    sgid_index: u8,
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
     /// The port this id holds in its space (released on destroy).
@@ -334,6 +352,7 @@ fn new_id(
             phase: Phase::Idle,
             ps,
             dev: None,
+            sgid_index: 0,
             src: None,
             dst: None,
             port_held: None,
@@ -688,6 +707,7 @@ fn unlisten(id: &Arc<Id>) {
 /// Fills the id's addresses, device and GIDs.
 fn set_route(id: &Id, st: &mut IdState, d: &DevCm) {
     st.dev = Some(d.index);
+    st.sgid_index = d.sgid_index;
     let raw = id.raw();
     // SAFETY: our live id; the application reads these fields only after
     // the event that says they are set.
@@ -956,6 +976,7 @@ fn qp_attr_for(st: &IdState, qp_type: u32, state: u32) -> Result<(ibv_qp_attr, c
             a.ah_attr.is_global = 1;
             a.ah_attr.port_num = 1;
             a.ah_attr.grh.dgid = burst_cm::rdma::gid_of(peer);
+            a.ah_attr.grh.sgid_index = st.sgid_index;
             a.ah_attr.grh.hop_limit = 64;
             let mut m = M_STATE | M_AV | M_PATH_MTU | M_DEST_QPN | M_RQ_PSN;
             if qp_type == IBV_QPT_RC {
