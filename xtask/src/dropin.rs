@@ -730,7 +730,7 @@ pub fn burst_gid_index(ns: Option<&str>, env: &[(String, String)], addr: &str) -
     };
     let index = out
         .lines()
-        .find(|l| l.contains("GID[") && l.split_whitespace().nth(1) == Some(want.as_str()))
+        .find(|l| l.contains("GID[") && l.split_whitespace().any(|w| w == want))
         .and_then(|l| l.split('[').nth(1)?.split(']').next())
         .map(|i| i.trim().to_string());
     let g = index.unwrap_or_else(|| {
