@@ -432,6 +432,21 @@ pub const CASES: &[Case] = &[
 ];
 
 /// The cases at MTU 4096 (a 9000-byte link).
+/// burst to burst through the link-local default GID (index 0, IPv6 with
+/// the interface as scope), as RXE's `-g 0`: the later `-g` wins.
+pub const LINK_LOCAL: &[Case] = &[
+    pp(
+        "rc_pingpong over the link-local GID (-g 0) 64 KiB -c",
+        "ibv_rc_pingpong",
+        "-g 0 -s 65536 -n 20 -c",
+    ),
+    pp(
+        "ud_pingpong over the link-local GID (-g 0) 1000 B -c",
+        "ibv_ud_pingpong",
+        "-g 0 -s 1000 -n 20 -c",
+    ),
+];
+
 pub const CASES_4096: &[Case] = &[
     pp(
         "rc_pingpong MTU 4096 64 KiB -c",
@@ -971,6 +986,7 @@ pub fn veth(dir: &Path, cases: &[Case], cases_4096: &[Case]) -> Vec<Outcome> {
     a.daemon = da.as_ref().map(|d| d.socket.clone());
     b.daemon = db.as_ref().map(|d| d.socket.clone());
     out.extend(burst_pair(cases, &a, &b, "burst<->burst veth", 21000));
+    out.extend(burst_pair(LINK_LOCAL, &a, &b, "burst<->burst veth", 21090));
     // Daemons read the link MTU when they start: new ones for MTU 9000.
     drop((da, db));
     if !cases_4096.is_empty() && veth_setup(9000) {

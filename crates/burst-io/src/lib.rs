@@ -765,7 +765,9 @@ impl UdpPort {
 fn bind_error(e: io::Error, ip: IpAddr, port: u16) -> io::Error {
     let hint = match e.kind() {
         io::ErrorKind::AddrInUse => {
-            "UDP port in use (another RoCEv2 stack, or kernel RXE on this address?)"
+            "UDP port in use (another RoCEv2 stack, kernel RXE, or another burst device on \
+             this interface: each serves all of its interface's addresses as GIDs; share \
+             one device through burstd)"
         }
         io::ErrorKind::AddrNotAvailable => "address is not on this host",
         io::ErrorKind::PermissionDenied => "permission denied",

@@ -61,6 +61,25 @@ pub fn addresses() -> io::Result<Vec<IfAddr>> {
 
 /// The MTU of interface `name`.
 pub fn mtu(name: &str) -> io::Result<usize> {
+    let req = ifreq(name, libc::SIOCGIFMTU)?;
+    // SAFETY: the ioctl succeeded, so the union holds the MTU.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
+}
+
+/// The hardware address of interface `name` (`None` for interfaces
+/// without one, such as loopback, whose address reads all zero). Asked of
+/// the kernel (not sysfs, which shows the namespace it was mounted in).
+pub fn mac(name: &str) -> Option<[u8; 6]> {
+    let req = ifreq(name, libc::SIOCGIFHWADDR).ok()?;
+    // SAFETY: the ioctl succeeded, so the union holds a sockaddr whose
+    // data starts with the hardware address.
+    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
+    let mac: [u8; 6] = std::array::from_fn(|i| data[i] as u8);
+    (mac != [0; 6]).then_some(mac)
+}
+
+/// An `ifreq` for interface `name` after ioctl `request` filled it.
+fn ifreq(name: &str, request: libc::c_ulong) -> io::Result<libc::ifreq> {
     let bytes = name.as_bytes();
     if bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
         return Err(io::Error::new(
@@ -78,9 +97,9 @@ pub fn mtu(name: &str) -> io::Result<usize> {
     for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
         *d = *s as libc::c_char;
     }
-    // SAFETY: SIOCGIFMTU reads ifr_name and writes ifr_ifru.ifru_mtu of the
+    // SAFETY: the SIOCGIF* ioctls read ifr_name and write ifr_ifru of the
     // ifreq we own; fd is a socket we opened.
-    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU as _, &mut req) };
+    let r = unsafe { libc::ioctl(fd, request as _, &mut req) };
     let err = io::Error::last_os_error();
     // SAFETY: closing the fd we opened, once.
     unsafe { libc::close(fd) };
@@ -90,23 +109,7 @@ pub fn mtu(name: &str) -> io::Result<usize> {
             format!("no interface {name:?}: {err}"),
         ));
     }
-    // SAFETY: the ioctl succeeded, so the union holds the MTU.
-    Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
-}
-
-/// The hardware address of interface `name` (`None` for interfaces
-/// without one, such as loopback, whose address reads all zero).
-pub fn mac(name: &str) -> Option<[u8; 6]> {
-    if name.contains('/') {
-        return None;
-    }
-    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok()?;
-    let mut mac = [0u8; 6];
-    let mut parts = text.trim().split(':');
-    for b in &mut mac {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    (parts.next().is_none() && mac != [0; 6]).then_some(mac)
+    Ok(req)
 }
 
 /// The index of interface `name` (0 if there is none).
