@@ -265,6 +265,12 @@ pub const V6_CASES: &[Case] = &[
     ),
     pt("ib_write_bw 64 KiB", "ib_write_bw", "-F -s 65536 -n 20"),
     pt("ib_read_bw 64 KiB", "ib_read_bw", "-F -s 65536 -n 20"),
+    // Both sides' link-local default GIDs (index 0 on RXE and on burst).
+    pp(
+        "rc_pingpong over the link-local GIDs (-g 0) 4 KiB -c",
+        "ibv_rc_pingpong",
+        "-g 0 -s 4096 -n 20 -c",
+    ),
     MW,
 ];
 
