@@ -295,9 +295,11 @@ impl<T> std::fmt::Debug for ShmRing<T> {
 const MAX_RACES: usize = 1 << 16;
 
 impl<T: Entry> ShmRing<T> {
-    /// Slots for a ring asked to hold `depth` entries (a power of two).
+    /// Slots for a ring asked to hold `depth` entries (a power of two, at
+    /// least 2: with one slot the sequence numbers cannot tell a full slot
+    /// from a free one, and the ring would take nothing out).
     pub fn slots_for(depth: usize) -> usize {
-        depth.max(1).next_power_of_two()
+        depth.max(2).next_power_of_two()
     }
 
     /// Bytes a ring of `slots` slots takes in a segment.
@@ -326,6 +328,7 @@ impl<T: Entry> ShmRing<T> {
     pub fn attach(seg: Arc<Segment>, off: usize, slots: usize) -> io::Result<ShmRing<T>> {
         assert!(T::SIZE <= MAX_ENTRY, "ring entry too large");
         if !slots.is_power_of_two()
+            || slots < 2
             || off % 64 != 0
             || off
                 .checked_add(Self::bytes(slots))
@@ -333,7 +336,7 @@ impl<T: Entry> ShmRing<T> {
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "ring does not fit its segment",
+                "ring of fewer than 2 slots, or not fitting its segment",
             ));
         }
         Ok(ShmRing {
@@ -526,6 +529,22 @@ mod tests {
         for round in 0..100u32 {
             r.push(round).unwrap();
             assert_eq!(r.pop(), Some(round));
+        }
+    }
+
+    /// A queue of depth 1 (`ibv_create_cq(ctx, 1, ...)`, `max_send_wr` 1)
+    /// gets a ring that works: one slot cannot (a full slot reads as free).
+    #[test]
+    fn a_ring_for_one_entry_has_two_slots_and_works() {
+        assert_eq!(ShmRing::<u32>::slots_for(1), 2);
+        assert_eq!(ShmRing::<u32>::slots_for(0), 2);
+        let seg = Arc::new(Segment::anonymous(ShmRing::<u32>::bytes(2)).unwrap());
+        assert!(ShmRing::<u32>::create(Arc::clone(&seg), 0, 1).is_err());
+        let r = ShmRing::<u32>::create(seg, 0, ShmRing::<u32>::slots_for(1)).unwrap();
+        for round in 0..10u32 {
+            r.push(round).unwrap();
+            assert_eq!(r.pop(), Some(round));
+            assert_eq!(r.pop(), None);
         }
     }
 
