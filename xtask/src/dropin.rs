@@ -947,8 +947,24 @@ pub fn veth_setup(mtu: u32) -> bool {
         }
     }
     let m = mtu.to_string();
-    run(&["-n", "burstbb1", "link", "set", "bbveth1", "mtu", &m, "up"])
-        && run(&["-n", "burstbb2", "link", "set", "bbveth2", "mtu", &m, "up"])
+    let up = run(&["-n", "burstbb1", "link", "set", "bbveth1", "mtu", &m, "up"])
+        && run(&["-n", "burstbb2", "link", "set", "bbveth2", "mtu", &m, "up"]);
+    // The link-local addresses (GID 0) take traffic once their duplicate
+    // address detection ends (about a second after the link comes up).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while up && Instant::now() < deadline {
+        let tentative = ["burstbb1", "burstbb2"].iter().any(|ns| {
+            Command::new("ip")
+                .args(["-n", ns, "-6", "addr", "show", "tentative"])
+                .output()
+                .is_ok_and(|o| !o.stdout.is_empty())
+        });
+        if !tentative {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    up
 }
 
 /// Removes the veth namespaces.

@@ -273,6 +273,7 @@ pub(crate) unsafe extern "C" fn open_device(device: *mut ibv_device) -> *mut ibv
             async_fd,
             cmd_fd,
             srqs: Mutex::new(HashMap::new()),
+            cqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
         });
         let p = Box::into_raw(b);
@@ -417,7 +418,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
 fn port_attr(c: &Ctx) -> ibv_port_attr {
     let p = c.ctx.query_port();
     ibv_port_attr {
-        state: 4, // ACTIVE
+        state: if p.active { 4 } else { 1 }, // ACTIVE, DOWN
         max_mtu: u32::from(p.max_mtu.ibv_mtu()),
         active_mtu: u32::from(p.active_mtu.ibv_mtu()),
         gid_tbl_len: p.gid_tbl_len as c_int,
@@ -425,10 +426,10 @@ fn port_attr(c: &Ctx) -> ibv_port_attr {
         max_msg_sz: p.max_msg_sz,
         pkey_tbl_len: 1,
         max_vl_num: 1,
-        active_width: 2,  // 4X
-        active_speed: 32, // EDR: the port claims 100 Gb/s
-        phys_state: 5,    // LinkUp
-        link_layer: 2,    // Ethernet
+        active_width: 2,                          // 4X
+        active_speed: 32,                         // EDR: the port claims 100 Gb/s
+        phys_state: if p.active { 5 } else { 3 }, // LinkUp, Disabled
+        link_layer: 2,                            // Ethernet
         ..Default::default()
     }
 }

@@ -67,6 +67,8 @@ pub(crate) struct Ctx {
     pub srqs: Mutex<HashMap<u32, usize>>,
     /// QPN → `ibv_qp` pointer, for async events.
     pub qps: Mutex<HashMap<u32, usize>>,
+    /// CQ handle → `ibv_cq` pointer, for async events.
+    pub cqs: Mutex<HashMap<u32, usize>>,
 }
 
 // SAFETY: the raw pointers in the C structs are only read by the

@@ -521,6 +521,10 @@ fn new_cq(
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.0, p as usize);
     }
+    c.cqs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id.0, p as usize);
     Ok(p)
 }
 export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
@@ -624,6 +628,10 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
                 tracing::warn!("ibv_destroy_cq refused: {e}");
                 return e.errno();
             }
+            c.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&q.id.0);
         }
         if let Some(ch) = ours!(Channel, q.raw.channel) {
             ch.cqs
@@ -1452,12 +1460,15 @@ export!("ibv_create_ah_from_wc", "IBVERBS_1.1", create_ah_from_wc);
 // --------------------------------------------------------------- events
 
 // `enum ibv_event_type`.
+const EVENT_CQ_ERR: u32 = 0;
 const EVENT_QP_FATAL: u32 = 1;
 const EVENT_QP_REQ_ERR: u32 = 2;
 const EVENT_QP_ACCESS_ERR: u32 = 3;
 const EVENT_COMM_EST: u32 = 4;
 const EVENT_SQ_DRAINED: u32 = 5;
 const EVENT_DEVICE_FATAL: u32 = 8;
+const EVENT_PORT_ACTIVE: u32 = 9;
+const EVENT_PORT_ERR: u32 = 10;
 const EVENT_SRQ_LIMIT_REACHED: u32 = 15;
 const EVENT_QP_LAST_WQE_REACHED: u32 = 16;
 
@@ -1499,6 +1510,20 @@ fn async_event_of(c: &Ctx, ev: AsyncEvent) -> Option<ibv_async_event> {
             // The union's `port_num` / `element` is unused for this event.
             element: ptr::null_mut(),
             event_type: EVENT_DEVICE_FATAL,
+        },
+        AsyncEvent::CqError(id) => ibv_async_event {
+            element: lookup(&c.cqs, id.0)? as *mut c_void,
+            event_type: EVENT_CQ_ERR,
+        },
+        AsyncEvent::Port { active } => ibv_async_event {
+            // The union's `int port_num` (port 1; a pointer-sized zero
+            // above it on little-endian hosts).
+            element: ptr::without_provenance_mut(1),
+            event_type: if active {
+                EVENT_PORT_ACTIVE
+            } else {
+                EVENT_PORT_ERR
+            },
         },
     })
 }
@@ -1552,6 +1577,13 @@ unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
                 // SAFETY: `element` is the live QP of ours the event named;
                 // written through a raw pointer, as C owns the struct.
                 unsafe { (*q).events_completed = (*q).events_completed.wrapping_add(1) };
+            }
+            EVENT_CQ_ERR if !e.element.is_null() => {
+                let q = e.element.cast::<ibv_cq>();
+                // SAFETY: as above, for the CQ the event named.
+                unsafe {
+                    (*q).async_events_completed = (*q).async_events_completed.wrapping_add(1)
+                };
             }
             EVENT_SRQ_LIMIT_REACHED if !e.element.is_null() => {
                 let s = e.element.cast::<ibv_srq>();

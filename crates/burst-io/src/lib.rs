@@ -869,7 +869,7 @@ impl Port for UdpPort {
             }
             (a, _) => a,
         };
-        let sock = UdpSocket::bind(at).map_err(|e| bind_error(e, ip, at.port()))?;
+        let sock = sys::bind_freebind(at).map_err(|e| bind_error(e, ip, at.port()))?;
         // Read a datagram at a time (recv_others): no coalescing.
         prepare(&sock, false)?;
         sys::epoll_add(&self.epoll, &sock)?;

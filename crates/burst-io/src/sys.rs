@@ -18,13 +18,20 @@ const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 
 /// A UDP socket bound to `addr` with `SO_REUSEPORT` (a lane of a group).
 pub(crate) fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {
-    bind_with(addr, libc::SO_REUSEPORT)
+    bind_with(addr, libc::SOL_SOCKET, libc::SO_REUSEPORT)
+}
+
+/// A UDP socket bound to `addr` with `IP_FREEBIND` (IPv4 and IPv6): an
+/// address still in duplicate address detection (a link-local one just
+/// after the link came up) binds, and receives once the kernel takes it.
+pub(crate) fn bind_freebind(addr: SocketAddr) -> io::Result<UdpSocket> {
+    bind_with(addr, libc::SOL_IP, libc::IP_FREEBIND)
 }
 
 /// A UDP socket bound to multicast group `addr` with `SO_REUSEADDR`, so
 /// that every burst device of the host that joins the group gets a copy.
 pub(crate) fn bind_group(addr: SocketAddr) -> io::Result<UdpSocket> {
-    let sock = bind_with(addr, libc::SO_REUSEADDR)?;
+    let sock = bind_with(addr, libc::SOL_SOCKET, libc::SO_REUSEADDR)?;
     if addr.is_ipv4() {
         // Only the groups this socket joined (not every group of the host).
         set_int(&sock, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, 0);
@@ -77,7 +84,8 @@ pub(crate) fn epoll_add(ep: &impl AsRawFd, fd: &impl AsRawFd) -> io::Result<()> 
     Ok(())
 }
 
-fn bind_with(addr: SocketAddr, reuse: libc::c_int) -> io::Result<UdpSocket> {
+/// A UDP socket with option `name` of `level` set to 1, bound to `addr`.
+fn bind_with(addr: SocketAddr, level: libc::c_int, name: libc::c_int) -> io::Result<UdpSocket> {
     let family = if addr.is_ipv4() {
         libc::AF_INET
     } else {
@@ -90,7 +98,7 @@ fn bind_with(addr: SocketAddr, reuse: libc::c_int) -> io::Result<UdpSocket> {
     }
     // SAFETY: a descriptor we just opened and now own.
     let sock = unsafe { UdpSocket::from_raw_fd(fd) };
-    if !set_int(&sock, libc::SOL_SOCKET, reuse, 1) {
+    if !set_int(&sock, level, name, 1) {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: all-zero is a valid sockaddr_in6.

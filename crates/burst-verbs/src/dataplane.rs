@@ -60,6 +60,19 @@ struct GidSource {
     refused: Vec<IpAddr>,
 }
 
+/// The interface whose link the port follows ([`Device::watch_link`]).
+#[derive(Debug)]
+struct LinkWatch {
+    iface: String,
+    up: bool,
+    /// When to look again (device clock, ns).
+    next_ns: u64,
+}
+
+/// How often the link is looked at (the engine steps at least every
+/// millisecond, idle or not).
+const LINK_CHECK_NS: u64 = 100_000_000;
+
 /// How stale the GID table may be when it is read (an address added to the
 /// interface shows within this).
 const GID_RESCAN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -81,6 +94,7 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// interface laid out as RXE's ([`crate::gids`]).
     gids: crate::gids::GidTable,
     gid_source: Option<GidSource>,
+    link: Option<LinkWatch>,
     /// Multicast groups (MGID) and the UD QPs attached to each.
     mcast: std::collections::HashMap<[u8; 16], Vec<Qpn>>,
     rx: RxBatch,
@@ -158,6 +172,7 @@ impl<P: Port> Device<P> {
             port,
             gids,
             gid_source: None,
+            link: None,
             icrc: icrc::Checker::new(),
             mrs,
             qps: Vec::new(),
@@ -467,6 +482,35 @@ impl<P: Port> Device<P> {
         self.refresh_gids();
     }
 
+    /// Follows interface `iface`'s link: port 1 goes down with it and up
+    /// again, each change an [`AsyncEvent::Port`] (RXE's PORT_ERR and
+    /// PORT_ACTIVE).
+    pub fn watch_link(&mut self, iface: &str) {
+        self.link = Some(LinkWatch {
+            iface: iface.to_string(),
+            up: crate::netif::link_up(iface).unwrap_or(true),
+            next_ns: 0,
+        });
+    }
+
+    fn check_link(&mut self, now: u64) {
+        let Some(l) = &mut self.link else {
+            return;
+        };
+        if now < l.next_ns {
+            return;
+        }
+        l.next_ns = now + LINK_CHECK_NS;
+        let Some(up) = crate::netif::link_up(&l.iface) else {
+            return;
+        };
+        if up != l.up {
+            l.up = up;
+            tracing::info!(iface = %l.iface, up, "port 1 {}", if up { "active" } else { "down" });
+            self.events.push(AsyncEvent::Port { active: up });
+        }
+    }
+
     /// The GID table, read again from the interface if older than
     /// [`GID_RESCAN`]: slot `i` is GID index `i` (`None`: empty).
     pub fn gid_table(&mut self) -> Vec<Option<IpAddr>> {
@@ -502,11 +546,11 @@ impl<P: Port> Device<P> {
                 ip => SocketAddr::new(ip, 0),
             };
             if let Err(e) = self.port.add_address(at) {
-                // Listed again (and retried) at the next scan: a new IPv6
-                // address cannot be bound until its duplicate detection ends.
-                self.gids.clear(ip);
+                // Listed still, as RXE lists every address of its interface
+                // (software that scans the table, UCX for one, stops at an
+                // empty slot); nothing is sent from it or received on it.
                 if !src.refused.contains(&ip) {
-                    tracing::warn!(index, %ip, "GID left empty: the port cannot serve this address: {e}");
+                    tracing::warn!(index, %ip, "GID not served: the port cannot use this address: {e}");
                     src.refused.push(ip);
                 }
             }
@@ -691,6 +735,7 @@ impl<P: Port> Device<P> {
                 }
             }
         }
+        self.check_link(now);
         let sent = self.transmit(now);
         let received = self.receive(now);
         self.collect_completions();

@@ -295,6 +295,9 @@ struct AsyncEvents {
     fd: crate::eventfd::EventFd,
     queue: SegQueue<AsyncEvent>,
     remote: Option<ShmRing<AsyncEvent>>,
+    /// Port 1 is down: set by the last [`AsyncEvent::Port`] raised (a
+    /// daemon client's, by the last one it read).
+    port_down: AtomicBool,
 }
 
 impl AsyncEvents {
@@ -303,10 +306,12 @@ impl AsyncEvents {
             fd: crate::eventfd::EventFd::new()?,
             queue: SegQueue::new(),
             remote: None,
+            port_down: AtomicBool::new(false),
         })
     }
 
     fn push(&self, ev: AsyncEvent) {
+        self.note_port(ev);
         // Queued before the signal, so a reader woken by it finds it.
         self.queue.push(ev);
         self.fd.signal();
@@ -327,9 +332,20 @@ impl AsyncEvents {
     }
 
     fn take(&self) -> Option<AsyncEvent> {
-        self.queue
+        let ev = self
+            .queue
             .pop()
-            .or_else(|| self.remote.as_ref().and_then(|r| r.pop()))
+            .or_else(|| self.remote.as_ref().and_then(|r| r.pop()));
+        if let Some(e) = ev {
+            self.note_port(e);
+        }
+        ev
+    }
+
+    fn note_port(&self, ev: AsyncEvent) {
+        if let AsyncEvent::Port { active } = ev {
+            self.port_down.store(!active, Ordering::Relaxed);
+        }
     }
 }
 
@@ -341,6 +357,9 @@ pub struct Cq {
     ring: ShmRing<WorkCompletion>,
     channel: Option<Arc<CompChannel>>,
     owner: u32,
+    /// A completion found the ring full and [`AsyncEvent::CqError`] was
+    /// raised; cleared once the held completions are in.
+    overrun: AtomicBool,
 }
 
 const CQ_RING: usize = 64;
@@ -367,6 +386,7 @@ impl Cq {
             ring,
             channel,
             owner,
+            overrun: AtomicBool::new(false),
         })
     }
 
@@ -1095,6 +1115,10 @@ impl Engine {
             if let (Some(iface), 1) = (&o.interface, lanes) {
                 dev.set_interface(iface);
             }
+            // Port events once per device: from its first lane.
+            if let (Some(iface), 0) = (&o.interface, k) {
+                dev.watch_link(iface);
+            }
             gid = dev.gid();
             let (control, control_rx) = bounded(64);
             controls.push(control);
@@ -1627,10 +1651,14 @@ impl Core {
             match cqs
                 .get(s.cq)
                 .and_then(|q| q.as_ref())
-                .map(|q| deliver(q, s.wc))
+                .map(|q| (q, deliver(q, s.wc)))
             {
-                Some(Err(_)) => break,
-                _ => {
+                Some((_, Err(_))) => break,
+                Some((q, Ok(()))) => {
+                    q.overrun.store(false, Ordering::Relaxed);
+                    spill.pop_front();
+                }
+                None => {
                     spill.pop_front();
                 }
             }
@@ -1649,12 +1677,14 @@ impl Core {
                 }
                 busy = true;
                 let cq = if wc.is_recv() { r.recv_cq } else { r.send_cq }.0 as usize;
-                if !spill.is_empty()
+                // Behind held completions (the engine keeps them in order),
+                // or refused by a full CQ: held.
+                let held = !spill.is_empty()
                     || cqs
                         .get(cq)
                         .and_then(|q| q.as_ref())
-                        .is_some_and(|q| deliver(q, wc).is_err())
-                {
+                        .is_some_and(|q| deliver(q, wc).is_err() && overrun(q, cq, &shared.events));
+                if held {
                     spill.push_back(Spill { cq, wc });
                 }
             }
@@ -1670,6 +1700,19 @@ enum Round {
     Full,
     /// Transmit only (after a post).
     Transmit,
+}
+
+/// CQ `id` (`q`) refused a completion: the first refusal of an overrun
+/// raises [`AsyncEvent::CqError`]. Returns true (the completion is held).
+fn overrun(q: &Cq, id: usize, events: &AsyncEvents) -> bool {
+    if !q.overrun.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            cq = id,
+            "CQ full: its completions wait in the engine (IBV_EVENT_CQ_ERR)"
+        );
+        events.push(AsyncEvent::CqError(CqId(id as u32)));
+    }
+    true
 }
 
 /// Puts a completion in a CQ ring and fires its event if it is armed.
@@ -1750,7 +1793,10 @@ impl Context {
 
     /// `ibv_query_port` (port 1).
     pub fn query_port(&self) -> PortAttr {
-        PortAttr::with_mtu(self.config.mtu)
+        PortAttr {
+            active: !self.shared.events.port_down.load(Ordering::Relaxed),
+            ..PortAttr::with_mtu(self.config.mtu)
+        }
     }
 
     /// Allocates a protection domain.
@@ -3290,6 +3336,12 @@ impl Context {
             Some(Some(r)) => Some(r.owner),
             _ => None,
         }
+    }
+
+    /// The client that owns CQ `cq` (event routing).
+    pub fn owner_of_cq(&self, cq: CqId) -> Option<u32> {
+        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        cqs.get(cq.0 as usize)?.as_ref().map(|c| c.owner)
     }
 
     /// The client that owns SRQ `srq` (event routing).

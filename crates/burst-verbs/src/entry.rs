@@ -318,6 +318,8 @@ impl Entry for AsyncEvent {
             AsyncEvent::SrqLimitReached(s) => (1, s.0),
             AsyncEvent::Qp(q, _) => (2, q.value()),
             AsyncEvent::DeviceFatal => (3, 0),
+            AsyncEvent::CqError(c) => (4, c.0),
+            AsyncEvent::Port { active } => (5, u32::from(*active)),
         };
         b[0] = tag;
         b[1] = match self {
@@ -333,6 +335,8 @@ impl Entry for AsyncEvent {
             1 => Some(AsyncEvent::SrqLimitReached(SrqId(v))),
             2 => Some(AsyncEvent::Qp(Qpn::new(v)?, qp_event(b[1])?)),
             3 => Some(AsyncEvent::DeviceFatal),
+            4 => Some(AsyncEvent::CqError(crate::engine::CqId(v))),
+            5 => Some(AsyncEvent::Port { active: v != 0 }),
             _ => None,
         }
     }
@@ -462,5 +466,8 @@ mod tests {
             QpEvent::CommEstablished,
         ));
         round(AsyncEvent::SrqLimitReached(SrqId(4)));
+        round(AsyncEvent::CqError(crate::engine::CqId(7)));
+        round(AsyncEvent::Port { active: false });
+        round(AsyncEvent::Port { active: true });
     }
 }

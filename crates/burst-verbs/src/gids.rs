@@ -95,13 +95,6 @@ impl GidTable {
         &self.slots[..used]
     }
 
-    /// Empties the slot of `ip` (an address the port could not serve).
-    pub fn clear(&mut self, ip: IpAddr) {
-        if let Some(i) = self.index_of(ip) {
-            self.slots[i] = None;
-        }
-    }
-
     /// Reads interface `iface` (its MAC and addresses, [`crate::netif`])
     /// and updates the table to it, when the device's address `own` is
     /// one of them; otherwise (an address of no interface, such as an
@@ -233,9 +226,9 @@ mod tests {
             t.update(None, &[ip("fd00::2"), ip("fd00::3")]),
             GidChange::default()
         );
-        t.clear(ip("fd00::3"));
-        assert_eq!(t.get(1), None);
-        assert_eq!(t.slots().len(), 3);
+        let c = t.update(None, &[ip("fd00::3")]);
+        assert_eq!(c.removed, vec![ip("fd00::2")]);
+        assert_eq!(t.slots().len(), 2, "trailing empty slots are not listed");
     }
 
     #[test]

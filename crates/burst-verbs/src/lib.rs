@@ -143,6 +143,17 @@ pub enum AsyncEvent {
     /// The device failed outside any one QP: every QP is in the error state
     /// (`IBV_EVENT_DEVICE_FATAL`).
     DeviceFatal,
+    /// A completion found its CQ full (`IBV_EVENT_CQ_ERR`, as RXE raises
+    /// on overflow): the application polls too slowly for the CQ's depth.
+    /// Raised once per overrun; unlike RXE, no completion is lost (the
+    /// engine holds it until the CQ has room).
+    CqError(engine::CqId),
+    /// Port 1's link went down (`IBV_EVENT_PORT_ERR`) or came back up
+    /// (`IBV_EVENT_PORT_ACTIVE`), as RXE follows its network device.
+    Port {
+        /// Whether the port is active now.
+        active: bool,
+    },
 }
 
 /// Runs `f`; a panic inside it becomes `Err` with its message (the data
@@ -219,7 +230,8 @@ impl DeviceAttr {
 /// What [`engine::Context::query_port`] reports (`ibv_port_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
-    /// Always ACTIVE while the device is open.
+    /// ACTIVE while the device's interface is up and running (RXE follows
+    /// its network device so; [`AsyncEvent::Port`] says when it changes).
     pub active: bool,
     /// Largest path MTU.
     pub max_mtu: Mtu,

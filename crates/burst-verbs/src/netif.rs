@@ -78,6 +78,15 @@ pub fn mac(name: &str) -> Option<[u8; 6]> {
     (mac != [0; 6]).then_some(mac)
 }
 
+/// Whether interface `name` is up and running (administratively up, with
+/// carrier); `None` if there is no such interface.
+pub fn link_up(name: &str) -> Option<bool> {
+    let req = ifreq(name, libc::SIOCGIFFLAGS).ok()?;
+    // SAFETY: the ioctl succeeded, so the union holds the flags.
+    let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
+    Some(flags & libc::IFF_UP != 0 && flags & libc::IFF_RUNNING != 0)
+}
+
 /// An `ifreq` for interface `name` after ioctl `request` filled it.
 fn ifreq(name: &str, request: libc::c_ulong) -> io::Result<libc::ifreq> {
     let bytes = name.as_bytes();

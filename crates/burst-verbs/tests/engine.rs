@@ -500,3 +500,70 @@ fn posts_follow_the_qp_state_and_the_queue_depth_like_rxe() {
     c.dereg_mr(k.lkey).unwrap();
     drop(e);
 }
+
+/// A CQ too small for the completions coming (nobody polls) raises
+/// IBV_EVENT_CQ_ERR once, as RXE on overflow; unlike RXE nothing is lost:
+/// every completion arrives, in order, as the application polls.
+#[test]
+fn a_full_cq_raises_cq_err_once_and_loses_nothing() {
+    let e = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 206, 1)), Mtu::Mtu1024).unwrap();
+    let c = e.context();
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(2);
+    let q = c.create_qp(QpType::Ud, pd, cq, cq, 32).unwrap();
+    for a in [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: Some(0x11),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(Psn::new(0)),
+            ..Default::default()
+        },
+    ] {
+        c.modify_qp(q, &a).unwrap().unwrap();
+    }
+    let ah = c.create_ah(c.gid()).unwrap();
+    let mut buf = vec![1u8; 64];
+    // SAFETY: `buf` outlives the engine (dropped after it below).
+    let mr = unsafe { c.reg_mr(pd, buf.as_mut_ptr(), 64, Access(1)) }.unwrap();
+    for i in 0..20u64 {
+        let mut wr = SendWr::new(
+            i,
+            SendOp::Send,
+            [Sge {
+                addr: mr.addr,
+                length: 64,
+                lkey: mr.lkey,
+            }],
+        );
+        // To a QPN nobody has: a UD send completes when it leaves.
+        wr.ud = Some(UdDest {
+            remote_qpn: Qpn::new(0x999).unwrap(),
+            remote_qkey: 0x11,
+            ah,
+        });
+        c.post_send(q, &wr).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut ev = None;
+    while ev.is_none() && Instant::now() < deadline {
+        ev = c.take_async_event();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(ev, Some(burst_verbs::AsyncEvent::CqError(cq)));
+    let ids: Vec<u64> = drain(&c, cq, 20).iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0..20).collect::<Vec<_>>(), "all, in order");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(c.take_async_event(), None, "one event for the overrun");
+    drop((c, e));
+    drop(buf);
+}

@@ -12,7 +12,7 @@ use burst_mem::Access;
 use burst_transport::*;
 use burst_verbs::config::DeviceConfig;
 use burst_verbs::engine::{Context, CqId, Engine};
-use burst_verbs::{gid_of, gids, netif};
+use burst_verbs::{gid_of, gids, netif, AsyncEvent};
 use burst_wire::{Psn, Qpn};
 
 fn ip(args: &str) -> bool {
@@ -224,5 +224,27 @@ fn in_own_network_namespace() {
         .c
         .create_ah_from(gid_of(addr("198.18.1.152")), Some(3))
         .is_err());
+
+    // The port follows the link: PORT_ERR when it goes down, PORT_ACTIVE
+    // when it is back (as RXE follows its network device).
+    assert!(a.c.query_port().active);
+    assert!(ip("link set bgid0 down"));
+    assert_eq!(next_event(&a.c), Some(AsyncEvent::Port { active: false }));
+    assert!(!a.c.query_port().active);
+    assert!(ip("link set bgid0 up"));
+    assert_eq!(next_event(&a.c), Some(AsyncEvent::Port { active: true }));
+    assert!(a.c.query_port().active);
     drop((a, b));
+}
+
+/// The next asynchronous event within five seconds.
+fn next_event(c: &Context) -> Option<AsyncEvent> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Some(e) = c.take_async_event() {
+            return Some(e);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
 }

@@ -178,8 +178,8 @@ impl Daemon {
         }
     }
 
-    /// Asynchronous events go to the client owning the QP or SRQ; a device
-    /// fault to every client.
+    /// Asynchronous events go to the client owning the QP, SRQ or CQ; a
+    /// device fault and port changes to every client.
     fn route_events(&self) {
         loop {
             let Some(ev) = self.ctx.read_async_event() else {
@@ -189,7 +189,8 @@ impl Daemon {
             let owner = match ev {
                 AsyncEvent::Qp(q, _) => self.ctx.owner_of_qp(q),
                 AsyncEvent::SrqLimitReached(s) => self.ctx.owner_of_srq(s),
-                AsyncEvent::DeviceFatal => None,
+                AsyncEvent::CqError(cq) => self.ctx.owner_of_cq(cq),
+                AsyncEvent::DeviceFatal | AsyncEvent::Port { .. } => None,
             };
             let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
             for (id, c) in clients.iter() {
