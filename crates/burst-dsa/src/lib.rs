@@ -2,14 +2,34 @@
 //!
 //! Every bulk payload copy of burst goes through here, so that a backend that
 //! offloads copies (Intel DSA work queues, DPDK dmadev) can replace the CPU
-//! without touching the rest of the stack. Today only the CPU backend exists.
+//! without touching the rest of the stack.
+//!
+//! - [`job`]: the asynchronous interface ([`AsyncCopy`]): copy jobs of
+//!   scatter-gather segments with a tag, completions polled in submission
+//!   order, a full backend hands the job back.
+//! - [`cpu`]: the CPU backend ([`CpuCopy`] synchronous, [`CpuEngine`]
+//!   asynchronous), non-temporal stores for large copies.
+//! - [`crc`]: copy and CRC-32 in one pass (the ICRC of a payload while it
+//!   moves).
+//! - [`dsa`]: Intel DSA: the 64-byte descriptors and 32-byte completion
+//!   records of the idxd user interface, an engine that submits them to a
+//!   work-queue portal (batches, page faults finished on the CPU), and a
+//!   software model of the device that consumes the same descriptors.
 //!
 //! Copies take raw pointers because one side is application memory that the
 //! application may touch concurrently (RDMA semantics: racing accesses give
 //! unspecified bytes, never undefined behaviour in the stack); no Rust
 //! reference to such memory is ever formed.
 
-/// Moves bytes between memory areas.
+pub mod cpu;
+pub mod crc;
+pub mod dsa;
+pub mod job;
+
+pub use cpu::{CpuCopy, CpuEngine};
+pub use job::{AsyncCopy, Completion, CopyError, CopyJob, Counters, Segment};
+
+/// Moves bytes between memory areas, synchronously.
 pub trait CopyEngine {
     /// Copies `len` bytes from `src` to `dst`.
     ///
@@ -17,23 +37,6 @@ pub trait CopyEngine {
     /// `src` must be valid for reads and `dst` for writes of `len` bytes for
     /// the duration of the call, and the two ranges must not overlap.
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize);
-}
-
-/// The CPU backend: `memcpy` (glibc's AVX-512 path is about 20x faster than
-/// non-temporal stores for packet-sized copies on this machine class; see the
-/// dataplane notes).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuCopy;
-
-impl CopyEngine for CpuCopy {
-    unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
-        if len == 0 {
-            return;
-        }
-        // SAFETY: the caller guarantees both ranges are valid for `len` bytes
-        // and do not overlap (the trait's contract).
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
-    }
 }
 
 /// Copies a slice into raw memory.
