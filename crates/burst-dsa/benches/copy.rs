@@ -5,7 +5,7 @@
 //!   stores alone, 64 B to 16 MiB: where the threshold belongs;
 //! - `icrc/{crc,copy_then_crc,fused}_4096`: a 4 KiB payload's CRC-32 alone,
 //!   a copy followed by it, and the fused pass (target: fused at most 1.1x
-//!   the CRC alone);
+//!   the CRC alone), and joining a header CRC to a payload CRC afterwards;
 //! - `engine/{cpu,dsa_model}_{size}`: a job through each asynchronous
 //!   backend, submit to poll (the model copies on this CPU: it shows the
 //!   engine's own overhead, not a device's speed).
@@ -15,7 +15,7 @@
 use std::hint::black_box;
 
 use burst_dsa::cpu::copy_nt;
-use burst_dsa::crc::copy_into_crc;
+use burst_dsa::crc::{combine, copy_into_crc};
 use burst_dsa::dsa::model::DsaModel;
 use burst_dsa::dsa::DsaEngine;
 use burst_dsa::{AsyncCopy, CopyEngine, CopyJob, CpuCopy, CpuEngine, Segment};
@@ -63,6 +63,15 @@ fn icrc(c: &mut Criterion) {
     g.bench_function(format!("fused_{len}"), |b| {
         // SAFETY: `src` is live for `len` bytes and distinct from `dst`.
         b.iter(|| unsafe { copy_into_crc(black_box(&mut dst), black_box(src.as_ptr()), 0) })
+    });
+    g.bench_function(format!("combine_{len}"), |b| {
+        b.iter(|| {
+            combine(
+                black_box(0x1234_5678),
+                black_box(0x9abc_def0),
+                black_box(len as u64),
+            )
+        })
     });
     let mut far = vec![0u8; len + 4096];
     g.bench_function(format!("fused_{len}_dst_off_1040"), |b| {
