@@ -214,6 +214,26 @@ mod simd {
         !(_mm_extract_epi32(_mm_xor_si128(x, t2), 1) as u32)
     }
 
+    /// `a * b mod P`, reflected: the carry-less product shifted into the
+    /// 64-bit reflected form, then the Barrett reduction.
+    ///
+    /// # Safety
+    /// PCLMULQDQ and SSE4.1 present.
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1")]
+    pub(super) unsafe fn mul_mod_p(a: u32, b: u32) -> u32 {
+        let q = _mm_clmulepi64_si128(
+            _mm_cvtsi32_si128(a as i32),
+            _mm_cvtsi32_si128(b as i32),
+            0x00,
+        );
+        let q = _mm_slli_epi64(q, 1);
+        let mask32 = _mm_set_epi32(0, 0, 0, !0);
+        let pu = _mm_set_epi64x(U_PRIME, P_X);
+        let t1 = _mm_clmulepi64_si128(_mm_and_si128(q, mask32), pu, 0x10);
+        let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, mask32), pu, 0x00);
+        _mm_extract_epi32(_mm_xor_si128(q, t2), 1) as u32
+    }
+
     /// [`fold`] with sixteen lanes in four 512-bit registers (`len >= 256`):
     /// the carry-less multiplications of 256 bytes in flight at once, where
     /// four lanes wait on each multiplication's latency.
@@ -309,8 +329,22 @@ pub fn combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
 /// The IEEE polynomial, bit-reflected (bit 31 is x^0).
 const POLY: u32 = 0xedb8_8320;
 
-/// `a * b mod P` in the reflected representation (bit 31 is x^0).
-fn mul_mod_p(mut a: u32, mut b: u32) -> u32 {
+/// `a * b mod P` in the reflected representation (bit 31 is x^0): one
+/// carry-less multiplication and the Barrett reduction of the folding
+/// where PCLMULQDQ is present (checked against the bit loop by a test).
+fn mul_mod_p(a: u32, b: u32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("pclmulqdq")
+        && std::arch::is_x86_feature_detected!("sse4.1")
+    {
+        // SAFETY: the features are present.
+        return unsafe { simd::mul_mod_p(a, b) };
+    }
+    mul_mod_p_bits(a, b)
+}
+
+/// [`mul_mod_p`] a bit at a time (zlib's `multmodp`).
+fn mul_mod_p_bits(mut a: u32, mut b: u32) -> u32 {
     let mut p = 0;
     while a != 0 {
         if a & (1 << 31) != 0 {
@@ -322,20 +356,24 @@ fn mul_mod_p(mut a: u32, mut b: u32) -> u32 {
     p
 }
 
-/// `x^(8 n) mod P`, by squares of `x^8` (a few multiplications for a
-/// payload length, one for a power of two).
-fn x8n_mod_p(mut n: u64) -> u32 {
-    // x^8, reflected.
-    let mut sq = 1u32 << (31 - 8);
+/// `x^(8 n) mod P`: the product of `x^(8 * 2^k)` over the bits of `n`
+/// (one multiplication for a power-of-two payload such as an MTU's).
+fn x8n_mod_p(n: u64) -> u32 {
+    static POWERS: std::sync::OnceLock<[u32; 64]> = std::sync::OnceLock::new();
+    let powers = POWERS.get_or_init(|| {
+        // x^8, reflected; each next power the square of the last.
+        let mut t = [0u32; 64];
+        t[0] = 1 << (31 - 8);
+        for k in 1..64 {
+            t[k] = mul_mod_p_bits(t[k - 1], t[k - 1]);
+        }
+        t
+    });
     let mut p = 1u32 << 31;
+    let mut n = n;
     while n != 0 {
-        if n & 1 != 0 {
-            p = mul_mod_p(sq, p);
-        }
-        n >>= 1;
-        if n != 0 {
-            sq = mul_mod_p(sq, sq);
-        }
+        p = mul_mod_p(powers[n.trailing_zeros() as usize], p);
+        n &= n - 1;
     }
     p
 }
@@ -346,6 +384,12 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// The carry-less multiplication modulo P agrees with the bit loop.
+        #[test]
+        fn multiplication_mod_p_agrees_with_the_bit_loop(a in any::<u32>(), b in any::<u32>()) {
+            prop_assert_eq!(mul_mod_p(a, b), mul_mod_p_bits(a, b));
+        }
+
         /// Any length, any alignment of either side: the bytes of a plain
         /// copy and the CRC of a separate pass, also continued from a
         /// prefix's state.
