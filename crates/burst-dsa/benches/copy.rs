@@ -23,7 +23,16 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 fn copies(c: &mut Criterion) {
     let mut g = c.benchmark_group("copy");
-    for len in [64usize, 1024, 4096, 65536, 1 << 20, 4 << 20, 8 << 20, 16 << 20] {
+    for len in [
+        64usize,
+        1024,
+        4096,
+        65536,
+        1 << 20,
+        4 << 20,
+        8 << 20,
+        16 << 20,
+    ] {
         let src: Vec<u8> = (0..len).map(|i| i as u8).collect();
         let mut dst = vec![0u8; len];
         g.throughput(Throughput::Bytes(len as u64));
