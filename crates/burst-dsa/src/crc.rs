@@ -186,9 +186,27 @@ mod simd {
             off += 64;
         }
         let k3k4 = _mm_set_epi64x(K4, K3);
-        let mut x = fold_in(fold_in(fold_in(x0, x1, k3k4), x2, k3k4), x3, k3k4);
+        let x = fold_in(fold_in(fold_in(x0, x1, k3k4), x2, k3k4), x3, k3k4);
+        // SAFETY: the callers' ranges (forwarded).
+        unsafe { finish(dst, src, len, x, off) }
+    }
+
+    /// Copies and folds the 16-byte blocks left from `off` into `x`, then
+    /// reduces it: the CRC so far and the bytes it covers.
+    ///
+    /// # Safety
+    /// As [`super::fold`].
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1")]
+    unsafe fn finish(
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+        mut x: __m128i,
+        mut off: usize,
+    ) -> (u32, usize) {
+        let k3k4 = _mm_set_epi64x(K4, K3);
         while off + 16 <= len {
-            // SAFETY: as above.
+            // SAFETY: `off + 16 <= len`: inside the callers' ranges.
             let a = unsafe { ld16(src, off) };
             // SAFETY: as above.
             unsafe { st16(dst, off, a) };
@@ -300,15 +318,8 @@ mod simd {
             x = fold_in(x, _mm512_extracti32x4_epi32::<2>(v), k3k4);
             x = fold_in(x, _mm512_extracti32x4_epi32::<3>(v), k3k4);
         }
-        while off + 16 <= len {
-            // SAFETY: `off + 16 <= len`: inside the callers' ranges.
-            let a = unsafe { ld16(src, off) };
-            // SAFETY: as above.
-            unsafe { st16(dst, off, a) };
-            x = fold_in(x, a, k3k4);
-            off += 16;
-        }
-        (reduce(x), off)
+        // SAFETY: the callers' ranges (forwarded).
+        unsafe { finish(dst, src, len, x, off) }
     }
 }
 

@@ -366,6 +366,35 @@ impl RcParams {
     }
 }
 
+/// The three `ibv_modify_qp` steps that take a UD QP from RESET to RTS
+/// with Q_Key `qkey` (port 1, P_Key index 0; a UD QP has no peer).
+///
+/// ```
+/// use burst_verbs::{transport::QpState, ud_transitions, Psn};
+/// let [init, rtr, rts] = ud_transitions(0x11, Psn::new(0));
+/// assert_eq!((init.qkey, rtr.state, rts.sq_psn), (Some(0x11), Some(QpState::Rtr), Some(Psn::new(0))));
+/// ```
+pub fn ud_transitions(qkey: u32, sq_psn: Psn) -> [QpAttr; 3] {
+    [
+        QpAttr {
+            state: Some(QpState::Init),
+            pkey_index: Some(0),
+            port: Some(1),
+            qkey: Some(qkey),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            ..Default::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(sq_psn),
+            ..Default::default()
+        },
+    ]
+}
+
 /// Handle of a shared receive queue.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SrqId(pub u32);

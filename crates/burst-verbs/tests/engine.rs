@@ -511,24 +511,7 @@ fn a_full_cq_raises_cq_err_once_and_loses_nothing() {
     let pd = c.alloc_pd();
     let cq = c.create_cq(2);
     let q = c.create_qp(QpType::Ud, pd, cq, cq, 32).unwrap();
-    for a in [
-        QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            qkey: Some(0x11),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rtr),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(0)),
-            ..Default::default()
-        },
-    ] {
+    for a in burst_verbs::ud_transitions(0x11, Psn::new(0)) {
         c.modify_qp(q, &a).unwrap().unwrap();
     }
     let ah = c.create_ah(c.gid()).unwrap();

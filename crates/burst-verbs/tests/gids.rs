@@ -29,25 +29,7 @@ fn addr(s: &str) -> IpAddr {
 /// A UD QP of `c` in RTS, with Q_Key 0x33.
 fn ud_qp(c: &Context, pd: burst_mem::Pd, cq: CqId) -> Qpn {
     let q = c.create_qp(QpType::Ud, pd, cq, cq, 16).unwrap();
-    let steps = [
-        QpAttr {
-            state: Some(QpState::Init),
-            pkey_index: Some(0),
-            port: Some(1),
-            qkey: Some(0x33),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rtr),
-            ..Default::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(Psn::new(0)),
-            ..Default::default()
-        },
-    ];
-    for a in steps {
+    for a in burst_verbs::ud_transitions(0x33, Psn::new(0)) {
         c.modify_qp(q, &a).unwrap().unwrap();
     }
     q

@@ -327,37 +327,9 @@ fn qps_on_one_device_talk_to_each_other() {
     let ua = d.create_qp(QpType::Ud, pd, ucqa, ucqa, 16).unwrap();
     let ub = d.create_qp(QpType::Ud, pd, ucqb, ucqb, 16).unwrap();
     for q in [ua, ub] {
-        d.modify_qp(
-            q,
-            &QpAttr {
-                state: Some(QpState::Init),
-                pkey_index: Some(0),
-                port: Some(1),
-                qkey: Some(0x22),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .unwrap();
-        d.modify_qp(
-            q,
-            &QpAttr {
-                state: Some(QpState::Rtr),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .unwrap();
-        d.modify_qp(
-            q,
-            &QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(Psn::new(0)),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .unwrap();
+        for a in burst_verbs::ud_transitions(0x22, Psn::new(0)) {
+            d.modify_qp(q, &a).unwrap().unwrap();
+        }
     }
     let ah = d.create_ah(gid).unwrap();
     d.post_recv(
