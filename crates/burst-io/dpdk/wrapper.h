@@ -1,4 +1,5 @@
 /* The DPDK headers burst-io's DPDK port binds (bindgen, at build time). */
+#include <rte_dmadev.h>
 #include <rte_eal.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>

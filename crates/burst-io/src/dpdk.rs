@@ -22,7 +22,7 @@
     unsafe_op_in_unsafe_fn,
     rustdoc::all
 )]
-mod sys {
+pub(crate) mod sys {
     include!(concat!(env!("OUT_DIR"), "/dpdk_bindings.rs"));
 }
 
@@ -122,7 +122,7 @@ impl DpdkConfig {
 /// The EAL, started once per process (DPDK allows no second start).
 static EAL: OnceLock<Result<(), String>> = OnceLock::new();
 
-fn start_eal(args: &[String]) -> io::Result<()> {
+pub(crate) fn start_eal(args: &[String]) -> io::Result<()> {
     let r = EAL.get_or_init(|| {
         // rte_eal_init pins the calling thread to its main lcore's CPU;
         // burst's callers are application threads: give them back their

@@ -33,6 +33,8 @@
 pub mod capture;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
+#[cfg(feature = "dpdk")]
+pub mod dpdk_dma;
 mod lossy;
 mod neigh;
 pub mod raw;
