@@ -652,7 +652,7 @@ impl UdpPort {
 
     /// A port over a bound socket (see [`prepare`]).
     fn from_socket(sock: UdpSocket) -> io::Result<UdpPort> {
-        let gso = prepare(&sock, true)? && std::env::var_os("BURST_NO_GSO").is_none();
+        let gso = prepare(&sock)? && std::env::var_os("BURST_NO_GSO").is_none();
         let local = sock.local_addr()?;
         let epoll = sys::epoll()?;
         sys::epoll_add(&epoll, &sock)?;
@@ -666,11 +666,11 @@ impl UdpPort {
         })
     }
 
-    /// Appends what the group and other-address sockets hold to `rx` (a
-    /// copy each: their traffic is rare next to the unicast batch).
-    fn recv_others(&mut self, rx: &mut RxBatch) {
+    /// Appends what the group sockets hold to `rx` (a copy each: multicast
+    /// is rare next to the unicast batch).
+    fn recv_groups(&mut self, rx: &mut RxBatch) {
         let mut buf = [0u8; MAX_PACKET];
-        for (dest, sock) in self.groups.iter().chain(&self.addresses) {
+        for (dest, sock) in &self.groups {
             while let Ok((n, peer)) = sock.recv_from(&mut buf) {
                 let meta = RxMeta {
                     peer,
@@ -701,17 +701,16 @@ impl UdpPort {
 }
 
 /// Sets a bound socket up as a port's: non-blocking, DF, large buffers,
-/// GRO if `gro` (sockets read one datagram at a time must not coalesce),
-/// ECN, multicast out of its address's interface, IPv6 zero UDP checksums
-/// accepted; returns whether the kernel has GSO for it.
-fn prepare(sock: &UdpSocket, gro: bool) -> io::Result<bool> {
+/// GRO, ECN, multicast out of its address's interface, IPv6 zero UDP
+/// checksums accepted; returns whether the kernel has GSO for it.
+fn prepare(sock: &UdpSocket) -> io::Result<bool> {
     let ip = sock.local_addr()?.ip();
     sock.set_nonblocking(true)?;
     sys::set_df(sock, ip.is_ipv4())?;
     sys::set_buffers(sock, SOCKET_BUFFER);
     // Coalesced receive is optional: without it each packet is its own
     // datagram, which RxBatch handles the same way.
-    sys::set_udp_opt(sock, libc::UDP_GRO, i32::from(gro));
+    sys::set_udp_opt(sock, libc::UDP_GRO, 1);
     // Best effort: without it packets leave Not-ECT and CE goes unseen.
     let _ = sys::set_ecn(sock, ip.is_ipv4());
     match ip {
@@ -818,10 +817,16 @@ impl Port for UdpPort {
 
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
         let asked = rx.want;
-        sys::recv_batch(&self.sock, rx, asked)?;
+        rx.msgs.clear();
+        sys::recv_batch(&self.sock, rx, asked, None)?;
         rx.adapt(asked);
-        if !self.groups.is_empty() || !self.addresses.is_empty() {
-            self.recv_others(rx);
+        // The other addresses' datagrams after the port's own, batched and
+        // coalesced the same way.
+        for (ip, sock) in &self.addresses {
+            sys::recv_batch(sock, rx, BURST, Some(*ip))?;
+        }
+        if !self.groups.is_empty() {
+            self.recv_groups(rx);
         }
         Ok(rx.count())
     }
@@ -872,8 +877,7 @@ impl Port for UdpPort {
             (a, _) => a,
         };
         let sock = sys::bind_freebind(at).map_err(|e| bind_error(e, ip, at.port()))?;
-        // Read a datagram at a time (recv_others): no coalescing.
-        prepare(&sock, false)?;
+        prepare(&sock)?;
         sys::epoll_add(&self.epoll, &sock)?;
         self.addresses.push((ip, sock));
         Ok(())

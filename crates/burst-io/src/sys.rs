@@ -4,7 +4,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd};
 
 use crate::{gso_run, PacketBuf, RxBatch, RxMsg, BURST, MAX_GSO_SEGMENTS};
@@ -427,11 +427,21 @@ impl RxHeaders {
 
 /// Receives up to `want` datagrams (at most the batch's buffers) into `rx`,
 /// reading each one's GRO segment size from its control message.
-pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io::Result<()> {
-    rx.msgs.clear();
+/// Receives up to `want` datagrams from `sock` into `rx` after what it
+/// holds already, marked as sent to `dest` (`None`: the port's own address).
+pub(crate) fn recv_batch(
+    sock: &UdpSocket,
+    rx: &mut RxBatch,
+    want: usize,
+    dest: Option<IpAddr>,
+) -> io::Result<()> {
+    let start = rx.msgs.len();
     let h = &mut *rx.hdrs;
-    let n = h.n.min(want.max(1));
-    for i in 0..n {
+    let n = h.n.saturating_sub(start).min(want.max(1));
+    if n == 0 {
+        return Ok(());
+    }
+    for i in start..start + n {
         // The kernel overwrites these; an address of an unexpected family
         // leaves the previous bytes, so clear the family.
         h.addrs[i].sin6_family = 0;
@@ -439,13 +449,14 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
         h.msgs[i].msg_hdr.msg_controllen = std::mem::size_of::<RxControl>() as _;
         h.msgs[i].msg_hdr.msg_flags = 0;
     }
-    // SAFETY: `msgs[..n]` point at live iovecs over the batch's live
-    // buffers of their stated length, and at live address storage and
-    // control buffers (all in `h`, borrowed mutably for the call).
+    // SAFETY: `msgs[start..start + n]` point at live iovecs over the
+    // batch's live buffers of their stated length, and at live address
+    // storage and control buffers (all in `h`, borrowed mutably for the
+    // call); start + n <= h.n.
     let got = unsafe {
         libc::recvmmsg(
             sock.as_raw_fd(),
-            h.msgs.as_mut_ptr(),
+            h.msgs.as_mut_ptr().add(start),
             n as libc::c_uint,
             libc::MSG_DONTWAIT,
             std::ptr::null_mut(),
@@ -459,7 +470,7 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
             Err(e)
         };
     }
-    for i in 0..got as usize {
+    for i in start..start + got as usize {
         let m = &h.msgs[i];
         let len = m.msg_len as usize;
         let (seg, tos) = control(&m.msg_hdr);
@@ -470,7 +481,7 @@ pub(crate) fn recv_batch(sock: &UdpSocket, rx: &mut RxBatch, want: usize) -> io:
             ip_id: None,
             ecn: tos & 0b11,
             icrc_verified: false,
-            dest: None,
+            dest,
         });
     }
     Ok(())
