@@ -207,13 +207,15 @@ pub const MW: Case = prog("memory windows (interop/mw-peer.c)", "mw-peer");
 /// attached to a group, the sender to QPN 0xFFFFFF through the group's GID.
 pub const MCAST: Case = prog("UD multicast (interop/mcast-peer.c)", "mcast-peer");
 
-/// `cases` less what the port in use cannot run: UD multicast needs the
-/// UDP port (the AF_XDP and DPDK ports do not join groups yet).
+/// `cases` less what the port in use cannot run: UD multicast and the
+/// link-local GID need the UDP port (the AF_XDP and DPDK ports join no
+/// groups and serve their own address only).
 pub fn for_port(cases: &'static [Case]) -> &'static [Case] {
     if std::env::var("BURST_PORT").is_ok_and(|p| p != "udp") {
         let v: Vec<Case> = cases
             .iter()
-            .filter(|c| c.tool != MCAST.tool)
+            // Multicast and the link-local GID: the UDP port's alone.
+            .filter(|c| c.tool != MCAST.tool && !c.name.contains("link-local"))
             .copied()
             .collect();
         Box::leak(v.into_boxed_slice())
@@ -1008,7 +1010,13 @@ pub fn veth(dir: &Path, cases: &[Case], cases_4096: &[Case]) -> Vec<Outcome> {
     a.daemon = da.as_ref().map(|d| d.socket.clone());
     b.daemon = db.as_ref().map(|d| d.socket.clone());
     out.extend(burst_pair(cases, &a, &b, "burst<->burst veth", 21000));
-    out.extend(burst_pair(LINK_LOCAL, &a, &b, "burst<->burst veth", 21090));
+    out.extend(burst_pair(
+        for_port(LINK_LOCAL),
+        &a,
+        &b,
+        "burst<->burst veth",
+        21090,
+    ));
     // Daemons read the link MTU when they start: new ones for MTU 9000.
     drop((da, db));
     if !cases_4096.is_empty() && veth_setup(9000) {
