@@ -1410,18 +1410,12 @@ unsafe extern "C" fn init_ah_from_wc(
     };
     // The reply leaves from the GID the packet came to (as rdma-core finds
     // it); a multicast group's members answer from the device's address.
-    let table = c.ctx.gid_table().unwrap_or_default();
-    let own = c.ctx.gid();
-    let sgid_index = table
-        .iter()
-        .position(|g| *g == Some(dgid))
-        .or_else(|| table.iter().position(|g| *g == Some(own)))
-        .unwrap_or(0);
+    let sgid_index = c.ctx.sgid_index_for(dgid);
     let out = ibv_ah_attr {
         grh: ibv_global_route {
             dgid: sgid,
             flow_label: 0,
-            sgid_index: sgid_index as u8,
+            sgid_index,
             hop_limit: 0xff,
             traffic_class: 0,
         },

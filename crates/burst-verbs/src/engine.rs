@@ -2645,6 +2645,18 @@ impl Context {
         Ok(t.into_iter().map(|g| g.map(crate::gid_of)).collect())
     }
 
+    /// The index of `gid` in the GID table, else of the device's own
+    /// address (the source an address vector names when a packet came to
+    /// no GID of the table, a multicast group's), else 0.
+    pub fn sgid_index_for(&self, gid: [u8; 16]) -> u8 {
+        let table = self.gid_table().unwrap_or_default();
+        let at = |g: [u8; 16]| table.iter().position(|e| *e == Some(g));
+        at(gid)
+            .or_else(|| at(self.gid))
+            .and_then(|i| u8::try_from(i).ok())
+            .unwrap_or(0)
+    }
+
     /// `ibv_attach_mcast` (`attach`) or `ibv_detach_mcast` of UD QP `qpn`
     /// and multicast group `mgid`, on the QP's lane (whose port joins or
     /// leaves the group).

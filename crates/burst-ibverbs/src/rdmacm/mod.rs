@@ -67,17 +67,6 @@ unsafe impl Sync for DevCm {}
 
 static DEVCMS: Mutex<Vec<Option<Arc<DevCm>>>> = Mutex::new(Vec::new());
 
-/// The index of the device's own address in its GID table (0 if the
-/// table cannot be read).
-fn own_gid_index(ctx: &burst_verbs::engine::Context) -> u8 {
-    let own = ctx.gid();
-    ctx.gid_table()
-        .ok()
-        .and_then(|t| t.iter().position(|g| *g == Some(own)))
-        .and_then(|i| u8::try_from(i).ok())
-        .unwrap_or(0)
-}
-
 /// The CM of device `index`, started on first use.
 fn devcm(index: usize) -> Result<Arc<DevCm>, c_int> {
     let mut all = DEVCMS.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,7 +108,7 @@ fn devcm(index: usize) -> Result<Arc<DevCm>, c_int> {
         pd,
         svc,
         gid: c.ctx.gid(),
-        sgid_index: own_gid_index(&c.ctx),
+        sgid_index: c.ctx.sgid_index_for(c.ctx.gid()),
         mtu: c.ctx.query_port().active_mtu.ibv_mtu(),
         max_rd_atomic: attr.max_qp_rd_atom.min(255) as u8,
     });
