@@ -57,6 +57,8 @@ pub struct DpdkConfig {
     pub mbufs: u32,
     /// Rx and tx descriptors.
     pub descriptors: u16,
+    /// The DMA device of the `dmadev` copy backend (`dma=NAME`).
+    pub dma: Option<String>,
 }
 
 impl DpdkConfig {
@@ -69,11 +71,13 @@ impl DpdkConfig {
             mbuf_data: 9216,
             mbufs: 8191,
             descriptors: 1024,
+            dma: None,
         }
     }
 
     /// Parses `BURST_DPDK`-style text: EAL arguments separated by spaces,
-    /// with burst's own keys `device=NAME` and `mbuf=BYTES` among them.
+    /// with burst's own keys `device=NAME`, `mbuf=BYTES` and `dma=NAME`
+    /// (the DMA device of the `dmadev` copy backend) among them.
     ///
     /// ```
     /// let c = burst_io::dpdk::DpdkConfig::parse("--vdev=net_memif0,role=server device=net_memif0 mbuf=3800");
@@ -85,6 +89,8 @@ impl DpdkConfig {
         for w in text.split_whitespace() {
             if let Some(d) = w.strip_prefix("device=") {
                 c.device = Some(d.into());
+            } else if let Some(d) = w.strip_prefix("dma=") {
+                c.dma = Some(d.into());
             } else if let Some(m) = w.strip_prefix("mbuf=").and_then(|m| m.parse().ok()) {
                 c.mbuf_data = m;
             } else {

@@ -36,7 +36,14 @@ impl DmaCopy {
     /// memory-to-memory channel of `descriptors` entries (clamped to what
     /// the device takes).
     pub fn open(eal: &[&str], name: &str, descriptors: u16) -> io::Result<DmaCopy> {
-        start_eal(&DpdkConfig::new(eal).eal_args())?;
+        DmaCopy::open_config(&DpdkConfig::new(eal), name, descriptors)
+    }
+
+    /// [`DmaCopy::open`] with the EAL arguments of `cfg` (a device's
+    /// `BURST_DPDK`; the EAL starts once per process, so a DPDK port and
+    /// the DMA device share it).
+    pub fn open_config(cfg: &DpdkConfig, name: &str, descriptors: u16) -> io::Result<DmaCopy> {
+        start_eal(&cfg.eal_args())?;
         let cname = CString::new(name).map_err(io::Error::other)?;
         // SAFETY: a NUL-terminated name; the EAL is up.
         let id = unsafe { sys::rte_dma_get_dev_id_by_name(cname.as_ptr()) };

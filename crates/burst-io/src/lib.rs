@@ -86,6 +86,21 @@ pub struct PacketBuf {
     /// The IPv4 identification the packet leaves with (set by
     /// [`Port::assign_ip_ids`]; the ICRC covers it).
     pub ip_id: u16,
+    /// The payload's CRC-32, when the gather computed it while copying:
+    /// [`seal`] then reads only the headers and the pad.
+    pub payload_crc: Option<PayloadCrc>,
+}
+
+/// Where a packet's payload sits in its transport bytes (BTH onwards) and
+/// its CRC-32 ([`PacketBuf::payload_crc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadCrc {
+    /// Offset of the payload from the BTH.
+    pub at: usize,
+    /// Payload bytes.
+    pub len: usize,
+    /// Their CRC-32 (crc32fast's, from an empty start).
+    pub crc: u32,
 }
 
 impl PacketBuf {
@@ -97,6 +112,7 @@ impl PacketBuf {
             peer: SocketAddr::from(([0, 0, 0, 0], 0)),
             src: None,
             ip_id: 0,
+            payload_crc: None,
         }
     }
     /// The bytes used.
@@ -467,6 +483,12 @@ impl RxBatch {
         })
     }
 
+    /// The batch's buffers (address, length): what received packets are
+    /// read from, untouched until the next receive into the batch.
+    pub fn buffers(&self) -> impl Iterator<Item = (*const u8, usize)> + '_ {
+        self.bufs.iter().map(|b| (b.as_ptr(), b.len()))
+    }
+
     /// Appends a copy of one packet (ports that do not receive into the
     /// batch's buffers); false when the batch is full or the packet too big.
     pub(crate) fn push(&mut self, meta: RxMeta, bytes: &[u8]) -> bool {
@@ -783,27 +805,54 @@ fn bind_error(e: io::Error, ip: IpAddr, port: u16) -> io::Error {
 /// Computes and stores the ICRC of transport packet `ib` (BTH through
 /// ICRC) sent from `src` to `dst` with IPv4 identification `ip_id`.
 pub fn seal(src: SocketAddr, dst: SocketAddr, ib: &mut [u8], ip_id: u16) -> io::Result<()> {
+    seal_with(src, dst, ib, ip_id, None)
+}
+
+/// [`seal`] for a packet whose payload's CRC-32 is known (`payload`): the
+/// headers' CRC is joined to it ([`burst_dsa::crc::combine`]) and continued
+/// over the pad, so the payload is not read again.
+pub fn seal_with(
+    src: SocketAddr,
+    dst: SocketAddr,
+    ib: &mut [u8],
+    ip_id: u16,
+    payload: Option<PayloadCrc>,
+) -> io::Result<()> {
+    let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
     if ib.len() < BTH_LEN + ICRC_LEN {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "packet shorter than BTH + ICRC",
-        ));
+        return Err(invalid("packet shorter than BTH + ICRC".into()));
     }
-    let crc = icrc::for_udp_payload(src, dst, ib, ip_id)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let n = ib.len();
+    let crc = match payload {
+        Some(p) if p.at + p.len <= n - ICRC_LEN => {
+            let head = icrc::for_udp_payload_head(src, dst, ib, ip_id, p.at)
+                .map_err(|e| invalid(e.to_string()))?;
+            let crc = burst_dsa::crc::combine(head, p.crc, p.len as u64);
+            let pad = &ib[p.at + p.len..n - ICRC_LEN];
+            if pad.is_empty() {
+                crc
+            } else {
+                let mut h = crc32fast::Hasher::new_with_initial(crc);
+                h.update(pad);
+                h.finalize()
+            }
+        }
+        Some(_) => return Err(invalid("payload CRC range leaves the packet".into())),
+        None => icrc::for_udp_payload(src, dst, ib, ip_id).map_err(|e| invalid(e.to_string()))?,
+    };
     ib[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
     Ok(())
 }
 
-/// [`seal`] for each packet of `bufs` (with its [`PacketBuf::ip_id`]),
-/// sent from `src` (or its [`PacketBuf::src`]); returns how many were
-/// sealed before the first failure.
+/// [`seal`] for each packet of `bufs` (with its [`PacketBuf::ip_id`] and
+/// [`PacketBuf::payload_crc`]), sent from `src` (or its
+/// [`PacketBuf::src`]); returns how many were sealed before the first
+/// failure.
 pub fn seal_all(src: SocketAddr, bufs: &mut [PacketBuf]) -> usize {
     for (i, b) in bufs.iter_mut().enumerate() {
         let (peer, len, id) = (b.peer, b.len, b.ip_id);
         let from = b.src.map_or(src, |ip| SocketAddr::new(ip, src.port()));
-        if seal(from, peer, &mut b.data[..len], id).is_err() {
+        if seal_with(from, peer, &mut b.data[..len], id, b.payload_crc).is_err() {
             return i;
         }
     }

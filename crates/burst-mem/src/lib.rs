@@ -33,9 +33,11 @@
 //! assert_eq!(&buf[16..20], b"RDMA");
 //! ```
 
+mod copier;
 mod raw;
 mod window;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -44,6 +46,7 @@ use burst_dsa::CpuCopy;
 use burst_transport::memory::{check_invalidate, check_remote_access, RemoteRegion};
 use burst_transport::{walk_sges, AtomicOp, MemError, Memory, MwBind, QpScope, RemoteAccess, Sge};
 
+pub use copier::{Copier, CopierCounters, CpuMode};
 pub use raw::Region;
 pub use window::{MwKeys, MwType, MAX_WINDOWS};
 
@@ -321,11 +324,23 @@ impl MrTable {
         self.len() == 0
     }
 
-    /// The transport's view of this table.
+    /// The transport's view of this table, copying on the CPU at once.
     pub fn memory(&self) -> TableMemory<'_> {
         TableMemory {
             table: self,
             copy: CpuCopy,
+            copier: None,
+        }
+    }
+
+    /// The transport's view of this table, moving payload through
+    /// `copier` (a data plane's: fused gathers, offloaded copies that the
+    /// caller drains).
+    pub fn memory_through<'a>(&'a self, copier: &'a mut Copier) -> TableMemory<'a> {
+        TableMemory {
+            table: self,
+            copy: CpuCopy,
+            copier: Some(RefCell::new(copier)),
         }
     }
 
@@ -388,6 +403,56 @@ fn remote_region(r: &Region) -> RemoteRegion {
 pub struct TableMemory<'a> {
     table: &'a MrTable,
     copy: CpuCopy,
+    copier: Option<RefCell<&'a mut Copier>>,
+}
+
+impl TableMemory<'_> {
+    /// Gathers through the copier; the CRC-32 of the bytes when it fused.
+    fn gather_local(
+        &self,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u32>, MemError> {
+        let Some(copier) = &self.copier else {
+            self.read_plain(sges, offset, out)?;
+            return Ok(None);
+        };
+        let mut copier = copier.borrow_mut();
+        let mut crc = copier.fuses().then_some(0);
+        walk_sges(sges, offset, out.len() as u64, |s, va, at, len| {
+            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
+            copier.gather(&r, off, &mut out[at..at + len], &mut crc);
+            Ok(())
+        })?;
+        Ok(crc)
+    }
+
+    fn read_plain(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+        walk_sges(sges, offset, out.len() as u64, |s, va, at, len| {
+            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
+            r.read(&self.copy, off, &mut out[at..at + len]);
+            Ok(())
+        })
+    }
+
+    fn gather_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<Option<u32>, MemError> {
+        let (r, off) = self
+            .table
+            .reach(None, rkey, va, out.len() as u64, RemoteAccess::Read)?;
+        match &self.copier {
+            Some(copier) => {
+                let mut copier = copier.borrow_mut();
+                let mut crc = copier.fuses().then_some(0);
+                copier.gather(&r, off, out, &mut crc);
+                Ok(crc)
+            }
+            None => {
+                r.read(&self.copy, off, out);
+                Ok(None)
+            }
+        }
+    }
 }
 
 impl Memory for TableMemory<'_> {
@@ -405,11 +470,20 @@ impl Memory for TableMemory<'_> {
     }
 
     fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
-        walk_sges(sges, offset, out.len() as u64, |s, va, at, len| {
-            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
-            r.read(&self.copy, off, &mut out[at..at + len]);
-            Ok(())
-        })
+        self.gather_local(sges, offset, out).map(|_| ())
+    }
+
+    fn read_local_crc(
+        &self,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u32>, MemError> {
+        self.gather_local(sges, offset, out)
+    }
+
+    fn read_remote_crc(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<Option<u32>, MemError> {
+        self.gather_remote(rkey, va, out)
     }
 
     fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
@@ -422,14 +496,26 @@ impl Memory for TableMemory<'_> {
                 Err(MemError::NoAccess)
             }
         })?;
+        let mut pieces = Vec::new();
         walk_sges(sges, offset, data.len() as u64, |s, va, at, len| {
             let (r, off) = self.table.find(s.lkey, va, len as u64)?;
             if !r.access().contains(Access::LOCAL_WRITE) {
                 return Err(MemError::NoAccess);
             }
-            r.write(&self.copy, off, &data[at..at + len]);
+            match &self.copier {
+                Some(_) => pieces.push((r, off, at, len)),
+                None => r.write(&self.copy, off, &data[at..at + len]),
+            }
             Ok(())
-        })
+        })?;
+        if let Some(copier) = &mut self.copier {
+            let job: Vec<_> = pieces
+                .iter()
+                .map(|(r, off, at, len)| (r, *off, &data[*at..*at + *len]))
+                .collect();
+            copier.get_mut().place_all(&job);
+        }
+        Ok(())
     }
 
     fn check_remote(
@@ -446,22 +532,25 @@ impl Memory for TableMemory<'_> {
     }
 
     fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError> {
-        let (r, off) = self
-            .table
-            .reach(None, rkey, va, out.len() as u64, RemoteAccess::Read)?;
-        r.read(&self.copy, off, out);
-        Ok(())
+        self.gather_remote(rkey, va, out).map(|_| ())
     }
 
     fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
         let (r, off) = self
             .table
             .reach(None, rkey, va, data.len() as u64, RemoteAccess::Write)?;
-        r.write(&self.copy, off, data);
+        match &mut self.copier {
+            Some(copier) => copier.get_mut().place(&r, off, data),
+            None => r.write(&self.copy, off, data),
+        }
         Ok(())
     }
 
     fn atomic(&mut self, qp: QpScope, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
+        // An atomic sees (and orders after) every copy placed before it.
+        if let Some(copier) = &mut self.copier {
+            copier.get_mut().fence();
+        }
         let (r, off) = self
             .table
             .reach(Some(qp), rkey, va, 8, RemoteAccess::Atomic)?;

@@ -139,6 +139,15 @@ impl Region {
         (off.checked_add(len)? <= self.len).then_some(off)
     }
 
+    /// The address of `len` bytes at `off`, for a region of this process
+    /// in bounds (`None` for a region reached through the kernel, or out of
+    /// bounds). Valid while the region is held ([`crate::MrTable::lookup`]).
+    pub(crate) fn local_ptr(&self, off: u64, len: usize) -> Option<*mut u8> {
+        self.offset_of(self.iova + off, len as u64)?;
+        // SAFETY: in bounds of the registered region (checked above).
+        (self.pid == 0).then(|| unsafe { self.base.add(off as usize) })
+    }
+
     /// Copies out of the region. `off + out.len()` must be within bounds
     /// (checked by [`Region::offset_of`]); out-of-range requests copy nothing.
     pub fn read(&self, engine: &impl CopyEngine, off: u64, out: &mut [u8]) {

@@ -90,6 +90,22 @@ pub trait Memory {
     ) -> Result<(), MemError>;
     /// Reads remote-accessible memory (already checked).
     fn read_remote(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), MemError>;
+    /// [`Memory::read_local`] that also gives the CRC-32 of the bytes read
+    /// when the copy computed it on the way (a fused copy and CRC pass);
+    /// `None` when it did not (the packet's ICRC then reads them again).
+    fn read_local_crc(
+        &self,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<Option<u32>, MemError> {
+        self.read_local(sges, offset, out).map(|()| None)
+    }
+    /// [`Memory::read_remote`] with the CRC-32 of the bytes read, as
+    /// [`Memory::read_local_crc`].
+    fn read_remote_crc(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<Option<u32>, MemError> {
+        self.read_remote(rkey, va, out).map(|()| None)
+    }
     /// Writes remote-accessible memory (already checked).
     fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError>;
     /// Checks and executes an atomic; returns the original value.

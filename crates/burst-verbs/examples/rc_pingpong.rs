@@ -126,6 +126,7 @@ fn run(o: Opts) -> Result<(), String> {
             port,
             dpdk: String::new(),
             threads: 1,
+            copy: Default::default(),
         },
         burst_verbs::config::PortKind::Dpdk => {
             let mut c = DeviceConfig::owned_link("burst0", o.local);

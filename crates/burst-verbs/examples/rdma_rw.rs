@@ -85,6 +85,7 @@ fn run() -> Result<(), String> {
         port: Default::default(),
         dpdk: String::new(),
         threads: 1,
+        copy: Default::default(),
     })
     .map_err(|e| e.to_string())?;
     let pd = dev.alloc_pd();

@@ -63,6 +63,7 @@ fn run() -> Result<(), String> {
         port: Default::default(),
         dpdk: String::new(),
         threads: 1,
+        copy: Default::default(),
     })
     .map_err(|e| e.to_string())?;
     if size > Mtu::Mtu1024.bytes() {

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::sync::Arc;
 use std::time::Instant;
 
-use burst_io::{IcrcCheck, PacketBuf, Port, RxBatch, BURST, MAX_GSO_SEGMENTS};
+use burst_io::{IcrcCheck, PacketBuf, PayloadCrc, Port, RxBatch, BURST, MAX_GSO_SEGMENTS};
 use burst_mem::{MrTable, Pd};
 use burst_transport::{
     Qp, QpAttr, QpConfig, QpState, RecvWr, SendWr, Srq, VerbsError, WorkCompletion,
@@ -99,6 +99,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     mcast: std::collections::HashMap<[u8; 16], Vec<Qpn>>,
     rx: RxBatch,
     tx: Vec<PacketBuf>,
+    /// How payload moves between packets and memory (fused CPU gathers,
+    /// or an offload backend drained before what the copies precede).
+    copier: burst_mem::Copier,
     /// Sealed packets at the front of `tx` that the port had no room for
     /// (a full socket buffer): sent before anything new is taken from the
     /// QPs, so a slow port holds the transport back instead of losing what
@@ -184,6 +187,7 @@ impl<P: Port> Device<P> {
             rx: RxBatch::new(BURST),
             // A round sends up to a full GSO run per QP burst.
             tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
+            copier: burst_mem::Copier::default(),
             tx_held: 0,
             clock: clock::Clock::wall(),
             last_rx: 0,
@@ -211,6 +215,12 @@ impl<P: Port> Device<P> {
     /// Hands QP1's traffic to (and takes it from) `gsi`.
     pub fn set_gsi(&mut self, gsi: Arc<crate::gsi::Gsi>) {
         self.gsi = Some(gsi);
+    }
+
+    /// Selects how payload moves (before traffic: a pending copy is
+    /// drained when the old copier drops).
+    pub fn set_copier(&mut self, copier: burst_mem::Copier) {
+        self.copier = copier;
     }
 
     /// Selects the congestion control (before any QP is created).
@@ -244,6 +254,7 @@ impl<P: Port> Device<P> {
         let mut c = self.counters;
         c.cc = self.cc.counters;
         c.port = self.port.counters();
+        c.copy = self.copier.counters();
         c.qps = self.destroyed;
         for s in self.qps.iter().flatten() {
             c.qps.accumulate(s.qp.counters());
@@ -865,7 +876,10 @@ impl<P: Port> Device<P> {
             self.last_rx = now;
         }
         let local = self.port.local_addr();
-        let mut mem = self.mrs.memory();
+        // SAFETY: the batch's buffers are not touched again before the
+        // drain below (the next receive reuses them).
+        unsafe { self.copier.defer_from(self.rx.buffers()) };
+        let mut mem = self.mrs.memory_through(&mut self.copier);
         let mut faulted: Vec<(usize, String)> = Vec::new();
         for (meta, bytes) in self.rx.frames() {
             let peer = meta.peer;
@@ -958,6 +972,9 @@ impl<P: Port> Device<P> {
                 }
             }
         }
+        // Every placement lands before anything it precedes is seen: the
+        // completions collected next, the ACKs sent next.
+        self.copier.drain();
         for (i, msg) in faulted {
             self.qp_fatal(i, &msg);
         }
@@ -973,7 +990,16 @@ impl<P: Port> Device<P> {
                 return sent;
             }
         }
-        let mem = self.mrs.memory();
+        // SAFETY: the send buffers past the held ones are filled here and
+        // read only after the drain below (sealing).
+        unsafe {
+            self.copier.defer_into(
+                self.tx
+                    .iter_mut()
+                    .map(|b| (b.data.as_mut_ptr(), b.data.len())),
+            )
+        };
+        let mem = self.mrs.memory_through(&mut self.copier);
         let mut n = 0;
         // CNPs first: they are what slows the congested senders down.
         while n < self.tx.len() {
@@ -987,6 +1013,7 @@ impl<P: Port> Device<P> {
                 buf.len = len;
                 buf.peer = peer;
                 buf.src = None;
+                buf.payload_crc = None;
                 self.counters.sent_pkts += 1;
                 self.cc.counters.cnp_sent += 1;
                 n += 1;
@@ -1003,6 +1030,7 @@ impl<P: Port> Device<P> {
                 buf.len = len;
                 buf.peer = peer;
                 buf.src = None;
+                buf.payload_crc = None;
                 self.counters.sent_pkts += 1;
                 n += 1;
             }
@@ -1037,15 +1065,15 @@ impl<P: Port> Device<P> {
                         continue;
                     }
                     let at = t.ib.header_len();
-                    if t.gather(&mem, &mut buf.data[at..at + t.ib.payload_len])
-                        .is_err()
-                    {
+                    let plen = t.ib.payload_len;
+                    let Ok(crc) = t.gather_crc(&mem, &mut buf.data[at..at + plen]) else {
                         continue;
-                    }
+                    };
                     counters.sent_pkts += 1;
                     buf.len = len;
                     buf.peer = peer;
                     buf.src = src;
+                    buf.payload_crc = crc.map(|crc| PayloadCrc { at, len: plen, crc });
                     n += 1;
                 }
                 q.flush_unreliable();
@@ -1063,6 +1091,8 @@ impl<P: Port> Device<P> {
                 Err(msg) => faulted.push((i, msg)),
             }
         }
+        // Gathers into the send buffers finish before sealing reads them.
+        self.copier.drain();
         for (i, msg) in faulted {
             self.qp_fatal(i, &msg);
         }

@@ -778,6 +778,10 @@ pub struct EngineOptions {
     /// Rings in memfds that other processes can map (burstd), instead of
     /// anonymous memory.
     pub shared_rings: bool,
+    /// What moves payload (each engine thread gets its own copier).
+    pub copy: crate::config::CopyConfig,
+    /// DPDK EAL arguments and keys (the `dmadev` copy backend's `dma=`).
+    pub dpdk: String,
 }
 
 impl EngineOptions {
@@ -795,6 +799,8 @@ impl EngineOptions {
             congestion_control: burst_cc::Algorithm::default(),
             port: crate::config::PortKind::Udp,
             shared_rings: false,
+            copy: Default::default(),
+            dpdk: String::new(),
         }
     }
 }
@@ -1034,6 +1040,7 @@ impl Engine {
             port: Default::default(),
             dpdk: String::new(),
             threads: 1,
+            copy: Default::default(),
         })
     }
 
@@ -1055,6 +1062,8 @@ impl Engine {
         o.drop_every = cfg.drop_every;
         o.congestion_control = cfg.congestion_control;
         o.port = cfg.port;
+        o.copy = cfg.copy;
+        o.dpdk.clone_from(&cfg.dpdk);
         Engine::with_ports(ports, o)
     }
 
@@ -1108,6 +1117,7 @@ impl Engine {
             let mut dev = Device::with_port(port, o.port_mtu, Arc::clone(&o.mrs));
             dev.set_clock(o.clock.clone());
             dev.set_congestion_control(o.congestion_control);
+            dev.set_copier(crate::copy::open(&o.copy, &o.dpdk)?);
             dev.set_lane(k as u32, lanes as u32);
             dev.set_gsi(Arc::clone(&gsi));
             // One GID table per device: with several lanes (each a port of
@@ -1169,6 +1179,7 @@ impl Engine {
                 port: o.port,
                 dpdk: String::new(),
                 threads: lanes as u32,
+                copy: o.copy,
             }),
         };
         let mut threads = Vec::new();
@@ -3512,6 +3523,7 @@ impl Context {
                 port: Default::default(),
                 dpdk: String::new(),
                 threads: lanes as u32,
+                copy: Default::default(),
             }),
         };
         tracing::info!(

@@ -49,6 +49,7 @@ pub use burst_transport::{
 };
 pub use burst_wire::{Mtu, Psn, Qpn};
 mod congestion;
+mod copy;
 mod dataplane;
 mod entry;
 pub mod eventfd;
@@ -93,6 +94,10 @@ pub struct DeviceCounters {
     /// What the port counted (whole-frame ports: frames not for burst,
     /// malformed, bad ICRC, neighbour resolution).
     pub port: burst_io::PortCounters,
+    /// How payload moved: offloaded jobs, CPU and fused bytes, the
+    /// backend's faults and fallbacks ([`config::CopyBackend`]).
+    #[serde(default)]
+    pub copy: burst_mem::CopierCounters,
 }
 
 impl DeviceCounters {
@@ -109,6 +114,7 @@ impl DeviceCounters {
         self.qps.accumulate(&o.qps);
         self.cc.add(&o.cc);
         self.port.add(&o.port);
+        self.copy.add(&o.copy);
     }
 }
 

@@ -317,6 +317,9 @@ fn sim_engine(port: SimPort, mtu: Mtu, mrs: Arc<MrTable>) -> Engine {
     o.mrs = mrs;
     o.drive = Drive::Caller;
     o.clock = Clock::manual();
+    // The copy backend under test (`cargo xtask sweep --copy NAME`).
+    o.copy = crate::config::CopyConfig::from_vars(|k| std::env::var(k).ok(), o.copy)
+        .unwrap_or_else(|e| panic!("{e}"));
     Engine::with_port(port, o).expect("an engine over a simulated port needs no system resource")
 }
 

@@ -121,7 +121,42 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u32> {
 /// assert_ne!(a, b); // the IPv4 identification is covered
 /// ```
 pub fn for_udp_payload(src: SocketAddr, dst: SocketAddr, ib: &[u8], ip_id: u16) -> Result<u32> {
+    for_udp_payload_head(src, dst, ib, ip_id, ib.len().saturating_sub(ICRC_LEN))
+}
+
+/// [`for_udp_payload`] over the first `at` bytes of `ib` only (the IP and
+/// UDP lengths still those of the whole packet): the CRC-32 to continue
+/// over `ib[at..]` up to the ICRC. A sender that took the payload's CRC
+/// while gathering it joins the two (CRC-32 combination) instead of
+/// reading the payload again.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// let src: SocketAddr = "198.18.0.1:49152".parse().unwrap();
+/// let dst: SocketAddr = "198.18.0.2:4791".parse().unwrap();
+/// let mut ib = vec![0x04u8, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1];
+/// ib.extend_from_slice(b"payload!");
+/// ib.extend_from_slice(&[0; 4]); // the ICRC's place
+/// let head = burst_wire::icrc::for_udp_payload_head(src, dst, &ib, 7, 12).unwrap();
+/// let mut h = crc32fast::Hasher::new_with_initial(head);
+/// h.update(b"payload!");
+/// assert_eq!(h.finalize(), burst_wire::icrc::for_udp_payload(src, dst, &ib, 7).unwrap());
+/// ```
+pub fn for_udp_payload_head(
+    src: SocketAddr,
+    dst: SocketAddr,
+    ib: &[u8],
+    ip_id: u16,
+    at: usize,
+) -> Result<u32> {
     check_len("BTH + ICRC", ib, BTH_LEN + ICRC_LEN)?;
+    if at < BTH_LEN || at > ib.len() - ICRC_LEN {
+        return Err(Error::Truncated {
+            what: "ICRC head",
+            need: at.max(BTH_LEN) + ICRC_LEN,
+            have: ib.len(),
+        });
+    }
     let ip = match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let mut ip = IpRepr::v4(s, d);
@@ -141,7 +176,7 @@ pub fn for_udp_payload(src: SocketAddr, dst: SocketAddr, ib: &[u8], ip_id: u16) 
     let mut hdr = [0u8; 48];
     let n = emit_ip_udp(&ip, &udp, UDP_LEN + ib.len(), &mut hdr)?;
     let ip_len = ip.header_len();
-    compute(&hdr[..ip_len], &hdr[ip_len..n], &ib[..ib.len() - ICRC_LEN])
+    compute(&hdr[..ip_len], &hdr[ip_len..n], &ib[..at])
 }
 
 /// Outcome of an ICRC check ([`Checker::check`]).

@@ -18,11 +18,13 @@
 //! device that consumes the same descriptors from a portal and writes the
 //! same records (batches, partial completions on a fault, errors for bad
 //! descriptors, a full queue), so the engine's paths run for real in tests;
-//! [`discover`] finds hardware work queues and says why there are none.
+//! [`discover`] finds hardware work queues and says why there are none;
+//! [`hardware`] maps their portals.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 mod engine;
+pub mod hardware;
 pub mod model;
 
 pub use engine::{DsaEngine, Portal};

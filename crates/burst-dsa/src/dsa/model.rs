@@ -10,12 +10,15 @@
 //! count; a queue of fixed size that refuses descriptors when full. Page
 //! faults are injected ([`DsaModel::fault_next`]): the next MEMMOVE stops
 //! after the given bytes with PAGE_FAULT_NOBOF, as a device without
-//! Block-on-Fault does. Descriptors run when [`DsaModel::process`] is
-//! called (a test steps the device), in queue order.
+//! Block-on-Fault does; [`DsaModel::fault_every`] makes every n-th MEMMOVE
+//! fault halfway (a data plane's fault path under load). Descriptors run
+//! when [`DsaModel::process`] is called (a test steps the device), or as
+//! they arrive on the device's own thread ([`DsaModel::start`]), in queue
+//! order.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use super::{opcode, status, CompletionRecord, Descriptor, Portal};
 
@@ -31,14 +34,47 @@ struct State {
     queue: VecDeque<Descriptor>,
     /// Bytes after which the next MEMMOVEs fault, in order.
     faults: VecDeque<u32>,
+    /// Every n-th MEMMOVE faults halfway (0: never).
+    fault_every: u64,
+    memmoves: u64,
     processed: u64,
+    /// The device thread ([`DsaModel::start`]) is to stop.
+    stopped: bool,
 }
 
 /// The device: a work queue of `size` descriptors.
 #[derive(Debug, Clone)]
 pub struct DsaModel {
     state: Arc<Mutex<State>>,
+    /// Signalled when a descriptor arrives (wakes the device thread).
+    arrived: Arc<Condvar>,
     size: usize,
+}
+
+/// The model running on its own thread, as a device runs beside the CPU:
+/// descriptors are processed as they are written to the portal. Dropping
+/// it stops the thread (after the queue is empty).
+#[derive(Debug)]
+pub struct ModelThread {
+    model: DsaModel,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ModelThread {
+    /// The running device.
+    pub fn model(&self) -> &DsaModel {
+        &self.model
+    }
+}
+
+impl Drop for ModelThread {
+    fn drop(&mut self) {
+        self.model.state().stopped = true;
+        self.model.arrived.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The model's portal (what [`super::DsaEngine`] submits to).
@@ -50,8 +86,41 @@ impl DsaModel {
     pub fn new(size: usize) -> DsaModel {
         DsaModel {
             state: Arc::default(),
+            arrived: Arc::default(),
             size: size.max(1),
         }
+    }
+
+    /// Runs the device on a thread of its own (named `dsa-model`): what the
+    /// portal receives is processed without the submitter stepping it.
+    pub fn start(&self) -> std::io::Result<ModelThread> {
+        let model = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("dsa-model".into())
+            .spawn(move || loop {
+                {
+                    let mut st = model.state();
+                    while st.queue.is_empty() && !st.stopped {
+                        st = model.arrived.wait(st).unwrap_or_else(|e| e.into_inner());
+                    }
+                    if st.queue.is_empty() && st.stopped {
+                        return;
+                    }
+                }
+                model.process();
+            })?;
+        Ok(ModelThread {
+            model: self.clone(),
+            thread: Some(thread),
+        })
+    }
+
+    /// Every `n`-th MEMMOVE from now on stops halfway with a page fault
+    /// (0 turns it off).
+    pub fn fault_every(&self, n: u64) {
+        let mut st = self.state();
+        st.fault_every = n;
+        st.memmoves = 0;
     }
 
     /// Its portal.
@@ -122,7 +191,12 @@ impl DsaModel {
         if s < t + l && t < s + l {
             return (status::OVERLAP_BUFFERS, 0);
         }
-        let fault = self.state().faults.pop_front();
+        let fault = {
+            let mut st = self.state();
+            st.memmoves += 1;
+            let periodic = st.fault_every > 0 && st.memmoves.is_multiple_of(st.fault_every);
+            st.faults.pop_front().or(periodic.then_some(len / 2))
+        };
         let n = fault.map_or(len, |f| f.min(len));
         // SAFETY: the descriptor's buffers are valid for `size` bytes and
         // do not overlap (checked above; the Portal::submit contract).
@@ -177,6 +251,7 @@ impl Portal for ModelPortal {
             return false;
         }
         st.queue.push_back(*desc);
+        self.0.arrived.notify_one();
         true
     }
 }

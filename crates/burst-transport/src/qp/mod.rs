@@ -68,6 +68,16 @@ impl Transmit<'_> {
             Payload::Remote { rkey, va } => mem.read_remote(rkey, va, out),
         }
     }
+
+    /// [`Transmit::gather`], with the payload's CRC-32 when the memory
+    /// computed it while copying ([`Memory::read_local_crc`]).
+    pub fn gather_crc(&self, mem: &impl Memory, out: &mut [u8]) -> Result<Option<u32>, MemError> {
+        match self.payload {
+            Payload::Local { sges, offset } => mem.read_local_crc(sges, offset, out),
+            Payload::Remote { rkey, va } => mem.read_remote_crc(rkey, va, out),
+            Payload::None | Payload::Inline(_) => self.gather(mem, out).map(|()| None),
+        }
+    }
 }
 
 /// Attributes set by `modify`.
