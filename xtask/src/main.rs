@@ -15,7 +15,7 @@ use std::time::Instant;
 const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask interop [--quick] [--examples-only WORD] [--ucx-only] [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
        cargo xtask bench [--rounds N] [--secs S] [--no-sweep]
-       cargo xtask sweep [--seeds N] [--first-seed S] [--secs S]
+       cargo xtask sweep [--seeds N] [--first-seed S] [--secs S] [--copy BACKEND]
        cargo xtask dropin [--loopback] [--veth] [--rxe] [--v6] [--numbers] [--quick] [--only WORD]... [--port udp|af-xdp|af-xdp-generic|dpdk] [--daemon]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
@@ -32,7 +32,8 @@ test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (cargo-fuzz installed on first use)
 sweep   the simulation through the real data plane over the whole fault
         space (default 10,000 seeds, each with its own loss, reordering,
-        duplication and corruption), on every core
+        duplication and corruption), on every core; --copy cpu-plain|dsa-model
+        runs it with that copy backend (BURST_COPY)
 interop burst against kernel RXE in the lab VM (../shared/rxe-lab, root):
         the unmodified ibv_rc_pingpong on RXE against burst's rc_pingpong,
         both roles, MTU 1024 and 4096, with and without loss; --quick runs
@@ -252,6 +253,21 @@ fn sweep(args: &[String]) -> ExitCode {
     let mut secs = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
+        if a == "--copy" {
+            // The engines' copy backend (BURST_COPY); with an offload
+            // backend every copy is offloaded and every 7th model
+            // descriptor faults, so the sweep drives the whole path.
+            let Some(b) = it.next() else {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            };
+            std::env::set_var("BURST_COPY", b);
+            if b.starts_with("dsa") || b == "dmadev" {
+                std::env::set_var("BURST_COPY_MIN", "0");
+                std::env::set_var("BURST_DSA_MODEL_FAULT_EVERY", "7");
+            }
+            continue;
+        }
         let v = it.next().and_then(|v| v.parse::<u64>().ok());
         match (a.as_str(), v) {
             ("--seeds", Some(v)) => seeds = v,
