@@ -437,9 +437,13 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
     let wall = std::time::Instant::now();
     let mut line = client_run_inner(o, run, local, server)?;
     let (secs, server_cpu) = (wall.elapsed().as_secs_f64(), line.1);
-    let cpu = report::cpu_now() - cpu0 + server_cpu;
+    let mine = report::cpu_now() - cpu0;
+    let cpu = mine + server_cpu;
     match &mut line.0 {
-        Line::Bw(b) => b.cpu_secs = cpu * b.secs / secs.max(1e-9),
+        Line::Bw(b) => {
+            b.cpu_secs = cpu * b.secs / secs.max(1e-9);
+            b.client_cpu_secs = mine * b.secs / secs.max(1e-9);
+        }
         Line::Lat(l) => {
             l.secs = secs;
             l.cpu_secs = cpu;

@@ -133,6 +133,9 @@ pub fn device_config(addr: IpAddr, mtu: Mtu) -> Result<DeviceConfig, String> {
             format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
         })?;
     }
+    // The copy backend, as the drop-in takes it (BURST_COPY, ...).
+    cfg.copy = burst_verbs::config::CopyConfig::from_vars(|k| std::env::var(k).ok(), cfg.copy)
+        .map_err(|e| e.to_string())?;
     // Engine threads, as the drop-in takes them (BURST_THREADS).
     if let Ok(t) = std::env::var("BURST_THREADS") {
         cfg.threads = t
@@ -503,6 +506,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         retransmitted_pkts: after.retransmitted_pkts - before.retransmitted_pkts,
         retransmits_started: after.retransmits_started - before.retransmits_started,
         cpu_secs: 0.0,
+        client_cpu_secs: 0.0,
     })
 }
 

@@ -28,6 +28,9 @@ pub struct Bw {
     /// CPU time both sides used over the run (user + system, getrusage),
     /// seconds: a busy-polling stack shows here what its speed costs.
     pub cpu_secs: f64,
+    /// CPU time the client alone used (the sender of write_bw and
+    /// send_bw), seconds over the same span as `cpu_secs`.
+    pub client_cpu_secs: f64,
 }
 
 /// One latency result line, in microseconds.

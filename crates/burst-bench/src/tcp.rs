@@ -96,6 +96,7 @@ pub fn stream(
         retransmitted_pkts: 0,
         retransmits_started: 0,
         cpu_secs: 0.0,
+        client_cpu_secs: 0.0,
     })
 }
 

@@ -34,6 +34,8 @@
 //! congestion_control = "dcqcn"  # optional; default "loss-window"
 //! port = "af-xdp"            # optional; default "udp"
 //! threads = 2                # optional engine threads; default 1
+//! copy = "cpu"               # optional copy backend (BURST_COPY); default "cpu"
+//! copy_min = 4096            # optional: smallest copy an offload backend takes
 //! dpdk = "--vdev=net_memif0,role=client device=net_memif0"  # with port = "dpdk"
 //! ```
 //!
@@ -703,5 +705,35 @@ mod tests {
         assert_eq!(c.devices[0].congestion_control.name(), "dcqcn");
         let bad = Config::from_sources(env(&[("BURST_IFACE", "lo"), ("BURST_CC", "cubic")]), None);
         assert!(matches!(bad, Err(ConfigError::BadValue { .. })), "{bad:?}");
+    }
+
+    #[test]
+    fn the_copy_backend_comes_from_the_file_and_the_variables() {
+        let c = Config::from_sources(env(&[("BURST_IFACE", "lo")]), None).unwrap();
+        assert_eq!(c.devices[0].copy, CopyConfig::default());
+        let file = "[[device]]\naddress = \"127.0.0.1\"\ncopy = \"cpu-plain\"\ncopy_min = 512\n";
+        let c = Config::from_sources(env(&[]), Some((Path::new("b.toml"), file))).unwrap();
+        assert_eq!(
+            (c.devices[0].copy.backend, c.devices[0].copy.min_offload),
+            (CopyBackend::CpuPlain, 512)
+        );
+        let c = Config::from_sources(
+            env(&[("BURST_IFACE", "lo"), ("BURST_COPY", "dsa-model")]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.devices[0].copy.backend, CopyBackend::DsaModel);
+        for b in CopyBackend::ALL {
+            assert_eq!(CopyBackend::from_name(b.name()), Some(b));
+        }
+        let e = Config::from_sources(env(&[("BURST_IFACE", "lo"), ("BURST_COPY", "gpu")]), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("BURST_COPY"), "{e}");
+        let e = Config::from_sources(
+            env(&[("BURST_IFACE", "lo"), ("BURST_COPY_MIN", "4k")]),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("BURST_COPY_MIN"), "{e}");
     }
 }

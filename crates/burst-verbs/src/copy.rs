@@ -21,6 +21,13 @@ const MODEL_QUEUE: usize = 128;
 /// The copier `cfg` asks for; an error says why a backend is not there.
 /// `dpdk` is the device's DPDK text (`dma=NAME` for `dmadev`).
 pub(crate) fn open(cfg: &CopyConfig, dpdk: &str) -> io::Result<Copier> {
+    if cfg.backend != CopyBackend::default() {
+        tracing::info!(
+            "copy backend {} (copies of {} bytes and more offloaded)",
+            cfg.backend.name(),
+            cfg.min_offload
+        );
+    }
     Ok(match cfg.backend {
         CopyBackend::Cpu => Copier::cpu(CpuMode::Fused),
         CopyBackend::CpuPlain => Copier::cpu(CpuMode::Plain),

@@ -124,6 +124,8 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     o.drop_every = dev.drop_every;
     o.congestion_control = dev.congestion_control;
     o.port = dev.port;
+    o.copy = dev.copy;
+    o.dpdk.clone_from(&dev.dpdk);
     o.shared_rings = true;
     let tap = burst_verbs::ports::capture::Tap::new();
     let ports = open_ports(dev)?
