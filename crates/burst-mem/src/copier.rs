@@ -94,6 +94,12 @@ pub struct Copier {
     sources: Vec<(usize, usize)>,
     destinations: Vec<(usize, usize)>,
     pending: VecDeque<Pending>,
+    /// The span of every pending copy's destination (`lo..hi`; empty when
+    /// none): most copies miss it, and skip the scan of the pending ones.
+    span: (usize, usize),
+    /// Placements (copies into memory the transport reads) are pending;
+    /// otherwise only gathers into send buffers, which no read touches.
+    placing: bool,
     next_tag: u64,
     done: Vec<Completion>,
     counters: CopierCounters,
@@ -131,6 +137,8 @@ impl Copier {
             sources: Vec::new(),
             destinations: Vec::new(),
             pending: VecDeque::new(),
+            span: (0, 0),
+            placing: false,
             next_tag: 0,
             done: Vec::new(),
             counters: CopierCounters::default(),
@@ -218,6 +226,8 @@ impl Copier {
         self.counters.drains += 1;
         engine.drain(&mut self.done);
         self.retire();
+        self.span = (0, 0);
+        self.placing = false;
     }
 
     /// Matches polled completions to pending jobs (both in submission
@@ -249,6 +259,10 @@ impl Copier {
     /// Drains first when `[dst, dst+len)` overlaps a pending copy's
     /// destination (the later copy must land last).
     fn order_after_pending(&mut self, dst: usize, len: usize) {
+        let (lo, hi) = self.span;
+        if len == 0 || dst >= hi || dst + len <= lo {
+            return;
+        }
         let hit = self.pending.iter().any(|p| {
             p.segments
                 .iter()
@@ -285,6 +299,14 @@ impl Copier {
                     self.retire_polled();
                 }
             }
+        }
+        for seg in &segments {
+            let (a, b) = (seg.dst as usize, seg.dst as usize + seg.len);
+            self.span = if self.span.0 == self.span.1 {
+                (a, b)
+            } else {
+                (self.span.0.min(a), self.span.1.max(b))
+            };
         }
         self.counters.offloaded += 1;
         self.counters.offloaded_bytes += bytes;
@@ -337,6 +359,7 @@ impl Copier {
         }
         if !segments.is_empty() {
             self.submit(segments, regions);
+            self.placing = true;
         }
     }
 
@@ -351,8 +374,8 @@ impl Copier {
         crc: &mut Option<u32>,
     ) {
         let src = region.local_ptr(off, out.len());
-        if let Some(p) = src {
-            // A read of bytes a pending copy writes waits for it.
+        if let (Some(p), true) = (src, self.placing) {
+            // A read of bytes a pending placement writes waits for it.
             self.order_after_pending(p as usize, out.len());
         }
         match src {
@@ -393,5 +416,142 @@ impl Drop for Copier {
     fn drop(&mut self) {
         // Never leave a device writing into memory about to be freed.
         self.wait_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Access, MrTable};
+    use burst_dsa::dsa::model::DsaModel;
+    use burst_dsa::dsa::DsaEngine;
+    use burst_transport::Memory;
+
+    /// An offload copier on the DSA model (its own thread), every job
+    /// offloaded; the thread handle must outlive the copier.
+    fn offload() -> (Copier, burst_dsa::dsa::model::ModelThread) {
+        let model = DsaModel::new(64);
+        let thread = model.start().unwrap();
+        let engine = DsaEngine::new(model.portal(), 64, 0);
+        (Copier::offload(Box::new(engine)), thread)
+    }
+
+    #[test]
+    fn a_copy_onto_a_pending_one_lands_after_it() {
+        let table = MrTable::new();
+        let pd = table.alloc_pd();
+        let mut mem = vec![0u8; 8192];
+        // SAFETY: `mem` outlives the registration (the table drops first).
+        let k = unsafe { table.register(pd, mem.as_mut_ptr(), mem.len(), 0x1000, Access(1 | 2)) }
+            .unwrap();
+        let (mut copier, _device) = offload();
+        let stable = vec![0xaau8; 4096];
+        let mut m = table.memory_through(&mut copier);
+        // SAFETY: `stable` outlives the drain below and is not changed.
+        unsafe {
+            m.copier
+                .as_mut()
+                .unwrap()
+                .get_mut()
+                .defer_from([(stable.as_ptr(), stable.len())])
+        };
+        m.write_remote(k.rkey, 0x1000, &stable).unwrap();
+        // From the stack (not a stable source): at once, but after the
+        // pending copy of the same bytes.
+        m.write_remote(k.rkey, 0x1000 + 100, &[0x55; 8]).unwrap();
+        // A copy elsewhere does not wait.
+        m.write_remote(k.rkey, 0x1000 + 5000, &[0x66; 8]).unwrap();
+        copier.drain();
+        let c = copier.counters();
+        assert_eq!((c.offloaded, c.overlaps, c.drains), (1, 1, 1), "{c:?}");
+        drop(copier);
+        drop(table);
+        assert!(mem[..100].iter().all(|&b| b == 0xaa));
+        assert_eq!(mem[100..108], [0x55; 8]);
+        assert!(mem[108..4096].iter().all(|&b| b == 0xaa));
+        assert_eq!(mem[5000..5008], [0x66; 8]);
+    }
+
+    #[test]
+    fn an_atomic_sees_a_pending_placement() {
+        let table = MrTable::new();
+        let pd = table.alloc_pd();
+        let mut word = vec![0u64; 1];
+        // SAFETY: as above.
+        let k =
+            unsafe { table.register(pd, word.as_mut_ptr().cast(), 8, 0x2000, Access(1 | 2 | 8)) }
+                .unwrap();
+        let (mut copier, _device) = offload();
+        let stable = 40u64.to_ne_bytes();
+        let qp = burst_transport::QpScope {
+            pd: pd.0,
+            qpn: burst_wire::Qpn::from_wire(1),
+        };
+        let mut m = table.memory_through(&mut copier);
+        // SAFETY: `stable` outlives the drain and is not changed.
+        unsafe {
+            m.copier
+                .as_mut()
+                .unwrap()
+                .get_mut()
+                .defer_from([(stable.as_ptr(), 8)])
+        };
+        m.write_remote(k.rkey, 0x2000, &stable).unwrap();
+        let old = m
+            .atomic(
+                qp,
+                k.rkey,
+                0x2000,
+                burst_transport::AtomicOp::FetchAdd { add: 2 },
+            )
+            .unwrap();
+        assert_eq!(old, 40, "the atomic ran before the placement landed");
+        copier.drain();
+        drop(copier);
+        drop(table);
+        assert_eq!(word[0], 42);
+    }
+
+    #[test]
+    fn the_fused_gather_gives_the_crc_of_what_it_copied() {
+        let table = MrTable::new();
+        let pd = table.alloc_pd();
+        let mut src: Vec<u8> = (0..9000u32).map(|i| (i * 13) as u8).collect();
+        // SAFETY: as above.
+        let k =
+            unsafe { table.register(pd, src.as_mut_ptr(), src.len(), 0x10000, Access(1)) }.unwrap();
+        let sges = [
+            burst_transport::Sge {
+                addr: 0x10000 + 10,
+                length: 3000,
+                lkey: k.lkey,
+            },
+            burst_transport::Sge {
+                addr: 0x10000 + 5000,
+                length: 3000,
+                lkey: k.lkey,
+            },
+        ];
+        let mut out = vec![0u8; 4000];
+        let mut fused = Copier::cpu(CpuMode::Fused);
+        let crc = table
+            .memory_through(&mut fused)
+            .read_local_crc(&sges, 1000, &mut out)
+            .unwrap();
+        let want: Vec<u8> = src[1010..3010]
+            .iter()
+            .chain(&src[5000..7000])
+            .copied()
+            .collect();
+        assert_eq!(out, want);
+        assert_eq!(crc, Some(crc32fast::hash(&want)));
+        let mut plain = Copier::cpu(CpuMode::Plain);
+        let crc = table
+            .memory_through(&mut plain)
+            .read_local_crc(&sges, 1000, &mut out)
+            .unwrap();
+        assert_eq!(crc, None);
+        drop(table);
+        drop(src);
     }
 }
