@@ -1183,7 +1183,7 @@ impl<P: Port> Drop for Device<P> {
             "device {} closing: sent {} packets ({} request payload bytes), received {}, \
              retransmitted {} in {} go-backs, ACK timeouts {}, sequence errors (NAKs, READ gaps) {}, \
              RETRY_EXC_ERR {}, CNPs sent {} received {}, CE seen {}, window cuts {}, rate cuts {}, \
-             ICRC errors {}, congestion control {}; port: {:?}",
+             ICRC errors {}, congestion control {}; copies: {:?}; port: {:?}",
             self.port.local_addr().ip(),
             c.sent_pkts,
             c.qps.sent_bytes,
@@ -1200,6 +1200,7 @@ impl<P: Port> Drop for Device<P> {
             c.cc.rate_cuts,
             c.icrc_errors,
             self.cc.algorithm().name(),
+            c.copy,
             c.port
         );
     }
