@@ -8,10 +8,17 @@
 //! as bytes) and one more into the receive batch, so this is an upper
 //! bound of what a zero-copy port would cost. Throughput is in packets.
 //!
+//! One case per CPU copy path: `cpu` (the gather computes the payload's CRC
+//! as it copies, the seal reads only the headers) and `cpu-plain` (copy,
+//! then the ICRC over the whole packet); `dsa-model` adds the offload
+//! engine's bookkeeping and the model's thread hand-offs (not a device's
+//! speed).
+//!
 //! `cargo bench -p burst-verbs --bench core` (next to it:
 //! `cargo bench -p burst-transport --bench transport`, protocol only)
 
 use burst_verbs::clock::Clock;
+use burst_verbs::config::CopyBackend;
 use burst_verbs::engine::{Context, CqId, Drive, Engine, EngineOptions};
 use burst_verbs::ports::{SimFaults, SimNet};
 use burst_verbs::{
@@ -36,7 +43,7 @@ struct Pair {
     _bufs: (Vec<u8>, Vec<u8>),
 }
 
-fn pair() -> Pair {
+fn pair(copy: CopyBackend) -> Pair {
     // No link rate or send-queue limit: the bench times the CPU work.
     let faults = SimFaults {
         link_gbps: 0,
@@ -51,6 +58,8 @@ fn pair() -> Pair {
         let mut o = EngineOptions::new(Mtu::Mtu4096);
         o.drive = Drive::Caller;
         o.clock = Clock::manual();
+        o.copy.backend = copy;
+        o.copy.min_offload = 0;
         Engine::with_port(port, o).unwrap()
     };
     let (ea, eb) = (engine("198.18.0.1"), engine("198.18.0.2"));
@@ -145,8 +154,12 @@ impl Pair {
 fn core(c: &mut Criterion) {
     let mut g = c.benchmark_group("core");
     g.throughput(Throughput::Elements(PKTS as u64));
-    let mut p = pair();
-    g.bench_function("rc_write_4k_per_packet", |b| b.iter(|| p.write()));
+    for copy in [CopyBackend::Cpu, CopyBackend::CpuPlain, CopyBackend::DsaModel] {
+        let mut p = pair(copy);
+        g.bench_function(format!("rc_write_4k_per_packet/{}", copy.name()), |b| {
+            b.iter(|| p.write())
+        });
+    }
     g.finish();
 }
 
