@@ -27,7 +27,7 @@ pub mod dsa;
 pub mod job;
 
 pub use cpu::{CpuCopy, CpuEngine};
-pub use job::{AsyncCopy, Completion, CopyError, CopyJob, Counters, Segment};
+pub use job::{AsyncCopy, Completion, CopyError, CopyJob, Counters, Segment, SgCheck};
 
 /// Moves bytes between memory areas, synchronously.
 pub trait CopyEngine {

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use burst_dsa::{AsyncCopy, CopyJob, Segment};
+use burst_dsa::{AsyncCopy, CopyJob, Segment, SgCheck};
 use burst_io::dpdk_dma::DmaCopy;
 
 #[test]
@@ -33,40 +33,17 @@ fn dma_skeleton_copies_scatter_gather_jobs_in_order() {
         let segs: Vec<(usize, usize, usize)> = (0..1 + rnd(4))
             .map(|_| (rnd(9000), rnd(64), rnd(64)))
             .collect();
-        let srcs: Vec<Vec<u8>> = segs
-            .iter()
-            .enumerate()
-            .map(|(i, &(len, so, _))| {
-                (0..len + so)
-                    .map(|k| (k as u64 * 31 + round + i as u64) as u8)
-                    .collect()
-            })
-            .collect();
-        let mut dsts: Vec<Vec<u8>> = segs.iter().map(|&(len, _, d)| vec![0u8; len + d]).collect();
-        let segments = segs
-            .iter()
-            .zip(&srcs)
-            .zip(dsts.iter_mut())
-            .map(|((&(len, so, d_off), s), d)| {
-                Segment::between(&mut d[d_off..d_off + len], &s[so..so + len])
-            })
-            .collect();
-        // SAFETY: the buffers outlive the job (drained below).
-        unsafe {
-            dma.submit(CopyJob {
-                tag: round,
-                segments,
-            })
-            .expect("room for one job")
-        };
+        let mut check = SgCheck::new(&segs, round);
+        // SAFETY: `check` holds the buffers past the completion below.
+        unsafe { dma.submit(check.job(round)).expect("room for one job") };
         let deadline = Instant::now() + Duration::from_secs(10);
         while dma.in_flight() > 0 && Instant::now() < deadline {
             dma.poll(&mut out);
         }
         assert_eq!(dma.in_flight(), 0, "job {round} completed");
-        for ((&(len, so, d_off), s), d) in segs.iter().zip(&srcs).zip(&dsts) {
-            assert_eq!(&d[d_off..d_off + len], &s[so..so + len], "job {round}");
-        }
+        check
+            .verify()
+            .unwrap_or_else(|e| panic!("job {round}: {e}"));
     }
     assert_eq!(
         out.iter().map(|c| c.tag).collect::<Vec<_>>(),

@@ -154,7 +154,11 @@ impl Pair {
 fn core(c: &mut Criterion) {
     let mut g = c.benchmark_group("core");
     g.throughput(Throughput::Elements(PKTS as u64));
-    for copy in [CopyBackend::Cpu, CopyBackend::CpuPlain, CopyBackend::DsaModel] {
+    for copy in [
+        CopyBackend::Cpu,
+        CopyBackend::CpuPlain,
+        CopyBackend::DsaModel,
+    ] {
         let mut p = pair(copy);
         g.bench_function(format!("rc_write_4k_per_packet/{}", copy.name()), |b| {
             b.iter(|| p.write())
