@@ -509,6 +509,21 @@ fn test(args: &[String]) -> ExitCode {
     // the grid's, each with its own point of the whole fault space.
     let ok = sim(&root, Sim::Core, 100_001, 2_000, None, Some(90));
     results.push(("core sim sweep (whole fault space, 90 s box)", ok));
+    // The offload copy path end to end: every copy on the DSA model (its
+    // own thread), every 7th descriptor faulting; then the plain CPU path.
+    for (backend, name) in [
+        ("dsa-model", "core sim, copies on the DSA model (60 s box)"),
+        ("cpu-plain", "core sim, plain CPU copies (60 s box)"),
+    ] {
+        std::env::set_var("BURST_COPY", backend);
+        std::env::set_var("BURST_COPY_MIN", "0");
+        std::env::set_var("BURST_DSA_MODEL_FAULT_EVERY", "7");
+        let ok = sim(&root, Sim::Core, 200_001, 400, None, Some(60));
+        results.push((name, ok));
+    }
+    for k in ["BURST_COPY", "BURST_COPY_MIN", "BURST_DSA_MODEL_FAULT_EVERY"] {
+        std::env::remove_var(k);
+    }
 
     if fuzz {
         if ensure_cargo_fuzz() {
