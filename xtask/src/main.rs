@@ -521,7 +521,11 @@ fn test(args: &[String]) -> ExitCode {
         let ok = sim(&root, Sim::Core, 200_001, 400, None, Some(60));
         results.push((name, ok));
     }
-    for k in ["BURST_COPY", "BURST_COPY_MIN", "BURST_DSA_MODEL_FAULT_EVERY"] {
+    for k in [
+        "BURST_COPY",
+        "BURST_COPY_MIN",
+        "BURST_DSA_MODEL_FAULT_EVERY",
+    ] {
         std::env::remove_var(k);
     }
 

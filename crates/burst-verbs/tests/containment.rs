@@ -4,13 +4,15 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::engine::{Context, CqId, Engine};
+use burst_verbs::engine::{Context, Engine};
 use burst_verbs::{AsyncEvent, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
+
+mod common;
+use common::poll_n;
 
 /// `fast_fail`: a 1 ms ACK timeout and one retry, so a QP whose peer is
 /// gone fails quickly; else the defaults (robust on a loaded machine).
@@ -29,19 +31,6 @@ fn connect(c: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn, fast_fail: 
     for a in p.transitions(ah, &peer) {
         c.modify_qp(qpn, &a).unwrap().unwrap();
     }
-}
-
-fn poll_n(c: &Context, cq: CqId, n: usize) -> Vec<WorkCompletion> {
-    let mut v = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while v.len() < n && Instant::now() < deadline {
-        match c.poll_cq(cq) {
-            Some(w) => v.push(w),
-            None => std::thread::yield_now(),
-        }
-    }
-    assert_eq!(v.len(), n, "timed out: {v:?}");
-    v
 }
 
 fn readable(fd: i32, ms: i32) -> bool {

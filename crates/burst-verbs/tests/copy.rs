@@ -12,8 +12,10 @@ use burst_mem::{Access, CopierCounters, MrKeys};
 use burst_transport::*;
 use burst_verbs::config::{CopyBackend, CopyConfig};
 use burst_verbs::engine::{Context, CqId, Engine, EngineOptions};
-use burst_verbs::{RcParams, RcPeer};
-use burst_wire::{Mtu, Psn, Qpn};
+use burst_wire::{Mtu, Psn};
+
+mod common;
+use common::{connect_rc, poll_n};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const LEN: usize = 150_000;
@@ -25,34 +27,8 @@ fn engine(ip: Ipv4Addr, copy: CopyConfig, drop_every: u64) -> Engine {
     Engine::with_port(LossyPort::new(udp, drop_every), o).unwrap()
 }
 
-fn connect(d: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn) {
-    let mut p = RcParams::new(Psn::new(100), Mtu::Mtu4096);
-    p.access = QpAccess {
-        remote_write: true,
-        remote_read: true,
-        remote_atomic: true,
-    };
-    p.timeout = 12;
-    p.min_rnr_timer = 1;
-    p.rd_atomic = 4;
-    let peer = RcPeer {
-        gid: peer_gid,
-        qpn: peer_qpn,
-        psn: Psn::new(100),
-    };
-    d.connect_rc(qpn, &peer, &p).unwrap();
-}
-
 fn completions(c: &Context, cq: CqId, n: usize) -> Vec<WorkCompletion> {
-    let mut got = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while got.len() < n && Instant::now() < deadline {
-        match c.poll_cq(cq) {
-            Some(w) => got.push(w),
-            None => std::thread::yield_now(),
-        }
-    }
-    assert_eq!(got.len(), n, "timed out: {got:?}");
+    let got = poll_n(c, cq, n);
     assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
     got
 }
@@ -83,8 +59,8 @@ fn exchange(copy: CopyConfig, n: u8) -> (CopierCounters, CopierCounters) {
     let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
     let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 64).unwrap();
     let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 64).unwrap();
-    connect(&a, qa, b.gid(), qb);
-    connect(&b, qb, a.gid(), qa);
+    connect_rc(&a, qa, b.gid(), qb, (100, 100), Mtu::Mtu4096);
+    connect_rc(&b, qb, a.gid(), qa, (100, 100), Mtu::Mtu4096);
 
     let mut src: Vec<u8> = (0..2 * LEN as u32).map(|i| (i * 7 + 3) as u8).collect();
     let mut dst = vec![0u8; 2 * LEN];

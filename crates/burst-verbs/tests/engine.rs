@@ -7,43 +7,12 @@ use std::time::{Duration, Instant};
 
 use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::engine::{Context, CqId, Engine};
+use burst_verbs::engine::Engine;
 use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
-fn connect(c: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn, my_psn: u32, peer_psn: u32) {
-    let mut p = RcParams::new(Psn::new(my_psn), Mtu::Mtu4096);
-    p.access = QpAccess {
-        remote_write: true,
-        remote_read: true,
-        remote_atomic: true,
-    };
-    p.min_rnr_timer = 1;
-    p.timeout = 12;
-    p.rd_atomic = 8;
-    let peer = RcPeer {
-        gid: peer_gid,
-        qpn: peer_qpn,
-        psn: Psn::new(peer_psn),
-    };
-    let ah = c.create_ah(peer_gid).unwrap();
-    for a in p.transitions(ah, &peer) {
-        c.modify_qp(qpn, &a).unwrap().unwrap();
-    }
-}
-
-fn drain(c: &Context, cq: CqId, n: usize) -> Vec<WorkCompletion> {
-    let mut v = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while v.len() < n && Instant::now() < deadline {
-        match c.poll_cq(cq) {
-            Some(w) => v.push(w),
-            None => std::thread::yield_now(),
-        }
-    }
-    assert_eq!(v.len(), n, "timed out: {v:?}");
-    v
-}
+mod common;
+use common::{connect_rc, poll_n};
 
 #[test]
 fn two_threads_post_writes_and_sends_through_rings() {
@@ -54,8 +23,8 @@ fn two_threads_post_writes_and_sends_through_rings() {
     let (scq, rcq) = (a.create_cq(256), b.create_cq(256));
     let qa = a.create_qp(QpType::Rc, pa, scq, scq, 256).unwrap();
     let qb = b.create_qp(QpType::Rc, pb, rcq, rcq, 256).unwrap();
-    connect(&a, qa, b.gid(), qb, 10, 20);
-    connect(&b, qb, a.gid(), qa, 20, 10);
+    connect_rc(&a, qa, b.gid(), qb, (10, 20), Mtu::Mtu4096);
+    connect_rc(&b, qb, a.gid(), qa, (20, 10), Mtu::Mtu4096);
 
     let mut src: Vec<u8> = (0..64 * 1024u32).map(|i| (i ^ (i >> 8)) as u8).collect();
     let mut dst = vec![0u8; 64 * 1024];
@@ -113,7 +82,7 @@ fn two_threads_post_writes_and_sends_through_rings() {
     for t in threads {
         t.join().unwrap();
     }
-    let w = drain(&a, scq, 8);
+    let w = poll_n(&a, scq, 8);
     assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
     // Inline SENDs: the bytes are captured at post time, then the buffer changes.
     for i in 0..8u64 {
@@ -131,9 +100,9 @@ fn two_threads_post_writes_and_sends_through_rings() {
     }
     let expected: Vec<u8> = src[..512].to_vec();
     src[..512].fill(0xee); // after the posts: must not reach the wire
-    let w = drain(&a, scq, 8);
+    let w = poll_n(&a, scq, 8);
     assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
-    let r = drain(&b, rcq, 8);
+    let r = poll_n(&b, rcq, 8);
     assert_eq!(
         r.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
         (100..108).collect::<Vec<_>>()
@@ -161,8 +130,8 @@ fn completion_channel_wakes_a_waiting_thread_once_armed() {
     assert!(a.req_notify_cq(scq).is_err(), "no channel: EINVAL");
     let qa = a.create_qp(QpType::Rc, pa, scq, scq, 16).unwrap();
     let qb = b.create_qp(QpType::Rc, pb, rcq, rcq, 16).unwrap();
-    connect(&a, qa, b.gid(), qb, 1, 2);
-    connect(&b, qb, a.gid(), qa, 2, 1);
+    connect_rc(&a, qa, b.gid(), qb, (1, 2), Mtu::Mtu4096);
+    connect_rc(&b, qb, a.gid(), qa, (2, 1), Mtu::Mtu4096);
     let mut sbuf = vec![7u8; 64];
     let mut rbuf = vec![0u8; 256];
     // SAFETY: both buffers outlive the engines (dropped first below).
@@ -200,7 +169,7 @@ fn completion_channel_wakes_a_waiting_thread_once_armed() {
     };
     // Not armed: a completion arrives but raises no event.
     a.post_send(qa, &send(1)).unwrap();
-    drain(&b, rcq, 1);
+    poll_n(&b, rcq, 1);
     assert_eq!(ch.get_cq_event(Duration::from_millis(200)), None);
     // Armed: a thread blocked on the channel wakes with the CQ.
     b.req_notify_cq(rcq).unwrap();
@@ -239,8 +208,8 @@ fn srq_shared_by_two_qps_through_typed_handles() {
         let mut init = QpInit::new(QpType::Rc, pb);
         init.srq = Some(srq.id());
         let qb = b.create_qp_with(&init, rcq, rcq).unwrap();
-        connect(&a, qa.qpn(), b.gid(), qb.qpn(), 100 * i, 7);
-        connect(&b, qb.qpn(), a.gid(), qa.qpn(), 7, 100 * i);
+        connect_rc(&a, qa.qpn(), b.gid(), qb.qpn(), (100 * i, 7), Mtu::Mtu4096);
+        connect_rc(&b, qb.qpn(), a.gid(), qa.qpn(), (7, 100 * i), Mtu::Mtu4096);
         senders.push(qa);
         receivers.push(qb);
     }
@@ -288,10 +257,10 @@ fn srq_shared_by_two_qps_through_typed_handles() {
         );
         senders[(i % 2) as usize].post_send(&wr).unwrap();
     }
-    let s = drain(&a, scq, 8);
+    let s = poll_n(&a, scq, 8);
     assert!(s.iter().all(|w| w.status == WcStatus::Success), "{s:?}");
     let cq = b.cq(rcq).unwrap();
-    let r = drain(&b, rcq, 8);
+    let r = poll_n(&b, rcq, 8);
     assert!(cq.is_empty());
     let mut per_qp = [0; 2];
     for w in &r {
@@ -462,14 +431,14 @@ fn posts_follow_the_qp_state_and_the_queue_depth_like_rxe() {
     );
     // Retries exhausted: the QP fails, its WRs complete in error, and the
     // queues have room again; posts in ERR are taken and flushed.
-    let done = drain(&c, cq, 8);
+    let done = poll_n(&c, cq, 8);
     assert!(
         done.iter().all(|w| w.status != WcStatus::Success),
         "{done:?}"
     );
     send(30).unwrap();
     recv(31).unwrap();
-    let flushed = drain(&c, cq, 2);
+    let flushed = poll_n(&c, cq, 2);
     assert!(
         flushed.iter().all(|w| w.status == WcStatus::WrFlushErr),
         "{flushed:?}"
@@ -543,7 +512,7 @@ fn a_full_cq_raises_cq_err_once_and_loses_nothing() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(ev, Some(burst_verbs::AsyncEvent::CqError(cq)));
-    let ids: Vec<u64> = drain(&c, cq, 20).iter().map(|w| w.wr_id).collect();
+    let ids: Vec<u64> = poll_n(&c, cq, 20).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, (0..20).collect::<Vec<_>>(), "all, in order");
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(c.take_async_event(), None, "one event for the overrun");

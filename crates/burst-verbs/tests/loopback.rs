@@ -8,31 +8,12 @@ use burst_mem::Access;
 use burst_transport::*;
 use burst_verbs::engine::{Context, CqId, Engine, EngineOptions};
 use burst_verbs::{RcParams, RcPeer};
-use burst_wire::{Mtu, Psn, Qpn};
+use burst_wire::{Mtu, Psn};
+
+mod common;
+use common::connect_rc;
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
-
-fn connect(d: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn, my_psn: u32, peer_psn: u32) {
-    let mut p = RcParams::new(Psn::new(my_psn), Mtu::Mtu1024);
-    p.access = QpAccess {
-        remote_write: true,
-        remote_read: true,
-        remote_atomic: true,
-    };
-    p.timeout = 12;
-    p.min_rnr_timer = 1;
-    p.rd_atomic = 4;
-    d.connect_rc(
-        qpn,
-        &RcPeer {
-            gid: peer_gid,
-            qpn: peer_qpn,
-            psn: Psn::new(peer_psn),
-        },
-        &p,
-    )
-    .unwrap();
-}
 
 fn wait(
     a: &Context,
@@ -71,8 +52,8 @@ fn rc_send_write_read_atomic_over_udp_with_loss() {
     let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 64).unwrap();
     let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 64).unwrap();
     let (ga, gb) = (a.gid(), b.gid());
-    connect(&a, qa, gb, qb, 0xfffff0, 77);
-    connect(&b, qb, ga, qa, 77, 0xfffff0);
+    connect_rc(&a, qa, gb, qb, (0xfffff0, 77), Mtu::Mtu1024);
+    connect_rc(&b, qb, ga, qa, (77, 0xfffff0), Mtu::Mtu1024);
 
     let mut src: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
     let mut dst = vec![0u8; 200_000];
