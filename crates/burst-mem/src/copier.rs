@@ -446,15 +446,9 @@ mod tests {
             .unwrap();
         let (mut copier, _device) = offload();
         let stable = vec![0xaau8; 4096];
-        let mut m = table.memory_through(&mut copier);
         // SAFETY: `stable` outlives the drain below and is not changed.
-        unsafe {
-            m.copier
-                .as_mut()
-                .unwrap()
-                .get_mut()
-                .defer_from([(stable.as_ptr(), stable.len())])
-        };
+        unsafe { copier.defer_from([(stable.as_ptr(), stable.len())]) };
+        let mut m = table.memory_through(&mut copier);
         m.write_remote(k.rkey, 0x1000, &stable).unwrap();
         // From the stack (not a stable source): at once, but after the
         // pending copy of the same bytes.
@@ -487,15 +481,9 @@ mod tests {
             pd: pd.0,
             qpn: burst_wire::Qpn::from_wire(1),
         };
-        let mut m = table.memory_through(&mut copier);
         // SAFETY: `stable` outlives the drain and is not changed.
-        unsafe {
-            m.copier
-                .as_mut()
-                .unwrap()
-                .get_mut()
-                .defer_from([(stable.as_ptr(), 8)])
-        };
+        unsafe { copier.defer_from([(stable.as_ptr(), 8)]) };
+        let mut m = table.memory_through(&mut copier);
         m.write_remote(k.rkey, 0x2000, &stable).unwrap();
         let old = m
             .atomic(
