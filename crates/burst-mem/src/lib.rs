@@ -496,24 +496,30 @@ impl Memory for TableMemory<'_> {
                 Err(MemError::NoAccess)
             }
         })?;
+        let mut copier = self.copier.as_mut().map(|c| &mut **c.get_mut());
+        let offloads = copier.as_ref().is_some_and(|c| c.offloads());
+        // An offloaded placement is one job of all its pieces (a DSA
+        // batch); on the CPU each piece is copied as it is found (no
+        // allocation per packet).
         let mut pieces = Vec::new();
         walk_sges(sges, offset, data.len() as u64, |s, va, at, len| {
             let (r, off) = self.table.find(s.lkey, va, len as u64)?;
             if !r.access().contains(Access::LOCAL_WRITE) {
                 return Err(MemError::NoAccess);
             }
-            match &self.copier {
-                Some(_) => pieces.push((r, off, at, len)),
+            match copier.as_deref_mut() {
+                Some(_) if offloads => pieces.push((r, off, at, len)),
+                Some(c) => c.place(&r, off, &data[at..at + len]),
                 None => r.write(&self.copy, off, &data[at..at + len]),
             }
             Ok(())
         })?;
-        if let Some(copier) = &mut self.copier {
+        if let (Some(c), false) = (copier, pieces.is_empty()) {
             let job: Vec<_> = pieces
                 .iter()
                 .map(|(r, off, at, len)| (r, *off, &data[*at..*at + *len]))
                 .collect();
-            copier.get_mut().place_all(&job);
+            c.place_all(&job);
         }
         Ok(())
     }
