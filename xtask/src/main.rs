@@ -366,6 +366,25 @@ fn test(args: &[String]) -> ExitCode {
             ),
         ),
     ));
+    // The data plane's copies on a DPDK DMA device (dma_skeleton).
+    results.push((
+        "copy backends with dmadev (burst-verbs --features dpdk --test copy)",
+        debs && step(
+            "test burst-verbs copy backends with dmadev",
+            &mut cargo(
+                &root,
+                &[
+                    "test",
+                    "-p",
+                    "burst-verbs",
+                    "--features",
+                    "dpdk",
+                    "--test",
+                    "copy",
+                ],
+            ),
+        ),
+    ));
     if is_root() && debs {
         let runs = dataplanes::run(&root, false, None);
         results.push((

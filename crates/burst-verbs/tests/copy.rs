@@ -20,11 +20,12 @@ use common::{connect_rc, poll_n};
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const LEN: usize = 150_000;
 
-fn engine(ip: Ipv4Addr, copy: CopyConfig, drop_every: u64) -> Engine {
+fn engine(ip: Ipv4Addr, copy: CopyConfig, dpdk: &str, drop_every: u64) -> std::io::Result<Engine> {
     let udp = UdpPort::bind(IpAddr::V4(ip)).unwrap();
     let mut o = EngineOptions::new(Mtu::Mtu4096);
     o.copy = copy;
-    Engine::with_port(LossyPort::new(udp, drop_every), o).unwrap()
+    o.dpdk = dpdk.into();
+    Engine::with_port(LossyPort::new(udp, drop_every), o)
 }
 
 fn completions(c: &Context, cq: CqId, n: usize) -> Vec<WorkCompletion> {
@@ -52,8 +53,17 @@ fn same(got: &[u8], want: &[u8], what: &str) {
 /// Runs the exchange between two devices with `copy` on 127.0.208.{n,n+1};
 /// returns both devices' copy counters.
 fn exchange(copy: CopyConfig, n: u8) -> (CopierCounters, CopierCounters) {
-    let ea = engine(Ipv4Addr::new(127, 0, 208, n), copy, 11);
-    let eb = engine(Ipv4Addr::new(127, 0, 208, n + 1), copy, 13);
+    exchange_with(copy, n, ["", ""]).unwrap()
+}
+
+/// [`exchange`] with each device's DPDK text (the dmadev backend's).
+fn exchange_with(
+    copy: CopyConfig,
+    n: u8,
+    dpdk: [&str; 2],
+) -> std::io::Result<(CopierCounters, CopierCounters)> {
+    let ea = engine(Ipv4Addr::new(127, 0, 208, n), copy, dpdk[0], 11)?;
+    let eb = engine(Ipv4Addr::new(127, 0, 208, n + 1), copy, dpdk[1], 13)?;
     let (a, b) = (ea.context(), eb.context());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
@@ -183,7 +193,7 @@ fn exchange(copy: CopyConfig, n: u8) -> (CopierCounters, CopierCounters) {
             "UD payload {i} corrupt"
         );
     }
-    counters
+    Ok(counters)
 }
 
 #[test]
@@ -258,4 +268,37 @@ fn a_missing_backend_is_refused_with_a_reason() {
         ),
         Err(e) => assert!(e.to_string().contains("DSA"), "{e}"),
     }
+}
+
+/// The dmadev backend on DPDK's `dma_skeleton` (feature `dpdk`; the EAL
+/// needs root): two skeleton devices, one per engine (a DMA channel serves
+/// one engine thread), every copy offloaded.
+#[cfg(feature = "dpdk")]
+#[test]
+fn dmadev_on_dma_skeleton_takes_every_copy() {
+    let eal = format!(
+        "--vdev=dma_skeleton0 --vdev=dma_skeleton1 --file-prefix=burst-copytest-{}",
+        std::process::id()
+    );
+    let dpdk = [
+        format!("{eal} dma=dma_skeleton0"),
+        format!("{eal} dma=dma_skeleton1"),
+    ];
+    let cfg = CopyConfig {
+        backend: CopyBackend::Dmadev,
+        min_offload: 0,
+        model_fault_every: 0,
+    };
+    let (a, b) = match exchange_with(cfg, 11, [&dpdk[0], &dpdk[1]]) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("SKIPPED: no DPDK DMA device here: {e}");
+            return;
+        }
+    };
+    for c in [a, b] {
+        assert!(c.offloaded > 0 && c.offloaded_bytes > 0, "{c:?}");
+        assert_eq!(c.fused_bytes + c.redone + c.backend_errors, 0, "{c:?}");
+    }
+    assert!(b.offloaded_bytes >= 2 * LEN as u64, "{b:?}");
 }
