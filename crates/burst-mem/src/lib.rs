@@ -419,6 +419,13 @@ impl TableMemory<'_> {
             return Ok(None);
         };
         let mut copier = copier.borrow_mut();
+        if copier.offloads() {
+            // All or nothing: a gather refused halfway must leave no copy
+            // pending into a send buffer that is about to be reused.
+            walk_sges(sges, offset, out.len() as u64, |s, va, _, len| {
+                self.table.find(s.lkey, va, len as u64).map(|_| ())
+            })?;
+        }
         let mut crc = copier.fuses().then_some(0);
         walk_sges(sges, offset, out.len() as u64, |s, va, at, len| {
             let (r, off) = self.table.find(s.lkey, va, len as u64)?;
