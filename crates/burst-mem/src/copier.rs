@@ -524,7 +524,7 @@ mod tests {
         let mut fused = Copier::cpu(CpuMode::Fused);
         let crc = table
             .memory_through(&mut fused)
-            .read_local_crc(&sges, 1000, &mut out)
+            .read_local_crc(pd.0, &sges, 1000, &mut out)
             .unwrap();
         let want: Vec<u8> = src[1010..3010]
             .iter()
@@ -536,7 +536,7 @@ mod tests {
         let mut plain = Copier::cpu(CpuMode::Plain);
         let crc = table
             .memory_through(&mut plain)
-            .read_local_crc(&sges, 1000, &mut out)
+            .read_local_crc(pd.0, &sges, 1000, &mut out)
             .unwrap();
         assert_eq!(crc, None);
         drop(table);

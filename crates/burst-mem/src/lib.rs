@@ -350,6 +350,28 @@ impl MrTable {
         Ok((r, off))
     }
 
+    /// The one local-access check: `key` names a region of `pd` holding
+    /// `va..va+len` (with LOCAL_WRITE when `write`). Every gather, placement
+    /// and post-time check of an SGE goes through it, so no path (inline
+    /// data gathered by the engine included) reaches another PD's memory.
+    fn local(
+        &self,
+        pd: u32,
+        key: u32,
+        va: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(Arc<Region>, u64), MemError> {
+        let (r, off) = self.find(key, va, len)?;
+        if r.pd() != pd {
+            return Err(MemError::PdMismatch);
+        }
+        if write && !r.access().contains(Access::LOCAL_WRITE) {
+            return Err(MemError::NoAccess);
+        }
+        Ok((r, off))
+    }
+
     /// What an rkey reaches: a region, and the view the remote-access
     /// check applies (the region's own, or the window's bound on it).
     fn remote(&self, rkey: u32) -> Result<(Arc<Region>, RemoteRegion), MemError> {
@@ -410,12 +432,13 @@ impl TableMemory<'_> {
     /// Gathers through the copier; the CRC-32 of the bytes when it fused.
     fn gather_local(
         &self,
+        pd: u32,
         sges: &[Sge],
         offset: u64,
         out: &mut [u8],
     ) -> Result<Option<u32>, MemError> {
         let Some(copier) = &self.copier else {
-            self.read_plain(sges, offset, out)?;
+            self.read_plain(pd, sges, offset, out)?;
             return Ok(None);
         };
         let mut copier = copier.borrow_mut();
@@ -423,21 +446,29 @@ impl TableMemory<'_> {
             // All or nothing: a gather refused halfway must leave no copy
             // pending into a send buffer that is about to be reused.
             walk_sges(sges, offset, out.len() as u64, |s, va, _, len| {
-                self.table.find(s.lkey, va, len as u64).map(|_| ())
+                self.table
+                    .local(pd, s.lkey, va, len as u64, false)
+                    .map(|_| ())
             })?;
         }
         let mut crc = copier.fuses().then_some(0);
         walk_sges(sges, offset, out.len() as u64, |s, va, at, len| {
-            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
+            let (r, off) = self.table.local(pd, s.lkey, va, len as u64, false)?;
             copier.gather(&r, off, &mut out[at..at + len], &mut crc);
             Ok(())
         })?;
         Ok(crc)
     }
 
-    fn read_plain(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+    fn read_plain(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), MemError> {
         walk_sges(sges, offset, out.len() as u64, |s, va, at, len| {
-            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
+            let (r, off) = self.table.local(pd, s.lkey, va, len as u64, false)?;
             r.read(&self.copy, off, &mut out[at..at + len]);
             Ok(())
         })
@@ -465,43 +496,48 @@ impl TableMemory<'_> {
 impl Memory for TableMemory<'_> {
     fn check_local(&self, pd: u32, sges: &[Sge], write: bool) -> Result<(), MemError> {
         for s in sges {
-            let (r, _) = self.table.find(s.lkey, s.addr, u64::from(s.length))?;
-            if r.pd() != pd {
-                return Err(MemError::PdMismatch);
-            }
-            if write && !r.access().contains(Access::LOCAL_WRITE) {
-                return Err(MemError::NoAccess);
-            }
+            self.table
+                .local(pd, s.lkey, s.addr, u64::from(s.length), write)?;
         }
         Ok(())
     }
 
-    fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
-        self.gather_local(sges, offset, out).map(|_| ())
+    fn read_local(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), MemError> {
+        self.gather_local(pd, sges, offset, out).map(|_| ())
     }
 
     fn read_local_crc(
         &self,
+        pd: u32,
         sges: &[Sge],
         offset: u64,
         out: &mut [u8],
     ) -> Result<Option<u32>, MemError> {
-        self.gather_local(sges, offset, out)
+        self.gather_local(pd, sges, offset, out)
     }
 
     fn read_remote_crc(&self, rkey: u32, va: u64, out: &mut [u8]) -> Result<Option<u32>, MemError> {
         self.gather_remote(rkey, va, out)
     }
 
-    fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
+    fn write_local(
+        &mut self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), MemError> {
         // All or nothing: check every piece before placing any byte.
         walk_sges(sges, offset, data.len() as u64, |s, va, _, len| {
-            let (r, _) = self.table.find(s.lkey, va, len as u64)?;
-            if r.access().contains(Access::LOCAL_WRITE) {
-                Ok(())
-            } else {
-                Err(MemError::NoAccess)
-            }
+            self.table
+                .local(pd, s.lkey, va, len as u64, true)
+                .map(|_| ())
         })?;
         let mut copier = self.copier.as_mut().map(|c| &mut **c.get_mut());
         let offloads = copier.as_ref().is_some_and(|c| c.offloads());
@@ -510,10 +546,7 @@ impl Memory for TableMemory<'_> {
         // allocation per packet).
         let mut pieces = Vec::new();
         walk_sges(sges, offset, data.len() as u64, |s, va, at, len| {
-            let (r, off) = self.table.find(s.lkey, va, len as u64)?;
-            if !r.access().contains(Access::LOCAL_WRITE) {
-                return Err(MemError::NoAccess);
-            }
+            let (r, off) = self.table.local(pd, s.lkey, va, len as u64, true)?;
             match copier.as_deref_mut() {
                 Some(_) if offloads => pieces.push((r, off, at, len)),
                 Some(c) => c.place(&r, off, &data[at..at + len]),

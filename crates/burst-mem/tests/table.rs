@@ -147,13 +147,13 @@ fn data_moves_in_place_through_sges_and_iova() {
         },
     ];
     let data: Vec<u8> = (1..=30).collect();
-    m.write_local(&sges, 0, &data).unwrap();
+    m.write_local(pd.0, &sges, 0, &data).unwrap();
     let mut out = [0u8; 30];
-    m.read_local(&sges, 0, &mut out).unwrap();
+    m.read_local(pd.0, &sges, 0, &mut out).unwrap();
     assert_eq!(&out[..], &data[..]);
     m.write_remote(kb.rkey, 0x1000 + 50, b"xyz").unwrap();
     assert!(
-        m.write_local(&sges, 25, &[0; 6]).is_err(),
+        m.write_local(pd.0, &sges, 25, &[0; 6]).is_err(),
         "past the SGE list"
     );
     assert_eq!(&a[90..], &data[..10]);
@@ -237,4 +237,44 @@ fn deregistration_waits_for_in_flight_operations() {
     );
     releaser.join().unwrap();
     assert!(t.lookup(k.lkey).is_none());
+}
+
+/// Every local access carries the QP's PD: a gather (an inline send the
+/// engine reads for a client, a SEND's payload) or a placement through
+/// another PD's key reaches nothing, whatever that region's rights.
+#[test]
+fn local_gathers_and_placements_check_the_pd() {
+    let t = MrTable::new();
+    let (mine, theirs) = (t.alloc_pd(), t.alloc_pd());
+    let mut secret = vec![0x5au8; 64];
+    let k = reg(
+        &t,
+        theirs,
+        &mut secret,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    );
+    let sges = [Sge {
+        addr: k.addr,
+        length: 64,
+        lkey: k.lkey,
+    }];
+    let mut m = t.memory();
+    let mut out = [0u8; 64];
+    assert_eq!(
+        m.read_local(mine.0, &sges, 0, &mut out),
+        Err(MemError::PdMismatch)
+    );
+    assert_eq!(out, [0u8; 64], "nothing of the other PD's region copied");
+    assert_eq!(
+        m.read_local_crc(mine.0, &sges, 0, &mut out),
+        Err(MemError::PdMismatch)
+    );
+    assert_eq!(
+        m.write_local(mine.0, &sges, 0, &[1; 64]),
+        Err(MemError::PdMismatch)
+    );
+    assert_eq!(secret, vec![0x5au8; 64]);
+    // The owner's PD reaches it.
+    m.read_local(theirs.0, &sges, 0, &mut out).unwrap();
+    assert_eq!(out, [0x5au8; 64]);
 }

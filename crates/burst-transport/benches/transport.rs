@@ -18,10 +18,10 @@ impl Memory for NullMemory {
     fn check_local(&self, _: u32, _: &[Sge], _: bool) -> Result<(), MemError> {
         Ok(())
     }
-    fn read_local(&self, _: &[Sge], _: u64, _: &mut [u8]) -> Result<(), MemError> {
+    fn read_local(&self, _: u32, _: &[Sge], _: u64, _: &mut [u8]) -> Result<(), MemError> {
         Ok(())
     }
-    fn write_local(&mut self, _: &[Sge], _: u64, _: &[u8]) -> Result<(), MemError> {
+    fn write_local(&mut self, _: u32, _: &[Sge], _: u64, _: &[u8]) -> Result<(), MemError> {
         Ok(())
     }
     fn check_remote(

@@ -75,10 +75,25 @@ pub trait Memory {
     /// Checks that every SGE names a region of `pd` with room for its range
     /// (and LOCAL_WRITE when `write`).
     fn check_local(&self, pd: u32, sges: &[Sge], write: bool) -> Result<(), MemError>;
-    /// Copies `out.len()` bytes starting at `offset` of the SGE list.
-    fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError>;
-    /// Places `data` at `offset` of the SGE list.
-    fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError>;
+    /// Copies `out.len()` bytes starting at `offset` of the SGE list, every
+    /// SGE a region of `pd` (the QP's: a key of another PD reaches nothing,
+    /// whoever asks, as [`Memory::check_local`] says).
+    fn read_local(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), MemError>;
+    /// Places `data` at `offset` of the SGE list, every SGE a region of
+    /// `pd` with LOCAL_WRITE.
+    fn write_local(
+        &mut self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), MemError>;
     /// Checks a remote access of `len` bytes at `va` through `rkey` for QP `qp`.
     fn check_remote(
         &self,
@@ -95,11 +110,12 @@ pub trait Memory {
     /// `None` when it did not (the packet's ICRC then reads them again).
     fn read_local_crc(
         &self,
+        pd: u32,
         sges: &[Sge],
         offset: u64,
         out: &mut [u8],
     ) -> Result<Option<u32>, MemError> {
-        self.read_local(sges, offset, out).map(|()| None)
+        self.read_local(pd, sges, offset, out).map(|()| None)
     }
     /// [`Memory::read_remote`] with the CRC-32 of the bytes read, as
     /// [`Memory::read_local_crc`].

@@ -2849,7 +2849,7 @@ impl Context {
         if wr.inline && wr.inline_data.is_none() {
             let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
             let mem = self.shared.mrs.memory();
-            burst_transport::Memory::read_local(&mem, &wr.sg_list, 0, &mut d)
+            burst_transport::Memory::read_local(&mem, ring.cfg.pd, &wr.sg_list, 0, &mut d)
                 .map_err(|_| PostError::Invalid)?;
             wr.inline_data = Some(d);
         }

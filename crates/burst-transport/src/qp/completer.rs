@@ -216,7 +216,7 @@ impl Qp {
                 let _ = self.ack_upto(now, psn - 1);
                 let orig = pkt.atomic_ack_eth().map_or(0, |a| a.original());
                 let w = &mut self.req.sq[i];
-                let res = mem.write_local(&w.wr.sg_list, 0, &orig.to_ne_bytes());
+                let res = mem.write_local(self.cfg.pd, &w.wr.sg_list, 0, &orig.to_ne_bytes());
                 w.done = true;
                 w.status = if res.is_ok() {
                     WcStatus::Success
@@ -291,7 +291,12 @@ impl Qp {
                 }
                 let w = &mut self.req.sq[i];
                 if mem
-                    .write_local(&w.wr.sg_list, u64::from(k) * mtu, pkt.payload())
+                    .write_local(
+                        self.cfg.pd,
+                        &w.wr.sg_list,
+                        u64::from(k) * mtu,
+                        pkt.payload(),
+                    )
                     .is_err()
                 {
                     w.done = true;

@@ -28,6 +28,8 @@ pub enum Payload<'a> {
     None,
     /// Bytes at `offset` of a local SGE list (SEND and WRITE data).
     Local {
+        /// The QP's protection domain: every SGE must name one of its regions.
+        pd: u32,
         /// The work request's SGEs.
         sges: &'a [Sge],
         /// Byte offset into their concatenation.
@@ -60,7 +62,7 @@ impl Transmit<'_> {
     pub fn gather(&self, mem: &impl Memory, out: &mut [u8]) -> Result<(), MemError> {
         match self.payload {
             Payload::None => Ok(()),
-            Payload::Local { sges, offset } => mem.read_local(sges, offset, out),
+            Payload::Local { pd, sges, offset } => mem.read_local(pd, sges, offset, out),
             Payload::Inline(d) => {
                 out.copy_from_slice(&d[..out.len()]);
                 Ok(())
@@ -73,7 +75,7 @@ impl Transmit<'_> {
     /// computed it while copying ([`Memory::read_local_crc`]).
     pub fn gather_crc(&self, mem: &impl Memory, out: &mut [u8]) -> Result<Option<u32>, MemError> {
         match self.payload {
-            Payload::Local { sges, offset } => mem.read_local_crc(sges, offset, out),
+            Payload::Local { pd, sges, offset } => mem.read_local_crc(pd, sges, offset, out),
             Payload::Remote { rkey, va } => mem.read_remote_crc(rkey, va, out),
             Payload::None | Payload::Inline(_) => self.gather(mem, out).map(|()| None),
         }
@@ -661,7 +663,7 @@ impl Qp {
         if wr.inline {
             if wr.inline_data.is_none() {
                 let mut d = InlineData::zeroed(len as usize)?;
-                if mem.read_local(&wr.sg_list, 0, &mut d).is_err() {
+                if mem.read_local(self.cfg.pd, &wr.sg_list, 0, &mut d).is_err() {
                     status = WcStatus::LocProtErr;
                 }
                 wr.inline_data = Some(d);

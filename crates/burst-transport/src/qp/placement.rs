@@ -48,7 +48,10 @@ impl Qp {
         let data = pkt.payload();
         let refused = if cur.offset + data.len() as u64 > sg_len(&cur.wr.sg_list) {
             Some((Refusal::TooLong, WcStatus::LocLenErr))
-        } else if mem.write_local(&cur.wr.sg_list, cur.offset, data).is_err() {
+        } else if mem
+            .write_local(self.cfg.pd, &cur.wr.sg_list, cur.offset, data)
+            .is_err()
+        {
             Some((Refusal::LocalProtection, WcStatus::LocProtErr))
         } else {
             None

@@ -369,6 +369,7 @@ impl Qp {
                     Payload::Inline(&d[off as usize..(off + plen) as usize])
                 } else {
                     Payload::Local {
+                        pd: self.cfg.pd,
                         sges: &w.wr.sg_list,
                         offset: off,
                     }

@@ -112,8 +112,9 @@ impl Qp {
         if total > sg_len(&wr.sg_list) {
             wc.status = WcStatus::LocLenErr;
         } else {
-            if mem.write_local(&wr.sg_list, 0, area).is_err()
-                || mem.write_local(&wr.sg_list, 40, data).is_err()
+            let pd = self.cfg.pd;
+            if mem.write_local(pd, &wr.sg_list, 0, area).is_err()
+                || mem.write_local(pd, &wr.sg_list, 40, data).is_err()
             {
                 wc.status = WcStatus::LocProtErr;
             }

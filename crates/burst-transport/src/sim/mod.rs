@@ -198,21 +198,42 @@ impl Memory for SimMemory {
         }
         Ok(())
     }
-    fn read_local(&self, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+    fn read_local(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), MemError> {
         let n = out.len() as u64;
         walk_sges(sges, offset, n, |sge, va, at, len| {
             let k = sge.lkey;
             let (r, off) = self.range(k, va, len as u64)?;
+            if r.pd != pd {
+                return Err(MemError::PdMismatch);
+            }
             out[at..at + len].copy_from_slice(&r.data[off..off + len]);
             Ok(())
         })
     }
-    fn write_local(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), MemError> {
+    fn write_local(
+        &mut self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), MemError> {
         let n = data.len() as u64;
         let mut plan = Vec::new();
         walk_sges(sges, offset, n, |sge, va, at, len| {
             let k = sge.lkey;
-            let (_, off) = self.range(k, va, len as u64)?;
+            let (r, off) = self.range(k, va, len as u64)?;
+            if r.pd != pd {
+                return Err(MemError::PdMismatch);
+            }
+            if !r.access.local_write {
+                return Err(MemError::NoAccess);
+            }
             plan.push((k, off, at, len));
             Ok(())
         })?;
