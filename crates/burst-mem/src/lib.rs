@@ -262,22 +262,24 @@ impl MrTable {
         })
     }
 
-    /// Registers `len` bytes at `addr` in process `pid`, which this table's
-    /// user reaches only through `process_vm_readv`/`process_vm_writev` (one
-    /// copy per access; a daemon's fallback where a client's pages could
-    /// not be shared). Access needs the right to trace `pid` (same user, or
-    /// CAP_SYS_PTRACE); a failed copy reads as zeros and writes nothing.
-    pub fn register_process(
+    /// Registers `len` bytes at `addr` of another address space, named by
+    /// `mem`: a descriptor of `/proc/self/mem` that its process opened and
+    /// handed over (one copy per access, by `pread`/`pwrite`; a daemon's
+    /// fallback where a client's pages could not be shared). The
+    /// descriptor carries exactly the access its opener had to its own
+    /// memory, so the table's user needs no privilege and can reach no
+    /// other process; a failed copy reads as zeros and writes nothing.
+    pub fn register_foreign(
         &self,
         pd: Pd,
-        pid: u32,
+        mem: Arc<std::os::fd::OwnedFd>,
         addr: u64,
         len: usize,
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
         self.insert(len, iova, access, |key| {
-            Region::in_process(pd.0, pid, addr, len as u64, iova, access, key)
+            Region::foreign(pd.0, mem, addr, len as u64, iova, access, key)
         })
     }
 

@@ -3,7 +3,9 @@
 //! never through Rust references (the application may touch the same bytes
 //! concurrently, as RDMA allows).
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use burst_dsa::{copy_from_raw, copy_to_raw, CopyEngine};
 use burst_transport::AtomicOp;
@@ -19,10 +21,15 @@ pub struct Region {
     iova: u64,
     access: Access,
     key: u32,
-    /// 0: `base` is an address of this process. Otherwise the process whose
-    /// address `base` is, reached with `process_vm_readv`/`writev` (a
-    /// daemon's single-copy path to a client's memory).
-    pid: u32,
+    /// `None`: `base` is an address of this process. Otherwise a
+    /// descriptor of the other process's `/proc/self/mem`, which that
+    /// process opened and handed over: `base` is an address there, reached
+    /// with `pread`/`pwrite` (a daemon's single-copy path to a client's
+    /// memory). The descriptor names the address space that opened it, for
+    /// good: never a pid, which may be reused, or name a process after it
+    /// exec'd a setuid program (the old address space is gone: accesses
+    /// fail).
+    mem: Option<Arc<OwnedFd>>,
 }
 
 // SAFETY: a Region is a pointer into memory whose owner promised (the
@@ -52,14 +59,15 @@ impl Region {
             iova,
             access,
             key,
-            pid: 0,
+            mem: None,
         }
     }
 
-    /// A region at `base` in process `pid`'s address space.
-    pub(crate) fn in_process(
+    /// A region at `base` of the address space `mem` (a descriptor of its
+    /// `/proc/self/mem`) names.
+    pub(crate) fn foreign(
         pd: u32,
-        pid: u32,
+        mem: Arc<OwnedFd>,
         base: u64,
         len: u64,
         iova: u64,
@@ -73,31 +81,39 @@ impl Region {
             iova,
             access,
             key,
-            pid,
+            mem: Some(mem),
         }
     }
 
     /// Copies between `local` and `len` bytes at `off` of the other
-    /// process; false if the kernel refused (the process died, the range
-    /// is unmapped). Partial transfers are finished or reported as failures.
-    fn process_copy(&self, off: u64, local: *mut u8, len: usize, write: bool) -> bool {
+    /// address space; false if the kernel refused (the process exited or
+    /// exec'd, the range is unmapped). Partial transfers are finished or
+    /// reported as failures.
+    fn foreign_copy(
+        &self,
+        mem: &OwnedFd,
+        off: u64,
+        local: *mut u8,
+        len: usize,
+        write: bool,
+    ) -> bool {
         let mut done = 0usize;
         while done < len {
-            let l = libc::iovec {
-                iov_base: local.wrapping_add(done).cast(),
-                iov_len: len - done,
+            let at = (self.base as u64)
+                .checked_add(off + done as u64)
+                .and_then(|a| libc::off_t::try_from(a).ok());
+            let Some(at) = at else {
+                return false;
             };
-            let r = libc::iovec {
-                iov_base: self.base.wrapping_add(off as usize + done).cast(),
-                iov_len: len - done,
-            };
-            // SAFETY: `l` covers memory of ours the caller lends us; `r` is
-            // an address in the other process, which the kernel checks.
+            let p = local.wrapping_add(done);
+            // SAFETY: `p` covers `len - done` bytes of memory of ours the
+            // caller lends us; the other side is an offset in a file (the
+            // kernel checks the address space it names).
             let n = unsafe {
                 if write {
-                    libc::process_vm_writev(self.pid as libc::pid_t, &l, 1, &r, 1, 0)
+                    libc::pwrite(mem.as_raw_fd(), p.cast(), len - done, at)
                 } else {
-                    libc::process_vm_readv(self.pid as libc::pid_t, &l, 1, &r, 1, 0)
+                    libc::pread(mem.as_raw_fd(), p.cast(), len - done, at)
                 }
             };
             if n <= 0 {
@@ -145,7 +161,9 @@ impl Region {
     pub(crate) fn local_ptr(&self, off: u64, len: usize) -> Option<*mut u8> {
         self.offset_of(self.iova + off, len as u64)?;
         // SAFETY: in bounds of the registered region (checked above).
-        (self.pid == 0).then(|| unsafe { self.base.add(off as usize) })
+        self.mem
+            .is_none()
+            .then(|| unsafe { self.base.add(off as usize) })
     }
 
     /// Copies out of the region. `off + out.len()` must be within bounds
@@ -154,8 +172,8 @@ impl Region {
         if self.offset_of(self.iova + off, out.len() as u64).is_none() {
             return;
         }
-        if self.pid != 0 {
-            if !self.process_copy(off, out.as_mut_ptr(), out.len(), false) {
+        if let Some(mem) = &self.mem {
+            if !self.foreign_copy(mem, off, out.as_mut_ptr(), out.len(), false) {
                 out.fill(0);
             }
             return;
@@ -170,9 +188,9 @@ impl Region {
         if self.offset_of(self.iova + off, data.len() as u64).is_none() {
             return;
         }
-        if self.pid != 0 {
+        if let Some(mem) = &self.mem {
             // The kernel only reads `data` for a write.
-            self.process_copy(off, data.as_ptr().cast_mut(), data.len(), true);
+            self.foreign_copy(mem, off, data.as_ptr().cast_mut(), data.len(), true);
             return;
         }
         // SAFETY: as in `read`; `data` is a Rust slice, so it cannot alias the
@@ -184,7 +202,7 @@ impl Region {
     /// not 8-byte aligned or out of bounds.
     pub fn atomic(&self, off: u64, op: AtomicOp) -> Option<u64> {
         self.offset_of(self.iova + off, 8)?;
-        if self.pid != 0 {
+        if let Some(mem) = &self.mem {
             // Read, modify, write through the kernel: atomic against other
             // RDMA operations (the engine runs them one at a time), not
             // against the application's own CPU accesses.
@@ -192,7 +210,7 @@ impl Region {
                 return None;
             }
             let mut v = [0u8; 8];
-            if !self.process_copy(off, v.as_mut_ptr(), 8, false) {
+            if !self.foreign_copy(mem, off, v.as_mut_ptr(), 8, false) {
                 return None;
             }
             let old = u64::from_ne_bytes(v);
@@ -207,7 +225,7 @@ impl Region {
                 }
             };
             let mut n = new.to_ne_bytes();
-            self.process_copy(off, n.as_mut_ptr(), 8, true);
+            self.foreign_copy(mem, off, n.as_mut_ptr(), 8, true);
             return Some(old);
         }
         // SAFETY: in bounds (checked above) of the registered region.

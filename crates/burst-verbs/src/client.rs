@@ -126,6 +126,24 @@ pub struct Remote {
     /// The client's number at the daemon.
     client: u32,
     mode: MrMode,
+    /// This process's `/proc/self/mem`, opened once: what a single-copy
+    /// registration hands burstd (it names this address space only).
+    self_mem: std::sync::OnceLock<Option<OwnedFd>>,
+}
+
+/// Opens `/proc/self/mem` for reading and writing.
+fn open_self_mem() -> Option<OwnedFd> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/mem")
+    {
+        Ok(f) => Some(f.into()),
+        Err(e) => {
+            tracing::warn!("burst: cannot open /proc/self/mem for single-copy registration: {e}");
+            None
+        }
+    }
 }
 
 fn page_size() -> usize {
@@ -146,6 +164,7 @@ impl Remote {
             dead: AtomicBool::new(false),
             client,
             mode,
+            self_mem: std::sync::OnceLock::new(),
         }
     }
 
@@ -258,7 +277,7 @@ impl Remote {
                 Err(why) => {
                     tracing::info!(
                         "burst: {len} bytes at {addr:#x} stay where they are ({why}); \
-                         burstd copies through process_vm_readv/writev"
+                         burstd copies through this process's /proc/self/mem"
                     );
                     None
                 }
@@ -286,7 +305,10 @@ impl Remote {
                     iova,
                     access: access.0,
                 },
-                Vec::new(),
+                match self.self_mem.get_or_init(open_self_mem) {
+                    Some(fd) => vec![fd.as_fd()],
+                    None => return Err(RegError::Exhausted),
+                },
             ),
         };
         let fds: Vec<BorrowedFd<'_>> = fds;
@@ -334,13 +356,16 @@ impl Remote {
         }
     }
 
-    pub(crate) fn register_channel(&self, ch: &CompChannel) -> std::io::Result<()> {
-        let fd = ch.borrowed_fd();
-        match self.call_ok(&Request::CreateCompChannel, &[fd]) {
-            Ok((Reply::Channel { id }, _)) => {
-                ch.set_remote_id(id);
-                Ok(())
-            }
+    /// A completion channel burstd signals: its handle and the read end of
+    /// the pipe behind it.
+    pub(crate) fn create_channel(&self) -> std::io::Result<(u32, OwnedFd)> {
+        match self.call_ok(&Request::CreateCompChannel, &[]) {
+            Ok((Reply::Channel { id }, fds)) => match fds.into_iter().next() {
+                Some(fd) => Ok((id, fd)),
+                None => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+            },
+            Err(PostError::Full) => Err(std::io::Error::from_raw_os_error(libc::ENOMEM)),
+            Err(PostError::Busy) => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
             _ => Err(std::io::Error::from_raw_os_error(libc::EIO)),
         }
     }

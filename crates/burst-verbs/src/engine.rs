@@ -15,10 +15,10 @@
 //! Memory registration goes straight to the shared [`MrTable`], which is
 //! built for concurrent use.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -47,9 +47,9 @@ pub struct CqId(pub u32);
 /// A completion channel (`ibv_comp_channel`): CQs armed with
 /// [`Context::req_notify_cq`] report their next completion here, and the
 /// channel's file descriptor becomes readable. The engine counts the event
-/// in the CQ's shared words and signals the descriptor (in daemon mode the
-/// daemon holds a duplicate of the application's eventfd), so which CQ an
-/// event belongs to never crosses a socket.
+/// in the CQ's shared words and signals the descriptor (in daemon mode a
+/// pipe: the daemon holds its write end, the application its read end), so
+/// which CQ an event belongs to never crosses a socket.
 #[derive(Debug)]
 pub struct CompChannel {
     fd: crate::eventfd::EventFd,
@@ -65,10 +65,6 @@ impl CompChannel {
             cqs: std::sync::Mutex::default(),
             remote_id: Default::default(),
         }
-    }
-
-    pub(crate) fn borrowed_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(&self.fd)
     }
 
     pub(crate) fn set_remote_id(&self, id: u32) {
@@ -226,17 +222,48 @@ impl Doorbells {
 }
 
 /// How a daemon client wakes a sleeping engine lane: a word per lane that
-/// the engine sets before it blocks (in memory every client maps), and an
-/// eventfd per lane it also waits on. A client signals only when the word
-/// says the lane sleeps: no system call per post while the engine is busy.
+/// the engine sets before it blocks (in memory every client maps), and a
+/// pipe per client and lane whose read end the lane also waits on (one
+/// epoll set per lane). A client signals only when the word says the lane
+/// sleeps: no system call per post while the engine is busy. Each client
+/// has pipes of its own, so one that floods or fills its pipe wakes the
+/// lane more often, at worst, and never blocks another client's signal.
 #[derive(Debug)]
 pub(crate) struct Wake {
     seg: Arc<Segment>,
-    fds: Vec<crate::eventfd::EventFd>,
+    side: WakeSide,
 }
 
+#[derive(Debug)]
+enum WakeSide {
+    /// The engine's: per lane, the set it sleeps on and an eventfd of its
+    /// own process (QP1's MADs queued by burstd); the clients' read ends by
+    /// token (lane, owner, reader).
+    Engine {
+        sets: Vec<crate::eventfd::WaitSet>,
+        local: Vec<crate::eventfd::EventFd>,
+        readers: RwLock<HashMap<u64, WakeReader>>,
+        next_token: std::sync::atomic::AtomicU64,
+    },
+    /// A client's: its write end per lane.
+    Client {
+        writers: Vec<crate::eventfd::EventFd>,
+    },
+}
+
+#[derive(Debug)]
+struct WakeReader {
+    lane: usize,
+    owner: u32,
+    fd: Arc<crate::eventfd::EventFd>,
+}
+
+/// The token of a lane's own eventfd in its wait set.
+const LOCAL_WAKE: u64 = u64::MAX;
+
 impl Wake {
-    /// The engine's: one word (a cache line apart) and one eventfd per lane.
+    /// The engine's: one word (a cache line apart), one wait set and one
+    /// eventfd of its own per lane.
     fn new(lanes: usize, memfd: bool) -> std::io::Result<Wake> {
         let len = lanes * 64;
         let seg = if memfd {
@@ -244,31 +271,147 @@ impl Wake {
         } else {
             Segment::anonymous(len)?
         };
+        let mut sets = Vec::new();
+        let mut local = Vec::new();
+        for _ in 0..lanes {
+            let set = crate::eventfd::WaitSet::new()?;
+            let fd = crate::eventfd::EventFd::new()?;
+            set.add(std::os::fd::AsFd::as_fd(&fd), LOCAL_WAKE)?;
+            sets.push(set);
+            local.push(fd);
+        }
         Ok(Wake {
             seg: Arc::new(seg),
-            fds: (0..lanes)
-                .map(|_| crate::eventfd::EventFd::new())
-                .collect::<std::io::Result<_>>()?,
+            side: WakeSide::Engine {
+                sets,
+                local,
+                readers: RwLock::default(),
+                next_token: Default::default(),
+            },
         })
     }
 
-    /// A client's view of the daemon's words and eventfds.
+    /// A client's view of the daemon's words, with its write ends.
     pub(crate) fn attach(
         seg: Arc<Segment>,
-        fds: Vec<crate::eventfd::EventFd>,
+        writers: Vec<crate::eventfd::EventFd>,
     ) -> std::io::Result<Wake> {
-        if seg.len() < fds.len() * 64 {
+        if seg.len() < writers.len() * 64 {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 "wake segment too short",
             ));
         }
-        Ok(Wake { seg, fds })
+        Ok(Wake {
+            seg,
+            side: WakeSide::Client { writers },
+        })
     }
 
-    /// The segment and the eventfds, to hand to a client.
-    pub(crate) fn parts(&self) -> (&Segment, &[crate::eventfd::EventFd]) {
-        (&self.seg, &self.fds)
+    /// The segment clients map.
+    pub(crate) fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    /// New pipes for client `owner`, one per lane: their read ends join the
+    /// lanes' wait sets, their write ends are returned (to send).
+    fn add_client(&self, owner: u32) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+        let WakeSide::Engine {
+            sets,
+            readers,
+            next_token,
+            ..
+        } = &self.side
+        else {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        let mut writers = Vec::new();
+        let mut added = Vec::new();
+        let r = (|| {
+            for (lane, set) in sets.iter().enumerate() {
+                let (r, w) = crate::eventfd::EventFd::pipe(true)?;
+                let token = next_token.fetch_add(1, Ordering::Relaxed);
+                set.add(std::os::fd::AsFd::as_fd(&r), token)?;
+                added.push(token);
+                readers.write().unwrap_or_else(|e| e.into_inner()).insert(
+                    token,
+                    WakeReader {
+                        lane,
+                        owner,
+                        fd: Arc::new(r),
+                    },
+                );
+                writers.push(w.into());
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => Ok(writers),
+            Err(e) => {
+                self.remove_client(owner);
+                Err(e)
+            }
+        }
+    }
+
+    /// Client `owner` is gone: its read ends leave the wait sets.
+    fn remove_client(&self, owner: u32) {
+        let WakeSide::Engine { sets, readers, .. } = &self.side else {
+            return;
+        };
+        let gone: Vec<WakeReader> = {
+            let mut m = readers.write().unwrap_or_else(|e| e.into_inner());
+            let tokens: Vec<u64> = m
+                .iter()
+                .filter(|(_, r)| r.owner == owner)
+                .map(|(t, _)| *t)
+                .collect();
+            tokens.iter().filter_map(|t| m.remove(t)).collect()
+        };
+        for r in gone {
+            if let Some(set) = sets.get(r.lane) {
+                set.remove(std::os::fd::AsFd::as_fd(&*r.fd));
+            }
+        }
+    }
+
+    /// What lane `lane` sleeps on (with its port).
+    fn wait_fd(&self, lane: usize) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match &self.side {
+            WakeSide::Engine { sets, .. } => sets.get(lane).map(std::os::fd::AsFd::as_fd),
+            WakeSide::Client { .. } => None,
+        }
+    }
+
+    /// After a sleep: takes every pending wake-up of the lane (level
+    /// signals; bounded per reader, so a client that keeps writing only
+    /// makes the lane look again).
+    fn drain(&self, lane: usize, tokens: &mut Vec<u64>) {
+        let WakeSide::Engine {
+            sets,
+            local,
+            readers,
+            ..
+        } = &self.side
+        else {
+            return;
+        };
+        tokens.clear();
+        sets[lane].ready(tokens);
+        for t in tokens.iter() {
+            if *t == LOCAL_WAKE {
+                local[lane].drain_all();
+                continue;
+            }
+            let fd = readers
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(t)
+                .map(|r| Arc::clone(&r.fd));
+            if let Some(fd) = fd {
+                fd.drain_all();
+            }
+        }
     }
 
     fn sleeping(&self, lane: usize) -> &std::sync::atomic::AtomicU32 {
@@ -280,8 +423,14 @@ impl Wake {
         // Pairs with the engine's fence between setting the word and its
         // last look at the doorbells: one of the two sees the other.
         std::sync::atomic::fence(Ordering::SeqCst);
-        if lane < self.fds.len() && self.sleeping(lane).load(Ordering::Relaxed) != 0 {
-            self.fds[lane].signal();
+        let fd = match &self.side {
+            WakeSide::Engine { local, .. } => local.get(lane),
+            WakeSide::Client { writers } => writers.get(lane),
+        };
+        if let Some(fd) = fd {
+            if self.sleeping(lane).load(Ordering::Relaxed) != 0 {
+                fd.signal();
+            }
         }
     }
 }
@@ -358,7 +507,9 @@ pub struct Cq {
     channel: Option<Arc<CompChannel>>,
     owner: u32,
     /// A completion found the ring full and [`AsyncEvent::CqError`] was
-    /// raised; cleared once the held completions are in.
+    /// raised: once per CQ (an overrun is an error of the application, as
+    /// on an RNIC; the paused QPs refilling a CQ polled two at a time would
+    /// otherwise raise one per refill).
     overrun: AtomicBool,
 }
 
@@ -710,7 +861,8 @@ const APP_POSTED_NS: u64 = 2_000_000;
 /// The data plane: the device and the completions waiting for CQ room.
 struct Core {
     dev: Option<Device>,
-    spill: VecDeque<Spill>,
+    /// Completions a full CQ refused, per CQ, in order (see [`Held`]).
+    held: Held,
     control_rx: Receiver<Control>,
     /// Daemon clients' doorbells taken this round: (owner, bell). Kept
     /// between rounds so that taking them allocates nothing.
@@ -1134,7 +1286,7 @@ impl Engine {
             controls.push(control);
             cores.push(std::sync::Mutex::new(Core {
                 dev: Some(dev),
-                spill: VecDeque::new(),
+                held: Held::default(),
                 control_rx,
                 bells: Vec::new(),
             }));
@@ -1224,10 +1376,99 @@ impl Drop for Engine {
     }
 }
 
-/// Completions the engine could not push because a CQ ring was full.
-struct Spill {
-    cq: usize,
-    wc: WorkCompletion,
+/// Completions a full CQ refused, held per CQ (and in order within each):
+/// one CQ nobody polls holds back only its own completions. The QPs
+/// feeding a CQ that holds some are paused (their posted WRs wait in their
+/// rings, which are bounded) until it drains, so what a CQ holds is bounded
+/// by what its QPs had outstanding in the transport; past
+/// [`Held::LIMIT`] (a CQ fed through an SRQ), completions are lost, as on
+/// an RNIC whose CQ overran, and counted.
+#[derive(Default)]
+struct Held {
+    by_cq: HashMap<usize, VecDeque<WorkCompletion>>,
+    /// QPs whose WRs were left in their rings while a CQ of theirs held
+    /// completions.
+    paused: Vec<Qpn>,
+    /// Channels to signal once the CQ table's lock is released.
+    signals: Vec<Arc<CompChannel>>,
+    /// Completions lost to [`Held::LIMIT`].
+    lost: u64,
+}
+
+impl Held {
+    /// Completions one CQ may hold (twice a QP's deepest queue).
+    const LIMIT: usize = 2 * crate::MAX_QP_WR as usize;
+
+    /// Whether QP rings `r` must wait: a CQ of theirs holds completions.
+    fn blocks(&self, r: &QpRings) -> bool {
+        !self.by_cq.is_empty()
+            && (self.by_cq.contains_key(&(r.send_cq.0 as usize))
+                || self.by_cq.contains_key(&(r.recv_cq.0 as usize)))
+    }
+
+    /// Notes that `qpn`'s rings were left for later.
+    fn pause(&mut self, qpn: Qpn) {
+        if !self.paused.contains(&qpn) {
+            self.paused.push(qpn);
+        }
+    }
+
+    /// Holds `wc` behind CQ `cq`'s earlier completions.
+    fn push(&mut self, cq: usize, wc: WorkCompletion) {
+        let q = self.by_cq.entry(cq).or_default();
+        if q.len() >= Held::LIMIT {
+            self.lost += 1;
+            if self.lost.is_power_of_two() {
+                tracing::warn!(cq, lost = self.lost, "CQ overrun: completions lost");
+            }
+            return;
+        }
+        q.push_back(wc);
+    }
+
+    /// Puts `wc` into CQ `cq` (`q`), or holds it: behind held ones, or
+    /// when the ring is full (the first refusal raises CQ_ERR).
+    fn deliver_or_hold(&mut self, q: &Cq, cq: usize, wc: WorkCompletion, events: &AsyncEvents) {
+        if self.by_cq.contains_key(&cq) {
+            self.push(cq, wc);
+            return;
+        }
+        match deliver(q, wc) {
+            Ok(signal) => self.signals.extend(signal),
+            Err(wc) => {
+                overrun(q, cq, events);
+                self.push(cq, wc);
+            }
+        }
+    }
+
+    /// Delivers what each CQ holds while it has room; a CQ destroyed
+    /// meanwhile drops its own.
+    fn flush(&mut self, cqs: &[Option<Arc<Cq>>]) {
+        let signals = &mut self.signals;
+        self.by_cq.retain(|&cq, held| {
+            let Some(Some(q)) = cqs.get(cq) else {
+                return false;
+            };
+            while let Some(wc) = held.front() {
+                match deliver(q, *wc) {
+                    Ok(signal) => {
+                        signals.extend(signal);
+                        held.pop_front();
+                    }
+                    Err(_) => break,
+                }
+            }
+            !held.is_empty()
+        });
+    }
+
+    /// Signals the channels of CQs that got an event (outside any lock).
+    fn signal(&mut self) {
+        for ch in self.signals.drain(..) {
+            ch.fd.signal();
+        }
+    }
 }
 
 fn refused(wr_id: u64, opcode: WcOpcode, qpn: Qpn) -> WorkCompletion {
@@ -1362,6 +1603,7 @@ fn run(shared: &Shared, lane: usize, ready: &burst_io::Readiness) {
     crate::thread::fine_timer_slack();
     let mut last_work = 0u64;
     let mut backoff = MIN_SLEEP;
+    let mut tokens = Vec::new();
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.clock.now();
         let stepped = shared.app_stepped.load(Ordering::Relaxed);
@@ -1400,16 +1642,12 @@ fn run(shared: &Shared, lane: usize, ready: &burst_io::Readiness) {
             wake.sleeping(lane).store(1, Ordering::Relaxed);
             std::sync::atomic::fence(Ordering::SeqCst);
             if !shared.bells_pending(lane) {
-                let fd = std::os::fd::AsFd::as_fd(&wake.fds[lane]);
-                let _ = ready.wait_or(fd, IDLE_WAIT);
-            }
-            wake.sleeping(lane).store(0, Ordering::Relaxed);
-            // Wake-ups are level signals: take every count at once.
-            for _ in 0..64 {
-                if !wake.fds[lane].drain() {
-                    break;
+                if let Some(fd) = wake.wait_fd(lane) {
+                    let _ = ready.wait_or(fd, IDLE_WAIT);
                 }
             }
+            wake.sleeping(lane).store(0, Ordering::Relaxed);
+            wake.drain(lane, &mut tokens);
         }
     }
 }
@@ -1466,8 +1704,13 @@ impl Core {
 
     /// Moves the WRs waiting in a QP's rings into the transport, in order.
     /// A WR the transport refuses completes with an error, since the
-    /// application's post call has already returned.
-    fn take_rings(dev: &mut Device, spill: &mut VecDeque<Spill>, r: &QpRings) -> bool {
+    /// application's post call has already returned. While a CQ of the QP
+    /// holds completions the WRs stay in the rings (see [`Held`]).
+    fn take_rings(dev: &mut Device, held: &mut Held, r: &QpRings) -> bool {
+        if held.blocks(r) {
+            held.pause(r.qpn);
+            return false;
+        }
         let mut busy = false;
         // WRs another process posted are checked again here: its own check
         // ran in memory it controls.
@@ -1479,10 +1722,7 @@ impl Core {
                 || dev.post_recv_checked(r.qpn, w).is_err()
             {
                 r.refused.1.fetch_add(1, Ordering::Relaxed);
-                spill.push_back(Spill {
-                    cq: r.recv_cq.0 as usize,
-                    wc: refused(id, WcOpcode::Recv, r.qpn),
-                });
+                held.push(r.recv_cq.0 as usize, refused(id, WcOpcode::Recv, r.qpn));
             }
         }
         while let Some(w) = r.send.pop() {
@@ -1492,10 +1732,7 @@ impl Core {
                 || dev.post_send_checked(r.qpn, w).is_err()
             {
                 r.refused.0.fetch_add(1, Ordering::Relaxed);
-                spill.push_back(Spill {
-                    cq: r.send_cq.0 as usize,
-                    wc: refused(id, op, r.qpn),
-                });
+                held.push(r.send_cq.0 as usize, refused(id, op, r.qpn));
             }
         }
         if busy {
@@ -1518,14 +1755,21 @@ impl Core {
     /// thread holds the core); WRs already in the QP's ring go first.
     fn post_send_now(&mut self, r: &QpRings, wr: SendWr) -> Result<(), PostError> {
         let dev = self.dev.as_mut().ok_or(PostError::Stopped)?;
-        Core::take_rings(dev, &mut self.spill, r);
+        Core::take_rings(dev, &mut self.held, r);
+        if self.held.blocks(r) {
+            // Behind the held completions, as a ring's WRs wait.
+            return r.send.push(wr).map_err(|_| PostError::Full);
+        }
         dev.post_send_checked(r.qpn, wr).map_err(PostError::Refused)
     }
 
     /// [`Core::post_send_now`] for a receive.
     fn post_recv_now(&mut self, r: &QpRings, wr: RecvWr) -> Result<(), PostError> {
         let dev = self.dev.as_mut().ok_or(PostError::Stopped)?;
-        Core::take_rings(dev, &mut self.spill, r);
+        Core::take_rings(dev, &mut self.held, r);
+        if self.held.blocks(r) {
+            return r.recv.push(wr).map_err(|_| PostError::Full);
+        }
         dev.post_recv_checked(r.qpn, wr).map_err(PostError::Refused)
     }
 
@@ -1544,7 +1788,17 @@ impl Core {
                 Core::publish_modified(dev, shared, qpn);
             }
         }
-        let spill = &mut self.spill;
+        let held = &mut self.held;
+        // QPs paused behind a CQ's held completions go on once it drained.
+        if !held.paused.is_empty() {
+            let paused = std::mem::take(&mut held.paused);
+            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+            for q in paused {
+                if let Some(Some(r)) = rings.get(q.value().wrapping_sub(FIRST_QPN) as usize) {
+                    busy |= Core::take_rings(dev, held, r);
+                }
+            }
+        }
         // Doorbells: move posted WQEs from the rings into the transport. A
         // doorbell lost to a full queue is made up by visiting every ring.
         let mut missed: Vec<u32> = Vec::new();
@@ -1637,7 +1891,7 @@ impl Core {
             let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
             if let Some(Some(r)) = rings.get(bell.wrapping_sub(FIRST_QPN) as usize) {
                 if r.owner == owner {
-                    Core::take_rings(dev, spill, r);
+                    Core::take_rings(dev, held, r);
                 } else {
                     tracing::warn!(
                         owner,
@@ -1656,24 +1910,9 @@ impl Core {
         for ev in dev.take_async_events() {
             shared.events.push(ev);
         }
-        // Completions into the CQ rings, in order per CQ.
+        // Completions into the CQ rings, in order per CQ: held ones first.
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-        while let Some(s) = spill.front() {
-            match cqs
-                .get(s.cq)
-                .and_then(|q| q.as_ref())
-                .map(|q| (q, deliver(q, s.wc)))
-            {
-                Some((_, Err(_))) => break,
-                Some((q, Ok(()))) => {
-                    q.overrun.store(false, Ordering::Relaxed);
-                    spill.pop_front();
-                }
-                None => {
-                    spill.pop_front();
-                }
-            }
-        }
+        held.flush(&cqs);
         let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
         for r in rings.iter().flatten().filter(|r| r.lane == lane) {
             // Published with completions, before them: a slot is free again
@@ -1688,18 +1927,15 @@ impl Core {
                 }
                 busy = true;
                 let cq = if wc.is_recv() { r.recv_cq } else { r.send_cq }.0 as usize;
-                // Behind held completions (the engine keeps them in order),
-                // or refused by a full CQ: held.
-                let held = !spill.is_empty()
-                    || cqs
-                        .get(cq)
-                        .and_then(|q| q.as_ref())
-                        .is_some_and(|q| deliver(q, wc).is_err() && overrun(q, cq, &shared.events));
-                if held {
-                    spill.push_back(Spill { cq, wc });
+                if let Some(Some(q)) = cqs.get(cq) {
+                    held.deliver_or_hold(q, cq, wc, &shared.events);
                 }
             }
         }
+        drop(rings);
+        drop(cqs);
+        // Channels are signalled with no lock held.
+        held.signal();
         busy
     }
 }
@@ -1714,8 +1950,8 @@ enum Round {
 }
 
 /// CQ `id` (`q`) refused a completion: the first refusal of an overrun
-/// raises [`AsyncEvent::CqError`]. Returns true (the completion is held).
-fn overrun(q: &Cq, id: usize, events: &AsyncEvents) -> bool {
+/// raises [`AsyncEvent::CqError`].
+fn overrun(q: &Cq, id: usize, events: &AsyncEvents) {
     if !q.overrun.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             cq = id,
@@ -1723,20 +1959,20 @@ fn overrun(q: &Cq, id: usize, events: &AsyncEvents) -> bool {
         );
         events.push(AsyncEvent::CqError(CqId(id as u32)));
     }
-    true
 }
 
-/// Puts a completion in a CQ ring and fires its event if it is armed.
-fn deliver(q: &Cq, wc: WorkCompletion) -> Result<(), WorkCompletion> {
+/// Puts a completion in a CQ ring; if the CQ was armed, counts the event
+/// and returns the channel to signal (by the caller, once no lock is held).
+fn deliver(q: &Cq, wc: WorkCompletion) -> Result<Option<Arc<CompChannel>>, WorkCompletion> {
     q.ring.push(wc)?;
     if q.armed().swap(0, Ordering::AcqRel) != 0 {
         if let Some(ch) = &q.channel {
             // Counted before the signal, so a reader woken by it finds it.
             q.events().fetch_add(1, Ordering::AcqRel);
-            ch.fd.signal();
+            return Ok(Some(Arc::clone(ch)));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Why a front-end call failed.
@@ -1938,12 +2174,13 @@ impl Context {
         })
     }
 
-    /// Registers memory of process `pid` that the engine reaches through
-    /// `process_vm_readv`/`process_vm_writev` (one copy, no remapping).
-    pub fn reg_mr_process(
+    /// Registers memory of another process that the engine reaches
+    /// through `mem`, a descriptor of that process's `/proc/self/mem` it
+    /// opened and handed over (one copy per access, no remapping).
+    pub fn reg_mr_foreign(
         &self,
         pd: Pd,
-        pid: u32,
+        mem: Arc<std::os::fd::OwnedFd>,
         addr: u64,
         len: usize,
         iova: u64,
@@ -1952,7 +2189,7 @@ impl Context {
         self.register(pd, None, || {
             self.shared
                 .mrs
-                .register_process(pd, pid, addr, len, iova, access)
+                .register_foreign(pd, mem, addr, len, iova, access)
         })
     }
 
@@ -2044,19 +2281,27 @@ impl Context {
 
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> std::io::Result<Arc<CompChannel>> {
-        let ch = Arc::new(CompChannel::with_fd(crate::eventfd::EventFd::new()?));
-        if let Some(r) = &self.remote {
-            r.register_channel(&ch)?;
-        }
-        Ok(ch)
+        let Some(r) = &self.remote else {
+            return Ok(Arc::new(CompChannel::with_fd(
+                crate::eventfd::EventFd::new()?,
+            )));
+        };
+        // burstd signals a pipe whose write end it keeps.
+        let (id, fd) = r.create_channel()?;
+        let ch = CompChannel::with_fd(crate::eventfd::EventFd::pipe_reader(fd));
+        ch.set_remote_id(id);
+        Ok(Arc::new(ch))
     }
 
-    /// The channel behind a descriptor another process sent (burstd: a
-    /// client's completion channel, signalled by the engine).
-    pub fn comp_channel_from_fd(&self, fd: std::os::fd::OwnedFd) -> Arc<CompChannel> {
-        Arc::new(CompChannel::with_fd(crate::eventfd::EventFd::from_owned(
-            fd,
-        )))
+    /// A completion channel of a daemon client: the engine signals a pipe
+    /// whose write end only it holds (non-blocking); the read end,
+    /// returned, goes to the client. Nothing the client does to its end
+    /// can make the engine wait.
+    pub fn comp_channel_for_client(
+        &self,
+    ) -> std::io::Result<(Arc<CompChannel>, std::os::fd::OwnedFd)> {
+        let (r, w) = crate::eventfd::EventFd::pipe(false)?;
+        Ok((Arc::new(CompChannel::with_fd(w)), r.into()))
     }
 
     /// Creates a CQ that reports events on `channel` once armed.
@@ -3116,7 +3361,7 @@ impl CompletionQueue {
 
 /// What burstd keeps per client in the engine: the segment the client
 /// maps (its async-event ring, then one doorbell queue per lane) and the
-/// client's async-event eventfd.
+/// write end of the pipe behind the client's async-event descriptor.
 #[derive(Debug)]
 pub struct ClientLink {
     owner: u32,
@@ -3148,7 +3393,8 @@ impl ClientLink {
         &self.seg
     }
 
-    /// Queues an asynchronous event for the client and signals its fd.
+    /// Queues an asynchronous event for the client and signals its fd
+    /// (never blocks: the pipe's write end is the daemon's, non-blocking).
     pub fn push_event(&self, ev: AsyncEvent) {
         if self.events.push(ev).is_ok() {
             self.events_fd.signal();
@@ -3191,9 +3437,11 @@ impl Context {
     }
 
     /// Sets up client `self.owner()`'s segment (async events and
-    /// doorbells, which the engine starts reading now); `events_fd` is the
-    /// client's async-event eventfd.
-    pub fn attach_client(&self, events_fd: std::os::fd::OwnedFd) -> std::io::Result<ClientLink> {
+    /// doorbells, which the engine starts reading now), the pipe behind its
+    /// async-event descriptor and its wake pipes. Returns the link and the
+    /// descriptors to send: the async events' read end, then one wake
+    /// write end per lane.
+    pub fn attach_client(&self) -> std::io::Result<(ClientLink, Vec<std::os::fd::OwnedFd>)> {
         let lanes = self.shared.doorbells.len();
         let event_bytes = ShmRing::<AsyncEvent>::bytes(CLIENT_EVENTS).div_ceil(64) * 64;
         let stride = Doorbells::bytes(Doorbells::CLIENT_DEPTH).div_ceil(64) * 64;
@@ -3203,6 +3451,9 @@ impl Context {
             len,
         )?);
         let events = ShmRing::create(Arc::clone(&seg), 0, CLIENT_EVENTS)?;
+        let (events_reader, events_fd) = crate::eventfd::EventFd::pipe(false)?;
+        let mut handout: Vec<std::os::fd::OwnedFd> = vec![events_reader.into()];
+        handout.extend(self.shared.wake.add_client(self.owner)?);
         let mut bells = Vec::new();
         for lane in 0..lanes {
             bells.push(Arc::new(Doorbells::create(
@@ -3219,7 +3470,7 @@ impl Context {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .extend(bells);
-        Ok(ClientLink {
+        let link = ClientLink {
             owner: self.owner,
             layout: ClientLayout {
                 event_slots: CLIENT_EVENTS as u32,
@@ -3230,14 +3481,14 @@ impl Context {
             },
             seg,
             events,
-            events_fd: crate::eventfd::EventFd::from_owned(events_fd),
-        })
+            events_fd,
+        };
+        Ok((link, handout))
     }
 
-    /// The segment and eventfds clients wake sleeping lanes with.
-    pub fn wake_parts(&self) -> (&Segment, Vec<std::os::fd::BorrowedFd<'_>>) {
-        let (seg, fds) = self.shared.wake.parts();
-        (seg, fds.iter().map(std::os::fd::AsFd::as_fd).collect())
+    /// The segment of words that say which lanes sleep (every client maps it).
+    pub fn wake_segment(&self) -> &Segment {
+        self.shared.wake.segment()
     }
 
     /// Every object client `self.owner()` owns.
@@ -3349,6 +3600,7 @@ impl Context {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|b| b.owner != self.owner);
+        self.shared.wake.remove_client(self.owner);
         all
     }
 
@@ -3422,14 +3674,13 @@ impl Context {
                 format!("burst: cannot reach burstd at {}: {e}", path.display()),
             )
         })?;
-        let events = AsyncEvents::new()?;
         p::send(
             sock.as_fd(),
             &p::encode(&Request::Hello {
                 version: p::VERSION,
                 layout: p::layout(),
             }),
-            &[events.fd.as_fd()],
+            &[],
         )?;
         let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
         let (msg, fds) =
@@ -3456,13 +3707,16 @@ impl Context {
         };
         let lanes = device.lanes.max(1) as usize;
         let mut fds = fds.into_iter();
-        let (Some(seg_fd), Some(wake_fd)) = (fds.next(), fds.next()) else {
+        let (Some(seg_fd), Some(wake_fd), Some(events_fd)) = (fds.next(), fds.next(), fds.next())
+        else {
             return Err(bad("burstd: hello without its segments".into()));
         };
         let seg = Arc::new(Segment::from_fd(seg_fd, segment_len as usize)?);
-        let wake_fds: Vec<_> = fds.map(crate::eventfd::EventFd::from_owned).collect();
+        let wake_fds = fds
+            .map(crate::eventfd::EventFd::pipe_writer)
+            .collect::<std::io::Result<Vec<_>>>()?;
         if wake_fds.len() != lanes {
-            return Err(bad("burstd: one wake eventfd per lane expected".into()));
+            return Err(bad("burstd: one wake pipe per lane expected".into()));
         }
         let wake = Arc::new(Wake::attach(
             Arc::new(Segment::from_fd(wake_fd, wake_len as usize)?),
@@ -3480,8 +3734,10 @@ impl Context {
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let events = AsyncEvents {
+            fd: crate::eventfd::EventFd::pipe_reader(events_fd),
+            queue: SegQueue::new(),
             remote: Some(ShmRing::attach(Arc::clone(&seg), 0, event_slots as usize)?),
-            ..events
+            port_down: AtomicBool::new(false),
         };
         let shared = Arc::new(Shared {
             mrs: Arc::default(),

@@ -70,7 +70,8 @@ pub enum Request {
         access: u32,
     },
     /// `ibv_reg_mr` without a memfd: the daemon reaches the client's
-    /// memory through `process_vm_readv`/`writev` (single copy).
+    /// memory through the descriptor of its `/proc/self/mem` that comes
+    /// with the message (single copy; the daemon never acts on a pid).
     RegMrCopy {
         /// The PD.
         pd: u32,

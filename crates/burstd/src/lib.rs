@@ -32,6 +32,7 @@ use burst_verbs::{Access, AsyncEvent, Pd, Qpn, RegError, SrqId};
 pub mod capture;
 pub mod cm;
 pub mod devfiles;
+pub mod privilege;
 pub mod settings;
 
 pub use settings::Settings;
@@ -78,6 +79,19 @@ fn create_reply(e: CreateError, what: &str) -> Reply {
         },
         CreateError::Post(p) => errno_reply(p, what),
     }
+}
+
+/// A system resource ran out serving one request (descriptors, memory,
+/// mappings): that request is refused with the errno, the daemon goes on.
+fn resource_reply(e: std::io::Error, what: &str) -> Reply {
+    let errno = match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE) => libc::EMFILE,
+        Some(libc::ENOMEM) => libc::ENOMEM,
+        Some(n) => n,
+        None => libc::EIO,
+    };
+    tracing::warn!("{what}: {e}: refused");
+    Reply::error(errno, format!("{what}: {e}"))
 }
 
 fn dup_of(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
@@ -192,11 +206,18 @@ impl Daemon {
                 AsyncEvent::CqError(cq) => self.ctx.owner_of_cq(cq),
                 AsyncEvent::DeviceFatal | AsyncEvent::Port { .. } => None,
             };
-            let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-            for (id, c) in clients.iter() {
-                if owner.is_none_or(|o| o == *id) {
-                    c.link.push_event(ev);
-                }
+            // Signalled outside the lock (never write a client's
+            // descriptor under one; the writes never block anyway).
+            let to: Vec<Arc<Client>> = self
+                .clients
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|(id, _)| owner.is_none_or(|o| o == **id))
+                .map(|(_, c)| Arc::clone(c))
+                .collect();
+            for c in to {
+                c.link.push_event(ev);
             }
         }
     }
@@ -266,10 +287,12 @@ impl Daemon {
         );
     }
 
-    /// The first message: versions agree, the client's event fd comes in,
-    /// its segment and the wake fds go out.
+    /// The first message: versions agree; the client's segment, the wake
+    /// segment, the read end of its async-event pipe and its wake pipes'
+    /// write ends go out (every descriptor the daemon signals or waits on
+    /// is the daemon's own end of a pipe).
     fn hello(&self, sock: &OwnedFd, pid: u32, uid: u32) -> Result<Arc<Client>, String> {
-        let (msg, fds) = p::recv(sock.as_fd())
+        let (msg, _) = p::recv(sock.as_fd())
             .map_err(|e| e.to_string())?
             .ok_or("closed before hello")?;
         let req = p::decode::<Request>(&msg).map_err(|e| e.to_string())?;
@@ -284,15 +307,12 @@ impl Daemon {
                 p::layout()
             ));
         }
-        let events_fd = fds.into_iter().next().ok_or("hello without an event fd")?;
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
-        let client = self
-            .new_client(pid, uid, comm, events_fd)
-            .map_err(|e| e.to_string())?;
+        let (client, handout) = self.new_client(pid, uid, comm).map_err(|e| e.to_string())?;
         let l = client.link.layout;
-        let (wake_seg, wake_fds) = self.ctx.wake_parts();
+        let wake_seg = self.ctx.wake_segment();
         let mut out: Vec<BorrowedFd<'_>> = vec![
             client
                 .link
@@ -301,7 +321,7 @@ impl Daemon {
                 .ok_or("client segment without memfd")?,
             wake_seg.fd().ok_or("wake segment without memfd")?,
         ];
-        out.extend(wake_fds);
+        out.extend(handout.iter().map(|f| f.as_fd()));
         let reply = Reply::Hello {
             device: self.device.clone(),
             client: client.ctx.owner(),
@@ -327,12 +347,11 @@ impl Daemon {
         pid: u32,
         uid: u32,
         comm: String,
-        events_fd: OwnedFd,
-    ) -> std::io::Result<Arc<Client>> {
+    ) -> std::io::Result<(Arc<Client>, Vec<OwnedFd>)> {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
         let ctx = self.ctx.for_client(id);
-        let link = ctx.attach_client(events_fd)?;
-        Ok(Arc::new(Client {
+        let (link, handout) = ctx.attach_client()?;
+        let c = Arc::new(Client {
             pid,
             uid,
             comm,
@@ -340,7 +359,8 @@ impl Daemon {
             ctx,
             channels: Mutex::default(),
             next_channel: AtomicU32::new(1),
-        }))
+        });
+        Ok((c, handout))
     }
 
     /// Lists a client (events reach it, the tool shows it).
@@ -366,14 +386,7 @@ impl Daemon {
     /// A client that is this process, without a socket (the fuzz target
     /// and tests drive [`Daemon::handle_message`] with it).
     pub fn local_client(&self) -> std::io::Result<Arc<Client>> {
-        // SAFETY: plain eventfd call; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let c = self.new_client(std::process::id(), 0, "local".into(), efd)?;
+        let (c, _) = self.new_client(std::process::id(), 0, "local".into())?;
         self.admit(&c);
         Ok(c)
     }
@@ -422,7 +435,20 @@ impl Daemon {
                 iova,
                 access,
             } => {
-                match ctx.reg_mr_process(Pd(pd), c.pid, addr, len as usize, iova, Access(access)) {
+                let Some(mem) = fds.next() else {
+                    return (
+                        Reply::error(
+                            libc::EINVAL,
+                            "reg_mr: a single-copy registration comes with the client's /proc/self/mem",
+                        ),
+                        none,
+                    );
+                };
+                if let Err(why) = privilege::check_self_mem(&mem) {
+                    return (Reply::error(libc::EINVAL, format!("reg_mr: {why}")), none);
+                }
+                let mem = Arc::new(mem);
+                match ctx.reg_mr_foreign(Pd(pd), mem, addr, len as usize, iova, Access(access)) {
                     Ok(keys) => Reply::Mr { keys },
                     Err(e) => Reply::error(e.errno(), format!("reg_mr: {e}")),
                 }
@@ -441,18 +467,16 @@ impl Daemon {
                 Err(e) => Reply::error(e.errno(), format!("dealloc_mw: {e}")),
             },
             Request::CreateCompChannel => {
-                let Some(fd) = fds.next() else {
-                    return (
-                        Reply::error(libc::EINVAL, "channel without its eventfd"),
-                        none,
-                    );
+                let (ch, reader) = match ctx.comp_channel_for_client() {
+                    Ok(c) => c,
+                    Err(e) => return (resource_reply(e, "create_comp_channel"), none),
                 };
                 let id = c.next_channel.fetch_add(1, Ordering::Relaxed);
                 c.channels
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(id, ctx.comp_channel_from_fd(fd));
-                Reply::Channel { id }
+                    .insert(id, ch);
+                return (Reply::Channel { id }, vec![reader]);
             }
             Request::CreateCq { depth, channel } => {
                 let ch = match channel {

@@ -137,8 +137,17 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             )) as burst_verbs::AnyPort
         })
         .collect();
-    let engine = Engine::with_ports(ports, o)?;
     let listener = burstd::listen(&s.socket, s.socket_mode, s.socket_group.as_deref())?;
+    // Port and socket are open: keep only what an open device uses, before
+    // any thread starts (capabilities are per thread; later ones inherit).
+    match burstd::privilege::drop_privileges() {
+        Ok(kept) => tracing::info!(
+            ?kept,
+            "privileges dropped (no_new_privs; capabilities kept)"
+        ),
+        Err(e) => tracing::warn!("could not drop privileges: {e}"),
+    }
+    let engine = Engine::with_ports(ports, o)?;
     // SIGTERM / SIGINT: a byte on this pipe ends the accept loop; the
     // engine is then dropped (an XDP program detached, a DPDK port closed)
     // and the socket removed. (SIGKILL leaves an XDP program attached: the
