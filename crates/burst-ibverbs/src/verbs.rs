@@ -1362,12 +1362,20 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
 export!("ibv_create_ah", "IBVERBS_1.1", create_ah);
 
 unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
-    if ah.is_null() {
-        return libc::EINVAL;
-    }
-    // SAFETY: an AH of ours, freed once.
-    unsafe { free(ah.cast::<Ah>()) };
-    0
+    guard("ibv_destroy_ah", libc::EINVAL, || {
+        let Some(a) = ours!(Ah, ah) else {
+            return libc::EINVAL;
+        };
+        // The engine's entry goes too (one reference of the destination's).
+        if let Some(c) = ctx_from(a.raw.context) {
+            if let Err(e) = c.ctx.destroy_ah(a.index) {
+                tracing::debug!("ibv_destroy_ah: {e}");
+            }
+        }
+        // SAFETY: an AH of ours, freed once.
+        unsafe { free(ah.cast::<Ah>()) };
+        0
+    })
 }
 export!("ibv_destroy_ah", "IBVERBS_1.1", destroy_ah);
 

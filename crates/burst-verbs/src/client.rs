@@ -356,6 +356,10 @@ impl Remote {
         }
     }
 
+    pub(crate) fn destroy_ah(&self, ah: u32) -> Result<(), PostError> {
+        self.call_ok(&Request::DestroyAh { ah }, &[]).map(|_| ())
+    }
+
     /// A completion channel burstd signals: its handle and the read end of
     /// the pipe behind it.
     pub(crate) fn create_channel(&self) -> std::io::Result<(u32, OwnedFd)> {
@@ -497,6 +501,7 @@ impl Remote {
                 gid,
                 sgid_index,
                 reply,
+                ..
             } => match self.call(&Request::CreateAh { gid, sgid_index }, &[])?.0 {
                 Reply::Ah { ah } => {
                     let _ = reply.send(Ok(ah));
@@ -506,6 +511,10 @@ impl Remote {
                 }
                 _ => return Err(PostError::Invalid),
             },
+            Control::DestroyAh { index, reply } => {
+                self.destroy_ah(index)?;
+                let _ = reply.send(());
+            }
             Control::Gids { reply } => match self.call_ok(&Request::Gids, &[])?.0 {
                 Reply::Gids(t) => {
                     let _ = reply.send(t.into_iter().map(|g| g.map(crate::ip_of_gid)).collect());

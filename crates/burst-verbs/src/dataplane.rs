@@ -89,7 +89,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     srqs: Vec<Option<Srq>>,
     /// Counters of destroyed QPs, kept for the device totals.
     destroyed: burst_transport::Counters,
-    ahs: Vec<Ah>,
+    /// Address handles by index (the engine's context numbers them alike
+    /// on every lane; `None`: destroyed, its index free for the next).
+    ahs: Vec<Option<Ah>>,
     /// The GID table: the port's address, or every address of its
     /// interface laid out as RXE's ([`crate::gids`]).
     gids: crate::gids::GidTable,
@@ -445,10 +447,15 @@ impl<P: Port> Device<P> {
         Ok(())
     }
 
-    /// Creates an address handle for a peer's GID, sent to from the GID at
-    /// `sgid_index` of the device's table (`None`: the port's address);
-    /// returns its index.
-    pub fn create_ah(&mut self, gid: [u8; 16], sgid_index: Option<u8>) -> Result<u32, VerbsError> {
+    /// Creates address handle `index` for a peer's GID, sent to from the
+    /// GID at `sgid_index` of the device's table (`None`: the port's
+    /// address). The caller numbers handles (the same on every lane).
+    pub fn create_ah(
+        &mut self,
+        index: u32,
+        gid: [u8; 16],
+        sgid_index: Option<u8>,
+    ) -> Result<u32, VerbsError> {
         let src = match sgid_index {
             None => self.port.local_addr().ip(),
             Some(i) => match self.gids.get(usize::from(i)) {
@@ -475,8 +482,22 @@ impl<P: Port> Device<P> {
             d => SocketAddr::new(d, ROCEV2_PORT),
         };
         let src = (src != self.port.local_addr().ip()).then_some(src);
-        self.ahs.push(Ah { peer, src });
-        Ok((self.ahs.len() - 1) as u32)
+        let i = index as usize;
+        if self.ahs.len() <= i {
+            self.ahs.resize(i + 1, None);
+        }
+        self.ahs[i] = Some(Ah { peer, src });
+        Ok(index)
+    }
+
+    /// Destroys address handle `index` (its number may be given again).
+    pub fn destroy_ah(&mut self, index: u32) {
+        if let Some(a) = self.ahs.get_mut(index as usize) {
+            *a = None;
+        }
+        while self.ahs.last().is_some_and(|a| a.is_none()) {
+            self.ahs.pop();
+        }
     }
 
     /// Makes the GID table follow interface `iface` (every address of it,
@@ -580,7 +601,10 @@ impl<P: Port> Device<P> {
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), VerbsError> {
         let _span =
             tracing::debug_span!("modify_qp", qpn = qpn.value(), to = ?attr.state).entered();
-        if attr.ah.is_some_and(|a| a as usize >= self.ahs.len()) {
+        if attr
+            .ah
+            .is_some_and(|a| self.ahs.get(a as usize).is_none_or(|a| a.is_none()))
+        {
             tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
             return Err(VerbsError::InvalidValue("ah"));
         }
@@ -593,7 +617,8 @@ impl<P: Port> Device<P> {
         // A connected QP joins its peer's congestion state.
         match s.qp.remote() {
             Some((ah, dest)) => {
-                if let Some(&Ah { peer, .. }) = self.ahs.get(ah as usize) {
+                if let Some(Some(Ah { peer, .. })) = self.ahs.get(ah as usize) {
+                    let peer = *peer;
                     if Congestion::connected_to(&s.flow) != Some((peer, dest)) {
                         self.cc.connect(&mut s.flow, &s.qp, peer, dest);
                     }
@@ -1056,7 +1081,7 @@ impl<P: Port> Device<P> {
                 let mut n = start;
                 while n < tx.len() {
                     let Some(t) = q.poll_transmit(now) else { break };
-                    let Some(&Ah { peer, src }) = ahs.get(t.ah as usize) else {
+                    let Some(Some(Ah { peer, src })) = ahs.get(t.ah as usize).copied() else {
                         continue;
                     };
                     let len = t.ib.buffer_len();

@@ -736,9 +736,14 @@ pub(crate) enum Control {
         reply: Sender<Option<(burst_transport::QpState, burst_transport::QpConfig)>>,
     },
     CreateAh {
+        index: u32,
         gid: [u8; 16],
         sgid_index: Option<u8>,
         reply: Sender<Result<u32, VerbsError>>,
+    },
+    DestroyAh {
+        index: u32,
+        reply: Sender<()>,
     },
     /// The GID table (`ibv_query_gid`).
     Gids {
@@ -799,6 +804,8 @@ struct Shared {
     mr_owner: std::sync::Mutex<std::collections::HashMap<u32, MrOwner>>,
     /// Each memory window's owner, by handle.
     mw_owner: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
+    /// Address handles: who holds which (see [`AhTable`]).
+    ahs: std::sync::Mutex<AhTable>,
     /// Indexed by QPN - FIRST_QPN.
     rings: std::sync::RwLock<Vec<Option<Arc<QpRings>>>>,
     srqs: std::sync::RwLock<Vec<Option<Arc<SrqRing>>>>,
@@ -1302,6 +1309,7 @@ impl Engine {
             pd_owner: Default::default(),
             mr_owner: Default::default(),
             mw_owner: Default::default(),
+            ahs: Default::default(),
             rings: std::sync::RwLock::new(Vec::new()),
             srqs: std::sync::RwLock::new(Vec::new()),
             cqs: std::sync::RwLock::new(Vec::new()),
@@ -1376,6 +1384,30 @@ impl Drop for Engine {
     }
 }
 
+/// The address handles of a device: numbered by the engine's context (the
+/// same number on every lane), owned by the client that created them, and
+/// shared within a client by destination: an application that creates an
+/// AH per message to one peer (or a modify per connection) reuses one
+/// entry, counted. Destroyed with its last reference or with its client.
+#[derive(Debug, Default)]
+struct AhTable {
+    /// (owner, dgid, sgid index) -> (index, references).
+    by_dest: HashMap<(u32, [u8; 16], Option<u8>), (u32, u32)>,
+    /// index -> (owner, dgid, sgid index).
+    by_index: HashMap<u32, (u32, [u8; 16], Option<u8>)>,
+    free: Vec<u32>,
+    next: u32,
+}
+
+impl AhTable {
+    fn take_index(&mut self) -> u32 {
+        self.free.pop().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+}
+
 /// Completions a full CQ refused, held per CQ (and in order within each):
 /// one CQ nobody polls holds back only its own completions. The QPs
 /// feeding a CQ that holds some are paused (their posted WRs wait in their
@@ -1386,8 +1418,8 @@ impl Drop for Engine {
 #[derive(Default)]
 struct Held {
     by_cq: HashMap<usize, VecDeque<WorkCompletion>>,
-    /// QPs whose WRs were left in their rings while a CQ of theirs held
-    /// completions.
+    /// QPs to visit again at the next step: their WRs were left in their
+    /// rings while a CQ of theirs held completions, or past a visit's budget.
     paused: Vec<Qpn>,
     /// Channels to signal once the CQ table's lock is released.
     signals: Vec<Arc<CompChannel>>,
@@ -1526,11 +1558,16 @@ fn control(dev: &mut Device, c: Control) -> Option<Qpn> {
             let _ = reply.send(dev.query_qp(qpn));
         }
         Control::CreateAh {
+            index,
             gid,
             sgid_index,
             reply,
         } => {
-            let _ = reply.send(dev.create_ah(gid, sgid_index));
+            let _ = reply.send(dev.create_ah(index, gid, sgid_index));
+        }
+        Control::DestroyAh { index, reply } => {
+            dev.destroy_ah(index);
+            let _ = reply.send(());
         }
         Control::Gids { reply } => {
             let _ = reply.send(dev.gid_table());
@@ -1715,7 +1752,11 @@ impl Core {
         // WRs another process posted are checked again here: its own check
         // ran in memory it controls.
         let foreign = r.owner != 0;
-        while let Some(w) = r.recv.pop() {
+        // A ring's worth per visit: a client that posts without end cannot
+        // hold the lane; what is left is taken at the next step.
+        let mut budget = r.recv.capacity() + r.send.capacity();
+        while let Some(w) = (budget > 0).then(|| r.recv.pop()).flatten() {
+            budget -= 1;
             busy = true;
             let id = w.wr_id;
             if (foreign && r.cfg.check_recv(&w).is_err())
@@ -1725,7 +1766,8 @@ impl Core {
                 held.push(r.recv_cq.0 as usize, refused(id, WcOpcode::Recv, r.qpn));
             }
         }
-        while let Some(w) = r.send.pop() {
+        while let Some(w) = (budget > 0).then(|| r.send.pop()).flatten() {
+            budget -= 1;
             busy = true;
             let (id, op) = (w.wr_id, w.op.wc_opcode());
             if (foreign && r.cfg.check_send(&w).is_err())
@@ -1734,6 +1776,9 @@ impl Core {
                 r.refused.0.fetch_add(1, Ordering::Relaxed);
                 held.push(r.send_cq.0 as usize, refused(id, op, r.qpn));
             }
+        }
+        if budget == 0 {
+            held.pause(r.qpn);
         }
         if busy {
             Core::publish_retired(dev, r);
@@ -1875,7 +1920,9 @@ impl Core {
                     );
                     continue;
                 }
-                while let Some(w) = srq.ring.pop() {
+                // A ring's worth per doorbell (a client posting without end
+                // rings again for the rest).
+                for w in std::iter::from_fn(|| srq.ring.pop()).take(srq.ring.capacity()) {
                     if owner != 0 && w.sg_list.len() > srq.max_sge as usize {
                         tracing::warn!(srq = id.0, "SRQ receive with too many SGEs dropped");
                         continue;
@@ -2877,19 +2924,95 @@ impl Context {
     /// its own address); an empty index, or GIDs of different IP versions,
     /// are refused ([`VerbsError::InvalidValue`], EINVAL).
     pub fn create_ah_from(&self, gid: [u8; 16], sgid_index: Option<u8>) -> Result<u32, PostError> {
+        if self.remote.is_some() {
+            // burstd numbers and owns it.
+            return self
+                .call(|reply| Control::CreateAh {
+                    index: 0,
+                    gid,
+                    sgid_index,
+                    reply,
+                })?
+                .map_err(PostError::Refused);
+        }
+        let key = (self.owner, gid, sgid_index);
+        let (index, reused) = {
+            let mut t = self.shared.ahs.lock().unwrap_or_else(|e| e.into_inner());
+            match t.by_dest.get(&key) {
+                Some((i, _)) => (*i, true),
+                None => (t.take_index(), false),
+            }
+        };
         // Every lane holds every address handle, under the same number
         // (lanes share one GID table: with several, the device's address).
-        let create = |reply| Control::CreateAh {
-            gid,
-            sgid_index,
-            reply,
-        };
-        let ah = self.call(create)?.map_err(PostError::Refused)?;
-        for lane in 1..self.control.len() {
-            let other = self.call_on(lane, create)?.map_err(PostError::Refused)?;
-            debug_assert_eq!(other, ah, "address handles numbered alike on every lane");
+        // A reused entry is made again: the GID table may have changed.
+        let made = (0..self.control.len()).try_for_each(|lane| {
+            self.call_on(lane, |reply| Control::CreateAh {
+                index,
+                gid,
+                sgid_index,
+                reply,
+            })?
+            .map(|_| ())
+            .map_err(PostError::Refused)
+        });
+        let mut t = self.shared.ahs.lock().unwrap_or_else(|e| e.into_inner());
+        if reused {
+            made?;
+            match t.by_dest.get_mut(&key) {
+                Some((i, refs)) if *i == index => *refs += 1,
+                // Destroyed meanwhile by another thread of the client.
+                _ => {
+                    t.by_dest.insert(key, (index, 1));
+                    t.by_index.insert(index, key);
+                }
+            }
+            return Ok(index);
         }
-        Ok(ah)
+        match made {
+            Ok(()) => {
+                t.by_dest.insert(key, (index, 1));
+                t.by_index.insert(index, key);
+                Ok(index)
+            }
+            Err(e) => {
+                t.free.push(index);
+                Err(e)
+            }
+        }
+    }
+
+    /// `ibv_destroy_ah`: drops one reference to this client's AH `ah`
+    /// (the entry goes with the last); `NoSuch` for another client's.
+    pub fn destroy_ah(&self, ah: u32) -> Result<(), PostError> {
+        if let Some(r) = &self.remote {
+            return r.destroy_ah(ah);
+        }
+        {
+            let mut t = self.shared.ahs.lock().unwrap_or_else(|e| e.into_inner());
+            let key = match t.by_index.get(&ah) {
+                Some(k) if k.0 == self.owner => *k,
+                _ => return Err(PostError::NoSuch),
+            };
+            if let Some((_, refs)) = t.by_dest.get_mut(&key) {
+                *refs -= 1;
+                if *refs > 0 {
+                    return Ok(());
+                }
+            }
+            t.by_dest.remove(&key);
+            t.by_index.remove(&ah);
+        }
+        for lane in 0..self.control.len() {
+            self.call_on(lane, |reply| Control::DestroyAh { index: ah, reply })?;
+        }
+        self.shared
+            .ahs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free
+            .push(ah);
+        Ok(())
     }
 
     /// The GID table of port 1, as `ibv_query_gid` reads it: entry `i` is
@@ -3585,6 +3708,28 @@ impl Context {
                 tracing::warn!(handle = h, "cleanup: dealloc MW: {e}");
             }
         }
+        let ahs: Vec<u32> = self
+            .shared
+            .ahs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_index
+            .iter()
+            .filter(|(_, k)| k.0 == self.owner)
+            .map(|(i, _)| *i)
+            .collect();
+        for ah in ahs {
+            // Every reference at once: the client is gone.
+            while self.destroy_ah(ah).is_ok()
+                && self
+                    .shared
+                    .ahs
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .by_index
+                    .contains_key(&ah)
+            {}
+        }
         for (k, _, _) in &all.mrs {
             if let Err(e) = self.dereg_mr(*k) {
                 tracing::warn!(lkey = k, "cleanup: deregister: {e}");
@@ -3748,6 +3893,7 @@ impl Context {
             pd_owner: Default::default(),
             mr_owner: Default::default(),
             mw_owner: Default::default(),
+            ahs: Default::default(),
             rings: Default::default(),
             srqs: Default::default(),
             cqs: Default::default(),

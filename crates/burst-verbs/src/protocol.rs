@@ -173,6 +173,11 @@ pub enum Request {
         /// New limit (arms the limit event).
         limit: Option<u32>,
     },
+    /// `ibv_destroy_ah`.
+    DestroyAh {
+        /// Its index.
+        ah: u32,
+    },
     /// `ibv_create_ah`.
     CreateAh {
         /// The destination GID.
@@ -252,6 +257,9 @@ pub struct ClientInfo {
     pub qps: Vec<(u32, String)>,
     /// Shared receive queues.
     pub srqs: Vec<u32>,
+    /// Usage against the daemon's per-client limits: (limit, used, allowed).
+    #[serde(default)]
+    pub usage: Vec<(String, u64, u64)>,
 }
 
 /// A [`VerbsError`] as it crosses the socket (its message as text).
@@ -808,6 +816,21 @@ pub fn send_mad(sock: BorrowedFd<'_>, m: &crate::gsi::GsiMad) -> bool {
         )
     };
     n == b.len() as isize
+}
+
+/// Sends `msg` (no descriptors) without waiting: `false` if the socket's
+/// buffer is full or it is gone (a refusal to a peer that may never read).
+pub fn send_nowait(sock: BorrowedFd<'_>, msg: &[u8]) -> bool {
+    // SAFETY: sends `msg`, live for the call, on a descriptor we borrow.
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            msg.as_ptr().cast(),
+            msg.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    n == msg.len() as isize
 }
 
 /// What reading a MAD socket gave.

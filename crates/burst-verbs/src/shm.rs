@@ -281,6 +281,8 @@ pub struct ShmRing<T> {
     off: usize,
     mask: u64,
     stride: usize,
+    /// Entries dropped because they did not decode (a peer's bad input).
+    undecodable: AtomicU64,
     _t: PhantomData<fn(T) -> T>,
 }
 
@@ -344,6 +346,7 @@ impl<T: Entry> ShmRing<T> {
             off,
             mask: slots as u64 - 1,
             stride: Self::stride(),
+            undecodable: AtomicU64::new(0),
             _t: PhantomData,
         })
     }
@@ -451,16 +454,32 @@ impl<T: Entry> ShmRing<T> {
         None
     }
 
-    /// Takes the oldest entry that decodes.
+    /// Takes the oldest entry that decodes, looking at no more than a
+    /// ring's worth (a peer that keeps writing bad entries cannot hold the
+    /// consumer). Dropped entries are counted ([`ShmRing::undecodable`])
+    /// and logged at the 1st, 2nd, 4th, 8th... so that a flood of them
+    /// costs a log line per doubling, not one each.
     pub fn pop(&self) -> Option<T> {
-        loop {
+        for _ in 0..=self.mask {
             match self.pop_raw()? {
                 Some(v) => return Some(v),
                 None => {
-                    tracing::warn!("shared ring: an entry that does not decode was dropped");
+                    let n = self.undecodable.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(
+                            dropped = n,
+                            "shared ring: entries that do not decode were dropped"
+                        );
+                    }
                 }
             }
         }
+        None
+    }
+
+    /// Entries [`ShmRing::pop`] dropped because they did not decode.
+    pub fn undecodable(&self) -> u64 {
+        self.undecodable.load(Ordering::Relaxed)
     }
 
     /// Entries in the ring now (a snapshot).

@@ -32,6 +32,7 @@ use burst_verbs::{Access, AsyncEvent, Pd, Qpn, RegError, SrqId};
 pub mod capture;
 pub mod cm;
 pub mod devfiles;
+pub mod limits;
 pub mod privilege;
 pub mod settings;
 
@@ -47,6 +48,28 @@ pub struct Client {
     /// Completion channels, by the handle given to the client.
     channels: Mutex<HashMap<u32, Arc<CompChannel>>>,
     next_channel: AtomicU32,
+    /// What it holds, against the daemon's limits.
+    usage: Mutex<limits::Usage>,
+    /// Requests refused (bad input, limits): logged at the 1st, 2nd, 4th...
+    refusals: std::sync::atomic::AtomicU64,
+}
+
+impl Client {
+    /// Logs a refusal of this client's input or request, rate-limited (a
+    /// line at the 1st, 2nd, 4th, 8th... refusal: a client flooding bad
+    /// requests costs a log line per doubling) and counted.
+    fn refused(&self, what: &str, why: &str) {
+        let n = self.refusals.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                client = self.ctx.owner(),
+                pid = self.pid,
+                uid = self.uid,
+                refusals = n,
+                "{what} refused: {why}"
+            );
+        }
+    }
 }
 
 /// The daemon's state shared by its threads.
@@ -61,6 +84,35 @@ pub struct Daemon {
     router: Option<Arc<cm::Router>>,
     /// Set when `serve` returns: the router's thread ends.
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// What each client may hold.
+    limits: limits::Limits,
+    /// Connections open per uid (before hello too).
+    connections: Mutex<HashMap<u32, u32>>,
+    /// Failures to accept or to start a client's thread (descriptors or
+    /// threads ran out): logged at the 1st, 2nd, 4th...
+    accept_failures: std::sync::atomic::AtomicU64,
+}
+
+/// One open connection of a user, given back when its thread ends.
+struct ConnectionSlot {
+    daemon: Arc<Daemon>,
+    uid: u32,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .daemon
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
 }
 
 /// What a reply carries besides its message.
@@ -102,6 +154,15 @@ impl Daemon {
     /// A daemon serving `ctx`'s device (an engine started with
     /// `shared_rings`).
     pub fn new(ctx: Context, tap: Arc<burst_verbs::ports::capture::Tap>) -> Arc<Daemon> {
+        Daemon::with_limits(ctx, tap, limits::Limits::default())
+    }
+
+    /// [`Daemon::new`] with per-client `limits`.
+    pub fn with_limits(
+        ctx: Context,
+        tap: Arc<burst_verbs::ports::capture::Tap>,
+        limits: limits::Limits,
+    ) -> Arc<Daemon> {
         let cfg = ctx.config();
         let device = DeviceInfo {
             name: cfg.name.clone(),
@@ -124,6 +185,9 @@ impl Daemon {
             next_client: AtomicU32::new(1),
             router,
             stopping: Arc::default(),
+            limits,
+            connections: Mutex::default(),
+            accept_failures: Default::default(),
         })
     }
 
@@ -184,12 +248,66 @@ impl Daemon {
             if fds[0].revents == 0 {
                 continue;
             }
-            let sock = p::accept(listener.as_fd())?;
+            // Running out of descriptors, memory or threads refuses one
+            // client, never stops the daemon.
+            let sock = match p::accept(listener.as_fd()) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.accept_failed("accept", &e);
+                    // The connection stays queued: wait for a descriptor
+                    // to come free instead of spinning on it.
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+            };
+            let Some(slot) = self.connection_slot(&sock) else {
+                continue;
+            };
             let me = Arc::clone(self);
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("burstd-client".into())
-                .spawn(move || me.serve_client(sock))?;
+                .spawn(move || {
+                    let _slot = slot;
+                    me.serve_client(sock)
+                });
+            if let Err(e) = spawned {
+                self.accept_failed("client thread", &e);
+            }
         }
+    }
+
+    fn accept_failed(&self, what: &str, e: &std::io::Error) {
+        let n = self.accept_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                failures = n,
+                "{what}: {e}: the client is refused, burstd goes on"
+            );
+        }
+    }
+
+    /// Counts a new connection against its user's limit; `None` (and the
+    /// connection refused with EAGAIN) past it.
+    fn connection_slot(self: &Arc<Daemon>, sock: &OwnedFd) -> Option<ConnectionSlot> {
+        let uid = p::peer_credentials(sock.as_fd()).map(|c| c.1).ok()?;
+        let mut open = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(uid).or_default();
+        if *n >= self.limits.connections_per_uid {
+            drop(open);
+            let why = format!(
+                "limit connections_per_uid = {} reached for uid {uid}",
+                self.limits.connections_per_uid
+            );
+            self.accept_failed("connection", &std::io::Error::other(why.clone()));
+            // Non-blocking: a client that does not read is not waited for.
+            let _ = p::send_nowait(sock.as_fd(), &p::encode(&Reply::error(libc::EAGAIN, why)));
+            return None;
+        }
+        *n += 1;
+        Some(ConnectionSlot {
+            daemon: Arc::clone(self),
+            uid,
+        })
     }
 
     /// Asynchronous events go to the client owning the QP, SRQ or CQ; a
@@ -359,6 +477,8 @@ impl Daemon {
             ctx,
             channels: Mutex::default(),
             next_channel: AtomicU32::new(1),
+            usage: Mutex::default(),
+            refusals: Default::default(),
         });
         Ok((c, handout))
     }
@@ -379,7 +499,10 @@ impl Daemon {
                 tracing::debug!(client = c.ctx.owner(), ?req, "request");
                 self.handle(c, req, fds)
             }
-            Err(e) => (Reply::error(libc::EINVAL, e.to_string()), Vec::new()),
+            Err(e) => {
+                c.refused("message", &e.to_string());
+                (Reply::error(libc::EINVAL, e.to_string()), Vec::new())
+            }
         }
     }
 
@@ -391,8 +514,57 @@ impl Daemon {
         Ok(c)
     }
 
-    /// One request of a client.
+    /// One request of a client, within its limits: what it creates is
+    /// counted against them first, what it destroys given back after.
     fn handle(&self, c: &Client, req: Request, fds: Vec<OwnedFd>) -> Answer {
+        let charge = charge_of(&req, fds.len());
+        if let Some((kind, cost)) = charge {
+            let usage = c.usage.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(r) = usage.admit(&self.limits, kind, cost) {
+                drop(usage);
+                c.refused(kind.name(), &r.message);
+                return (Reply::error(r.errno, r.message), Vec::new());
+            }
+        }
+        let release = release_of(&req);
+        let listen = match &req {
+            Request::CmListen {
+                service_id,
+                listen: true,
+            } => Some(*service_id),
+            _ => None,
+        };
+        let (reply, out) = self.dispatch(c, req, fds);
+        let mut usage = c.usage.lock().unwrap_or_else(|e| e.into_inner());
+        match (&reply, charge) {
+            (Reply::Error { errno, message, .. }, _) => {
+                drop(usage);
+                if *errno != libc::EBUSY {
+                    c.refused("request", message);
+                }
+            }
+            (Reply::Done, Some((kind, cost))) => {
+                if let Some(sid) = listen {
+                    usage.add(kind, sid, cost);
+                }
+            }
+            (r, Some((kind, cost))) => {
+                if let Some(h) = created_handle(r) {
+                    usage.add(kind, h, cost);
+                }
+            }
+            (Reply::Done, None) => {
+                if let Some((kind, h)) = release {
+                    usage.remove(kind, h);
+                }
+            }
+            _ => {}
+        }
+        (reply, out)
+    }
+
+    /// Runs one request.
+    fn dispatch(&self, c: &Client, req: Request, fds: Vec<OwnedFd>) -> Answer {
         let ctx = &c.ctx;
         let none = Vec::new();
         let mut fds = fds.into_iter();
@@ -596,6 +768,10 @@ impl Daemon {
                 Err(PostError::Refused(v)) => create_reply(CreateError::Verbs(v), "create_ah"),
                 Err(e) => errno_reply(e, "create_ah"),
             },
+            Request::DestroyAh { ah } => match ctx.destroy_ah(ah) {
+                Ok(()) => Reply::Done,
+                Err(e) => errno_reply(e, "destroy_ah"),
+            },
             Request::Gids => match ctx.gid_table() {
                 Ok(t) => Reply::Gids(t),
                 Err(e) => errno_reply(e, "query_gid"),
@@ -616,6 +792,16 @@ impl Daemon {
                 r.attach(ctx.owner(), fd);
                 Reply::Done
             }
+            Request::CmListen {
+                service_id,
+                listen: true,
+            } if c.uid != 0 && privileged_service(service_id) => Reply::error(
+                libc::EACCES,
+                format!(
+                    "service {service_id:#x}: a port under 1024 is root's, as the kernel's \
+                     rdma_cm reserves it for CAP_NET_BIND_SERVICE"
+                ),
+            ),
             Request::CmListen { service_id, listen } => match &self.router {
                 Some(r) if r.listen(ctx.owner(), service_id, listen) => Reply::Done,
                 Some(_) => Reply::error(
@@ -724,6 +910,11 @@ impl Daemon {
                         })
                         .collect(),
                     srqs: o.srqs.iter().map(|s| s.0).collect(),
+                    usage: c
+                        .usage
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .report(&self.limits),
                 }
             })
             .collect();
@@ -762,6 +953,74 @@ fn set_recv_timeout(sock: &OwnedFd, t: Option<std::time::Duration>) {
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
+}
+
+/// An rdma_cm service ID of a port under 1024 (the kernel's rdma_cm
+/// refuses to bind those without CAP_NET_BIND_SERVICE: EACCES).
+fn privileged_service(service_id: u64) -> bool {
+    burst_cm::rdma::PortSpace::from_service_id(service_id).is_some_and(|(_, port)| port < 1024)
+}
+
+/// What a request creates and costs, to check against the limits.
+fn charge_of(req: &Request, fds: usize) -> Option<(limits::Kind, limits::Cost)> {
+    use limits::{Cost, Kind};
+    Some(match req {
+        Request::AllocPd => (Kind::Pd, Cost::none()),
+        Request::RegMr { len, .. } => (Kind::Mr, Cost::mr(*len, fds as u64)),
+        Request::RegMrCopy { len, .. } => (Kind::Mr, Cost::mr(*len, 0)),
+        Request::AllocMw { .. } => (Kind::Mw, Cost::none()),
+        Request::CreateCompChannel => (Kind::Channel, Cost::none()),
+        Request::CreateCq { depth, .. } => (Kind::Cq, Cost::cq(u64::from(*depth))),
+        Request::CreateQp { init, .. } => {
+            let recv = if init.srq.is_some() {
+                0
+            } else {
+                init.caps.max_recv_wr
+            };
+            (
+                Kind::Qp,
+                Cost::wqes(u64::from(init.caps.max_send_wr) + u64::from(recv)),
+            )
+        }
+        Request::CreateSrq { max_wr, .. } => (Kind::Srq, Cost::wqes(u64::from(*max_wr))),
+        Request::CreateAh { .. } => (Kind::Ah, Cost::none()),
+        Request::CmListen { listen: true, .. } => (Kind::Listen, Cost::none()),
+        _ => return None,
+    })
+}
+
+/// What a request destroys (given back once it succeeded).
+fn release_of(req: &Request) -> Option<(limits::Kind, u64)> {
+    use limits::Kind;
+    Some(match req {
+        Request::DeallocPd { pd } => (Kind::Pd, u64::from(*pd)),
+        Request::DeregMr { lkey } => (Kind::Mr, u64::from(*lkey)),
+        Request::DeallocMw { handle } => (Kind::Mw, u64::from(*handle)),
+        Request::DestroyCq { cq } => (Kind::Cq, u64::from(*cq)),
+        Request::DestroyQp { qpn } => (Kind::Qp, u64::from(*qpn)),
+        Request::DestroySrq { srq } => (Kind::Srq, u64::from(*srq)),
+        Request::DestroyAh { ah } => (Kind::Ah, u64::from(*ah)),
+        Request::CmListen {
+            service_id,
+            listen: false,
+        } => (Kind::Listen, *service_id),
+        _ => return None,
+    })
+}
+
+/// The handle a successful create replied with.
+fn created_handle(r: &Reply) -> Option<u64> {
+    Some(u64::from(match r {
+        Reply::Pd { pd } => *pd,
+        Reply::Mr { keys } => keys.lkey,
+        Reply::Mw { keys } => keys.handle,
+        Reply::Channel { id } => *id,
+        Reply::Cq { cq, .. } => *cq,
+        Reply::Qp { qpn, .. } => *qpn,
+        Reply::Srq { srq, .. } => *srq,
+        Reply::Ah { ah } => *ah,
+        _ => return None,
+    }))
 }
 
 fn qpn_of(v: u32) -> Result<Qpn, CreateError> {

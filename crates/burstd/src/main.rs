@@ -178,7 +178,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         mode = format!("{:o}", s.socket_mode),
         "burstd serving"
     );
-    let daemon = burstd::Daemon::new(engine.context(), tap);
+    let daemon = burstd::Daemon::with_limits(engine.context(), tap, s.limits);
     let served = daemon.serve(listener, std::os::fd::AsFd::as_fd(&stop_r));
     tracing::info!("burstd stopping");
     let _ = std::fs::remove_file(&s.socket);

@@ -7,6 +7,10 @@
 //! socket_mode = "0660"     # who may use RDMA: the socket's owner and group
 //! socket_group = "rdma"    # optional
 //!
+//! [burstd.limits]          # per client (see burstd::limits::Limits)
+//! qps = 1024
+//! cq_entries = 2097152
+//!
 //! [[device]]
 //! name = "burst0"
 //! interface = "eth0"
@@ -32,6 +36,8 @@ pub struct Settings {
     pub socket_mode: u32,
     /// Its group, if set.
     pub socket_group: Option<String>,
+    /// What each client may hold (`[burstd.limits]`).
+    pub limits: crate::limits::Limits,
 }
 
 impl Default for Settings {
@@ -40,6 +46,7 @@ impl Default for Settings {
             socket: crate::default_socket(),
             socket_mode: 0o660,
             socket_group: None,
+            limits: crate::limits::Limits::default(),
         }
     }
 }
@@ -56,6 +63,8 @@ struct Section {
     socket: Option<PathBuf>,
     socket_mode: Option<String>,
     socket_group: Option<String>,
+    #[serde(default)]
+    limits: crate::limits::Limits,
 }
 
 /// A setting that does not parse.
@@ -90,6 +99,7 @@ impl Settings {
                 None => d.socket_mode,
             },
             socket_group: f.burstd.socket_group,
+            limits: f.burstd.limits,
         })
     }
 }
@@ -118,5 +128,11 @@ mod tests {
         }
         assert!(Settings::from_toml("[burstd]\nsocket_mode = \"9\"").is_err());
         assert!(Settings::from_toml("[burstd]\nsokcet = \"/x\"").is_err());
+        let l = Settings::from_toml("[burstd.limits]\nqps = 3")
+            .unwrap()
+            .limits;
+        assert_eq!(l.qps, 3);
+        assert_eq!(l.cqs, crate::limits::Limits::default().cqs);
+        assert!(Settings::from_toml("[burstd.limits]\nqpz = 3").is_err());
     }
 }

@@ -5,197 +5,19 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use burst_verbs::client::MrMode;
-use burst_verbs::engine::{Context, CqId, PostError};
+use burst_verbs::engine::{Context, PostError};
 use burst_verbs::protocol::{self as p, Reply, Request};
 use burst_verbs::{
-    Access, AsyncEvent, Mtu, Psn, QpAccess, QpInit, QpType, RcParams, RcPeer, RecvWr, SendOp,
-    SendWr, Sge, WcStatus,
+    Access, AsyncEvent, Mtu, Psn, QpInit, QpType, RcParams, RcPeer, SendOp, SendWr, WcStatus,
 };
-
-/// A burstd child, killed when dropped.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Daemon {
-    fn start(addr: &str, extra: &[&str]) -> Daemon {
-        let socket =
-            std::env::temp_dir().join(format!("burstd-test-{}-{addr}.sock", std::process::id()));
-        Daemon::start_at(addr, &socket, extra)
-    }
-
-    fn start_at(addr: &str, socket: &Path, extra: &[&str]) -> Daemon {
-        let _ = std::fs::remove_file(socket);
-        let child = Command::new(env!("CARGO_BIN_EXE_burstd"))
-            .args(["--addr", addr, "--socket"])
-            .arg(socket)
-            .args(extra)
-            .env_remove("BURST_CONFIG")
-            .env("BURST_LOG", "warn")
-            .env("HOME", "/nonexistent")
-            .spawn()
-            .expect("burstd starts");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "burstd did not create its socket"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon {
-            child,
-            socket: socket.to_path_buf(),
-        }
-    }
-
-    fn connect(&self) -> Context {
-        Context::connect(&self.socket).expect("client connects")
-    }
-
-    fn clients(&self, ctx: &Context) -> Vec<burst_verbs::protocol::ClientInfo> {
-        match ctx.daemon_request(&Request::Clients, &[]) {
-            Ok((Reply::Clients(c), _)) => c,
-            other => panic!("clients: {other:?}"),
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
-
-/// `len` bytes of `fill` starting on a page of their own (leaked: a
-/// region may outlive its test's last use by the daemon).
-fn aligned(len: usize, fill: u8) -> &'static mut [u8] {
-    let layout = std::alloc::Layout::from_size_align(len.div_ceil(4096) * 4096, 4096).unwrap();
-    // SAFETY: a non-zero size; the memory is initialized before use.
-    let p = unsafe { std::alloc::alloc(layout) };
-    assert!(!p.is_null());
-    // SAFETY: `len` bytes of the fresh allocation, leaked for 'static.
-    let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
-    s.fill(fill);
-    s
-}
-
-/// An RC QP with its CQ, PD and a registered buffer.
-struct End {
-    ctx: Context,
-    pd: burst_verbs::Pd,
-    cq: CqId,
-    qp: burst_verbs::engine::QueuePair,
-    buf: &'static mut [u8],
-    keys: burst_verbs::MrKeys,
-}
-
-fn end(ctx: Context, fill: u8) -> End {
-    let pd = ctx.try_alloc_pd().unwrap();
-    let cq = ctx.try_create_cq(64, None).unwrap();
-    let qp = ctx
-        .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
-        .unwrap();
-    // Page-aligned, as perftest's buffers: small heap buffers of several
-    // tests share pages, and a range that straddles another registration's
-    // pages falls back to the single-copy path.
-    let buf = aligned(3 * 4096 + 123, fill);
-    // SAFETY: `buf` is never freed.
-    let keys = unsafe {
-        ctx.reg_mr(
-            pd,
-            buf.as_mut_ptr().add(5),
-            buf.len() - 5,
-            Access(1 | 2 | 4),
-        )
-    }
-    .unwrap();
-    End {
-        ctx,
-        pd,
-        cq,
-        qp,
-        buf,
-        keys,
-    }
-}
-
-fn connect(a: &End, b: &End) {
-    let mut p = RcParams::new(Psn::new(7), Mtu::Mtu1024);
-    p.access = QpAccess {
-        remote_write: true,
-        remote_read: true,
-        remote_atomic: true,
-    };
-    let peer = |e: &End| RcPeer {
-        gid: e.ctx.gid(),
-        qpn: e.qp.qpn(),
-        psn: Psn::new(7),
-    };
-    a.qp.connect_rc(&peer(b), &p).unwrap();
-    b.qp.connect_rc(&peer(a), &p).unwrap();
-}
-
-fn wait_wc(ctx: &Context, cq: CqId) -> burst_verbs::WorkCompletion {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(wc) = ctx.poll_cq(cq) {
-            return wc;
-        }
-        assert!(Instant::now() < deadline, "no completion");
-    }
-}
-
-fn sge(e: &End, off: u64, len: u32) -> Sge {
-    Sge {
-        addr: e.keys.addr + off,
-        length: len,
-        lkey: e.keys.lkey,
-    }
-}
-
-fn write_and_send(a: &mut End, b: &mut End) {
-    // A pattern across the partial first and last pages of A's region.
-    let n = a.buf.len() - 5;
-    for (i, x) in a.buf[5..].iter_mut().enumerate() {
-        *x = (i * 7 + 1) as u8;
-    }
-    let wr = SendWr::new(
-        1,
-        SendOp::Write {
-            remote_addr: b.keys.addr,
-            rkey: b.keys.rkey,
-        },
-        [sge(a, 0, n as u32)],
-    );
-    a.qp.post_send(&wr).unwrap();
-    let wc = wait_wc(&a.ctx, a.cq);
-    assert_eq!(wc.status, WcStatus::Success);
-    assert_eq!(&b.buf[5..], &a.buf[5..], "the WRITE landed in B's memory");
-    // A SEND into a posted receive.
-    b.qp.post_recv(&RecvWr {
-        wr_id: 9,
-        sg_list: [sge(b, 100, 64)].into(),
-    })
-    .unwrap();
-    a.qp.post_send(&SendWr::new(2, SendOp::Send, [sge(a, 1000, 64)]))
-        .unwrap();
-    assert_eq!(wait_wc(&a.ctx, a.cq).status, WcStatus::Success);
-    let wc = wait_wc(&b.ctx, b.cq);
-    assert_eq!(
-        (wc.wr_id, wc.status, wc.byte_len),
-        (9, WcStatus::Success, 64)
-    );
-    assert_eq!(&b.buf[105..169], &a.buf[1005..1069]);
-}
+use common::*;
 
 #[test]
 fn two_applications_share_one_device_and_address() {
@@ -261,30 +83,6 @@ fn the_single_copy_fallback_carries_data_too() {
     write_and_send(&mut a, &mut b);
     let clients = d.clients(&a.ctx);
     assert!(clients.iter().all(|c| c.mrs.iter().all(|m| !m.2)));
-}
-
-/// A raw protocol client: hello done, the socket for forged requests.
-fn raw_client(socket: &Path) -> OwnedFd {
-    let s = p::connect(socket).unwrap();
-    // SAFETY: plain eventfd call.
-    let efd = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
-    let hello = Request::Hello {
-        version: p::VERSION,
-        layout: p::layout(),
-    };
-    p::send(s.as_fd(), &p::encode(&hello), &[efd.as_fd()]).unwrap();
-    let (m, _) = p::recv(s.as_fd()).unwrap().unwrap();
-    assert!(matches!(
-        p::decode::<Reply>(&m).unwrap(),
-        Reply::Hello { .. }
-    ));
-    s
-}
-
-fn ask(s: &OwnedFd, msg: &[u8]) -> Reply {
-    p::send(s.as_fd(), msg, &[]).unwrap();
-    let (m, _) = p::recv(s.as_fd()).unwrap().expect("a reply, not a hang-up");
-    p::decode::<Reply>(&m).unwrap()
 }
 
 #[test]
@@ -496,10 +294,6 @@ fn spawn_child(socket: &Path) -> (Child, u32) {
             return (c, id.trim().parse().unwrap());
         }
     }
-}
-
-fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
 #[test]

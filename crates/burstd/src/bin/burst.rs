@@ -160,7 +160,7 @@ fn run(a: Args) -> Result<(), String> {
                 println!("client {} pid {} uid {} {}", c.id, c.pid, c.uid, c.comm);
                 println!("  pd   {:?}", c.pds);
                 for (k, len, zc) in &c.mrs {
-                    let how = if *zc { "zero-copy" } else { "process_vm" };
+                    let how = if *zc { "zero-copy" } else { "single-copy" };
                     println!("  mr   key {k:#010x} {len} bytes {how}");
                 }
                 println!("  cq   {:?}", c.cqs);
@@ -169,6 +169,15 @@ fn run(a: Args) -> Result<(), String> {
                 }
                 if !c.srqs.is_empty() {
                     println!("  srq  {:?}", c.srqs);
+                }
+                // Usage against burstd's per-client limits.
+                let used: Vec<String> = c
+                    .usage
+                    .iter()
+                    .map(|(name, used, limit)| format!("{name} {used}/{limit}"))
+                    .collect();
+                if !used.is_empty() {
+                    println!("  limits {}", used.join(", "));
                 }
             }
         }
