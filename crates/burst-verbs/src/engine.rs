@@ -1391,13 +1391,16 @@ impl Drop for Engine {
 /// entry, counted. Destroyed with its last reference or with its client.
 #[derive(Debug, Default)]
 struct AhTable {
-    /// (owner, dgid, sgid index) -> (index, references).
-    by_dest: HashMap<(u32, [u8; 16], Option<u8>), (u32, u32)>,
-    /// index -> (owner, dgid, sgid index).
-    by_index: HashMap<u32, (u32, [u8; 16], Option<u8>)>,
+    /// Destination -> (index, references).
+    by_dest: HashMap<AhKey, (u32, u32)>,
+    /// index -> destination.
+    by_index: HashMap<u32, AhKey>,
     free: Vec<u32>,
     next: u32,
 }
+
+/// Who holds an AH and where it goes: (owner, dgid, sgid index).
+type AhKey = (u32, [u8; 16], Option<u8>);
 
 impl AhTable {
     fn take_index(&mut self) -> u32 {
