@@ -52,6 +52,33 @@ impl Daemon {
         }
     }
 
+    /// [`Daemon::start`] with burstd's log (warnings and up) in `log`.
+    pub fn start_logged(addr: &str, extra: &[&str], log: &Path) -> Daemon {
+        let socket =
+            std::env::temp_dir().join(format!("burstd-test-{}-{addr}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_burstd"))
+            .args(["--addr", addr, "--socket"])
+            .arg(&socket)
+            .args(extra)
+            .env_remove("BURST_CONFIG")
+            .env("BURST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .env("HOME", "/nonexistent")
+            .stderr(std::fs::File::create(log).expect("log file"))
+            .spawn()
+            .expect("burstd starts");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "burstd did not create its socket"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon { child, socket }
+    }
+
     pub fn connect(&self) -> Context {
         Context::connect(&self.socket).expect("client connects")
     }
