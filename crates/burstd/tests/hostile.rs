@@ -238,10 +238,8 @@ fn single_copy_registration_reaches_only_the_descriptors_address_space() {
     let secret = aligned(4096, 0x5a);
     let mut sv = [0 as libc::c_int; 2];
     // SAFETY: a live array of two.
-    assert_eq!(
-        unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) },
-        0
-    );
+    let rc = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) };
+    assert_eq!(rc, 0);
     // SAFETY: fresh descriptors.
     let (mine, theirs) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
     // SAFETY: the child only opens a file, sends it and exits.
