@@ -257,7 +257,8 @@ pub struct ClientInfo {
     pub qps: Vec<(u32, String)>,
     /// Shared receive queues.
     pub srqs: Vec<u32>,
-    /// Usage against the daemon's per-client limits: (limit, used, allowed).
+    /// Its user's usage (all its clients) against the daemon's limits:
+    /// (limit, used, allowed).
     #[serde(default)]
     pub usage: Vec<(String, u64, u64)>,
 }

@@ -48,8 +48,6 @@ pub struct Client {
     /// Completion channels, by the handle given to the client.
     channels: Mutex<HashMap<u32, Arc<CompChannel>>>,
     next_channel: AtomicU32,
-    /// What it holds, against the daemon's limits.
-    usage: Mutex<limits::Usage>,
     /// Requests refused (bad input, limits): logged at the 1st, 2nd, 4th...
     refusals: std::sync::atomic::AtomicU64,
 }
@@ -84,8 +82,12 @@ pub struct Daemon {
     router: Option<Arc<cm::Router>>,
     /// Set when `serve` returns: the router's thread ends.
     stopping: Arc<std::sync::atomic::AtomicBool>,
-    /// What each client may hold.
+    /// What each user's clients may hold together.
     limits: limits::Limits,
+    /// The daemon's own budget across users.
+    budget: limits::Limits,
+    /// What each user holds (by uid), and all of them.
+    usage: Mutex<(HashMap<u32, limits::Usage>, limits::Usage)>,
     /// Connections open per uid (before hello too).
     connections: Mutex<HashMap<u32, u32>>,
     /// Failures to accept or to start a client's thread (descriptors or
@@ -186,6 +188,8 @@ impl Daemon {
             router,
             stopping: Arc::default(),
             limits,
+            budget: limits::daemon_budget(),
+            usage: Mutex::default(),
             connections: Mutex::default(),
             accept_failures: Default::default(),
         })
@@ -394,6 +398,16 @@ impl Daemon {
             r.detach(id);
         }
         let gone = client.ctx.destroy_owned();
+        {
+            let mut u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(mine) = u.0.get_mut(&uid) {
+                mine.forget(id);
+                if mine.is_empty() {
+                    u.0.remove(&uid);
+                }
+            }
+            u.1.forget(id);
+        }
         tracing::info!(
             client = id,
             pid,
@@ -477,7 +491,6 @@ impl Daemon {
             ctx,
             channels: Mutex::default(),
             next_channel: AtomicU32::new(1),
-            usage: Mutex::default(),
             refusals: Default::default(),
         });
         Ok((c, handout))
@@ -519,9 +532,20 @@ impl Daemon {
     fn handle(&self, c: &Client, req: Request, fds: Vec<OwnedFd>) -> Answer {
         let charge = charge_of(&req, fds.len());
         if let Some((kind, cost)) = charge {
-            let usage = c.usage.lock().unwrap_or_else(|e| e.into_inner());
-            if let Err(r) = usage.admit(&self.limits, kind, cost) {
-                drop(usage);
+            let admitted = {
+                let mut u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+                let mine =
+                    u.0.entry(c.uid)
+                        .or_default()
+                        .admit(&self.limits, kind, cost);
+                mine.and_then(|()| {
+                    u.1.admit(&self.budget, kind, cost).map_err(|mut r| {
+                        r.message = format!("burstd's own budget: {}", r.message);
+                        r
+                    })
+                })
+            };
+            if let Err(r) = admitted {
                 c.refused(kind.name(), &r.message);
                 return (Reply::error(r.errno, r.message), Vec::new());
             }
@@ -535,31 +559,27 @@ impl Daemon {
             _ => None,
         };
         let (reply, out) = self.dispatch(c, req, fds);
-        let mut usage = c.usage.lock().unwrap_or_else(|e| e.into_inner());
-        match (&reply, charge) {
+        let id = c.ctx.owner();
+        let created = match (&reply, charge) {
             (Reply::Error { errno, message, .. }, _) => {
-                drop(usage);
                 if *errno != libc::EBUSY {
                     c.refused("request", message);
                 }
+                None
             }
-            (Reply::Done, Some((kind, cost))) => {
-                if let Some(sid) = listen {
-                    usage.add(kind, sid, cost);
-                }
-            }
-            (r, Some((kind, cost))) => {
-                if let Some(h) = created_handle(r) {
-                    usage.add(kind, h, cost);
-                }
-            }
-            (Reply::Done, None) => {
-                if let Some((kind, h)) = release {
-                    usage.remove(kind, h);
-                }
-            }
-            _ => {}
+            (Reply::Done, Some((kind, cost))) => listen.map(|sid| (kind, sid, cost)),
+            (r, Some((kind, cost))) => created_handle(r).map(|h| (kind, h, cost)),
+            _ => None,
+        };
+        let mut u = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((kind, h, cost)) = created {
+            u.0.entry(c.uid).or_default().add(id, kind, h, cost);
+            u.1.add(id, kind, h, cost);
+        } else if let (Reply::Done, Some((kind, h))) = (&reply, release) {
+            u.0.entry(c.uid).or_default().remove(id, kind, h);
+            u.1.remove(id, kind, h);
         }
+        drop(u);
         (reply, out)
     }
 
@@ -884,7 +904,14 @@ impl Daemon {
 
     /// The clients a user may see: all of them for root, else its own.
     fn clients_for(&self, uid: u32) -> Vec<ClientInfo> {
-        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let clients: Vec<(u32, Arc<Client>)> = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, c)| (*id, Arc::clone(c)))
+            .collect();
+        let usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         let mut v: Vec<ClientInfo> = clients
             .iter()
             .filter(|(_, c)| uid == 0 || c.uid == uid)
@@ -910,11 +937,11 @@ impl Daemon {
                         })
                         .collect(),
                     srqs: o.srqs.iter().map(|s| s.0).collect(),
-                    usage: c
-                        .usage
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .report(&self.limits),
+                    usage: usage
+                        .0
+                        .get(&c.uid)
+                        .map(|u| u.report(&self.limits))
+                        .unwrap_or_default(),
                 }
             })
             .collect();

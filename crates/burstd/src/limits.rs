@@ -1,6 +1,9 @@
-//! What one client may hold: per-client limits on every kind of object and
-//! on the memory and descriptors they cost the daemon, and the usage
-//! counted against them. A request past a limit is refused with the errno
+//! What clients may hold: limits on every kind of object and on the
+//! memory and descriptors they cost the daemon, and the usage counted
+//! against them. The limits apply to all the clients of one user together
+//! (connecting again does not multiply them), and the daemon keeps a
+//! budget of its own across users (half of `vm.max_map_count`, a share of
+//! the address space). A request past a limit is refused with the errno
 //! rdma-core's providers give when a device runs out (ENOMEM; EAGAIN for
 //! connections) and a log line naming the limit; nothing else changes.
 //!
@@ -9,9 +12,9 @@
 //! let lim = Limits { qps: 1, ..Limits::default() };
 //! let mut u = Usage::default();
 //! u.admit(&lim, Kind::Qp, Cost::wqes(256)).unwrap();
-//! u.add(Kind::Qp, 0x12, Cost::wqes(256));
+//! u.add(7, Kind::Qp, 0x12, Cost::wqes(256));
 //! assert!(u.admit(&lim, Kind::Qp, Cost::wqes(256)).is_err());
-//! u.remove(Kind::Qp, 0x12);
+//! u.remove(7, Kind::Qp, 0x12);
 //! assert!(u.admit(&lim, Kind::Qp, Cost::wqes(256)).is_ok());
 //! ```
 
@@ -19,7 +22,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-/// Per-client limits (the `[burstd.limits]` table).
+/// Limits per user, all its clients together (the `[burstd.limits]` table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
@@ -76,6 +79,32 @@ impl Default for Limits {
             cq_entries: 1 << 21,
             wqes: 1 << 20,
         }
+    }
+}
+
+/// The daemon's own budget across users: half of `vm.max_map_count` for
+/// mappings (the rest for its own allocations, which abort when none are
+/// left), 16 TiB of registered memory (an eighth of the address space).
+pub fn daemon_budget() -> Limits {
+    let max_map = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(65530);
+    Limits {
+        connections_per_uid: u32::MAX,
+        pds: u32::MAX,
+        mrs: u32::MAX,
+        mws: u32::MAX,
+        cqs: u32::MAX,
+        qps: u32::MAX,
+        srqs: u32::MAX,
+        ahs: u32::MAX,
+        channels: u32::MAX,
+        listens: u32::MAX,
+        registered_bytes: 16 << 40,
+        mappings: max_map / 2,
+        cq_entries: u64::MAX,
+        wqes: u64::MAX,
     }
 }
 
@@ -199,13 +228,14 @@ pub struct Refused {
     pub message: String,
 }
 
-/// One client's usage.
+/// What a set of clients (one user's; or all, for the daemon's budget) holds.
 #[derive(Debug, Default)]
 pub struct Usage {
     counts: HashMap<Kind, u64>,
     total: Cost,
-    /// Each object's cost, by kind and handle, to give back on destroy.
-    held: HashMap<(Kind, u64), Cost>,
+    /// Each object's cost, by client, kind and handle, to give back on
+    /// destroy (handles of some kinds are numbered per client).
+    held: HashMap<(u32, Kind, u64), Cost>,
 }
 
 fn over(what: &str, used: u64, asked: u64, limit: u64) -> Result<(), Refused> {
@@ -242,9 +272,9 @@ impl Usage {
         over("wqes", self.total.wqes, c.wqes, l.wqes)
     }
 
-    /// Counts object `handle` of `kind`.
-    pub fn add(&mut self, kind: Kind, handle: u64, c: Cost) {
-        if self.held.insert((kind, handle), c).is_some() {
+    /// Counts client `client`'s object `handle` of `kind`.
+    pub fn add(&mut self, client: u32, kind: Kind, handle: u64, c: Cost) {
+        if self.held.insert((client, kind, handle), c).is_some() {
             // The same handle twice (a listen repeated): counted once.
             return;
         }
@@ -255,9 +285,9 @@ impl Usage {
         self.total.wqes += c.wqes;
     }
 
-    /// Gives back object `handle` of `kind` (destroyed).
-    pub fn remove(&mut self, kind: Kind, handle: u64) {
-        let Some(c) = self.held.remove(&(kind, handle)) else {
+    /// Gives back client `client`'s object `handle` of `kind` (destroyed).
+    pub fn remove(&mut self, client: u32, kind: Kind, handle: u64) {
+        let Some(c) = self.held.remove(&(client, kind, handle)) else {
             return;
         };
         if let Some(n) = self.counts.get_mut(&kind) {
@@ -267,6 +297,24 @@ impl Usage {
         self.total.mappings = self.total.mappings.saturating_sub(c.mappings);
         self.total.cq_entries = self.total.cq_entries.saturating_sub(c.cq_entries);
         self.total.wqes = self.total.wqes.saturating_sub(c.wqes);
+    }
+
+    /// Gives back everything client `client` held (it is gone).
+    pub fn forget(&mut self, client: u32) {
+        let mine: Vec<(u32, Kind, u64)> = self
+            .held
+            .keys()
+            .filter(|k| k.0 == client)
+            .copied()
+            .collect();
+        for (c, k, h) in mine {
+            self.remove(c, k, h);
+        }
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
     }
 
     /// `(name, used, limit)` of every limit, as `burst clients` shows them.
@@ -305,16 +353,26 @@ mod tests {
             ..Limits::default()
         };
         let mut u = Usage::default();
-        u.add(Kind::Cq, 1, Cost::cq(64));
+        u.add(1, Kind::Cq, 1, Cost::cq(64));
         let e = u.admit(&l, Kind::Cq, Cost::cq(64)).unwrap_err();
         assert_eq!(e.errno, libc::ENOMEM);
         assert!(e.message.contains("cq_entries"), "{}", e.message);
         let e = u.admit(&l, Kind::Mr, Cost::mr(8192, 1)).unwrap_err();
         assert!(e.message.contains("registered_bytes"), "{}", e.message);
-        u.remove(Kind::Cq, 1);
+        u.remove(1, Kind::Cq, 1);
         u.admit(&l, Kind::Cq, Cost::cq(100)).unwrap();
         // Removing what was never added, or twice, changes nothing.
-        u.remove(Kind::Cq, 1);
+        u.remove(1, Kind::Cq, 1);
         assert!(u.report(&l).iter().all(|(_, used, _)| *used == 0));
+        // A client's handles are its own; forgetting it frees them all.
+        u.add(1, Kind::Channel, 1, Cost::none());
+        u.add(2, Kind::Channel, 1, Cost::none());
+        u.forget(1);
+        assert_eq!(
+            u.report(&l)[7],
+            ("channels".into(), 1, u64::from(l.channels))
+        );
+        u.forget(2);
+        assert!(u.is_empty());
     }
 }

@@ -46,6 +46,16 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// The daemon's mappings of shared memory (rings, CQs, registered pages:
+/// memfds); thread stacks glibc keeps for reuse are not clients' costs.
+fn map_count(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("memfd:"))
+        .count()
+}
+
 fn wait_fds(pid: u32, baseline: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while fd_count(pid) > baseline {
@@ -306,8 +316,8 @@ fn single_copy_registration_reaches_only_the_descriptors_address_space() {
     );
 }
 
-/// Findings 5 and 6: limits refuse with ENOMEM and name themselves; a
-/// user's connections are bounded (EAGAIN); address handles are shared
+/// Findings 5 and 6: a user's limits refuse with ENOMEM and name
+/// themselves; its connections are bounded (EAGAIN); address handles are shared
 /// per destination and reclaimed; a flood of bad messages costs a few log
 /// lines; after all of it burstd's descriptors are back to the baseline
 /// and a new client is served.
@@ -316,13 +326,14 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
     let cfg = std::env::temp_dir().join(format!("burstd-limits-{}.toml", std::process::id()));
     std::fs::write(
         &cfg,
-        "[burstd.limits]\nqps = 2\ncqs = 3\ncq_entries = 4096\nconnections_per_uid = 8\nahs = 4\nmrs = 4\n",
+        "[burstd.limits]\nqps = 4\ncqs = 5\ncq_entries = 4096\nconnections_per_uid = 8\nahs = 6\nmrs = 4\n",
     )
     .unwrap();
     let log = std::env::temp_dir().join(format!("burstd-limits-{}.log", std::process::id()));
     let d = Daemon::start_logged("127.0.85.1", &["--config", cfg.to_str().unwrap()], &log);
     let (mut a, mut b) = good_pair(&d);
     let baseline = fd_count(d.child.id());
+    let (maps0, rss0) = (map_count(d.child.id()), rss_kib(d.child.id()));
     let evil = d.connect();
     // Objects past a limit: ENOMEM, the message names it.
     let pd = evil.try_alloc_pd().unwrap();
@@ -361,7 +372,7 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
     assert_eq!(
         gids.iter().filter(|ok| **ok).count(),
         3,
-        "ahs = 4 (one in use)"
+        "ahs = 6: the good pair holds one each (its path to the other), this client one"
     );
     let me = d
         .clients(&a.ctx)
@@ -369,7 +380,9 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
         .find(|c| Some(c.id) == evil.client_id())
         .unwrap();
     let used = |name: &str| me.usage.iter().find(|u| u.0 == name).unwrap().1;
-    assert_eq!((used("qps"), used("ahs"), used("cqs")), (2, 4, 1));
+    // The limits are the user's, all its clients together (the good pair
+    // is the same user here): connecting again does not multiply them.
+    assert_eq!((used("qps"), used("ahs"), used("cqs")), (4, 6, 3));
     // Connections of one user past its limit: refused, the daemon goes on.
     let mut held = Vec::new();
     for _ in 0..16 {
@@ -397,8 +410,25 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
         assert!(matches!(r, Reply::Error { .. }));
     }
     drop(raw);
+    // Registrations too: zero-copy ones are mappings of the daemon.
+    let pd2 = evil.try_alloc_pd().unwrap();
+    for _ in 0..2 {
+        let buf = aligned(4 * 4096, 3);
+        // SAFETY: leaked buffer.
+        unsafe { evil.reg_mr(pd2, buf.as_mut_ptr(), buf.len(), Access(1)) }.unwrap();
+    }
     drop(evil);
     wait_fds(d.child.id(), baseline);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while map_count(d.child.id()) > maps0 {
+        assert!(
+            Instant::now() < deadline,
+            "burstd's mappings stayed above the baseline"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let grown = rss_kib(d.child.id()).saturating_sub(rss0);
+    assert!(grown < 16 * 1024, "burstd's RSS grew by {grown} KiB");
     write_and_send(&mut a, &mut b);
     // A new client is served.
     let (mut c, mut e) = good_pair(&d);
