@@ -9,8 +9,9 @@
 //! maps the same memfd: zero copies from then on, no kernel module. Where
 //! that is impossible (file-backed or hugetlb mappings, the stack, a range
 //! that straddles an earlier registration's pages) or disabled
-//! (`BURST_MR=copy`), the daemon reaches the memory with
-//! `process_vm_readv`/`process_vm_writev` (one copy per access).
+//! (`BURST_MR=copy`), the daemon reaches the memory through a descriptor
+//! of this process's `/proc/self/mem` sent with the registration (one copy
+//! per access; the descriptor names this address space, never a pid).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,7 +102,7 @@ fn prune(areas: &mut Vec<Area>, maps: &[Mapping]) {
 pub enum MrMode {
     /// Pages remapped onto a memfd the daemon maps (zero copy).
     Remap,
-    /// `process_vm_readv`/`writev` by the daemon (one copy).
+    /// Copied by the daemon through this process's `/proc/self/mem` (one copy).
     Copy,
 }
 

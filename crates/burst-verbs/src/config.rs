@@ -16,7 +16,7 @@
 //! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path), `dpdk` (a DPDK port burst owns; feature `dpdk`; the address need not be the host's) |
 //! | `BURST_THREADS` | engine threads per device (default 1): each owns its own port queue and the QPs placed on it (UDP and DPDK ports) |
 //! | `BURST_DAEMON` | burstd's control socket (e.g. `/run/burst/burstd.sock`): daemon mode, the device is burstd's; unset, the application embeds its own engine |
-//! | `BURST_MR` | daemon mode: `copy` makes burstd reach registered memory with `process_vm_readv`/`writev` instead of remapping it onto a shared memfd |
+//! | `BURST_MR` | daemon mode: `copy` makes burstd reach registered memory through the application's `/proc/self/mem` descriptor instead of remapping it onto a shared memfd |
 //! | `BURST_COPY` | what moves payload: `cpu` (default: the CPU, the payload's CRC taken while it is gathered), `cpu-plain` (memcpy, then a separate ICRC pass), `dsa` (an Intel DSA work queue found under `/dev/dsa`), `dsa-model` (burst-dsa's software model of a DSA on a thread of its own: the offload path without the hardware), `dmadev` (a DPDK DMA device named in `BURST_DPDK`'s `dma=NAME`; feature `dpdk`) |
 //! | `BURST_COPY_MIN` | with an offload backend, copies smaller than this many bytes stay on the CPU (default 4096) |
 //! | `BURST_DSA_MODEL_FAULT_EVERY` | with `dsa-model`: every n-th descriptor faults halfway and the CPU finishes it (tests of the fault path) |

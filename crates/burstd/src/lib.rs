@@ -10,9 +10,13 @@
 //!   use RDMA;
 //! - **data path**: the engine's own rings, in memfds the client maps, and
 //!   a doorbell queue per client the engine reads; an idle engine sleeps
-//!   on an eventfd clients signal only when it sleeps;
+//!   on pipes (one per client and lane) clients signal only when it sleeps;
 //! - **memory**: registered pages moved onto a memfd by the client library
-//!   and mapped here (zero copy), or reached with `process_vm_readv`/`writev`;
+//!   and mapped here (zero copy), or reached through the client's own
+//!   `/proc/self/mem` descriptor (never by pid);
+//! - **limits**: what each user's clients may hold ([`limits`]), bounded
+//!   connections per user, rate-limited logs of bad input; the daemon
+//!   keeps only the capabilities its open port uses ([`privilege`]);
 //! - **isolation**: every handle and key a client names is checked against
 //!   what it created (the engine's per-client [`burst_verbs::engine::Context`]);
 //! - **cleanup**: a client that exits or dies (its socket hangs up) has
