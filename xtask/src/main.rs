@@ -560,6 +560,11 @@ fn test(args: &[String]) -> ExitCode {
                 ("burst-wire", "parse", "fuzz (burst-wire parse)"),
                 ("burst-verbs", "rx", "fuzz (burst-verbs receive path)"),
                 ("burstd", "control", "fuzz (burstd control protocol)"),
+                (
+                    "burstd",
+                    "segments",
+                    "fuzz (burstd shared segments under a hostile client)",
+                ),
             ] {
                 let mut c = Command::new("cargo");
                 c.current_dir(root.join("crates").join(krate))

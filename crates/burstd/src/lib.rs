@@ -57,6 +57,19 @@ pub struct Client {
 }
 
 impl Client {
+    /// The segment this client maps (its async-event ring, then its
+    /// doorbells; where they sit: [`Client::layout`]). What the client
+    /// writes there is input the engine must survive: the `segments`
+    /// fuzz target scribbles on it.
+    pub fn segment(&self) -> &Segment {
+        self.link.segment()
+    }
+
+    /// Where things sit in [`Client::segment`].
+    pub fn layout(&self) -> burst_verbs::engine::ClientLayout {
+        self.link.layout
+    }
+
     /// Logs a refusal of this client's input or request, rate-limited (a
     /// line at the 1st, 2nd, 4th, 8th... refusal: a client flooding bad
     /// requests costs a log line per doubling) and counted.
