@@ -383,6 +383,12 @@ pub(crate) unsafe extern "C" fn destroy_comp_channel(channel: *mut ibv_comp_chan
     if !ch.cqs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
         return libc::EBUSY;
     }
+    // burstd lets go of its end (and of the channel's count in its limits).
+    if let Some(c) = ctx_from(ch.raw.context) {
+        if let Err(e) = c.ctx.destroy_comp_channel(&ch.ch) {
+            tracing::debug!("ibv_destroy_comp_channel: {e}");
+        }
+    }
     // SAFETY: a channel of ours with no CQ left, freed once.
     unsafe { free(channel.cast::<Channel>()) };
     0

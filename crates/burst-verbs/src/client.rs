@@ -357,6 +357,11 @@ impl Remote {
         }
     }
 
+    pub(crate) fn destroy_channel(&self, id: u32) -> Result<(), PostError> {
+        self.call_ok(&Request::DestroyCompChannel { id }, &[])
+            .map(|_| ())
+    }
+
     pub(crate) fn destroy_ah(&self, ah: u32) -> Result<(), PostError> {
         self.call_ok(&Request::DestroyAh { ah }, &[]).map(|_| ())
     }

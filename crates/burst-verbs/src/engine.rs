@@ -2343,6 +2343,16 @@ impl Context {
         Ok(Arc::new(ch))
     }
 
+    /// `ibv_destroy_comp_channel` (no CQ may still use it: `Busy`). burstd
+    /// lets go of its write end; in embedded mode the channel goes with
+    /// its last `Arc`.
+    pub fn destroy_comp_channel(&self, ch: &CompChannel) -> Result<(), PostError> {
+        match &self.remote {
+            Some(r) => r.destroy_channel(ch.remote_id()),
+            None => Ok(()),
+        }
+    }
+
     /// A completion channel of a daemon client: the engine signals a pipe
     /// whose write end only it holds (non-blocking); the read end,
     /// returned, goes to the client. Nothing the client does to its end

@@ -173,6 +173,11 @@ pub enum Request {
         /// New limit (arms the limit event).
         limit: Option<u32>,
     },
+    /// `ibv_destroy_comp_channel`.
+    DestroyCompChannel {
+        /// The handle burstd gave it.
+        id: u32,
+    },
     /// `ibv_destroy_ah`.
     DestroyAh {
         /// Its index.

@@ -687,6 +687,20 @@ impl Daemon {
                     .insert(id, ch);
                 return (Reply::Channel { id }, vec![reader]);
             }
+            Request::DestroyCompChannel { id } => {
+                let mut chans = c.channels.lock().unwrap_or_else(|e| e.into_inner());
+                match chans.get(&id) {
+                    None => Reply::error(libc::EINVAL, "no such channel"),
+                    // A CQ still reports to it.
+                    Some(ch) if Arc::strong_count(ch) > 1 => {
+                        Reply::error(libc::EBUSY, "destroy_comp_channel: CQs still use it")
+                    }
+                    Some(_) => {
+                        chans.remove(&id);
+                        Reply::Done
+                    }
+                }
+            }
             Request::CreateCq { depth, channel } => {
                 let ch = match channel {
                     None => None,
@@ -1044,6 +1058,7 @@ fn release_of(req: &Request) -> Option<(limits::Kind, u64)> {
         Request::DestroyQp { qpn } => (Kind::Qp, u64::from(*qpn)),
         Request::DestroySrq { srq } => (Kind::Srq, u64::from(*srq)),
         Request::DestroyAh { ah } => (Kind::Ah, u64::from(*ah)),
+        Request::DestroyCompChannel { id } => (Kind::Channel, u64::from(*id)),
         Request::CmListen {
             service_id,
             listen: false,

@@ -326,7 +326,7 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
     let cfg = std::env::temp_dir().join(format!("burstd-limits-{}.toml", std::process::id()));
     std::fs::write(
         &cfg,
-        "[burstd.limits]\nqps = 4\ncqs = 5\ncq_entries = 4096\nconnections_per_uid = 8\nahs = 6\nmrs = 4\n",
+        "[burstd.limits]\nqps = 4\ncqs = 5\ncq_entries = 4096\nconnections_per_uid = 8\nahs = 6\nmrs = 4\nchannels = 4\n",
     )
     .unwrap();
     let log = std::env::temp_dir().join(format!("burstd-limits-{}.log", std::process::id()));
@@ -359,6 +359,14 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
     assert!(evil
         .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
         .is_err());
+    // Channels go back to the budget when destroyed.
+    for _ in 0..50 {
+        let ch = evil.create_comp_channel().unwrap();
+        evil.destroy_comp_channel(&ch).unwrap();
+    }
+    let kept: Vec<_> = (0..6).map(|_| evil.create_comp_channel()).collect();
+    assert_eq!(kept.iter().filter(|c| c.is_ok()).count(), 4, "channels = 4");
+    drop(kept);
     // AHs: one entry per destination however often it is asked for.
     for _ in 0..100 {
         evil.create_ah(a.ctx.gid()).unwrap();
