@@ -47,6 +47,8 @@ const MULTICAST_QPN: u32 = 0xff_ffff;
 struct Ah {
     peer: SocketAddr,
     src: Option<IpAddr>,
+    /// The daemon client that created it (0: the engine's own process).
+    owner: u32,
 }
 
 /// The interface a device's GID table follows ([`Device::set_interface`]).
@@ -453,6 +455,7 @@ impl<P: Port> Device<P> {
     pub fn create_ah(
         &mut self,
         index: u32,
+        owner: u32,
         gid: [u8; 16],
         sgid_index: Option<u8>,
     ) -> Result<u32, VerbsError> {
@@ -486,8 +489,14 @@ impl<P: Port> Device<P> {
         if self.ahs.len() <= i {
             self.ahs.resize(i + 1, None);
         }
-        self.ahs[i] = Some(Ah { peer, src });
+        self.ahs[i] = Some(Ah { peer, src, owner });
         Ok(index)
+    }
+
+    /// Who created address handle `index` (`None`: no such handle): a
+    /// daemon client's work requests may only name its own.
+    pub fn ah_owner(&self, index: u32) -> Option<u32> {
+        self.ahs.get(index as usize)?.map(|a| a.owner)
     }
 
     /// Destroys address handle `index` (its number may be given again).
@@ -1081,7 +1090,7 @@ impl<P: Port> Device<P> {
                 let mut n = start;
                 while n < tx.len() {
                     let Some(t) = q.poll_transmit(now) else { break };
-                    let Some(Some(Ah { peer, src })) = ahs.get(t.ah as usize).copied() else {
+                    let Some(Some(Ah { peer, src, .. })) = ahs.get(t.ah as usize).copied() else {
                         continue;
                     };
                     let len = t.ib.buffer_len();

@@ -737,6 +737,7 @@ pub(crate) enum Control {
     },
     CreateAh {
         index: u32,
+        owner: u32,
         gid: [u8; 16],
         sgid_index: Option<u8>,
         reply: Sender<Result<u32, VerbsError>>,
@@ -1562,11 +1563,12 @@ fn control(dev: &mut Device, c: Control) -> Option<Qpn> {
         }
         Control::CreateAh {
             index,
+            owner,
             gid,
             sgid_index,
             reply,
         } => {
-            let _ = reply.send(dev.create_ah(index, gid, sgid_index));
+            let _ = reply.send(dev.create_ah(index, owner, gid, sgid_index));
         }
         Control::DestroyAh { index, reply } => {
             dev.destroy_ah(index);
@@ -1773,7 +1775,10 @@ impl Core {
             budget -= 1;
             busy = true;
             let (id, op) = (w.wr_id, w.op.wc_opcode());
-            if (foreign && r.cfg.check_send(&w).is_err())
+            // A client's UD request may only name its own address handles.
+            let others_ah = foreign && w.ud.is_some_and(|d| dev.ah_owner(d.ah) != Some(r.owner));
+            if others_ah
+                || (foreign && r.cfg.check_send(&w).is_err())
                 || dev.post_send_checked(r.qpn, w).is_err()
             {
                 r.refused.0.fetch_add(1, Ordering::Relaxed);
@@ -2942,6 +2947,7 @@ impl Context {
             return self
                 .call(|reply| Control::CreateAh {
                     index: 0,
+                    owner: 0,
                     gid,
                     sgid_index,
                     reply,
@@ -2962,6 +2968,7 @@ impl Context {
         let made = (0..self.control.len()).try_for_each(|lane| {
             self.call_on(lane, |reply| Control::CreateAh {
                 index,
+                owner: self.owner,
                 gid,
                 sgid_index,
                 reply,
@@ -3071,6 +3078,9 @@ impl Context {
     pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr) -> Result<Result<(), VerbsError>, PostError> {
         let ring = self.ring(qpn)?;
         let attr = *attr;
+        if let Err(e) = self.check_ah(&attr) {
+            return Ok(Err(e));
+        }
         let r = self.call_on(self.lane_of(qpn), |reply| Control::ModifyQp {
             qpn,
             attr,
@@ -3080,6 +3090,19 @@ impl Context {
             ring.words.set_state(s);
         }
         Ok(r)
+    }
+
+    /// A QP takes only an address handle its owner created (a daemon
+    /// client cannot point its QP at another client's AH).
+    fn check_ah(&self, attr: &QpAttr) -> Result<(), VerbsError> {
+        let (Some(ah), None) = (attr.ah, &self.remote) else {
+            return Ok(());
+        };
+        let t = self.shared.ahs.lock().unwrap_or_else(|e| e.into_inner());
+        match t.by_index.get(&ah) {
+            Some(k) if k.0 == self.owner => Ok(()),
+            _ => Err(VerbsError::InvalidValue("ah")),
+        }
     }
 
     /// Several `ibv_modify_qp` transitions of `qpn` in one trip to the
@@ -3099,6 +3122,13 @@ impl Context {
                 }
             }
             return Ok(Ok(()));
+        }
+        if let Some((i, e)) = attrs
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| self.check_ah(a).err().map(|e| (i, e)))
+        {
+            return Ok(Err((i, e)));
         }
         let steps = attrs.to_vec();
         let r = self.call_on(self.lane_of(qpn), |reply| Control::ModifyQpSteps {

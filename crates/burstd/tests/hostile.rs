@@ -233,6 +233,20 @@ fn another_clients_lkey_reaches_nothing() {
     qp.post_send(&wr).unwrap();
     let wc = wait_wc(&evil, cq);
     assert_eq!(wc.status, WcStatus::LocProtErr);
+    // Nor does another client's address handle: the request is refused.
+    let theirs = a.ctx.create_ah(b.ctx.gid()).unwrap();
+    assert_ne!(theirs, ah);
+    let mut wr2 = wr;
+    wr2.wr_id = 2;
+    wr2.ud = Some(UdDest {
+        remote_qpn: burst_verbs::Qpn::new(0x999).unwrap(),
+        remote_qkey: 0x11,
+        ah: theirs,
+    });
+    wr2.sg_list = [].into();
+    qp.post_send(&wr2).unwrap();
+    let wc = wait_wc(&evil, cq);
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::LocQpOpErr));
     write_and_send(&mut a, &mut b);
 }
 
