@@ -20,7 +20,21 @@ use common::*;
 /// Runs `attack` on its own thread while the good pair `a`/`b` keeps
 /// doing data-checked WRITE + SEND rounds; returns the rounds done. Every
 /// round must complete (each completion wait is bounded in `wait_wc`).
+/// The rounds' times before and during the attack are printed (`--nocapture`),
+/// not asserted: timing belongs to benchmarks.
 fn good_pair_survives(a: &mut End, b: &mut End, attack: impl FnOnce() + Send + 'static) -> usize {
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let mut before: Vec<Duration> = (0..20)
+        .map(|_| {
+            let t = Instant::now();
+            write_and_send(a, b);
+            t.elapsed()
+        })
+        .collect();
+    let mut during = Vec::new();
     let done = Arc::new(AtomicBool::new(false));
     let d2 = Arc::clone(&done);
     let t = std::thread::spawn(move || {
@@ -30,11 +44,19 @@ fn good_pair_survives(a: &mut End, b: &mut End, attack: impl FnOnce() + Send + '
     let mut rounds = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !done.load(Ordering::Acquire) || rounds < 20 {
+        let t = Instant::now();
         write_and_send(a, b);
+        during.push(t.elapsed());
         rounds += 1;
         assert!(Instant::now() < deadline, "the attack did not end");
     }
     t.join().expect("the attack thread");
+    let worst = *during.iter().max().unwrap();
+    eprintln!(
+        "good pair: WRITE+SEND round median {:?} before, {:?} during the attack ({rounds} rounds, worst {worst:?})",
+        median(&mut before),
+        median(&mut during)
+    );
     rounds
 }
 
