@@ -60,6 +60,18 @@ fn good_pair_survives(a: &mut End, b: &mut End, attack: impl FnOnce() + Send + '
     rounds
 }
 
+/// A UD SEND of `sge` through `ah` to a QPN nobody has (it completes as
+/// it leaves).
+fn ud_send(wr_id: u64, sge: Sge, ah: u32) -> SendWr {
+    let mut wr = SendWr::new(wr_id, SendOp::Send, [sge]);
+    wr.ud = Some(UdDest {
+        remote_qpn: burst_verbs::Qpn::new(0x999).unwrap(),
+        remote_qkey: 0x11,
+        ah,
+    });
+    wr
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     s.lines()
@@ -145,13 +157,7 @@ fn a_full_cq_stalls_only_its_owner_and_stays_bounded() {
         let (mut ok, mut refused) = (0u64, 0u64);
         let until = Instant::now() + Duration::from_secs(3);
         while Instant::now() < until {
-            let mut wr = SendWr::new(ok, SendOp::Send, [sge]);
-            wr.ud = Some(UdDest {
-                remote_qpn: burst_verbs::Qpn::new(0x999).unwrap(),
-                remote_qkey: 0x11,
-                ah,
-            });
-            match qp.post_send(&wr) {
+            match qp.post_send(&ud_send(ok, sge, ah)) {
                 Ok(()) => ok += 1,
                 Err(_) => refused += 1,
             }
@@ -202,21 +208,12 @@ fn a_client_filling_its_channel_cannot_hang_the_lane() {
         // daemon cannot deliver.
         for i in 0..2000u64 {
             let _ = evil.req_notify_cq(cq);
-            let mut wr = SendWr::new(
-                i,
-                SendOp::Send,
-                [Sge {
-                    addr: k.addr,
-                    length: 64,
-                    lkey: k.lkey,
-                }],
-            );
-            wr.ud = Some(UdDest {
-                remote_qpn: burst_verbs::Qpn::new(0x999).unwrap(),
-                remote_qkey: 0x11,
-                ah,
-            });
-            if qp.post_send(&wr).is_err() {
+            let sge = Sge {
+                addr: k.addr,
+                length: 64,
+                lkey: k.lkey,
+            };
+            if qp.post_send(&ud_send(i, sge, ah)).is_err() {
                 while evil.poll_cq(cq).is_some() {}
             }
         }
@@ -238,35 +235,20 @@ fn another_clients_lkey_reaches_nothing() {
     let (mut a, mut b) = good_pair(&d);
     let evil = d.connect();
     let (qp, cq, _, ah) = ud_sender(&evil, 64);
-    let mut wr = SendWr::new(
-        1,
-        SendOp::Send,
-        [Sge {
-            addr: a.keys.addr,
-            length: 64,
-            lkey: a.keys.lkey,
-        }],
-    );
-    wr.ud = Some(UdDest {
-        remote_qpn: burst_verbs::Qpn::new(0x999).unwrap(),
-        remote_qkey: 0x11,
-        ah,
-    });
-    qp.post_send(&wr).unwrap();
+    let theirs_sge = Sge {
+        addr: a.keys.addr,
+        length: 64,
+        lkey: a.keys.lkey,
+    };
+    qp.post_send(&ud_send(1, theirs_sge, ah)).unwrap();
     let wc = wait_wc(&evil, cq);
     assert_eq!(wc.status, WcStatus::LocProtErr);
     // Nor does another client's address handle: the request is refused.
     let theirs = a.ctx.create_ah(b.ctx.gid()).unwrap();
     assert_ne!(theirs, ah);
-    let mut wr2 = wr;
-    wr2.wr_id = 2;
-    wr2.ud = Some(UdDest {
-        remote_qpn: burst_verbs::Qpn::new(0x999).unwrap(),
-        remote_qkey: 0x11,
-        ah: theirs,
-    });
-    wr2.sg_list = [].into();
-    qp.post_send(&wr2).unwrap();
+    let mut wr = ud_send(2, theirs_sge, theirs);
+    wr.sg_list = [].into();
+    qp.post_send(&wr).unwrap();
     let wc = wait_wc(&evil, cq);
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::LocQpOpErr));
     write_and_send(&mut a, &mut b);

@@ -28,16 +28,31 @@ impl Daemon {
     }
 
     pub fn start_at(addr: &str, socket: &Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn(addr, socket, extra, None)
+    }
+
+    /// [`Daemon::start`] with burstd's log (warnings and up) in `log`.
+    pub fn start_logged(addr: &str, extra: &[&str], log: &Path) -> Daemon {
+        let socket =
+            std::env::temp_dir().join(format!("burstd-test-{}-{addr}.sock", std::process::id()));
+        let log = std::fs::File::create(log).expect("log file");
+        Daemon::spawn(addr, &socket, extra, Some(log))
+    }
+
+    fn spawn(addr: &str, socket: &Path, extra: &[&str], log: Option<std::fs::File>) -> Daemon {
         let _ = std::fs::remove_file(socket);
-        let child = Command::new(env!("CARGO_BIN_EXE_burstd"))
-            .args(["--addr", addr, "--socket"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_burstd"));
+        cmd.args(["--addr", addr, "--socket"])
             .arg(socket)
             .args(extra)
             .env_remove("BURST_CONFIG")
             .env("BURST_LOG", "warn")
-            .env("HOME", "/nonexistent")
-            .spawn()
-            .expect("burstd starts");
+            .env("NO_COLOR", "1")
+            .env("HOME", "/nonexistent");
+        if let Some(f) = log {
+            cmd.stderr(f);
+        }
+        let child = cmd.spawn().expect("burstd starts");
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
             assert!(
@@ -50,33 +65,6 @@ impl Daemon {
             child,
             socket: socket.to_path_buf(),
         }
-    }
-
-    /// [`Daemon::start`] with burstd's log (warnings and up) in `log`.
-    pub fn start_logged(addr: &str, extra: &[&str], log: &Path) -> Daemon {
-        let socket =
-            std::env::temp_dir().join(format!("burstd-test-{}-{addr}.sock", std::process::id()));
-        let _ = std::fs::remove_file(&socket);
-        let child = Command::new(env!("CARGO_BIN_EXE_burstd"))
-            .args(["--addr", addr, "--socket"])
-            .arg(&socket)
-            .args(extra)
-            .env_remove("BURST_CONFIG")
-            .env("BURST_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .env("HOME", "/nonexistent")
-            .stderr(std::fs::File::create(log).expect("log file"))
-            .spawn()
-            .expect("burstd starts");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "burstd did not create its socket"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon { child, socket }
     }
 
     pub fn connect(&self) -> Context {
