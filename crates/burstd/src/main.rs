@@ -140,11 +140,13 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let listener = burstd::listen(&s.socket, s.socket_mode, s.socket_group.as_deref())?;
     // Port and socket are open: keep only what an open device uses, before
     // any thread starts (capabilities are per thread; later ones inherit).
-    match burstd::privilege::drop_privileges() {
+    match burstd::privilege::drop_privileges(s.user.as_deref()) {
         Ok(kept) => tracing::info!(
             ?kept,
             "privileges dropped (no_new_privs; capabilities kept)"
         ),
+        // Asked to become a user and could not: do not serve as root.
+        Err(e) if s.user.is_some() => return Err(format!("burstd: user {:?}: {e}", s.user).into()),
         Err(e) => tracing::warn!("could not drop privileges: {e}"),
     }
     let engine = Engine::with_ports(ports, o)?;

@@ -57,12 +57,24 @@ const CAP_LAST: u32 = 40;
 /// Drops every capability burstd does not need once its port and socket
 /// are open (call it before any other thread starts: capabilities are per
 /// thread) (effective, permitted, inheritable and bounding sets) and sets
-/// `no_new_privs`. Returns the capabilities kept (empty for a daemon run
-/// by an ordinary user, which has none to drop).
-pub fn drop_privileges() -> std::io::Result<Vec<u32>> {
+/// `no_new_privs`; with `user`, also becomes that user (its uid and
+/// primary gid, no supplementary groups), keeping the same capabilities.
+/// Returns the capabilities kept (empty for a daemon run by an ordinary
+/// user, which has none to drop).
+pub fn drop_privileges(user: Option<&str>) -> std::io::Result<Vec<u32>> {
+    let target = user
+        .map(|u| {
+            user_ids(u).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, format!("no user named {u}"))
+            })
+        })
+        .transpose()?;
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(std::io::Error::last_os_error());
+    }
+    if let Some((uid, gid)) = target {
+        become_user(uid, gid)?;
     }
     let (eff, perm) = capget()?;
     if eff == 0 && perm == 0 {
@@ -82,6 +94,35 @@ pub fn drop_privileges() -> std::io::Result<Vec<u32>> {
         .copied()
         .filter(|c| perm & (1 << c) != 0)
         .collect())
+}
+
+/// The uid and primary gid of user `name` (from /etc/passwd).
+fn user_ids(name: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 3 && f[0] == name).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    })
+}
+
+/// Becomes `uid`/`gid` with no supplementary groups, keeping the
+/// permitted capabilities across the change (PR_SET_KEEPCAPS; the caller
+/// then trims them and makes the kept ones effective again).
+fn become_user(uid: u32, gid: u32) -> std::io::Result<()> {
+    // SAFETY: plain system calls with integer arguments (setgroups with an
+    // empty list); each result is checked.
+    unsafe {
+        if libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0
+            || libc::setgroups(0, std::ptr::null()) != 0
+            || libc::setresgid(gid, gid, gid) != 0
+            || libc::setresuid(uid, uid, uid) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // setresuid cleared the effective set; the permitted one stays.
+    let (_, perm) = capget()?;
+    capset(perm, perm)
 }
 
 #[repr(C)]

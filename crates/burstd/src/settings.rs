@@ -6,6 +6,7 @@
 //! socket = "/run/burst/burstd.sock"
 //! socket_mode = "0660"     # who may use RDMA: the socket's owner and group
 //! socket_group = "rdma"    # optional
+//! user = "burst"           # optional: the user burstd becomes once its port is open
 //!
 //! [burstd.limits]          # per client (see burstd::limits::Limits)
 //! qps = 1024
@@ -36,8 +37,11 @@ pub struct Settings {
     pub socket_mode: u32,
     /// Its group, if set.
     pub socket_group: Option<String>,
-    /// What each client may hold (`[burstd.limits]`).
+    /// What each user's clients may hold (`[burstd.limits]`).
     pub limits: crate::limits::Limits,
+    /// The user burstd becomes once its port and socket are open (keeping
+    /// only the capabilities the port uses); `None`: it stays who it is.
+    pub user: Option<String>,
 }
 
 impl Default for Settings {
@@ -47,6 +51,7 @@ impl Default for Settings {
             socket_mode: 0o660,
             socket_group: None,
             limits: crate::limits::Limits::default(),
+            user: None,
         }
     }
 }
@@ -65,6 +70,7 @@ struct Section {
     socket_group: Option<String>,
     #[serde(default)]
     limits: crate::limits::Limits,
+    user: Option<String>,
 }
 
 /// A setting that does not parse.
@@ -100,6 +106,7 @@ impl Settings {
             },
             socket_group: f.burstd.socket_group,
             limits: f.burstd.limits,
+            user: f.burstd.user,
         })
     }
 }

@@ -481,3 +481,50 @@ fn raw_client_or_none(socket: &std::path::Path) -> Option<OwnedFd> {
     let (m, _) = p::recv(s.as_fd()).ok()??;
     matches!(p::decode::<Reply>(&m).ok()?, Reply::Hello { .. }).then_some(s)
 }
+
+/// The daemon's privileges: with `user` set it becomes that user once its
+/// port and socket are open, with no_new_privs and only the capabilities
+/// the port uses (none of CAP_SYS_PTRACE, CAP_DAC_OVERRIDE, CAP_SYS_ADMIN),
+/// and still serves zero-copy and single-copy registrations (memory comes
+/// as descriptors the clients opened, so it needs no right over them).
+#[test]
+fn burstd_serves_as_its_own_user_with_only_the_capabilities_it_needs() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: becoming another user needs root");
+        return;
+    }
+    let cfg = std::env::temp_dir().join(format!("burstd-user-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[burstd]\nuser = \"nobody\"\n").unwrap();
+    let d = Daemon::start("127.0.86.1", &["--config", cfg.to_str().unwrap()]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    assert!(field("Uid:").starts_with("65534"), "{}", field("Uid:"));
+    eprintln!("burstd: Uid {} CapEff {}", field("Uid:"), field("CapEff:"));
+    assert_eq!(field("NoNewPrivs:"), "1");
+    let allowed: u64 = [10u32, 12, 13, 14, 39].iter().fold(0, |m, c| m | 1 << c);
+    for set in ["CapEff:", "CapPrm:", "CapBnd:"] {
+        let v = u64::from_str_radix(&field(set), 16).unwrap();
+        assert_eq!(
+            v & !allowed,
+            0,
+            "{set} {v:#x} holds more than the port needs"
+        );
+        assert_eq!(v & (1 << 19), 0, "no CAP_SYS_PTRACE");
+    }
+    let (mut a, mut b) = good_pair(&d);
+    write_and_send(&mut a, &mut b);
+    let ca = Context::connect_with(&d.socket, burst_verbs::client::MrMode::Copy).unwrap();
+    let cb = Context::connect_with(&d.socket, burst_verbs::client::MrMode::Copy).unwrap();
+    let (mut c, mut e) = (end(ca, 5), end(cb, 6));
+    connect(&c, &e);
+    write_and_send(&mut c, &mut e);
+    let _ = std::fs::remove_file(&cfg);
+}
