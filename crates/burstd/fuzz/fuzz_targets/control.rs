@@ -49,8 +49,24 @@ fuzz_target!(|data: &[u8]| {
         };
         let _ = w.daemon.handle_message(&w.client, &msg, Vec::new());
     }
+    // Still served: a PD, or the limit on PDs (inputs create objects too).
     let (r, _) = w
         .daemon
         .handle_message(&w.client, &p::encode(&Request::AllocPd), Vec::new());
-    assert!(matches!(r, Reply::Pd { .. }), "still served: {r:?}");
+    match r {
+        Reply::Pd { pd } => {
+            let done = w.daemon.handle_message(
+                &w.client,
+                &p::encode(&Request::DeallocPd { pd }),
+                Vec::new(),
+            );
+            assert!(matches!(done.0, Reply::Done), "{:?}", done.0);
+        }
+        Reply::Error { errno, .. } if errno == libc::ENOMEM => {}
+        r => panic!("still served: {r:?}"),
+    }
+    let (r, _) = w
+        .daemon
+        .handle_message(&w.client, &p::encode(&Request::Counters), Vec::new());
+    assert!(matches!(r, Reply::Counters(_)), "still served: {r:?}");
 });
