@@ -153,7 +153,8 @@ fn create_reply(e: CreateError, what: &str) -> Reply {
 }
 
 /// A system resource ran out serving one request (descriptors, memory,
-/// mappings): that request is refused with the errno, the daemon goes on.
+/// mappings): that request is refused with the errno, the daemon goes on
+/// (logged, rate-limited, with the client's other refusals).
 fn resource_reply(e: std::io::Error, what: &str) -> Reply {
     let errno = match e.raw_os_error() {
         Some(libc::EMFILE | libc::ENFILE) => libc::EMFILE,
@@ -161,7 +162,6 @@ fn resource_reply(e: std::io::Error, what: &str) -> Reply {
         Some(n) => n,
         None => libc::EIO,
     };
-    tracing::warn!("{what}: {e}: refused");
     Reply::error(errno, format!("{what}: {e}"))
 }
 
@@ -1126,4 +1126,19 @@ fn group_id(name: &str) -> Option<u32> {
 /// Where burstd listens unless told otherwise.
 pub fn default_socket() -> PathBuf {
     PathBuf::from("/run/burst/burstd.sock")
+}
+
+#[cfg(test)]
+mod tests {
+    use burst_cm::rdma::PortSpace;
+
+    #[test]
+    fn rdma_cm_ports_under_1024_are_roots() {
+        assert!(super::privileged_service(PortSpace::Tcp.service_id(80)));
+        assert!(super::privileged_service(PortSpace::Udp.service_id(1023)));
+        assert!(!super::privileged_service(PortSpace::Tcp.service_id(1024)));
+        assert!(!super::privileged_service(PortSpace::Tcp.service_id(18515)));
+        // Not an rdma_cm service ID (an IB CM application's own): no port.
+        assert!(!super::privileged_service(0x1234));
+    }
 }

@@ -528,3 +528,59 @@ fn burstd_serves_as_its_own_user_with_only_the_capabilities_it_needs() {
     write_and_send(&mut c, &mut e);
     let _ = std::fs::remove_file(&cfg);
 }
+
+/// Finding 5: the daemon runs out of descriptors (its RLIMIT_NOFILE
+/// lowered to a few above what it holds): the requests that need one are
+/// refused, connections meanwhile are refused, the good pair's data path
+/// goes on, and once the descriptors are given back new clients are served.
+#[test]
+fn running_out_of_descriptors_refuses_requests_not_the_daemon() {
+    let mut d = Daemon::start("127.0.87.1", &[]);
+    let (mut a, mut b) = good_pair(&d);
+    let evil = d.connect();
+    let pid = d.child.id();
+    let cap = (fd_count(pid) + 24) as libc::rlim_t;
+    let lim = libc::rlimit {
+        rlim_cur: cap,
+        rlim_max: cap,
+    };
+    // SAFETY: a live rlimit for the call; no old value asked for.
+    let rc = unsafe {
+        libc::prlimit(
+            pid as libc::pid_t,
+            libc::RLIMIT_NOFILE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    // Every descriptor taken: completion channels until refused.
+    let mut chans = Vec::new();
+    while let Ok(c) = evil.create_comp_channel() {
+        chans.push(c);
+        assert!(chans.len() < 1000, "channels never refused");
+    }
+    // Connections while none are left: refused (accept fails), not fatal.
+    let refused: Vec<bool> = (0..8)
+        .map(|_| raw_client_or_none(&d.socket).is_none())
+        .collect();
+    assert!(
+        refused.iter().all(|r| *r),
+        "a client was admitted without descriptors"
+    );
+    write_and_send(&mut a, &mut b);
+    assert!(d.child.try_wait().unwrap().is_none(), "burstd exited");
+    // Given back (the client leaves), served again.
+    drop(chans);
+    drop(evil);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut c, mut e) = loop {
+        if let Some(_probe) = raw_client_or_none(&d.socket) {
+            break good_pair(&d);
+        }
+        assert!(Instant::now() < deadline, "burstd did not serve again");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    write_and_send(&mut c, &mut e);
+    write_and_send(&mut a, &mut b);
+}
