@@ -455,6 +455,18 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
     }
     let grown = rss_kib(d.child.id()).saturating_sub(rss0);
     assert!(grown < 16 * 1024, "burstd's RSS grew by {grown} KiB");
+    // What the client held is given back: its AHs, QPs, CQs, channels.
+    let mine = d
+        .clients(&a.ctx)
+        .into_iter()
+        .find(|c| Some(c.id) == a.ctx.client_id())
+        .unwrap();
+    let used = |name: &str| mine.usage.iter().find(|u| u.0 == name).unwrap().1;
+    assert_eq!(
+        (used("ahs"), used("qps"), used("cqs"), used("channels")),
+        (2, 2, 2, 0),
+        "only the good pair's objects are left"
+    );
     write_and_send(&mut a, &mut b);
     // A new client is served.
     let (mut c, mut e) = good_pair(&d);
