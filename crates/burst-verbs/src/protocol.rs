@@ -266,6 +266,9 @@ pub struct ClientInfo {
     /// (limit, used, allowed).
     #[serde(default)]
     pub usage: Vec<(String, u64, u64)>,
+    /// Its requests and messages burstd refused (bad input, limits).
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// A [`VerbsError`] as it crosses the socket (its message as text).

@@ -973,6 +973,7 @@ impl Daemon {
                         .get(&c.uid)
                         .map(|u| u.report(&self.limits))
                         .unwrap_or_default(),
+                    refused: c.refusals.load(Ordering::Relaxed),
                 }
             })
             .collect();

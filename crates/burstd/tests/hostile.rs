@@ -435,6 +435,9 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
         let r = ask(&raw, b"BRST\x01\x00\x00\x00{not json");
         assert!(matches!(r, Reply::Error { .. }));
     }
+    // Counted per client (`burst clients`), logged a few times only.
+    let most = d.clients(&a.ctx).into_iter().map(|c| c.refused).max();
+    assert!(most >= Some(5000), "refusals counted: {most:?}");
     drop(raw);
     // Registrations too: zero-copy ones are mappings of the daemon.
     let pd2 = evil.try_alloc_pd().unwrap();

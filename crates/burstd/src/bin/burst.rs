@@ -157,7 +157,10 @@ fn run(a: Args) -> Result<(), String> {
                 return Err("unexpected reply".into());
             };
             for c in list.iter().filter(|c| c.id != me) {
-                println!("client {} pid {} uid {} {}", c.id, c.pid, c.uid, c.comm);
+                println!(
+                    "client {} pid {} uid {} {} (requests refused: {})",
+                    c.id, c.pid, c.uid, c.comm, c.refused
+                );
                 println!("  pd   {:?}", c.pds);
                 for (k, len, zc) in &c.mrs {
                     let how = if *zc { "zero-copy" } else { "single-copy" };
