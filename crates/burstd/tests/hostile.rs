@@ -485,9 +485,24 @@ fn limits_refuse_one_request_and_everything_is_reclaimed() {
     let _ = std::fs::remove_file(&log);
 }
 
-/// A hello on a fresh connection, or `None` when burstd refused it.
+/// A hello on a fresh connection, or `None` when burstd refused it (or did
+/// not answer within 5 s: a connection it could not accept yet).
 fn raw_client_or_none(socket: &std::path::Path) -> Option<OwnedFd> {
     let s = p::connect(socket).ok()?;
+    let tv = libc::timeval {
+        tv_sec: 5,
+        tv_usec: 0,
+    };
+    // SAFETY: setsockopt with a live timeval of the stated size.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
     let hello = Request::Hello {
         version: p::VERSION,
         layout: p::layout(),
