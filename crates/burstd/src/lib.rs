@@ -110,6 +110,8 @@ pub struct Daemon {
     /// Failures to accept or to start a client's thread (descriptors or
     /// threads ran out): logged at the 1st, 2nd, 4th...
     accept_failures: std::sync::atomic::AtomicU64,
+    /// Connections refused at hello (logged at the 1st, 2nd, 4th...).
+    hello_refusals: std::sync::atomic::AtomicU64,
 }
 
 /// One open connection of a user, given back when its thread ends.
@@ -209,6 +211,7 @@ impl Daemon {
             usage: Mutex::default(),
             connections: Mutex::default(),
             accept_failures: Default::default(),
+            hello_refusals: Default::default(),
         })
     }
 
@@ -366,7 +369,7 @@ impl Daemon {
         let (pid, uid, _) = match p::peer_credentials(sock.as_fd()) {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!("client without credentials refused: {e}");
+                self.accept_failed("credentials", &e);
                 return;
             }
         };
@@ -376,7 +379,11 @@ impl Daemon {
         let client = match self.hello(&sock, pid, uid) {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(pid, "client refused at hello: {e}");
+                // Rate-limited: a loop of bad hellos is not a log flood.
+                let n = self.hello_refusals.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(pid, refusals = n, "client refused at hello: {e}");
+                }
                 let _ = p::send(
                     sock.as_fd(),
                     &p::encode(&Reply::error(libc::EPROTO, e)),
