@@ -875,6 +875,18 @@ struct Core {
     /// Daemon clients' doorbells taken this round: (owner, bell). Kept
     /// between rounds so that taking them allocates nothing.
     bells: Vec<(u32, u32)>,
+    /// Entries of clients' rings refused (see [`bad_input`]).
+    bad_input: u64,
+}
+
+/// Counts an entry of a client's rings the engine refused and logs the
+/// 1st, 2nd, 4th, 8th...: a client ringing others' doorbells without end
+/// costs a log line per doubling, not one per doorbell.
+fn bad_input(count: &mut u64, owner: u32, what: &str) {
+    *count += 1;
+    if count.is_power_of_two() {
+        tracing::warn!(client = owner, refused = *count, "{what}");
+    }
 }
 
 /// The application's side of an engine: cheap to clone, usable from any thread.
@@ -1297,6 +1309,7 @@ impl Engine {
                 held: Held::default(),
                 control_rx,
                 bells: Vec::new(),
+                bad_input: 0,
             }));
         }
         let shared = Arc::new(Shared {
@@ -1842,6 +1855,7 @@ impl Core {
             }
         }
         let held = &mut self.held;
+        let bad = &mut self.bad_input;
         // QPs paused behind a CQ's held completions go on once it drained.
         if !held.paused.is_empty() {
             let paused = std::mem::take(&mut held.paused);
@@ -1921,24 +1935,20 @@ impl Core {
                     continue;
                 };
                 if srq.owner != owner {
-                    tracing::warn!(
-                        owner,
-                        srq = id.0,
-                        "doorbell for another client's SRQ ignored"
-                    );
+                    bad_input(bad, owner, "doorbell for another client's SRQ ignored");
                     continue;
                 }
                 // A ring's worth per doorbell (a client posting without end
                 // rings again for the rest).
                 for w in std::iter::from_fn(|| srq.ring.pop()).take(srq.ring.capacity()) {
                     if owner != 0 && w.sg_list.len() > srq.max_sge as usize {
-                        tracing::warn!(srq = id.0, "SRQ receive with too many SGEs dropped");
+                        bad_input(bad, owner, "SRQ receive with too many SGEs dropped");
                         continue;
                     }
                     // Checked at post time; a WR refused here (the SRQ was
                     // destroyed meanwhile) has no QP to complete on.
-                    if let Err(e) = dev.post_srq_recv(id, w) {
-                        tracing::warn!(srq = id.0, "SRQ receive dropped: {e}");
+                    if dev.post_srq_recv(id, w).is_err() {
+                        bad_input(bad, owner, "SRQ receive dropped (the SRQ is full or gone)");
                     }
                 }
                 continue;
@@ -1948,11 +1958,7 @@ impl Core {
                 if r.owner == owner {
                     Core::take_rings(dev, held, r);
                 } else {
-                    tracing::warn!(
-                        owner,
-                        qpn = bell,
-                        "doorbell for another client's QP ignored"
-                    );
+                    bad_input(bad, owner, "doorbell for another client's QP ignored");
                 }
             }
         }
