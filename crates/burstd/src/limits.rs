@@ -59,25 +59,29 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// Sized for many perftest/UCX-sized applications per user; every
-    /// figure bounds what one client costs the daemon (about 100 MiB of
-    /// shared memory for the CQs, 8k mappings, a few thousand descriptors).
+    /// Sized for MPI- and UCX-scale applications (thousands of QPs per
+    /// user, large registration caches, KV-cache pools of hundreds of GiB)
+    /// while one user can take at most a sixteenth of the device's QPs and
+    /// CQs, and costs the daemon at most about 1.1 GiB of shared memory for
+    /// rings and CQs (2 Mi WQE slots of at most 456 bytes, 4 Mi CQEs of 48)
+    /// and half of its mapping budget. An administrator lowers them for
+    /// untrusted users.
     fn default() -> Limits {
         Limits {
             connections_per_uid: 64,
-            pds: 1024,
-            mrs: 8192,
-            mws: 8192,
-            cqs: 1024,
-            qps: 1024,
-            srqs: 256,
+            pds: 4096,
+            mrs: 65536,
+            mws: 16384,
+            cqs: 4096,
+            qps: 4096,
+            srqs: 1024,
             ahs: 16384,
-            channels: 1024,
-            listens: 256,
-            registered_bytes: 64 << 30,
-            mappings: 8192,
-            cq_entries: 1 << 21,
-            wqes: 1 << 20,
+            channels: 4096,
+            listens: 1024,
+            registered_bytes: 1 << 40,
+            mappings: 16384,
+            cq_entries: 1 << 22,
+            wqes: 1 << 21,
         }
     }
 }
