@@ -1494,6 +1494,10 @@ impl Held {
     /// Delivers what each CQ holds while it has room; a CQ destroyed
     /// meanwhile drops its own.
     fn flush(&mut self, cqs: &[Option<Arc<Cq>>]) {
+        if self.by_cq.is_empty() {
+            // The usual case: nothing held, nothing to walk.
+            return;
+        }
         let signals = &mut self.signals;
         self.by_cq.retain(|&cq, held| {
             let Some(Some(q)) = cqs.get(cq) else {
