@@ -3018,6 +3018,12 @@ impl Context {
         if let Some(r) = &self.remote {
             return r.destroy_ah(ah);
         }
+        self.release_ah(ah, false)
+    }
+
+    /// Drops one reference to this owner's AH `ah` (every reference with
+    /// `all`: the client is gone); the last removes it from every lane.
+    fn release_ah(&self, ah: u32, all: bool) -> Result<(), PostError> {
         {
             let mut t = self.shared.ahs.lock().unwrap_or_else(|e| e.into_inner());
             let key = match t.by_index.get(&ah) {
@@ -3025,7 +3031,7 @@ impl Context {
                 _ => return Err(PostError::NoSuch),
             };
             if let Some((_, refs)) = t.by_dest.get_mut(&key) {
-                *refs -= 1;
+                *refs = if all { 0 } else { refs.saturating_sub(1) };
                 if *refs > 0 {
                     return Ok(());
                 }
@@ -3772,16 +3778,9 @@ impl Context {
             .map(|(i, _)| *i)
             .collect();
         for ah in ahs {
-            // Every reference at once: the client is gone.
-            while self.destroy_ah(ah).is_ok()
-                && self
-                    .shared
-                    .ahs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .by_index
-                    .contains_key(&ah)
-            {}
+            if let Err(e) = self.release_ah(ah, true) {
+                tracing::warn!(ah, "cleanup: destroy AH: {e}");
+            }
         }
         for (k, _, _) in &all.mrs {
             if let Err(e) = self.dereg_mr(*k) {

@@ -949,7 +949,16 @@ impl Daemon {
             .iter()
             .map(|(id, c)| (*id, Arc::clone(c)))
             .collect();
-        let usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        // A snapshot of each user's usage: the lock is not held across the
+        // engine calls below (another client's requests would wait on them).
+        let usage: HashMap<u32, Vec<(String, u64, u64)>> = self
+            .usage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .iter()
+            .map(|(uid, u)| (*uid, u.report(&self.limits)))
+            .collect();
         let mut v: Vec<ClientInfo> = clients
             .iter()
             .filter(|(_, c)| uid == 0 || c.uid == uid)
@@ -975,11 +984,7 @@ impl Daemon {
                         })
                         .collect(),
                     srqs: o.srqs.iter().map(|s| s.0).collect(),
-                    usage: usage
-                        .0
-                        .get(&c.uid)
-                        .map(|u| u.report(&self.limits))
-                        .unwrap_or_default(),
+                    usage: usage.get(&c.uid).cloned().unwrap_or_default(),
                     refused: c.refusals.load(Ordering::Relaxed),
                 }
             })

@@ -109,11 +109,12 @@ fn good_pair(d: &Daemon) -> (End, End) {
     (a, b)
 }
 
-/// A UD QP of `ctx` on a CQ of `depth`, ready to send (to QPNs nobody
-/// has: a UD send completes as it leaves).
+/// A UD QP of `ctx` on a CQ of `depth` (reporting to `channel`), ready to
+/// send (to QPNs nobody has: a UD send completes as it leaves).
 fn ud_sender(
     ctx: &Context,
     depth: usize,
+    channel: Option<Arc<burst_verbs::engine::CompChannel>>,
 ) -> (
     burst_verbs::engine::QueuePair,
     burst_verbs::engine::CqId,
@@ -121,7 +122,7 @@ fn ud_sender(
     u32,
 ) {
     let pd = ctx.try_alloc_pd().unwrap();
-    let cq = ctx.try_create_cq(depth, None).unwrap();
+    let cq = ctx.try_create_cq(depth, channel).unwrap();
     let mut init = QpInit::new(QpType::Ud, pd);
     init.caps.max_send_wr = 64;
     let qp = ctx.create_qp_with(&init, cq, cq).unwrap();
@@ -153,7 +154,7 @@ fn a_full_cq_stalls_only_its_owner_and_stays_bounded() {
     let evil = d.connect();
     let rss0 = rss_kib(d.child.id());
     let rounds = good_pair_survives(&mut a, &mut b, move || {
-        let (qp, _cq, sge, ah) = ud_sender(&evil, 2);
+        let (qp, _cq, sge, ah) = ud_sender(&evil, 2, None);
         let (mut ok, mut refused) = (0u64, 0u64);
         let until = Instant::now() + Duration::from_secs(3);
         while Instant::now() < until {
@@ -192,27 +193,11 @@ fn a_client_filling_its_channel_cannot_hang_the_lane() {
         let junk = [0u8; 4096];
         // SAFETY: writes from a live buffer to our descriptor.
         while unsafe { libc::write(w.as_raw_fd(), junk.as_ptr().cast(), junk.len()) } > 0 {}
-        let pd = evil.try_alloc_pd().unwrap();
-        let cq = evil.try_create_cq(64, Some(Arc::clone(&ch))).unwrap();
-        let mut init = QpInit::new(QpType::Ud, pd);
-        init.caps.max_send_wr = 64;
-        let qp = evil.create_qp_with(&init, cq, cq).unwrap();
-        for a in burst_verbs::ud_transitions(0x11, Psn::new(0)) {
-            qp.modify(&a).unwrap();
-        }
-        let ah = evil.create_ah(evil.gid()).unwrap();
-        let buf = aligned(4096, 9);
-        // SAFETY: leaked buffer.
-        let k = unsafe { evil.reg_mr(pd, buf.as_mut_ptr(), 64, Access(1)) }.unwrap();
+        let (qp, cq, sge, ah) = ud_sender(&evil, 64, Some(Arc::clone(&ch)));
         // Armed, completing, never read: every event is a signal the
         // daemon cannot deliver.
         for i in 0..2000u64 {
             let _ = evil.req_notify_cq(cq);
-            let sge = Sge {
-                addr: k.addr,
-                length: 64,
-                lkey: k.lkey,
-            };
             if qp.post_send(&ud_send(i, sge, ah)).is_err() {
                 while evil.poll_cq(cq).is_some() {}
             }
@@ -234,7 +219,7 @@ fn another_clients_lkey_reaches_nothing() {
     let d = Daemon::start("127.0.83.1", &[]);
     let (mut a, mut b) = good_pair(&d);
     let evil = d.connect();
-    let (qp, cq, _, ah) = ud_sender(&evil, 64);
+    let (qp, cq, _, ah) = ud_sender(&evil, 64, None);
     let theirs_sge = Sge {
         addr: a.keys.addr,
         length: 64,
