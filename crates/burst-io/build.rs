@@ -16,7 +16,7 @@ mod af_xdp {
     pub fn build() {
         let manifest =
             PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
-        let src = manifest.join("../../ebpf/xdp_roce.bpf.c");
+        let src = manifest.join("ebpf/xdp_roce.bpf.c");
         let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"));
         println!("cargo:rerun-if-changed={}", src.display());
         libbpf_cargo::SkeletonBuilder::new()

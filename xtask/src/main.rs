@@ -125,6 +125,18 @@ fn ensure_cargo_fuzz() -> bool {
 
 /// What the kernel-bypass features build against (clang and libbpf for the
 /// XDP program, DPDK for the DPDK port).
+/// The crates published for others to use, lowest layer first.
+const LIBRARY_CRATES: [&str; 8] = [
+    "burst-wire",
+    "burst-cc",
+    "burst-transport",
+    "burst-cm",
+    "burst-dsa",
+    "burst-mem",
+    "burst-io",
+    "burst-verbs",
+];
+
 const BYPASS_DEBS: &[&str] = &[
     "clang",
     "llvm",
@@ -334,6 +346,13 @@ fn test(args: &[String]) -> ExitCode {
         "test",
         step("test", &mut cargo(&root, &["test", "--workspace"])),
     ));
+    // Every library crate packages and builds from its package alone
+    // (one command, so each finds the others it depends on).
+    let mut package = vec!["package", "--allow-dirty"];
+    for c in LIBRARY_CRATES {
+        package.extend(["-p", c]);
+    }
+    results.push(("package", step("package", &mut cargo(&root, &package))));
     // The kernel-bypass ports (features af-xdp and dpdk): lint and unit
     // tests (the XDP program under BPF_PROG_TEST_RUN), then burst to burst
     // over each port (root: namespaces, XDP, DPDK vdevs).

@@ -1,30 +1,4 @@
-//! Congestion control for RoCEv2, as pure algorithms driven by events and
-//! the time (no I/O, no clock of its own), in the spirit of quinn-proto's
-//! `congestion` module: the data plane tells a [`Controller`] what happened
-//! (bytes sent, packets acknowledged, a congestion signal) and asks it how
-//! much may be in flight ([`Controller::window`]) and how fast to send
-//! ([`Controller::rate`]).
-//!
-//! Two controllers:
-//! - [`Dcqcn`]: the reaction point of DCQCN (Zhu et al., *Congestion
-//!   Control for Large-Scale RDMA Deployments*, SIGCOMM 2015), the rate
-//!   control RNICs run per QP, reacting to CNPs; [`CnpGenerator`] is its
-//!   notification point (a receiver answering CE-marked packets with CNPs,
-//!   rate-limited per QP).
-//! - [`LossWindow`]: a window shared by the QPs that go to one peer, for
-//!   peers that never send CNPs (kernel RXE ignores and never sends them)
-//!   and lossy paths: cut on a NAK-sequence error or a timeout, grown on
-//!   progress, held while the measured delay says a queue is building.
-//!
-//! ```
-//! use burst_cc::{Controller, Dcqcn, DcqcnConfig, Signal};
-//! let mut cc = Dcqcn::new(DcqcnConfig::default());
-//! let line = cc.rate().unwrap();
-//! cc.on_congestion(10_000, Signal::Cnp);
-//! // The first cut halves the rate (alpha starts at 1: RC *= 1 - alpha/2).
-//! assert_eq!(cc.rate().unwrap(), line / 2);
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
 mod dcqcn;

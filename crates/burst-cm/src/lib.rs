@@ -1,43 +1,4 @@
-//! The IB connection manager (IBA chapter 12) as a sans-IO state machine:
-//! REQ, MRA, REJ, REP, RTU, DREQ, DREP and SIDR over the GSI QP (QP1),
-//! with retransmission timers, duplicate detection and time-wait, plus the
-//! conventions the RDMA CM adds for IP addressing ([`rdma`]).
-//!
-//! Like `burst-transport`, [`Cm`] does no I/O: it is fed received MADs
-//! ([`Cm::handle_mad`]), application requests ([`Cm::connect`],
-//! [`Cm::accept`], ...) and the time ([`Cm::handle_timeout`]); it hands out
-//! MADs to send ([`Cm::poll_transmit`]), events for the application
-//! ([`Cm::poll_event`]) and its next deadline ([`Cm::poll_timeout`]).
-//! Times are nanoseconds of any monotonic clock the caller picks.
-//!
-//! It manages communication, not QPs: the caller moves its QPs through
-//! RTR and RTS with the values of the REQ and REP the events carry (a
-//! REP is sent only once the caller accepted, so after its QP is ready).
-//!
-//! ```
-//! use burst_cm::{Cm, CmConfig, CmEvent, rdma::PortSpace};
-//! use burst_wire::mad::{CmReq, CmRep};
-//! use burst_wire::{Psn, Qpn};
-//! let (a_ip, b_ip) = ("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap());
-//! let mut a = Cm::new(CmConfig::new(1, 1));
-//! let mut b = Cm::new(CmConfig::new(2, 2));
-//! let svc = PortSpace::Tcp.service_id(7471);
-//! b.listen(svc).unwrap();
-//! let mut req = burst_cm::req_template(svc, Qpn::new(0x11).unwrap(), Psn::new(5));
-//! let ca = a.connect(0, b_ip, req).unwrap();
-//! // Carry each side's MADs to the other.
-//! let mut deliver = |from: &mut Cm, to: &mut Cm, from_ip| {
-//!     while let Some(t) = from.poll_transmit() { to.handle_mad(0, from_ip, &t.mad); }
-//! };
-//! deliver(&mut a, &mut b, a_ip);
-//! let Some(CmEvent::Request { conn: cb, .. }) = b.poll_event() else { panic!() };
-//! b.accept(0, cb, burst_cm::rep_template(Qpn::new(0x12).unwrap(), Psn::new(9))).unwrap();
-//! deliver(&mut b, &mut a, b_ip);
-//! assert!(matches!(a.poll_event(), Some(CmEvent::Reply { conn, .. }) if conn == ca));
-//! a.establish(0, ca).unwrap();
-//! deliver(&mut a, &mut b, a_ip);
-//! assert!(matches!(b.poll_event(), Some(CmEvent::Established { conn }) if conn == cb));
-//! ```
+#![doc = include_str!("../README.md")]
 
 pub mod rdma;
 

@@ -1,25 +1,4 @@
-//! # burst-dsa: the copy engine
-//!
-//! Every bulk payload copy of burst goes through here, so that a backend that
-//! offloads copies (Intel DSA work queues, DPDK dmadev) can replace the CPU
-//! without touching the rest of the stack.
-//!
-//! - [`job`]: the asynchronous interface ([`AsyncCopy`]): copy jobs of
-//!   scatter-gather segments with a tag, completions polled in submission
-//!   order, a full backend hands the job back.
-//! - [`cpu`]: the CPU backend ([`CpuCopy`] synchronous, [`CpuEngine`]
-//!   asynchronous), non-temporal stores for large copies.
-//! - [`crc`]: copy and CRC-32 in one pass (the ICRC of a payload while it
-//!   moves).
-//! - [`dsa`]: Intel DSA: the 64-byte descriptors and 32-byte completion
-//!   records of the idxd user interface, an engine that submits them to a
-//!   work-queue portal (batches, page faults finished on the CPU), and a
-//!   software model of the device that consumes the same descriptors.
-//!
-//! Copies take raw pointers because one side is application memory that the
-//! application may touch concurrently (RDMA semantics: racing accesses give
-//! unspecified bytes, never undefined behaviour in the stack); no Rust
-//! reference to such memory is ever formed.
+#![doc = include_str!("../README.md")]
 
 pub mod cpu;
 pub mod crc;

@@ -1,34 +1,4 @@
-//! # burst-io: packet ports
-//!
-//! A [`Port`] moves RoCEv2 transport packets (UDP payloads: BTH through ICRC)
-//! in bursts, with the addresses the ICRC needs. [`UdpPort`] is the portable
-//! default: a UDP socket bound to port 4791, batched with `recvmmsg` and
-//! `sendmmsg`, needing no privilege beyond the bind.
-//!
-//! **Segmentation offload.** Per-datagram system calls cap a UDP socket at
-//! about 0.7 M packets/s here, while the kernel moves 5 M segments/s when it
-//! segments and coalesces itself (`../shared/design/dataplane-notes.md`). So
-//! [`UdpPort`] sends each run of consecutive equal-length packets to one peer
-//! as one `UDP_SEGMENT` (GSO) message, and asks for `UDP_GRO` on receive:
-//! [`RxBatch`] hands out the coalesced datagrams segment by segment.
-//!
-//! **The IP ID.** The ICRC covers the IPv4 identification field, which a UDP
-//! socket lets the kernel choose. Linux sends ID 0 for a DF-marked datagram
-//! of an unconnected socket, and the segments of one GSO message get IDs
-//! 0, 1, 2, … (checked with a capture, docs/performance.md). So [`UdpPort`]
-//! sets `IP_PMTUDISC_DO` and [`Port::assign_ip_ids`] gives each packet its
-//! index in its GSO run; the runs are cut by one rule ([`gso_run`]) that
-//! sealing and sending share. On receive the socket hides the ID
-//! ([`RxMeta::ip_id`] is `None`), and the caller's ICRC check solves for it
-//! (`burst_wire::icrc::Checker`). The ICRC itself, its pseudo-header and the
-//! solver are wire knowledge and live in burst-wire; a port only says which
-//! ID a packet carries.
-//!
-//! **Other ports.** [`SimPort`] is an in-memory network for tests and the
-//! simulator (seeded loss, reordering, duplication, corruption, delay, rate
-//! and queue limits, ECN marking); [`LossyPort`] wraps any port and drops a
-//! share of what it sends (loss tests on real sockets). AF_XDP and DPDK ports
-//! implement the same [`Port`] trait.
+#![doc = include_str!("../README.md")]
 
 pub mod capture;
 #[cfg(feature = "dpdk")]

@@ -1,37 +1,4 @@
-//! # burst-mem: protection domains, memory regions and remote-access checks
-//!
-//! Applications register their own memory; burst accesses it in place (no
-//! bounce buffer) through the copy engine. This crate is the one place where
-//! a key, an address and a length coming off the wire become a memory access:
-//! [`MrTable`] checks the key, the protection domain, the bounds and the
-//! access rights, and implements the transport's [`burst_transport::Memory`].
-//!
-//! Keys are 32 random bits (never 0, never one in use), drawn afresh at
-//! every registration: a stale key misses, and a peer (or another
-//! application of a shared daemon) guessing a valid rkey among `n`
-//! registered regions succeeds with probability `n / 2^32` per try. RNICs
-//! use `index << 8 | 8-bit tag`; a hash lookup costs a few nanoseconds more
-//! and buys 24 more unguessable bits.
-//!
-//! ```
-//! use burst_mem::{Access, MrTable};
-//! use burst_transport::{Memory, QpScope, RemoteAccess};
-//!
-//! let table = MrTable::new();
-//! let pd = table.alloc_pd();
-//! let mut buf = vec![0u8; 4096];
-//! // SAFETY: `buf` outlives the registration (deregistered below).
-//! let mr = unsafe {
-//!     table.register(pd, buf.as_mut_ptr(), buf.len(), buf.as_ptr() as u64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-//! }.unwrap();
-//! let mut mem = table.memory();
-//! let qp = QpScope { pd: pd.0, qpn: burst_wire::Qpn::from_wire(1) };
-//! mem.check_remote(qp, mr.rkey, mr.addr + 16, 4, RemoteAccess::Write).unwrap();
-//! mem.write_remote(mr.rkey, mr.addr + 16, b"RDMA").unwrap();
-//! assert!(mem.check_remote(qp, mr.rkey, mr.addr + 4094, 4, RemoteAccess::Write).is_err());
-//! table.deregister(mr.lkey).unwrap();
-//! assert_eq!(&buf[16..20], b"RDMA");
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod copier;
 mod raw;

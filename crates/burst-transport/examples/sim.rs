@@ -1,5 +1,5 @@
 //! Deterministic simulation of burst-transport's model of two nodes over a
-//! faulty network (see `examples/common/cli.rs` for the options).
+//! faulty network (options: `burst_transport::sim::sweep`).
 //!
 //! ```text
 //! cargo run --release -p burst-transport --example sim -- \
@@ -13,11 +13,8 @@
 //! The same workload through the real data plane (burst-verbs' `Device`
 //! over an in-memory port): `cargo run --release -p burst-verbs --example core_sim`.
 
-#[path = "common/cli.rs"]
-mod cli;
-
 fn main() -> std::process::ExitCode {
-    cli::main_with(
+    burst_transport::sim::sweep::main_with(
         "-p burst-transport --example sim",
         burst_transport::sim::run_workload,
     )

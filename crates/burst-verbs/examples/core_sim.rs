@@ -9,13 +9,10 @@
 //! ```
 //!
 //! Ends with `N passed, M failed`; exits 1 if any failed. Options as for
-//! burst-transport's `sim` example (`crates/burst-transport/examples/common/cli.rs`).
-
-#[path = "../../burst-transport/examples/common/cli.rs"]
-mod cli;
+//! burst-transport's `sim` example (`burst_transport::sim::sweep`).
 
 fn main() -> std::process::ExitCode {
-    cli::main_with(
+    burst_transport::sim::sweep::main_with(
         "-p burst-verbs --example core_sim",
         burst_verbs::sim::run_workload,
     )

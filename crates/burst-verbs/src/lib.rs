@@ -1,29 +1,4 @@
-//! # burst-verbs: the Verbs API
-//!
-//! burst-verbs composes burst's crates into a working RDMA device: memory
-//! regions from burst-mem, queue pairs from burst-transport, and a packet
-//! port from burst-io. It speaks RoCEv2 on the wire, so its peers can be
-//! kernel RXE or RDMA NICs.
-//!
-//! There is one API: an [`engine::Engine`] owns the data-plane core (the
-//! device: demux by QPN, ICRC sealing and checking, UD GRH, timers, ACK
-//! scheduling, completion delivery, over any `burst_io::Port`), and its
-//! [`engine::Context`] is what applications use from any thread: they post
-//! work requests (checked once, at post) and poll CQ rings. The core is
-//! stepped by the engine's thread, by an application thread that finds it
-//! free while it posts or polls, or only by the application
-//! ([`engine::Drive::Caller`], which simulations use on a manual
-//! [`clock::Clock`]).
-//!
-//! ```
-//! use burst_verbs::engine::Engine;
-//! use burst_verbs::{Mtu, QpType};
-//! let e = Engine::start("127.0.91.1".parse().unwrap(), Mtu::Mtu1024).unwrap();
-//! let c = e.context();
-//! let cq = c.create_cq(16);
-//! let qp = c.create_qp(QpType::Rc, c.alloc_pd(), cq, cq, 16).unwrap();
-//! assert_eq!(c.query_qp(qp).unwrap().0, burst_verbs::QpState::Reset);
-//! ```
+#![doc = include_str!("../README.md")]
 
 pub mod bottleneck;
 pub mod client;

@@ -1,44 +1,4 @@
-//! # burst-wire: a zero-copy RoCEv2 codec
-//!
-//! Parse, inspect, build and verify RoCEv2 packets: Ethernet II (with an
-//! optional 802.1Q tag), IPv4/IPv6, UDP to port 4791, the InfiniBand Base
-//! Transport Header, every extended transport header RC, UC and UD use, the
-//! invariant CRC, the RoCEv2 CNP, and the IB Communication Management MADs that
-//! travel to QP1.
-//!
-//! The shape follows smoltcp's `wire` module: *views* (`Bth<T>`, `Reth<T>`,
-//! [`IbPacket<T>`], ...) wrap `&[u8]`/`&mut [u8]`, validate lengths once in
-//! `new_checked`, and then offer named accessors and setters; *reprs*
-//! ([`BthRepr`], [`IbRepr`], [`FrameRepr`], ...) are plain values that `parse`
-//! from a view and `emit` into a buffer. Nothing allocates, and no input makes
-//! the parser panic: every malformation is a distinct [`Error`].
-//!
-//! ```
-//! use burst_wire::*;
-//! use std::net::Ipv4Addr;
-//!
-//! // Build an RDMA WRITE ONLY frame...
-//! let mut ib = IbRepr::new(BthRepr::new(
-//!     Opcode::RC_RDMA_WRITE_ONLY, Qpn::new(0x11).unwrap(), Psn::new(0xfffffe)));
-//! ib.reth = Some(RethRepr { virtual_address: 0x7f00_0000_1000, rkey: 0x1234, dma_length: 4 });
-//! ib.payload_len = 4;
-//! let frame = FrameRepr {
-//!     eth: Some(EthRepr { src: [2, 0, 0, 0, 0, 1], dst: [2, 0, 0, 0, 0, 2], vlan: None }),
-//!     ip: IpRepr::v4(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2)),
-//!     udp: UdpRepr::new(49152),
-//!     ib,
-//! };
-//! let mut buf = [0u8; 128];
-//! let n = frame.emit(&mut buf, b"data").unwrap();
-//!
-//! // ...and read it back, ICRC verified.
-//! let rx = parse_verified(&buf[..n]).unwrap();
-//! assert_eq!(rx.ib.opcode(), Opcode::RC_RDMA_WRITE_ONLY);
-//! assert_eq!(rx.ib.reth().unwrap().rkey(), 0x1234);
-//! assert_eq!(rx.ib.payload(), b"data");
-//! assert_eq!(rx.repr().unwrap(), frame);
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -9,6 +9,8 @@
 //! pairs and proves every message arrived once, intact, in order, with the
 //! completions the spec demands, by a bounded simulated time.
 
+pub mod sweep;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::Ipv4Addr;

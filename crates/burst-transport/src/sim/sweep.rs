@@ -1,6 +1,6 @@
 //! The command line of the simulation examples (burst-transport's `sim`,
-//! burst-verbs' `core_sim`, which includes this file by path): threads and
-//! the wall clock stay out of the sans-IO transport library. It runs one seeded, checked
+//! burst-verbs' `core_sim`): threads and the wall clock live here, beside
+//! the simulator, never in a QP. It runs one seeded, checked
 //! workload per seed, over a fault point or (`--sweep`) the whole fault
 //! space.
 //!
@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use burst_transport::sim::{Faults, Rng, Summary, WorkloadOptions};
+use super::{Faults, Rng, Summary, WorkloadOptions};
 
 /// The faults of seed `seed` in a sweep: a function of the seed alone, so a
 /// failure replays from its seed and the printed faults.
