@@ -1,0 +1,333 @@
+//! Completion queues: their rings, completion channels and the verbs that create, arm and destroy them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::shm::{Segment, ShmRing};
+
+use burst_transport::WorkCompletion;
+
+use super::*;
+use crate::AsyncEvent;
+
+/// Handle of a completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
+
+/// A completion channel (`ibv_comp_channel`): CQs armed with
+/// [`Context::req_notify_cq`] report their next completion here, and the
+/// channel's file descriptor becomes readable. The engine counts the event
+/// in the CQ's shared words and signals the descriptor (in daemon mode a
+/// pipe: the daemon holds its write end, the application its read end), so
+/// which CQ an event belongs to never crosses a socket.
+#[derive(Debug)]
+pub struct CompChannel {
+    pub(super) fd: crate::eventfd::EventFd,
+    pub(super) cqs: std::sync::Mutex<Vec<(CqId, Arc<Cq>)>>,
+    /// burstd's handle of this channel (a daemon client's).
+    pub(super) remote_id: std::sync::atomic::AtomicU32,
+}
+
+impl CompChannel {
+    pub(super) fn with_fd(fd: crate::eventfd::EventFd) -> CompChannel {
+        CompChannel {
+            fd,
+            cqs: std::sync::Mutex::default(),
+            remote_id: Default::default(),
+        }
+    }
+
+    pub(crate) fn set_remote_id(&self, id: u32) {
+        self.remote_id.store(id, Ordering::Relaxed);
+    }
+
+    pub(crate) fn remote_id(&self) -> u32 {
+        self.remote_id.load(Ordering::Relaxed)
+    }
+
+    /// The file descriptor to `poll()` for readability.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
+    /// `ibv_get_cq_event`: the next CQ with an event, waiting up to `timeout`.
+    pub fn get_cq_event(&self, timeout: Duration) -> Option<CqId> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(cq) = self.try_get_cq_event() {
+                return Some(cq);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || !self.fd.wait(left) {
+                return self.try_get_cq_event();
+            }
+        }
+    }
+
+    /// `ibv_get_cq_event` exactly: reads the descriptor (blocking unless the
+    /// application made it non-blocking) and returns the CQ of that event.
+    pub fn read_cq_event(&self) -> Option<CqId> {
+        if self.fd.read() {
+            return self.take_event();
+        }
+        None
+    }
+
+    /// The next CQ with an event, if one is pending (never blocks).
+    pub fn try_get_cq_event(&self) -> Option<CqId> {
+        // One fd count per event, taken with the event: the fd stays
+        // readable exactly while events are pending.
+        if self.fd.drain() {
+            // The engine counts the event before it signals.
+            return self.take_event();
+        }
+        None
+    }
+
+    /// The CQ whose event count the taken fd count stands for.
+    pub(super) fn take_event(&self) -> Option<CqId> {
+        let cqs = self.cqs.lock().unwrap_or_else(|e| e.into_inner());
+        cqs.iter().find_map(|(id, q)| {
+            q.events()
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .ok()
+                .map(|_| *id)
+        })
+    }
+}
+
+/// A completion queue: a ring, and its notification state, in one
+/// segment: word 0 "armed", word 1 the events counted for its channel, the
+/// ring at byte 64.
+#[derive(Debug)]
+pub struct Cq {
+    pub(super) ring: ShmRing<WorkCompletion>,
+    pub(super) channel: Option<Arc<CompChannel>>,
+    pub(super) owner: u32,
+    /// A completion found the ring full and [`AsyncEvent::CqError`] was
+    /// raised: once per CQ (an overrun is an error of the application, as
+    /// on an RNIC; the paused QPs refilling a CQ polled two at a time would
+    /// otherwise raise one per refill).
+    pub(super) overrun: AtomicBool,
+}
+
+pub(super) const CQ_RING: usize = 64;
+
+impl Cq {
+    /// Bytes of a CQ of `slots` slots.
+    pub(crate) fn bytes(slots: usize) -> usize {
+        CQ_RING + ShmRing::<WorkCompletion>::bytes(slots)
+    }
+
+    pub(super) fn new(
+        seg: Arc<Segment>,
+        slots: usize,
+        fresh: bool,
+        channel: Option<Arc<CompChannel>>,
+        owner: u32,
+    ) -> std::io::Result<Cq> {
+        let ring = if fresh {
+            ShmRing::create(seg, CQ_RING, slots)?
+        } else {
+            ShmRing::attach(seg, CQ_RING, slots)?
+        };
+        Ok(Cq {
+            ring,
+            channel,
+            owner,
+            overrun: AtomicBool::new(false),
+        })
+    }
+
+    /// Armed for the next completion.
+    pub(super) fn armed(&self) -> &std::sync::atomic::AtomicU32 {
+        self.ring.segment().word(0)
+    }
+
+    /// Events raised on the channel and not yet taken.
+    pub(super) fn events(&self) -> &std::sync::atomic::AtomicU32 {
+        self.ring.segment().word(4)
+    }
+}
+
+/// CQ `id` (`q`) refused a completion: the first refusal of an overrun
+/// raises [`AsyncEvent::CqError`].
+pub(super) fn overrun(q: &Cq, id: usize, events: &AsyncEvents) {
+    if !q.overrun.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            cq = id,
+            "CQ full: its completions wait in the engine (IBV_EVENT_CQ_ERR)"
+        );
+        events.push(AsyncEvent::CqError(CqId(id as u32)));
+    }
+}
+
+/// Puts a completion in a CQ ring; if the CQ was armed, counts the event
+/// and returns the channel to signal (by the caller, once no lock is held).
+pub(super) fn deliver(
+    q: &Cq,
+    wc: WorkCompletion,
+) -> Result<Option<Arc<CompChannel>>, WorkCompletion> {
+    q.ring.push(wc)?;
+    if q.armed().swap(0, Ordering::AcqRel) != 0 {
+        if let Some(ch) = &q.channel {
+            // Counted before the signal, so a reader woken by it finds it.
+            q.events().fetch_add(1, Ordering::AcqRel);
+            return Ok(Some(Arc::clone(ch)));
+        }
+    }
+    Ok(None)
+}
+
+impl Context {
+    /// Creates a completion queue ring of `depth` entries.
+    pub fn create_cq(&self, depth: usize) -> CqId {
+        self.create_cq_with(depth, None)
+    }
+
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> std::io::Result<Arc<CompChannel>> {
+        let Some(r) = &self.remote else {
+            return Ok(Arc::new(CompChannel::with_fd(
+                crate::eventfd::EventFd::new()?,
+            )));
+        };
+        // burstd signals a pipe whose write end it keeps.
+        let (id, fd) = r.create_channel()?;
+        let ch = CompChannel::with_fd(crate::eventfd::EventFd::pipe_reader(fd));
+        ch.set_remote_id(id);
+        Ok(Arc::new(ch))
+    }
+
+    /// `ibv_destroy_comp_channel` (no CQ may still use it: `Busy`). burstd
+    /// lets go of its write end; in embedded mode the channel goes with
+    /// its last `Arc`.
+    pub fn destroy_comp_channel(&self, ch: &CompChannel) -> Result<(), PostError> {
+        match &self.remote {
+            Some(r) => r.destroy_channel(ch.remote_id()),
+            None => Ok(()),
+        }
+    }
+
+    /// A completion channel of a daemon client: the engine signals a pipe
+    /// whose write end only it holds (non-blocking); the read end,
+    /// returned, goes to the client. Nothing the client does to its end
+    /// can make the engine wait.
+    pub fn comp_channel_for_client(
+        &self,
+    ) -> std::io::Result<(Arc<CompChannel>, std::os::fd::OwnedFd)> {
+        let (r, w) = crate::eventfd::EventFd::pipe(false)?;
+        Ok((Arc::new(CompChannel::with_fd(w)), r.into()))
+    }
+
+    /// Creates a CQ that reports events on `channel` once armed.
+    pub fn create_cq_with(&self, depth: usize, channel: Option<Arc<CompChannel>>) -> CqId {
+        self.try_create_cq(depth, channel).unwrap_or(CqId(u32::MAX))
+    }
+
+    /// [`Context::create_cq_with`] with its errors (out of memory, the
+    /// daemon gone).
+    pub fn try_create_cq(
+        &self,
+        depth: usize,
+        channel: Option<Arc<CompChannel>>,
+    ) -> Result<CqId, PostError> {
+        if depth == 0 || depth > crate::MAX_CQE as usize {
+            return Err(PostError::Invalid);
+        }
+        let slots = ShmRing::<WorkCompletion>::slots_for(depth);
+        let (id, seg) = match &self.remote {
+            Some(r) => r.create_cq(depth, channel.as_ref())?,
+            None => (None, Arc::new(self.segment("burst-cq", Cq::bytes(slots))?)),
+        };
+        let cq = Arc::new(
+            Cq::new(seg, slots, id.is_none(), channel.clone(), self.owner)
+                .map_err(|_| PostError::Invalid)?,
+        );
+        let mut cqs = self.shared.cqs.write().unwrap_or_else(|e| e.into_inner());
+        let i = match id {
+            Some(i) => i.0 as usize,
+            None => cqs.iter().position(Option::is_none).unwrap_or(cqs.len()),
+        };
+        if cqs.len() <= i {
+            cqs.resize(i + 1, None);
+        }
+        cqs[i] = Some(Arc::clone(&cq));
+        let id = CqId(i as u32);
+        if let Some(ch) = channel {
+            ch.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((id, cq));
+        }
+        Ok(id)
+    }
+
+    /// `ibv_destroy_cq`: EBUSY while a QP completes into it.
+    pub fn destroy_cq(&self, cq: CqId) -> Result<(), PostError> {
+        let q = self.cq_ref(cq)?;
+        if let Some(r) = &self.remote {
+            r.destroy_cq(cq)?;
+        } else {
+            let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
+            if rings
+                .iter()
+                .flatten()
+                .any(|r| r.send_cq == cq || r.recv_cq == cq)
+            {
+                return Err(PostError::Busy);
+            }
+        }
+        if let Some(ch) = &q.channel {
+            ch.cqs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|(id, _)| *id != cq);
+        }
+        let mut cqs = self.shared.cqs.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = cqs.get_mut(cq.0 as usize) {
+            *slot = None;
+        }
+        Ok(())
+    }
+
+    /// The segment of a CQ, with its slots (burstd hands it to the client).
+    pub fn cq_segment(&self, cq: CqId) -> Result<(Arc<Segment>, usize), PostError> {
+        let q = self.cq_ref(cq)?;
+        Ok((Arc::clone(q.ring.segment()), q.ring.capacity()))
+    }
+
+    /// CQ `cq`, if this handle may reach it.
+    pub(super) fn cq_ref(&self, cq: CqId) -> Result<Arc<Cq>, PostError> {
+        let cqs = self.shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+        match cqs.get(cq.0 as usize) {
+            Some(Some(q)) if q.owner == self.owner => Ok(Arc::clone(q)),
+            _ => Err(PostError::NoSuch),
+        }
+    }
+
+    /// A segment for rings: a memfd in a daemon, anonymous memory otherwise.
+    pub(super) fn segment(&self, name: &str, len: usize) -> Result<Segment, PostError> {
+        let seg = if self.shared.memfd {
+            Segment::memfd(name, len)
+        } else {
+            Segment::anonymous(len)
+        };
+        seg.map_err(|e| {
+            tracing::warn!("could not map {len} bytes for {name}: {e}");
+            PostError::Full
+        })
+    }
+
+    /// `ibv_req_notify_cq`: the next completion added to `cq` raises one
+    /// event on its channel (completions already in the ring do not).
+    pub fn req_notify_cq(&self, cq: CqId) -> Result<(), PostError> {
+        let q = self.cq_ref(cq)?;
+        if q.channel.is_none() {
+            return Err(PostError::Invalid);
+        }
+        q.armed().store(1, Ordering::Release);
+        Ok(())
+    }
+}

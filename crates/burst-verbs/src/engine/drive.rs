@@ -1,0 +1,223 @@
+//! Who steps a lane: control calls, progress from application threads, the simulation clock.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam::channel::{bounded, Sender};
+
+use burst_wire::Qpn;
+
+use super::*;
+use crate::{Device, FIRST_QPN};
+
+impl Context {
+    /// Runs a control request on lane 0 (SRQs live there).
+    pub(super) fn call<T>(&self, make: impl FnOnce(Sender<T>) -> Control) -> Result<T, PostError> {
+        self.call_on(0, make)
+    }
+
+    /// The lane that owns QP `qpn` (QPNs interleave over the lanes).
+    pub(super) fn lane_of(&self, qpn: Qpn) -> usize {
+        qpn.value().wrapping_sub(FIRST_QPN) as usize % self.control.len()
+    }
+
+    /// Runs a control request on `lane`'s core and waits for its reply.
+    pub(super) fn call_on<T>(
+        &self,
+        lane: usize,
+        make: impl FnOnce(Sender<T>) -> Control,
+    ) -> Result<T, PostError> {
+        let (tx, rx) = bounded(1);
+        if let Some(r) = &self.remote {
+            // The daemon runs it: the request crosses the control socket.
+            r.execute(make(tx))?;
+            return rx.try_recv().map_err(|_| PostError::Stopped);
+        }
+        self.control
+            .get(lane)
+            .ok_or(PostError::NoSuch)?
+            .send(make(tx))
+            .map_err(|_| PostError::Stopped)?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(v) = rx.try_recv() {
+                return Ok(v);
+            }
+            if self.shared.stop.load(Ordering::Acquire) || std::time::Instant::now() > deadline {
+                return Err(PostError::Stopped);
+            }
+            // Whoever holds the core runs the request at its next step;
+            // with the core free, this thread runs it (and only it: a
+            // control call moves no packets).
+            match self.shared.cores[lane].try_lock() {
+                Ok(mut core) => {
+                    let sh = &*self.shared;
+                    core.contained(sh, |c| c.run_control(sh));
+                }
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+    }
+
+    /// QP1 of this engine's device (`None` for a daemon client: burstd's
+    /// connection manager owns it).
+    pub fn gsi(&self) -> Option<&Arc<crate::gsi::Gsi>> {
+        self.shared.gsi.as_ref()
+    }
+
+    /// Queues a MAD for QP1 to send and wakes the engine; `false` when
+    /// there is no QP1 here or its queue is full (counted).
+    pub fn gsi_send(&self, m: crate::gsi::GsiMad) -> bool {
+        let Some(gsi) = &self.shared.gsi else {
+            return false;
+        };
+        if !gsi.queue(m) {
+            return false;
+        }
+        // Any lane sends QP1's MADs; lane 0 is as good as any.
+        self.shared.wake.nudge(0);
+        true
+    }
+
+    /// Hands progress back to the engine thread at once (call before the
+    /// thread blocks, e.g. in `ibv_get_cq_event`), instead of after the
+    /// engine notices this thread stopped stepping.
+    pub fn park(&self) {
+        self.shared.app_stepped.store(0, Ordering::Relaxed);
+        self.shared.app_posted.store(0, Ordering::Relaxed);
+    }
+
+    /// Steps the data plane on the calling thread if no other thread is
+    /// stepping it; returns whether there was work. Posting and polling
+    /// call this, so an application that busy-polls drives its own I/O.
+    pub fn progress(&self) -> bool {
+        if self.remote.is_some() {
+            // A daemon client has no core to step: the daemon's engine
+            // thread does the work. Polling an empty CQ hands the CPU over
+            // instead of spinning against that thread (on a machine with
+            // fewer cores than spinning threads, a 64-byte send_lat went
+            // from 2 ms to microseconds).
+            std::thread::yield_now();
+            return false;
+        }
+        self.step(Round::Full)
+    }
+
+    /// [`Context::progress`] without the receive: what posting a send does.
+    /// The reply to a request cannot have arrived yet, and a bandwidth test
+    /// that posts many WRs between polls would otherwise pay an empty
+    /// `recvmmsg` per WR; the next poll of an empty CQ receives.
+    pub(super) fn progress_transmit(&self) -> bool {
+        self.step(Round::Transmit)
+    }
+
+    /// Steps every lane this thread can take.
+    pub(super) fn step(&self, round: Round) -> bool {
+        let mut busy = false;
+        for lane in 0..self.shared.cores.len() {
+            busy |= self.step_with(lane, round, |_| ()).is_some_and(|(b, _)| b);
+        }
+        busy
+    }
+
+    /// Runs `first` on the core, then a step of `round`, if this thread can
+    /// take the core; `None` if another thread holds it. The inner `None`:
+    /// `first` faulted (contained).
+    pub(super) fn step_with<R>(
+        &self,
+        lane: usize,
+        round: Round,
+        first: impl FnOnce(&mut Core) -> R,
+    ) -> Option<(bool, Option<R>)> {
+        let sh = &*self.shared;
+        if sh.stop.load(Ordering::Acquire) {
+            return None;
+        }
+        // Recorded even when the engine thread holds the core: the thread
+        // is polling (or posting) all the same.
+        let now = sh.clock.now();
+        // Posting counts as driving too: a bandwidth test posts for a while
+        // between polls, and an engine thread stepping meanwhile on the same
+        // core halved its rate (29 -> 8-12 Gb/s over the veth pair).
+        sh.app_stepped.store(now.max(1), Ordering::Relaxed);
+        if round == Round::Transmit {
+            sh.app_posted.store(now.max(1), Ordering::Relaxed);
+        }
+        let mut core = sh.cores.get(lane)?.try_lock().ok()?;
+        sh.app_stepping.store(true, Ordering::Relaxed);
+        let r = core.contained(sh, first);
+        let busy = core.step_contained(sh, lane, round, now);
+        drop(core);
+        // Stamped again at the end: a step may take a while (a 64 KiB send
+        // is ~10 us), and the gap the engine thread measures is the one
+        // between the application's steps.
+        sh.app_stepped
+            .store(sh.clock.now().max(1), Ordering::Relaxed);
+        sh.app_stepping.store(false, Ordering::Relaxed);
+        Some((busy, r))
+    }
+
+    /// Runs `f` on the data plane's device, waiting for the core if another
+    /// thread steps it (diagnostics and simulation, not the data path).
+    pub(super) fn with_device<R>(
+        &self,
+        lane: usize,
+        f: impl FnOnce(&mut Device) -> R,
+    ) -> Option<R> {
+        let mut core = self
+            .shared
+            .cores
+            .get(lane)?
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        core.dev.as_mut().map(f)
+    }
+
+    /// [`Context::with_device`] on every lane, in order.
+    pub(super) fn each_device<R>(&self, mut f: impl FnMut(&mut Device) -> R) -> Vec<R> {
+        (0..self.shared.cores.len())
+            .filter_map(|l| self.with_device(l, &mut f))
+            .collect()
+    }
+
+    /// The device clock (ns): the time base of [`Context::next_timeout`].
+    pub fn now(&self) -> u64 {
+        self.shared.clock.now()
+    }
+
+    /// Moves a manual device clock ([`EngineOptions::clock`]) to `ns`;
+    /// returns false (and does nothing) on the wall clock.
+    pub fn advance_clock_to(&self, ns: u64) -> bool {
+        self.shared.clock.advance_to(ns)
+    }
+
+    /// The earliest transport timer of any QP (device-clock ns): when the
+    /// data plane must next be stepped if no packet comes first.
+    pub fn next_timeout(&self) -> Option<u64> {
+        self.each_device(|d| d.next_timeout())
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Checks every QP's invariants (a requester with unacknowledged
+    /// packets has a timer, ...): the simulator asserts them at every step.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.each_device(|d| d.check_invariants())
+            .into_iter()
+            .collect()
+    }
+
+    /// One line per QP with its state and counters (for reports).
+    pub fn describe_qps(&self) -> Vec<String> {
+        self.each_device(|d| d.describe_qps()).concat()
+    }
+
+    /// Send work requests of a QP that the transport holds and has not
+    /// completed (those still in the QP's ring not counted).
+    pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
+        self.with_device(self.lane_of(qpn), |d| d.send_queue_len(qpn))
+            .flatten()
+    }
+}

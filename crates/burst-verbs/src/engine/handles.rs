@@ -1,0 +1,143 @@
+//! Typed handles: a QP, SRQ or CQ bound to its context, without lookups.
+
+use std::sync::Arc;
+
+use burst_transport::{QpAttr, QpConfig, RecvWr, SendWr, VerbsError, WorkCompletion};
+use burst_wire::Qpn;
+
+use super::*;
+use crate::SrqId;
+
+/// A queue pair (typed handle): posts go straight into its rings.
+#[derive(Clone)]
+pub struct QueuePair {
+    pub(super) rings: Arc<QpRings>,
+    pub(super) ctx: Context,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueuePair({:#x})", self.rings.qpn.value())
+    }
+}
+
+impl QueuePair {
+    /// Its QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.rings.qpn
+    }
+
+    /// `ibv_post_send` ([`Context::post_send`]).
+    pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
+        self.ctx.post_send_to(&self.rings, wr)
+    }
+
+    /// `ibv_post_recv` ([`Context::post_recv`]).
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
+        self.ctx.post_recv_to(&self.rings, wr)
+    }
+
+    /// What the QP was created with (sizes the posts are checked against).
+    pub fn config(&self) -> &QpConfig {
+        &self.rings.cfg
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr) -> Result<(), CreateError> {
+        self.ctx
+            .modify_qp(self.rings.qpn, attr)?
+            .map_err(CreateError::Verbs)
+    }
+
+    /// Several transitions in one trip ([`Context::modify_qp_steps`]).
+    pub fn modify_steps(
+        &self,
+        attrs: &[QpAttr],
+    ) -> Result<Result<(), (usize, VerbsError)>, PostError> {
+        self.ctx.modify_qp_steps(self.rings.qpn, attrs)
+    }
+
+    /// Takes this RC QP from RESET to RTS towards `peer`
+    /// ([`Context::connect_rc`]).
+    pub fn connect_rc(&self, peer: &crate::RcPeer, p: &crate::RcParams) -> Result<(), CreateError> {
+        self.ctx.connect_rc(self.rings.qpn, peer, p)
+    }
+}
+
+/// A shared receive queue (typed handle).
+#[derive(Clone)]
+pub struct SharedReceiveQueue {
+    pub(super) id: SrqId,
+    pub(super) ring: Arc<SrqRing>,
+    pub(super) ctx: Context,
+}
+
+impl std::fmt::Debug for SharedReceiveQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedReceiveQueue({})", self.id.0)
+    }
+}
+
+impl SharedReceiveQueue {
+    /// Its handle, for [`crate::QpInit::srq`].
+    pub fn id(&self) -> SrqId {
+        self.id
+    }
+
+    /// `ibv_post_srq_recv`: checked now (SGE count), then into the ring.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
+        if wr.sg_list.len() > self.ring.max_sge as usize {
+            return Err(PostError::Refused(VerbsError::TooManySge));
+        }
+        self.ring.ring.push(*wr).map_err(|_| PostError::Full)?;
+        // SRQs live on lane 0.
+        self.ctx.shared.doorbells[0].ring(SRQ_DOORBELL | self.id.0);
+        // No step: see `Context::post_recv`.
+        Ok(())
+    }
+}
+
+/// A completion queue (typed handle): polls its ring directly.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    pub(super) id: CqId,
+    pub(super) cq: Arc<Cq>,
+    pub(super) ctx: Context,
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CompletionQueue({})", self.id.0)
+    }
+}
+
+impl CompletionQueue {
+    /// Its handle.
+    pub fn id(&self) -> CqId {
+        self.id
+    }
+
+    /// `ibv_poll_cq` for one completion (never blocks; steps the data
+    /// plane once when the ring is empty).
+    pub fn poll(&self) -> Option<WorkCompletion> {
+        self.cq.ring.pop().or_else(|| {
+            self.ctx.progress();
+            self.cq.ring.pop()
+        })
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.cq.ring.len()
+    }
+
+    /// The device failed for good (a daemon client whose burstd died).
+    pub fn device_failed(&self) -> bool {
+        self.ctx.device_failed()
+    }
+
+    /// No completion waiting.
+    pub fn is_empty(&self) -> bool {
+        self.cq.ring.is_empty()
+    }
+}

@@ -1,0 +1,265 @@
+//! Device attributes, protection domains, memory regions and windows.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::shm::Segment;
+
+use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError};
+
+use super::*;
+use crate::config::DeviceConfig;
+use crate::{DeviceAttr, PortAttr};
+
+impl Context {
+    /// The device's GID.
+    pub fn gid(&self) -> [u8; 16] {
+        self.gid
+    }
+
+    /// What the device was opened with (name, address, interface, MTU).
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        DeviceAttr::for_gid(self.gid)
+    }
+
+    /// `ibv_query_port` (port 1).
+    pub fn query_port(&self) -> PortAttr {
+        PortAttr {
+            active: !self.shared.events.port_down.load(Ordering::Relaxed),
+            ..PortAttr::with_mtu(self.config.mtu)
+        }
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Pd {
+        self.try_alloc_pd().unwrap_or(Pd(0))
+    }
+
+    /// [`Context::alloc_pd`], with the error a daemon client can meet.
+    pub fn try_alloc_pd(&self) -> Result<Pd, PostError> {
+        if let Some(r) = &self.remote {
+            return r.alloc_pd();
+        }
+        let pd = self.shared.mrs.alloc_pd();
+        self.shared
+            .pd_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(pd.0, self.owner);
+        Ok(pd)
+    }
+
+    /// `ibv_dealloc_pd`: EBUSY while regions or QPs use it.
+    pub fn dealloc_pd(&self, pd: Pd) -> Result<(), PostError> {
+        if let Some(r) = &self.remote {
+            return r.dealloc_pd(pd);
+        }
+        self.check_pd(pd)?;
+        let mrs = self
+            .shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let used = mrs
+            .keys()
+            .any(|k| self.shared.mrs.lookup(*k).is_some_and(|r| r.pd() == pd.0))
+            || self.shared.mrs.pd_has_windows(pd);
+        drop(mrs);
+        let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        if used || rings.iter().flatten().any(|r| r.cfg.pd == pd.0) {
+            return Err(PostError::Busy);
+        }
+        drop(rings);
+        self.shared
+            .pd_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&pd.0);
+        Ok(())
+    }
+
+    /// `Ok` when `pd` is this handle's (a daemon client reaches only its own).
+    pub(super) fn check_pd(&self, pd: Pd) -> Result<(), PostError> {
+        let owners = self
+            .shared
+            .pd_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match owners.get(&pd.0) {
+            Some(o) if *o == self.owner => Ok(()),
+            // PDs of MrTables used directly (simulations) are unknown here.
+            None if self.owner == 0 => Ok(()),
+            _ => Err(PostError::NoSuch),
+        }
+    }
+
+    /// Registers application memory (accessed in place by the engine).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until [`Context::dereg_mr`] returns.
+    pub unsafe fn reg_mr(
+        &self,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.reg_mr_iova(pd, ptr, len, ptr as u64, access) }
+    }
+
+    /// Registers application memory that peers address from `iova`
+    /// (`ibv_reg_mr_iova2`). A daemon client's pages move onto a memfd the
+    /// daemon maps too ([`crate::client`]), or the daemon copies through
+    /// `process_vm_readv`/`process_vm_writev` where they cannot.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until [`Context::dereg_mr`] returns.
+    pub unsafe fn reg_mr_iova(
+        &self,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        if let Some(r) = &self.remote {
+            return r.reg_mr(pd, ptr, len, iova, access);
+        }
+        // SAFETY: forwarded contract.
+        self.register(pd, None, || unsafe {
+            self.shared.mrs.register(pd, ptr, len, iova, access)
+        })
+    }
+
+    /// Registers memory the daemon mapped for a client: `len` bytes at
+    /// `offset` of `pages` (memfds the client moved its pages onto),
+    /// addressed as `iova`. The mapping lives until deregistration.
+    pub fn reg_mr_mapped(
+        &self,
+        pd: Pd,
+        pages: Arc<Segment>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        if offset.checked_add(len).is_none_or(|e| e > pages.len()) {
+            return Err(RegError::InvalidLength);
+        }
+        let base = pages.as_ptr();
+        // SAFETY: `pages` stays mapped while the region is registered (held
+        // in `mr_owner` until `dereg_mr` has waited for the last user), and
+        // `offset..offset+len` lies inside it (checked above).
+        self.register(pd, Some(pages), || unsafe {
+            self.shared
+                .mrs
+                .register(pd, base.add(offset), len, iova, access)
+        })
+    }
+
+    /// Registers memory of another process that the engine reaches
+    /// through `mem`, a descriptor of that process's `/proc/self/mem` it
+    /// opened and handed over (one copy per access, no remapping).
+    pub fn reg_mr_foreign(
+        &self,
+        pd: Pd,
+        mem: Arc<std::os::fd::OwnedFd>,
+        addr: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        self.register(pd, None, || {
+            self.shared
+                .mrs
+                .register_foreign(pd, mem, addr, len, iova, access)
+        })
+    }
+
+    /// Runs `register` if `pd` is this handle's, and records the region as
+    /// its owner's (with the daemon's mapping of its pages, if any).
+    pub(super) fn register(
+        &self,
+        pd: Pd,
+        pages: Option<Arc<Segment>>,
+        register: impl FnOnce() -> Result<MrKeys, RegError>,
+    ) -> Result<MrKeys, RegError> {
+        if self.check_pd(pd).is_err() {
+            return Err(RegError::NoSuchPd);
+        }
+        let keys = register()?;
+        self.shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.lkey, (self.owner, pages));
+        Ok(keys)
+    }
+
+    /// Deregisters; returns once the engine no longer uses the region.
+    pub fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
+        if let Some(r) = &self.remote {
+            return r.dereg_mr(lkey);
+        }
+        let mut owners = self
+            .shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match owners.get(&lkey) {
+            Some((o, _)) if *o == self.owner => {}
+            None if self.owner == 0 => {}
+            _ => return Err(RegError::NoSuchRegion),
+        }
+        let held = owners.remove(&lkey);
+        drop(owners);
+        let r = self.shared.mrs.deregister(lkey);
+        // The daemon's mapping goes only now, after the last user let go.
+        drop(held);
+        r
+    }
+
+    /// `ibv_alloc_mw`: a memory window of `pd` (see [`burst_mem::MwType`]);
+    /// it is bound by a [`burst_transport::SendOp::BindMw`] work request.
+    pub fn alloc_mw(&self, pd: Pd, kind: MwType) -> Result<MwKeys, RegError> {
+        if let Some(r) = &self.remote {
+            return r.alloc_mw(pd, kind);
+        }
+        if self.check_pd(pd).is_err() {
+            return Err(RegError::NoSuchPd);
+        }
+        let keys = self.shared.mrs.alloc_window(pd, kind)?;
+        self.shared
+            .mw_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.handle, self.owner);
+        Ok(keys)
+    }
+
+    /// `ibv_dealloc_mw`.
+    pub fn dealloc_mw(&self, handle: u32) -> Result<(), RegError> {
+        if let Some(r) = &self.remote {
+            return r.dealloc_mw(handle);
+        }
+        let mut owners = self
+            .shared
+            .mw_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match owners.get(&handle) {
+            Some(o) if *o == self.owner => {}
+            None if self.owner == 0 => {}
+            _ => return Err(RegError::NoSuchRegion),
+        }
+        owners.remove(&handle);
+        drop(owners);
+        self.shared.mrs.dealloc_window(handle)
+    }
+}

@@ -1,0 +1,163 @@
+//! Posting work requests and polling completions.
+
+use burst_transport::{InlineData, QpState, RecvWr, SendWr, VerbsError, WorkCompletion};
+use burst_wire::Qpn;
+
+use super::*;
+
+impl Context {
+    /// `ibv_post_send`: checks the work request ([`crate::QpConfig::check_send`],
+    /// errors returned now with rdma-core's errno), captures inline data
+    /// as `ibv_post_send` does, then hands it to the transport: directly
+    /// when this thread can hold the core (and steps it to transmit), else
+    /// through the QP's ring and a doorbell. (A [`QueuePair`] handle does
+    /// the same without looking the QP up.)
+    pub fn post_send(&self, qpn: Qpn, wr: &SendWr) -> Result<(), PostError> {
+        self.post_send_to(&*self.ring(qpn)?, wr)
+    }
+
+    pub(super) fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
+        let wr = *wr;
+        let len = ring.cfg.check_send(&wr).map_err(PostError::Refused)?;
+        if self.remote.as_ref().is_some_and(|r| r.is_dead()) {
+            return Err(PostError::Stopped);
+        }
+        // As RXE: sends need RTS (or later: in SQD, SQE and ERR they queue,
+        // in ERR to be flushed); the queue's depth bounds outstanding WRs.
+        let state = ring.words.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostError::Refused(VerbsError::InvalidState(state)));
+        }
+        if !ring.words.reserve(false, ring.cfg.max_send_wr) {
+            return Err(PostError::Refused(VerbsError::QueueFull));
+        }
+        let r = self.post_send_reserved(ring, wr, len);
+        if r.is_err() {
+            ring.words.unreserve(false);
+        }
+        r
+    }
+
+    pub(super) fn post_send_reserved(
+        &self,
+        ring: &QpRings,
+        mut wr: SendWr,
+        len: u64,
+    ) -> Result<(), PostError> {
+        if let Some(r) = &self.remote {
+            if r.is_dead() {
+                return Err(PostError::Stopped);
+            }
+            if wr.inline && wr.inline_data.is_none() {
+                // As providers do: the bytes are read from the addresses
+                // now, whatever the lkeys (inline data needs no region).
+                let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
+                let mut at = 0;
+                for s in wr.sg_list.iter() {
+                    let n = s.length as usize;
+                    // SAFETY: the application passed these SGEs to
+                    // ibv_post_send with IBV_SEND_INLINE: readable now
+                    // (rdma-core's providers memcpy them the same way);
+                    // their total is `len`, which `d` holds.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(s.addr as *const u8, d[at..].as_mut_ptr(), n)
+                    };
+                    at += n;
+                }
+                wr.inline_data = Some(d);
+            }
+        }
+        if wr.inline && wr.inline_data.is_none() {
+            let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
+            let mem = self.shared.mrs.memory();
+            burst_transport::Memory::read_local(&mem, ring.cfg.pd, &wr.sg_list, 0, &mut d)
+                .map_err(|_| PostError::Invalid)?;
+            wr.inline_data = Some(d);
+        }
+        match self.step_with(ring.lane, Round::Transmit, |core| {
+            core.post_send_now(ring, wr)
+        }) {
+            Some((_, Some(r))) => r,
+            // A fault contained while posting: the QPs are in error now.
+            Some((_, None)) => Err(PostError::Stopped),
+            None => {
+                ring.send.push(wr).map_err(|_| PostError::Full)?;
+                self.shared.doorbells[ring.lane].ring(ring.qpn.value());
+                // Whoever holds the core takes it at its next step; if
+                // that thread just let go, this step takes it.
+                self.progress_transmit();
+                Ok(())
+            }
+        }
+    }
+
+    /// `ibv_post_recv`: checked now ([`crate::QpConfig::check_recv`]), then into
+    /// the transport directly when the core is free, else through the ring.
+    pub fn post_recv(&self, qpn: Qpn, wr: &RecvWr) -> Result<(), PostError> {
+        self.post_recv_to(&*self.ring(qpn)?, wr)
+    }
+
+    pub(super) fn post_recv_to(&self, ring: &QpRings, wr: &RecvWr) -> Result<(), PostError> {
+        ring.cfg.check_recv(wr).map_err(PostError::Refused)?;
+        if self.device_failed() {
+            return Err(PostError::Stopped);
+        }
+        // Receives may be posted from INIT on (IBA C10-49; in ERR they are
+        // flushed); the queue's depth bounds outstanding WRs.
+        let state = ring.words.state();
+        if state == QpState::Reset {
+            return Err(PostError::Refused(VerbsError::InvalidState(state)));
+        }
+        if !ring.words.reserve(true, ring.cfg.max_recv_wr) {
+            return Err(PostError::Refused(VerbsError::QueueFull));
+        }
+        let r = self.post_recv_reserved(ring, wr);
+        if r.is_err() {
+            ring.words.unreserve(true);
+        }
+        r
+    }
+
+    pub(super) fn post_recv_reserved(&self, ring: &QpRings, wr: &RecvWr) -> Result<(), PostError> {
+        // No step: the next post_send or poll of an empty CQ steps. Stepping
+        // here would send the deferred ACK of the message just received
+        // alone, a system call before the reply the application is about to
+        // post and it could ride with (ping-pong: four sends per round trip
+        // instead of two).
+        let sh = &*self.shared;
+        if let Some(Ok(mut core)) = sh.cores.get(ring.lane).map(|c| c.try_lock()) {
+            if let Some(r) = core.contained(sh, |c| c.post_recv_now(ring, *wr)) {
+                return r;
+            }
+            return Err(PostError::Stopped);
+        }
+        ring.recv.push(*wr).map_err(|_| PostError::Full)?;
+        sh.doorbells[ring.lane].ring(ring.qpn.value());
+        Ok(())
+    }
+
+    /// Takes a completion from a CQ ring (never blocks; steps the data
+    /// plane once when the ring is empty).
+    pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
+        let q = self.cq_ref(cq).ok()?;
+        q.ring.pop().or_else(|| {
+            self.progress();
+            q.ring.pop()
+        })
+    }
+
+    /// Takes a completion already in a CQ ring, without stepping the data
+    /// plane (a caller that steps it itself, such as a simulator).
+    pub fn take_completion(&self, cq: CqId) -> Option<WorkCompletion> {
+        self.cq_ref(cq).ok()?.ring.pop()
+    }
+
+    /// A handle on CQ `cq` that polls without any lookup.
+    pub fn cq(&self, cq: CqId) -> Option<CompletionQueue> {
+        self.cq_ref(cq).ok().map(|q| CompletionQueue {
+            id: cq,
+            cq: q,
+            ctx: self.clone(),
+        })
+    }
+}
