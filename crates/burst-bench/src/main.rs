@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use burst_verbs::wire::Mtu;
+use burst_verbs::Mtu;
 use clap::{Parser, ValueEnum};
 
 use report::{Bw, Format, Lat};
@@ -516,7 +516,7 @@ fn client_run_inner(
             if o.recv()? != "READY" {
                 return Err("server not ready".into());
             }
-            let to = SocketAddr::new(server, burst_verbs::wire::ROCEV2_PORT);
+            let to = SocketAddr::new(server, burst_verbs::ROCEV2_PORT);
             if run.test.is_bw() {
                 let (mut b, sent) = rawudp::stream(
                     &mut *udp,

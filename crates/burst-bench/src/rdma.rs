@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use burst_verbs::config::DeviceConfig;
 use burst_verbs::engine::{CompletionQueue, Context, Engine, QueuePair};
-use burst_verbs::mem::{Access, MrKeys};
-use burst_verbs::transport::*;
-use burst_verbs::wire::{Mtu, Psn, Qpn};
+use burst_verbs::*;
+use burst_verbs::{Access, MrKeys};
+use burst_verbs::{Mtu, Psn, Qpn};
 use burst_verbs::{QpInit, RcParams, RcPeer};
 
 use crate::report::{Bw, Lat, Samples};
@@ -129,9 +129,10 @@ pub fn device_config(addr: IpAddr, mtu: Mtu) -> Result<DeviceConfig, String> {
     cfg.mtu = cfg.mtu.max(mtu);
     // The congestion control, as the drop-in takes it (BURST_CC).
     if let Ok(name) = std::env::var("BURST_CC") {
-        cfg.congestion_control = burst_verbs::cc::Algorithm::from_name(&name).ok_or_else(|| {
-            format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
-        })?;
+        cfg.congestion_control =
+            burst_verbs::config::Algorithm::from_name(&name).ok_or_else(|| {
+                format!("BURST_CC={name}: one of loss-window, dcqcn, dcqcn+loss-window, none")
+            })?;
     }
     // The copy backend, as the drop-in takes it (BURST_COPY, ...).
     cfg.copy = burst_verbs::config::CopyConfig::from_vars(|k| std::env::var(k).ok(), cfg.copy)

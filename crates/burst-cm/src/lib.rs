@@ -6,9 +6,12 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 
 use burst_wire::mad::{
-    CmDreq, CmIds, CmMad, CmMessage, CmMra, CmPath, CmRej, CmRep, CmReq, CmSidrRep, CmSidrReq,
-    CmTransport, CM_CLASS_VERSION, MAD_LEN, METHOD_SEND,
+    CmDreq, CmIds, CmMad, CmMessage, CmMra, CM_CLASS_VERSION, MAD_LEN, METHOD_SEND,
 };
+
+/// The messages [`Cm`]'s calls take and its events carry (burst-wire's
+/// CM MADs), so a caller needs no other crate to fill them in.
+pub use burst_wire::mad::{CmPath, CmRej, CmRep, CmReq, CmSidrRep, CmSidrReq, CmTransport};
 use burst_wire::{Psn, Qpn};
 
 /// A connection (or SIDR exchange) of this CM: its local communication ID.

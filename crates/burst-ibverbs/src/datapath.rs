@@ -9,11 +9,11 @@
 use std::ffi::{c_int, c_void};
 
 use burst_verbs::engine::PostError;
-use burst_verbs::transport::{
+use burst_verbs::Qpn;
+use burst_verbs::{
     InlineData, MwBind, NetworkHeader, QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest,
     WorkCompletion,
 };
-use burst_verbs::wire::Qpn;
 
 use crate::abi::*;
 use crate::guard;

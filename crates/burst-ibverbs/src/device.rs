@@ -322,7 +322,7 @@ fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) {
     a.max_cq = MAX_QP as c_int;
     a.max_cqe = MAX_CQE;
     a.max_mr = 1 << 24;
-    a.max_mw = burst_verbs::mem::MAX_WINDOWS as c_int;
+    a.max_mw = burst_verbs::MAX_WINDOWS as c_int;
     // RXE's multicast limits (groups, QPs per group, attachments in all).
     a.max_mcast_grp = 8192;
     a.max_mcast_qp_attach = 56;
@@ -760,7 +760,7 @@ mod tests {
         let held = std::net::UdpSocket::bind("127.0.84.1:4791").unwrap();
         let Err(e) = burst_verbs::engine::Engine::start(
             held.local_addr().unwrap().ip(),
-            burst_verbs::wire::Mtu::Mtu1024,
+            burst_verbs::Mtu::Mtu1024,
         ) else {
             panic!("the port is taken");
         };

@@ -93,7 +93,7 @@ pub(crate) unsafe fn ctx_of<'a>(ctx: *mut ibv_context) -> Option<&'a Ctx> {
 #[repr(C)]
 pub(crate) struct Pd {
     pub raw: ibv_pd,
-    pub pd: burst_verbs::mem::Pd,
+    pub pd: burst_verbs::Pd,
 }
 
 #[repr(C)]

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use burst_verbs::engine::PostError;
-use burst_verbs::mem::{Access, MwType};
-use burst_verbs::transport::{QpAccess, QpAttr, QpEvent, QpState, QpType};
-use burst_verbs::wire::{Mtu, Psn, Qpn};
+use burst_verbs::{Access, MwType};
 use burst_verbs::{AsyncEvent, QpCaps, QpInit};
+use burst_verbs::{Mtu, Psn, Qpn};
+use burst_verbs::{QpAccess, QpAttr, QpEvent, QpState, QpType};
 
 use crate::abi::*;
 use crate::objects::*;
@@ -1145,7 +1145,7 @@ fn qp_attr_of(c: &Ctx, a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, c_int> {
         // Initiator depth: perftest sets the *peer's* device maximum
         // here (RXE reports 128). Issuing fewer READs/atomics at once
         // than allowed is always safe, so clamp instead of refusing.
-        t.max_rd_atomic = Some(a.max_rd_atomic.min(burst_verbs::transport::MAX_RD_ATOMIC));
+        t.max_rd_atomic = Some(a.max_rd_atomic.min(burst_verbs::MAX_RD_ATOMIC));
     }
     if on(M_MIN_RNR_TIMER) {
         t.min_rnr_timer = Some(a.min_rnr_timer);

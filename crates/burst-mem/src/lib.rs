@@ -76,6 +76,7 @@ pub struct MrKeys {
 
 /// Why a registration call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum RegError {
     /// REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE (the Verbs rule).
     #[error("remote write or atomic access requires local write")]

@@ -17,10 +17,10 @@
 //! `cargo bench -p burst-verbs --bench core` (next to it:
 //! `cargo bench -p burst-transport --bench transport`, protocol only)
 
+use burst_io::{SimFaults, SimNet};
 use burst_verbs::clock::Clock;
 use burst_verbs::config::CopyBackend;
 use burst_verbs::engine::{Context, CqId, Drive, Engine, EngineOptions};
-use burst_verbs::ports::{SimFaults, SimNet};
 use burst_verbs::{
     Access, MrKeys, Mtu, Psn, QpAccess, QpType, RcParams, RcPeer, SendOp, SendWr, Sge, WcStatus,
 };

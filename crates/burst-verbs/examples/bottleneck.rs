@@ -11,8 +11,8 @@
 //! overflows the queue. DCQCN alone is reported, not checked: without PFC
 //! (a lossy bottleneck) it does not survive large incasts.
 
+use burst_cc::{Algorithm, DcqcnConfig};
 use burst_verbs::bottleneck::{run, Scenario};
-use burst_verbs::cc::{Algorithm, DcqcnConfig};
 
 fn main() {
     let mut flows = Vec::new();

@@ -122,7 +122,7 @@ fn run(o: Opts) -> Result<(), String> {
             interface: None,
             mtu: Mtu::Mtu4096,
             drop_every: 0,
-            congestion_control: burst_verbs::cc::Algorithm::default(),
+            congestion_control: burst_cc::Algorithm::default(),
             port,
             dpdk: String::new(),
             threads: 1,

@@ -81,7 +81,7 @@ fn run() -> Result<(), String> {
         interface: None,
         mtu: Mtu::Mtu4096,
         drop_every: loss,
-        congestion_control: burst_verbs::cc::Algorithm::default(),
+        congestion_control: burst_cc::Algorithm::default(),
         port: Default::default(),
         dpdk: String::new(),
         threads: 1,

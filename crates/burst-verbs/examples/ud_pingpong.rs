@@ -59,7 +59,7 @@ fn run() -> Result<(), String> {
         interface: None,
         mtu: Mtu::Mtu1024,
         drop_every: 0,
-        congestion_control: burst_verbs::cc::Algorithm::default(),
+        congestion_control: burst_cc::Algorithm::default(),
         port: Default::default(),
         dpdk: String::new(),
         threads: 1,

@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use burst_verbs::bottleneck::{run, Scenario};
-//! use burst_verbs::cc::{Algorithm, DcqcnConfig};
+//! use burst_cc::{Algorithm, DcqcnConfig};
 //! let mut s = Scenario::new(2, Algorithm::Dcqcn(DcqcnConfig::with_line_rate(25_000_000_000 / 8)));
 //! s.duration_ns = 2_000_000;
 //! let r = run(&s);

@@ -55,6 +55,9 @@ use serde::Deserialize;
 
 use crate::{active_mtu_for, netif};
 
+/// Congestion control of a device ([`DeviceConfig::congestion_control`]).
+pub use burst_cc::{Algorithm, DcqcnConfig};
+
 /// Why no device could be configured.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -7,22 +7,23 @@ pub mod cm;
 pub mod config;
 pub mod engine;
 
-/// The crates burst-verbs composes, for users that reach below the Verbs
-/// API (a port benchmark, a packet tool): one dependency brings them all,
-/// in the versions burst-verbs was built with.
-pub use {
-    burst_cc as cc, burst_io as ports, burst_mem as mem, burst_transport as transport,
-    burst_wire as wire,
-};
-
-// The Verbs vocabulary, re-exported: an application or the C library
-// names every type of the API through burst-verbs.
-pub use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError};
+// The Verbs vocabulary, re-exported by name: an application or the C
+// library names every type of the API through burst-verbs (and no crate
+// below it).
+pub use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError, MAX_WINDOWS};
 pub use burst_transport::{
-    QpAccess, QpAttr, QpConfig, QpEvent, QpState, QpType, RecvWr, SendOp, SendWr, Sge, UdDest,
-    VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    InlineData, MwBind, NetworkHeader, QpAccess, QpAttr, QpConfig, QpEvent, QpState, QpType,
+    RecvWr, SendOp, SendWr, SgList, Sge, UdDest, VerbsError, WcOpcode, WcStatus, WorkCompletion,
+    MAX_RD_ATOMIC,
 };
-pub use burst_wire::{Mtu, Psn, Qpn};
+pub use burst_wire::{Mtu, Psn, Qpn, ROCEV2_PORT};
+
+/// Packet ports below the Verbs API, for tools that drive one directly (a
+/// raw port benchmark) or record what a device sends and receives.
+pub mod ports {
+    pub use burst_io::capture::{CapturePort, Captured, Tap};
+    pub use burst_io::{PacketBuf, Port, Readiness, RxBatch, MAX_GSO_SEGMENTS};
+}
 mod congestion;
 mod copy;
 mod dataplane;
@@ -351,7 +352,7 @@ impl RcParams {
 /// with Q_Key `qkey` (port 1, P_Key index 0; a UD QP has no peer).
 ///
 /// ```
-/// use burst_verbs::{transport::QpState, ud_transitions, Psn};
+/// use burst_verbs::{ud_transitions, Psn, QpState};
 /// let [init, rtr, rts] = ud_transitions(0x11, Psn::new(0));
 /// assert_eq!((init.qkey, rtr.state, rts.sq_psn), (Some(0x11), Some(QpState::Rtr), Some(Psn::new(0))));
 /// ```

@@ -21,15 +21,16 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use serde::{Deserialize, Serialize};
 
-use burst_mem::{MrKeys, MwKeys, MwType};
+use burst_mem::{MrKeys, MwKeys, MwType, RegError};
 use burst_transport::{QpAttr, QpConfig, QpState, VerbsError};
 
+use crate::engine::{CreateError, PostError};
 use crate::{DeviceCounters, QpInit};
 
 /// `BRST`.
 pub const MAGIC: [u8; 4] = *b"BRST";
 /// The protocol version; a client of another version is refused at hello.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 /// Descriptors one message carries at most.
@@ -432,26 +433,167 @@ pub enum Reply {
     QpCounters(Box<burst_transport::Counters>),
     /// Every client.
     Clients(Vec<ClientInfo>),
-    /// The call failed: rdma-core's errno, a message, and the transport's
-    /// error where it said no.
+    /// The call failed: rdma-core's errno, a message for the logs, and
+    /// the error itself (the client returns exactly this one).
     Error {
         /// errno.
         errno: i32,
         /// What went wrong.
         message: String,
-        /// The transport's refusal.
-        verbs: Option<WireVerbsError>,
+        /// The typed error.
+        failure: Failure,
     },
 }
 
 impl Reply {
-    /// An error reply.
+    /// An error reply of the daemon's own (limits, bad requests): its
+    /// typed error is the one the errno stands for.
     pub fn error(errno: i32, message: impl Into<String>) -> Reply {
         Reply::Error {
             errno,
             message: message.into(),
-            verbs: None,
+            failure: Failure::of_errno(errno),
         }
+    }
+
+    /// The reply to a failed verb: its error, typed, with its errno.
+    pub fn failed(failure: impl Into<Failure>, what: &str) -> Reply {
+        let failure = failure.into();
+        Reply::Error {
+            errno: failure.errno(),
+            message: format!("{what}: {}", failure.describe()),
+            failure,
+        }
+    }
+}
+
+/// A verb's error as it crosses the socket: burstd sends the error its
+/// in-process control plane returned, the client returns the same value
+/// (no errno or message decoding).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Failure {
+    /// [`PostError::Full`].
+    Full,
+    /// [`PostError::NoSuch`].
+    NoSuch,
+    /// [`PostError::Invalid`].
+    Invalid,
+    /// [`PostError::Stopped`].
+    Stopped,
+    /// [`PostError::Busy`].
+    Busy,
+    /// [`PostError::Refused`].
+    Refused(WireVerbsError),
+    /// [`CreateError::Verbs`].
+    Verbs(WireVerbsError),
+    /// A registration verb's [`RegError`].
+    Reg(RegError),
+    /// A system call failed in the daemon (descriptors, memory): its errno.
+    Os(i32),
+}
+
+impl From<PostError> for Failure {
+    fn from(e: PostError) -> Failure {
+        match e {
+            PostError::Full => Failure::Full,
+            PostError::NoSuch => Failure::NoSuch,
+            PostError::Invalid => Failure::Invalid,
+            PostError::Stopped => Failure::Stopped,
+            PostError::Busy => Failure::Busy,
+            PostError::Refused(v) => Failure::Refused(v.into()),
+        }
+    }
+}
+
+impl From<CreateError> for Failure {
+    fn from(e: CreateError) -> Failure {
+        match e {
+            CreateError::Post(p) => p.into(),
+            CreateError::Verbs(v) => Failure::Verbs(v.into()),
+        }
+    }
+}
+
+impl From<RegError> for Failure {
+    fn from(e: RegError) -> Failure {
+        Failure::Reg(e)
+    }
+}
+
+impl Failure {
+    /// The error of a reply the daemon made itself (a limit, a bad
+    /// request), from its errno.
+    pub fn of_errno(errno: i32) -> Failure {
+        match errno {
+            libc::ENOMEM => Failure::Full,
+            libc::EBUSY => Failure::Busy,
+            libc::EIO => Failure::Stopped,
+            libc::EINVAL => Failure::Invalid,
+            libc::ENOENT => Failure::NoSuch,
+            n => Failure::Os(n),
+        }
+    }
+
+    /// rdma-core's errno for it.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Failure::Os(n) => *n,
+            Failure::Reg(e) => e.errno(),
+            Failure::Verbs(v) => v.clone().into_verbs().errno(),
+            f => f.clone().post().errno(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Failure::Os(n) => std::io::Error::from_raw_os_error(*n).to_string(),
+            Failure::Reg(e) => e.to_string(),
+            Failure::Verbs(v) => v.clone().into_verbs().to_string(),
+            f => f.clone().post().to_string(),
+        }
+    }
+
+    /// As a [`PostError`] (a registration error as the closest one).
+    pub fn post(self) -> PostError {
+        match self {
+            Failure::Full => PostError::Full,
+            Failure::NoSuch => PostError::NoSuch,
+            Failure::Invalid => PostError::Invalid,
+            Failure::Stopped => PostError::Stopped,
+            Failure::Busy => PostError::Busy,
+            Failure::Refused(v) | Failure::Verbs(v) => PostError::Refused(v.into_verbs()),
+            Failure::Reg(RegError::Exhausted) => PostError::Full,
+            Failure::Reg(RegError::InUse) => PostError::Busy,
+            Failure::Reg(_) => PostError::Invalid,
+            Failure::Os(libc::ENOMEM | libc::EMFILE | libc::ENFILE | libc::EAGAIN) => {
+                PostError::Full
+            }
+            Failure::Os(_) => PostError::Invalid,
+        }
+    }
+
+    /// As a [`CreateError`].
+    pub fn create(self) -> CreateError {
+        match self {
+            Failure::Verbs(v) => CreateError::Verbs(v.into_verbs()),
+            f => CreateError::Post(f.post()),
+        }
+    }
+
+    /// As a [`RegError`].
+    pub fn reg(self) -> RegError {
+        match self {
+            Failure::Reg(e) => e,
+            Failure::NoSuch => RegError::NoSuchRegion,
+            Failure::Busy => RegError::InUse,
+            Failure::Invalid => RegError::InvalidLength,
+            _ => RegError::Exhausted,
+        }
+    }
+
+    /// As an `std::io::Error` of its errno.
+    pub fn io(self) -> std::io::Error {
+        std::io::Error::from_raw_os_error(self.errno())
     }
 }
 

@@ -604,8 +604,15 @@ mod tests {
             // (atomics and byte copies on the mapping) and exits.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
+                // Bounded: a child whose consumers gave up (the parent
+                // failed or was killed) must not spin on a full ring.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
                 for i in 0..PER {
                     while ring.push(p << 24 | i).is_err() {
+                        if std::time::Instant::now() > deadline {
+                            // SAFETY: as below.
+                            unsafe { libc::_exit(1) };
+                        }
                         std::hint::spin_loop();
                     }
                 }

@@ -3,8 +3,8 @@
 //! bounded queue under each controller, and do not without one; CNPs and
 //! CE marks reach the controllers.
 
+use burst_cc::{Algorithm, DcqcnConfig};
 use burst_verbs::bottleneck::{run, Report, Scenario};
-use burst_verbs::cc::{Algorithm, DcqcnConfig};
 
 fn dcqcn() -> DcqcnConfig {
     DcqcnConfig::with_line_rate(25_000_000_000 / 8)

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use burst_verbs::ports::capture::{Captured, Tap};
+use burst_verbs::ports::{Captured, Tap};
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
 use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
 use pcap_file::pcapng::PcapNgWriter;
@@ -20,7 +20,7 @@ const QUEUE: usize = 8192;
 
 /// The packet as it travelled: IPv4 or IPv6, UDP 4791, the RoCE bytes.
 pub fn ip_packet(c: &Captured) -> Option<Vec<u8>> {
-    let port = burst_verbs::wire::ROCEV2_PORT;
+    let port = burst_wire::ROCEV2_PORT;
     let b = match (c.src, c.dst) {
         (SocketAddr::V4(s), SocketAddr::V4(d)) => {
             etherparse::PacketBuilder::ipv4(s.ip().octets(), d.ip().octets(), 64).udp(port, port)

@@ -17,7 +17,7 @@ use burst_verbs::engine::Context;
 use burst_verbs::eventfd::EventFd;
 use burst_verbs::gsi::{Gsi, GsiMad};
 use burst_verbs::protocol::{self as p, MadRecv};
-use burst_verbs::wire::mad::{CmAttr, MAD_HEADER_LEN, MGMT_CLASS_CM};
+use burst_wire::mad::{CmAttr, MAD_HEADER_LEN, MGMT_CLASS_CM};
 
 /// Communication IDs a client may hold at once (time-wait included).
 const MAX_IDS_PER_CLIENT: usize = 65536;
@@ -294,9 +294,9 @@ mod tests {
     use burst_cm::{reason, CmEvent};
     use burst_verbs::cm::CmService;
     use burst_verbs::engine::Engine;
-    use burst_verbs::wire::mad::{CmIds, CmMad, CmMessage, MAD_LEN};
-    use burst_verbs::wire::{Psn, Qpn};
     use burst_verbs::Mtu;
+    use burst_wire::mad::{CmIds, CmMad, CmMessage, MAD_LEN};
+    use burst_wire::{Psn, Qpn};
     use std::net::{IpAddr, Ipv4Addr};
     use std::sync::atomic::AtomicBool;
     use std::sync::mpsc;
@@ -347,7 +347,7 @@ mod tests {
 
         // Client 1 answers as comm ID 77 (a REJ): the ID is now its own;
         // client 2 speaking for it is dropped.
-        let rej = burst_verbs::wire::mad::CmRej {
+        let rej = burst_wire::mad::CmRej {
             local_comm_id: 77,
             remote_comm_id: cb.0,
             message_rejected: 0,

@@ -29,9 +29,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use burst_verbs::engine::{ClientLink, CompChannel, Context, CqId, CreateError, PostError};
-use burst_verbs::protocol::{self as p, ClientInfo, DeviceInfo, Reply, Request, WireVerbsError};
+use burst_verbs::protocol::{self as p, ClientInfo, DeviceInfo, Reply, Request};
 use burst_verbs::shm::Segment;
-use burst_verbs::{Access, AsyncEvent, Pd, Qpn, RegError, SrqId};
+use burst_verbs::{Access, AsyncEvent, Pd, Qpn, SrqId};
 
 pub mod capture;
 pub mod cm;
@@ -91,7 +91,7 @@ impl Client {
 pub struct Daemon {
     ctx: Context,
     /// The device's ports copy their packets here while `burst capture` runs.
-    tap: Arc<burst_verbs::ports::capture::Tap>,
+    tap: Arc<burst_verbs::ports::Tap>,
     device: DeviceInfo,
     clients: Mutex<HashMap<u32, Arc<Client>>>,
     next_client: AtomicU32,
@@ -139,21 +139,6 @@ impl Drop for ConnectionSlot {
 /// What a reply carries besides its message.
 pub type Answer = (Reply, Vec<OwnedFd>);
 
-fn errno_reply(e: PostError, what: &str) -> Reply {
-    Reply::error(e.errno(), format!("{what}: {e}"))
-}
-
-fn create_reply(e: CreateError, what: &str) -> Reply {
-    match e {
-        CreateError::Verbs(v) => Reply::Error {
-            errno: v.errno(),
-            message: format!("{what}: {v}"),
-            verbs: Some(WireVerbsError::from(v)),
-        },
-        CreateError::Post(p) => errno_reply(p, what),
-    }
-}
-
 /// A system resource ran out serving one request (descriptors, memory,
 /// mappings): that request is refused with the errno, the daemon goes on
 /// (logged, rate-limited, with the client's other refusals).
@@ -174,14 +159,14 @@ fn dup_of(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
 impl Daemon {
     /// A daemon serving `ctx`'s device (an engine started with
     /// `shared_rings`).
-    pub fn new(ctx: Context, tap: Arc<burst_verbs::ports::capture::Tap>) -> Arc<Daemon> {
+    pub fn new(ctx: Context, tap: Arc<burst_verbs::ports::Tap>) -> Arc<Daemon> {
         Daemon::with_limits(ctx, tap, limits::Limits::default())
     }
 
     /// [`Daemon::new`] with per-client `limits`.
     pub fn with_limits(
         ctx: Context,
-        tap: Arc<burst_verbs::ports::capture::Tap>,
+        tap: Arc<burst_verbs::ports::Tap>,
         limits: limits::Limits,
     ) -> Arc<Daemon> {
         let cfg = ctx.config();
@@ -616,11 +601,11 @@ impl Daemon {
             Request::Hello { .. } => Reply::error(libc::EPROTO, "hello twice"),
             Request::AllocPd => match ctx.try_alloc_pd() {
                 Ok(pd) => Reply::Pd { pd: pd.0 },
-                Err(e) => errno_reply(e, "alloc_pd"),
+                Err(e) => Reply::failed(e, "alloc_pd"),
             },
             Request::DeallocPd { pd } => match ctx.dealloc_pd(Pd(pd)) {
                 Ok(()) => Reply::Done,
-                Err(e) => errno_reply(e, "dealloc_pd"),
+                Err(e) => Reply::failed(e, "dealloc_pd"),
             },
             Request::RegMr {
                 pd,
@@ -666,21 +651,20 @@ impl Daemon {
                 let mem = Arc::new(mem);
                 match ctx.reg_mr_foreign(Pd(pd), mem, addr, len as usize, iova, Access(access)) {
                     Ok(keys) => Reply::Mr { keys },
-                    Err(e) => Reply::error(e.errno(), format!("reg_mr: {e}")),
+                    Err(e) => Reply::failed(e, "reg_mr"),
                 }
             }
             Request::DeregMr { lkey } => match ctx.dereg_mr(lkey) {
                 Ok(()) => Reply::Done,
-                Err(e) => Reply::error(e.errno(), format!("dereg_mr: {e}")),
+                Err(e) => Reply::failed(e, "dereg_mr"),
             },
             Request::AllocMw { pd, kind } => match ctx.alloc_mw(Pd(pd), kind) {
                 Ok(keys) => Reply::Mw { keys },
-                Err(RegError::NoSuchPd) => Reply::error(libc::ENOENT, "alloc_mw: no such PD"),
-                Err(e) => Reply::error(e.errno(), format!("alloc_mw: {e}")),
+                Err(e) => Reply::failed(e, "alloc_mw"),
             },
             Request::DeallocMw { handle } => match ctx.dealloc_mw(handle) {
                 Ok(()) => Reply::Done,
-                Err(e) => Reply::error(e.errno(), format!("dealloc_mw: {e}")),
+                Err(e) => Reply::failed(e, "dealloc_mw"),
             },
             Request::CreateCompChannel => {
                 let (ch, reader) = match ctx.comp_channel_for_client() {
@@ -737,12 +721,12 @@ impl Daemon {
                             &seg,
                         )
                     }
-                    Err(e) => errno_reply(e, "create_cq"),
+                    Err(e) => Reply::failed(e, "create_cq"),
                 }
             }
             Request::DestroyCq { cq } => match ctx.destroy_cq(CqId(cq)) {
                 Ok(()) => Reply::Done,
-                Err(e) => errno_reply(e, "destroy_cq"),
+                Err(e) => Reply::failed(e, "destroy_cq"),
             },
             Request::CreateQp {
                 init,
@@ -761,36 +745,36 @@ impl Daemon {
                             &seg,
                         )
                     }
-                    Err(e) => errno_reply(e, "create_qp"),
+                    Err(e) => Reply::failed(e, "create_qp"),
                 },
-                Err(e) => create_reply(e, "create_qp"),
+                Err(e) => Reply::failed(e, "create_qp"),
             },
             Request::DestroyQp { qpn } => match qpn_of(qpn).and_then(|q| ctx.destroy_qp(q)) {
                 Ok(()) => Reply::Done,
-                Err(e) => create_reply(e, "destroy_qp"),
+                Err(e) => Reply::failed(e, "destroy_qp"),
             },
             Request::ModifyQp { qpn, attr } => match qpn_of(qpn) {
                 Ok(q) => match ctx.modify_qp(q, &attr) {
                     Ok(Ok(())) => Reply::Done,
-                    Ok(Err(v)) => create_reply(CreateError::Verbs(v), "modify_qp"),
-                    Err(e) => errno_reply(e, "modify_qp"),
+                    Ok(Err(v)) => Reply::failed(CreateError::Verbs(v), "modify_qp"),
+                    Err(e) => Reply::failed(e, "modify_qp"),
                 },
-                Err(e) => create_reply(e, "modify_qp"),
+                Err(e) => Reply::failed(e, "modify_qp"),
             },
             Request::Multicast { qpn, mgid, attach } => match qpn_of(qpn) {
                 Ok(q) => match ctx.multicast(q, mgid, attach) {
                     Ok(Ok(())) => Reply::Done,
-                    Ok(Err(v)) => create_reply(CreateError::Verbs(v), "multicast"),
-                    Err(e) => errno_reply(e, "multicast"),
+                    Ok(Err(v)) => Reply::failed(CreateError::Verbs(v), "multicast"),
+                    Err(e) => Reply::failed(e, "multicast"),
                 },
-                Err(e) => create_reply(e, "multicast"),
+                Err(e) => Reply::failed(e, "multicast"),
             },
             Request::QueryQp { qpn } => match qpn_of(qpn) {
                 Ok(q) => match ctx.query_qp(q) {
                     Ok((state, cfg)) => Reply::QpState { state, cfg },
-                    Err(e) => errno_reply(e, "query_qp"),
+                    Err(e) => Reply::failed(e, "query_qp"),
                 },
-                Err(e) => create_reply(e, "query_qp"),
+                Err(e) => Reply::failed(e, "query_qp"),
             },
             Request::CreateSrq {
                 pd,
@@ -807,36 +791,36 @@ impl Daemon {
                             &seg,
                         )
                     }
-                    Err(e) => errno_reply(e, "create_srq"),
+                    Err(e) => Reply::failed(e, "create_srq"),
                 },
-                Err(e) => create_reply(e, "create_srq"),
+                Err(e) => Reply::failed(e, "create_srq"),
             },
             Request::DestroySrq { srq } => match ctx.destroy_srq(SrqId(srq)) {
                 Ok(()) => Reply::Done,
-                Err(e) => create_reply(e, "destroy_srq"),
+                Err(e) => Reply::failed(e, "destroy_srq"),
             },
             Request::ModifySrq { srq, max_wr, limit } => {
                 match ctx.modify_srq(SrqId(srq), max_wr, limit) {
                     Ok(()) => Reply::Done,
-                    Err(e) => create_reply(e, "modify_srq"),
+                    Err(e) => Reply::failed(e, "modify_srq"),
                 }
             }
             Request::CreateAh { gid, sgid_index } => match ctx.create_ah_from(gid, sgid_index) {
                 Ok(ah) => Reply::Ah { ah },
-                Err(PostError::Refused(v)) => create_reply(CreateError::Verbs(v), "create_ah"),
-                Err(e) => errno_reply(e, "create_ah"),
+                Err(PostError::Refused(v)) => Reply::failed(CreateError::Verbs(v), "create_ah"),
+                Err(e) => Reply::failed(e, "create_ah"),
             },
             Request::DestroyAh { ah } => match ctx.destroy_ah(ah) {
                 Ok(()) => Reply::Done,
-                Err(e) => errno_reply(e, "destroy_ah"),
+                Err(e) => Reply::failed(e, "destroy_ah"),
             },
             Request::Gids => match ctx.gid_table() {
                 Ok(t) => Reply::Gids(t),
-                Err(e) => errno_reply(e, "query_gid"),
+                Err(e) => Reply::failed(e, "query_gid"),
             },
             Request::Counters => match self.ctx.counters() {
                 Ok(cn) => Reply::Counters(Box::new(cn)),
-                Err(e) => errno_reply(e, "counters"),
+                Err(e) => Reply::failed(e, "counters"),
             },
             Request::Clients => Reply::Clients(self.clients_for(c.uid)),
             Request::QpCounters { qpn } => self.qp_counters(c, qpn),
@@ -921,7 +905,7 @@ impl Daemon {
             Access(access),
         ) {
             Ok(keys) => Reply::Mr { keys },
-            Err(e) => Reply::error(e.errno(), format!("reg_mr: {e}")),
+            Err(e) => Reply::failed(e, "reg_mr"),
         }
     }
 
@@ -936,7 +920,7 @@ impl Daemon {
         };
         match self.ctx.for_client(owner).qp_counters(q) {
             Ok(cn) => Reply::QpCounters(Box::new(cn)),
-            Err(e) => errno_reply(e, "qp counters"),
+            Err(e) => Reply::failed(e, "qp counters"),
         }
     }
 

@@ -127,14 +127,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     o.copy = dev.copy;
     o.dpdk.clone_from(&dev.dpdk);
     o.shared_rings = true;
-    let tap = burst_verbs::ports::capture::Tap::new();
+    let tap = burst_verbs::ports::Tap::new();
     let ports = open_ports(dev)?
         .into_iter()
         .map(|p| {
-            Box::new(burst_verbs::ports::capture::CapturePort::new(
-                p,
-                Arc::clone(&tap),
-            )) as burst_verbs::AnyPort
+            Box::new(burst_verbs::ports::CapturePort::new(p, Arc::clone(&tap)))
+                as burst_verbs::AnyPort
         })
         .collect();
     let listener = burstd::listen(&s.socket, s.socket_mode, s.socket_group.as_deref())?;

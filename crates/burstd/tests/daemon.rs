@@ -407,3 +407,85 @@ fn the_sockets_permissions_decide_who_may_connect() {
     // Root (the owner) still may.
     let _ = d.connect();
 }
+
+/// The control plane's errors cross the socket typed: a daemon client gets
+/// the same error values as an embedded context for the same mistakes.
+#[test]
+fn a_daemon_client_gets_the_errors_an_embedded_context_gets() {
+    let d = Daemon::start("127.0.96.1", &[]);
+    let remote = d.connect();
+    let engine = burst_verbs::engine::Engine::start(
+        "127.0.96.2".parse().unwrap(),
+        burst_verbs::Mtu::Mtu1024,
+    )
+    .unwrap();
+    let local = engine.context();
+    for ctx in [&remote, &local] {
+        let home = if ctx.is_daemon_client() {
+            "daemon"
+        } else {
+            "embedded"
+        };
+        let pd = ctx.try_alloc_pd().unwrap();
+        let buf = aligned(8192, 0);
+        // REMOTE_WRITE without LOCAL_WRITE: the Verbs rule.
+        // SAFETY: `buf` lives for the process.
+        let r = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), 4096, Access::REMOTE_WRITE) };
+        assert_eq!(
+            r.unwrap_err(),
+            burst_verbs::RegError::InvalidAccess,
+            "{home}"
+        );
+        // A PD that is not the client's (an embedded context takes PDs of
+        // its memory table it did not allocate: simulations use them).
+        if ctx.is_daemon_client() {
+            // SAFETY: as above.
+            let r = unsafe {
+                ctx.reg_mr(
+                    burst_verbs::Pd(0xdead),
+                    buf.as_mut_ptr(),
+                    4096,
+                    Access::LOCAL_WRITE,
+                )
+            };
+            assert_eq!(r.unwrap_err(), burst_verbs::RegError::NoSuchPd, "{home}");
+        }
+        assert_eq!(
+            ctx.dereg_mr(0x1234_5678).unwrap_err(),
+            burst_verbs::RegError::NoSuchRegion,
+            "{home}"
+        );
+        // A PD still in use.
+        // SAFETY: as above.
+        let mr = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();
+        assert_eq!(
+            ctx.dealloc_pd(pd).unwrap_err(),
+            burst_verbs::engine::PostError::Busy,
+            "{home}"
+        );
+        ctx.dereg_mr(mr.lkey).unwrap();
+        // A QP deeper than the device allows: the transport's refusal.
+        let cq = ctx.try_create_cq(8, None).unwrap();
+        let mut init = QpInit::new(QpType::Rc, pd);
+        init.caps.max_send_wr = burst_verbs::MAX_QP_WR + 1;
+        match ctx.create_qp_with(&init, cq, cq) {
+            Err(burst_verbs::engine::CreateError::Verbs(
+                burst_verbs::VerbsError::InvalidValue(w),
+            )) => {
+                assert_eq!(w, "max_send_wr/max_recv_wr", "{home}")
+            }
+            other => panic!("{home}: {other:?}"),
+        }
+        // An AH between address families.
+        let v6 = std::net::Ipv6Addr::LOCALHOST.octets();
+        assert!(
+            matches!(
+                ctx.create_ah_from(v6, None),
+                Err(burst_verbs::engine::PostError::Refused(_))
+            ),
+            "{home}"
+        );
+        ctx.destroy_cq(cq).unwrap();
+        ctx.dealloc_pd(pd).unwrap();
+    }
+}

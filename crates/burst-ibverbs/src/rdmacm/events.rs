@@ -117,11 +117,11 @@ pub(super) fn on_cm_event(dev: usize, e: CmEvent) {
             });
             let Some((listener, hdr, port)) = target else {
                 tracing::debug!(%peer, service = req.service_id, "SIDR_REQ for no listener");
-                let rep = burst_verbs::wire::mad::CmSidrRep {
+                let rep = burst_cm::CmSidrRep {
                     request_id: 0,
                     status: burst_cm::sidr_status::UNSUPPORTED,
                     add_info_length: 0,
-                    qpn: burst_verbs::wire::Qpn::from_wire(0),
+                    qpn: burst_verbs::Qpn::from_wire(0),
                     service_id: req.service_id,
                     qkey: 0,
                     class_port_info: [0; 72],

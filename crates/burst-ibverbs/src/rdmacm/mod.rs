@@ -25,10 +25,10 @@ use std::sync::{Arc, Mutex};
 
 use burst_cm::rdma::{CmaHeader, PortSpace};
 use burst_cm::{reason, ConnId};
+use burst_cm::{CmSidrRep, CmSidrReq};
 use burst_verbs::cm::CmService;
 use burst_verbs::eventfd::EventFd;
-use burst_verbs::wire::mad::{CmSidrRep, CmSidrReq};
-use burst_verbs::wire::{Psn, Qpn};
+use burst_verbs::{Psn, Qpn};
 
 use self::abi::*;
 use crate::abi::*;
@@ -1377,7 +1377,7 @@ fn connect_locked(id: &Arc<Id>, st: &mut IdState, p: Option<rdma_conn_param>) ->
     req.srq = !unsafe { (*id.raw()).srq }.is_null() || p.is_some_and(|p| p.srq != 0);
     // SAFETY: the id's live QP (when there is one).
     if !qp.is_null() && unsafe { (*qp).qp_type } == IBV_QPT_UC {
-        req.transport = burst_verbs::wire::mad::CmTransport::Uc;
+        req.transport = burst_cm::CmTransport::Uc;
     }
     req.path_mtu = d.mtu;
     let ack_timeout = st.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);

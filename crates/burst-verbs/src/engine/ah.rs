@@ -43,18 +43,16 @@ impl Context {
     /// its own address); an empty index, or GIDs of different IP versions,
     /// are refused ([`crate::VerbsError::InvalidValue`], EINVAL).
     pub fn create_ah_from(&self, gid: [u8; 16], sgid_index: Option<u8>) -> Result<u32, PostError> {
-        if self.remote.is_some() {
-            // burstd numbers and owns it.
-            return self
-                .call(|reply| Control::CreateAh {
-                    index: 0,
-                    owner: 0,
-                    gid,
-                    sgid_index,
-                    reply,
-                })?
-                .map_err(PostError::Refused);
-        }
+        self.plane.create_ah(self, gid, sgid_index)
+    }
+
+    /// [`Context::create_ah_from`] on this process's engine: numbered
+    /// here, shared per (owner, destination, source) with a count.
+    pub(super) fn create_ah_here(
+        &self,
+        gid: [u8; 16],
+        sgid_index: Option<u8>,
+    ) -> Result<u32, PostError> {
         let key = (self.owner, gid, sgid_index);
         let (index, reused) = {
             let mut t = self.shared.ahs.lock().unwrap_or_else(|e| e.into_inner());
@@ -106,10 +104,7 @@ impl Context {
     /// `ibv_destroy_ah`: drops one reference to this client's AH `ah`
     /// (the entry goes with the last); `NoSuch` for another client's.
     pub fn destroy_ah(&self, ah: u32) -> Result<(), PostError> {
-        if let Some(r) = &self.remote {
-            return r.destroy_ah(ah);
-        }
-        self.release_ah(ah, false)
+        self.plane.destroy_ah(self, ah)
     }
 
     /// Drops one reference to this owner's AH `ah` (every reference with

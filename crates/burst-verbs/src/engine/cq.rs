@@ -30,7 +30,7 @@ pub struct CompChannel {
 }
 
 impl CompChannel {
-    pub(super) fn with_fd(fd: crate::eventfd::EventFd) -> CompChannel {
+    pub(crate) fn with_fd(fd: crate::eventfd::EventFd) -> CompChannel {
         CompChannel {
             fd,
             cqs: std::sync::Mutex::default(),
@@ -188,26 +188,14 @@ impl Context {
 
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> std::io::Result<Arc<CompChannel>> {
-        let Some(r) = &self.remote else {
-            return Ok(Arc::new(CompChannel::with_fd(
-                crate::eventfd::EventFd::new()?,
-            )));
-        };
-        // burstd signals a pipe whose write end it keeps.
-        let (id, fd) = r.create_channel()?;
-        let ch = CompChannel::with_fd(crate::eventfd::EventFd::pipe_reader(fd));
-        ch.set_remote_id(id);
-        Ok(Arc::new(ch))
+        self.plane.create_comp_channel(self)
     }
 
     /// `ibv_destroy_comp_channel` (no CQ may still use it: `Busy`). burstd
     /// lets go of its write end; in embedded mode the channel goes with
     /// its last `Arc`.
     pub fn destroy_comp_channel(&self, ch: &CompChannel) -> Result<(), PostError> {
-        match &self.remote {
-            Some(r) => r.destroy_channel(ch.remote_id()),
-            None => Ok(()),
-        }
+        self.plane.destroy_comp_channel(self, ch)
     }
 
     /// A completion channel of a daemon client: the engine signals a pipe
@@ -237,10 +225,7 @@ impl Context {
             return Err(PostError::Invalid);
         }
         let slots = ShmRing::<WorkCompletion>::slots_for(depth);
-        let (id, seg) = match &self.remote {
-            Some(r) => r.create_cq(depth, channel.as_ref())?,
-            None => (None, Arc::new(self.segment("burst-cq", Cq::bytes(slots))?)),
-        };
+        let (id, seg) = self.plane.cq_memory(self, depth, slots, channel.as_ref())?;
         let cq = Arc::new(
             Cq::new(seg, slots, id.is_none(), channel.clone(), self.owner)
                 .map_err(|_| PostError::Invalid)?,
@@ -267,18 +252,7 @@ impl Context {
     /// `ibv_destroy_cq`: EBUSY while a QP completes into it.
     pub fn destroy_cq(&self, cq: CqId) -> Result<(), PostError> {
         let q = self.cq_ref(cq)?;
-        if let Some(r) = &self.remote {
-            r.destroy_cq(cq)?;
-        } else {
-            let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
-            if rings
-                .iter()
-                .flatten()
-                .any(|r| r.send_cq == cq || r.recv_cq == cq)
-            {
-                return Err(PostError::Busy);
-            }
-        }
+        self.plane.destroy_cq(self, cq)?;
         if let Some(ch) = &q.channel {
             ch.cqs
                 .lock()

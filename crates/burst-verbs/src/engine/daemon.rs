@@ -300,7 +300,7 @@ impl Context {
     /// Whether this is a daemon client whose daemon is gone (every verb
     /// fails; the async fd reported `DeviceFatal`).
     pub fn device_failed(&self) -> bool {
-        self.remote.as_ref().is_some_and(|r| r.is_dead())
+        self.plane.gone()
     }
 
     /// Sends `req` to burstd and returns its reply (the `burst` tool's
@@ -310,105 +310,52 @@ impl Context {
         req: &crate::protocol::Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(crate::protocol::Reply, Vec<std::os::fd::OwnedFd>), PostError> {
-        self.remote
-            .as_ref()
-            .ok_or(PostError::Invalid)?
-            .call(req, fds)
+        self.plane.request(req, fds)
     }
 
     /// burstd's number for this client.
     pub fn client_id(&self) -> Option<u32> {
-        self.remote.as_ref().map(|r| r.client())
+        self.plane.client_id()
     }
 
     /// Whether this context is a burstd client.
     pub fn is_daemon_client(&self) -> bool {
-        self.remote.is_some()
+        self.plane.client_id().is_some()
     }
 
-    /// Connects to burstd at `path` (daemon mode): the device is the
-    /// daemon's, rings and doorbells are memory shared with it.
-    pub fn connect(path: &std::path::Path) -> std::io::Result<Context> {
-        Context::connect_with(path, crate::client::MrMode::from_env())
-    }
-
-    /// [`Context::connect`], registering memory as `mode` says (remapped
-    /// onto shared memfds, or copied by the daemon).
-    pub fn connect_with(
-        path: &std::path::Path,
-        mode: crate::client::MrMode,
+    /// A daemon client's context: `seg` is its segment (async-event ring,
+    /// then each lane's doorbells, as `layout` says), `wake` the daemon's
+    /// wake segment with one pipe per lane, `events` the read end of its
+    /// async-event pipe; control verbs go to `plane`.
+    pub(crate) fn attached(
+        device: crate::protocol::DeviceInfo,
+        layout: ClientLayout,
+        seg: Arc<Segment>,
+        wake: Wake,
+        events: std::os::fd::OwnedFd,
+        plane: Arc<dyn ControlPlane>,
     ) -> std::io::Result<Context> {
-        use crate::protocol::{self as p, Reply, Request};
-        use std::os::fd::AsFd;
-        let sock = p::connect(path).map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("burst: cannot reach burstd at {}: {e}", path.display()),
-            )
-        })?;
-        p::send(
-            sock.as_fd(),
-            &p::encode(&Request::Hello {
-                version: p::VERSION,
-                layout: p::layout(),
-            }),
-            &[],
-        )?;
-        let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
-        let (msg, fds) =
-            p::recv(sock.as_fd())?.ok_or_else(|| bad("burstd closed the socket".into()))?;
-        let reply = p::decode::<Reply>(&msg).map_err(|e| bad(format!("burstd: {e}")))?;
-        let Reply::Hello {
-            device,
-            client,
-            event_slots,
-            bells_offset,
-            bells_stride,
-            bells_depth,
-            segment_len,
-            wake_len,
-        } = reply
-        else {
-            return Err(match reply {
-                Reply::Error { errno, message, .. } => std::io::Error::new(
-                    std::io::Error::from_raw_os_error(errno).kind(),
-                    format!("burstd refused this client: {message}"),
-                ),
-                _ => bad("burstd: unexpected reply to hello".into()),
-            });
-        };
         let lanes = device.lanes.max(1) as usize;
-        let mut fds = fds.into_iter();
-        let (Some(seg_fd), Some(wake_fd), Some(events_fd)) = (fds.next(), fds.next(), fds.next())
-        else {
-            return Err(bad("burstd: hello without its segments".into()));
-        };
-        let seg = Arc::new(Segment::from_fd(seg_fd, segment_len as usize)?);
-        let wake_fds = fds
-            .map(crate::eventfd::EventFd::pipe_writer)
-            .collect::<std::io::Result<Vec<_>>>()?;
-        if wake_fds.len() != lanes {
-            return Err(bad("burstd: one wake pipe per lane expected".into()));
-        }
-        let wake = Arc::new(Wake::attach(
-            Arc::new(Segment::from_fd(wake_fd, wake_len as usize)?),
-            wake_fds,
-        )?);
+        let wake = Arc::new(wake);
         let doorbells = (0..lanes)
             .map(|l| {
                 Doorbells::attach(
                     Arc::clone(&seg),
-                    bells_offset as usize + l * bells_stride as usize,
-                    bells_depth as usize,
+                    layout.bells_offset as usize + l * layout.bells_stride as usize,
+                    layout.bells_depth as usize,
                     Some(Arc::clone(&wake)),
                     l,
                 )
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let events = AsyncEvents {
-            fd: crate::eventfd::EventFd::pipe_reader(events_fd),
+            fd: crate::eventfd::EventFd::pipe_reader(events),
             queue: SegQueue::new(),
-            remote: Some(ShmRing::attach(Arc::clone(&seg), 0, event_slots as usize)?),
+            remote: Some(ShmRing::attach(
+                Arc::clone(&seg),
+                0,
+                layout.event_slots as usize,
+            )?),
             port_down: AtomicBool::new(false),
         };
         let shared = Arc::new(Shared {
@@ -433,12 +380,11 @@ impl Context {
             clock: Clock::wall(),
             gsi: None,
         });
-        let remote = Arc::new(crate::client::Remote::new(sock, client, mode));
         let mtu = Mtu::from_bytes(device.mtu as usize).unwrap_or(Mtu::Mtu1024);
-        let ctx = Context {
-            shared: Arc::clone(&shared),
+        Ok(Context {
+            shared,
             owner: 0,
-            remote: Some(Arc::clone(&remote)),
+            plane,
             control: (0..lanes).map(|_| bounded(1).0).collect(),
             next_lane: Arc::default(),
             gid: device.gid,
@@ -454,48 +400,17 @@ impl Context {
                 threads: lanes as u32,
                 copy: Default::default(),
             }),
-        };
-        tracing::info!(
-            client,
-            socket = %path.display(),
-            "burst: daemon mode (burstd serves device {})",
-            ctx.config.name
-        );
-        watch_daemon(Arc::downgrade(&shared), Arc::downgrade(&remote));
-        Ok(ctx)
+        })
     }
-}
 
-/// Watches a client's control socket: when burstd dies the socket hangs
-/// up, and every QP's application learns it at once (`DeviceFatal` on the
-/// async fd, every verb failing) instead of hanging.
-pub(super) fn watch_daemon(
-    shared: std::sync::Weak<Shared>,
-    remote: std::sync::Weak<crate::client::Remote>,
-) {
-    let spawned = std::thread::Builder::new()
-        .name("burst-watch".into())
-        .spawn(move || loop {
-            let Some(r) = remote.upgrade() else {
-                return;
-            };
-            let mut p = libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&r.socket()),
-                events: 0,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd.
-            let n = unsafe { libc::poll(&mut p, 1, 100) };
-            if n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-                tracing::error!("burst: burstd is gone: every verb fails from now on");
-                r.set_dead();
-                if let Some(sh) = shared.upgrade() {
-                    sh.events.push(AsyncEvent::DeviceFatal);
-                }
-                return;
+    /// Reports the device lost (`DeviceFatal` on the async fd) while the
+    /// context lives: what a client does when burstd is gone.
+    pub(crate) fn fatal_notice(&self) -> impl Fn() + Send + 'static {
+        let shared = Arc::downgrade(&self.shared);
+        move || {
+            if let Some(sh) = shared.upgrade() {
+                sh.events.push(AsyncEvent::DeviceFatal);
             }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("burst: no thread to watch burstd: {e}");
+        }
     }
 }

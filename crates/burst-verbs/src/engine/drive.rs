@@ -2,7 +2,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crossbeam::channel::{bounded, Sender};
 
@@ -29,35 +28,9 @@ impl Context {
         make: impl FnOnce(Sender<T>) -> Control,
     ) -> Result<T, PostError> {
         let (tx, rx) = bounded(1);
-        if let Some(r) = &self.remote {
-            // The daemon runs it: the request crosses the control socket.
-            r.execute(make(tx))?;
-            return rx.try_recv().map_err(|_| PostError::Stopped);
-        }
-        self.control
-            .get(lane)
-            .ok_or(PostError::NoSuch)?
-            .send(make(tx))
-            .map_err(|_| PostError::Stopped)?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(v) = rx.try_recv() {
-                return Ok(v);
-            }
-            if self.shared.stop.load(Ordering::Acquire) || std::time::Instant::now() > deadline {
-                return Err(PostError::Stopped);
-            }
-            // Whoever holds the core runs the request at its next step;
-            // with the core free, this thread runs it (and only it: a
-            // control call moves no packets).
-            match self.shared.cores[lane].try_lock() {
-                Ok(mut core) => {
-                    let sh = &*self.shared;
-                    core.contained(sh, |c| c.run_control(sh));
-                }
-                Err(_) => std::thread::yield_now(),
-            }
-        }
+        self.plane
+            .execute(self, lane, make(tx), &|| !rx.is_empty())?;
+        rx.try_recv().map_err(|_| PostError::Stopped)
     }
 
     /// QP1 of this engine's device (`None` for a daemon client: burstd's
@@ -92,16 +65,7 @@ impl Context {
     /// stepping it; returns whether there was work. Posting and polling
     /// call this, so an application that busy-polls drives its own I/O.
     pub fn progress(&self) -> bool {
-        if self.remote.is_some() {
-            // A daemon client has no core to step: the daemon's engine
-            // thread does the work. Polling an empty CQ hands the CPU over
-            // instead of spinning against that thread (on a machine with
-            // fewer cores than spinning threads, a 64-byte send_lat went
-            // from 2 ms to microseconds).
-            std::thread::yield_now();
-            return false;
-        }
-        self.step(Round::Full)
+        self.plane.progress(self)
     }
 
     /// [`Context::progress`] without the receive: what posting a send does.

@@ -42,45 +42,12 @@ impl Context {
 
     /// [`Context::alloc_pd`], with the error a daemon client can meet.
     pub fn try_alloc_pd(&self) -> Result<Pd, PostError> {
-        if let Some(r) = &self.remote {
-            return r.alloc_pd();
-        }
-        let pd = self.shared.mrs.alloc_pd();
-        self.shared
-            .pd_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(pd.0, self.owner);
-        Ok(pd)
+        self.plane.alloc_pd(self)
     }
 
     /// `ibv_dealloc_pd`: EBUSY while regions or QPs use it.
     pub fn dealloc_pd(&self, pd: Pd) -> Result<(), PostError> {
-        if let Some(r) = &self.remote {
-            return r.dealloc_pd(pd);
-        }
-        self.check_pd(pd)?;
-        let mrs = self
-            .shared
-            .mr_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let used = mrs
-            .keys()
-            .any(|k| self.shared.mrs.lookup(*k).is_some_and(|r| r.pd() == pd.0))
-            || self.shared.mrs.pd_has_windows(pd);
-        drop(mrs);
-        let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
-        if used || rings.iter().flatten().any(|r| r.cfg.pd == pd.0) {
-            return Err(PostError::Busy);
-        }
-        drop(rings);
-        self.shared
-            .pd_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&pd.0);
-        Ok(())
+        self.plane.dealloc_pd(self, pd)
     }
 
     /// `Ok` when `pd` is this handle's (a daemon client reaches only its own).
@@ -128,13 +95,8 @@ impl Context {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
-        if let Some(r) = &self.remote {
-            return r.reg_mr(pd, ptr, len, iova, access);
-        }
         // SAFETY: forwarded contract.
-        self.register(pd, None, || unsafe {
-            self.shared.mrs.register(pd, ptr, len, iova, access)
-        })
+        unsafe { self.plane.reg_mr(self, pd, ptr, len, iova, access) }
     }
 
     /// Registers memory the daemon mapped for a client: `len` bytes at
@@ -204,62 +166,17 @@ impl Context {
 
     /// Deregisters; returns once the engine no longer uses the region.
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), RegError> {
-        if let Some(r) = &self.remote {
-            return r.dereg_mr(lkey);
-        }
-        let mut owners = self
-            .shared
-            .mr_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match owners.get(&lkey) {
-            Some((o, _)) if *o == self.owner => {}
-            None if self.owner == 0 => {}
-            _ => return Err(RegError::NoSuchRegion),
-        }
-        let held = owners.remove(&lkey);
-        drop(owners);
-        let r = self.shared.mrs.deregister(lkey);
-        // The daemon's mapping goes only now, after the last user let go.
-        drop(held);
-        r
+        self.plane.dereg_mr(self, lkey)
     }
 
     /// `ibv_alloc_mw`: a memory window of `pd` (see [`burst_mem::MwType`]);
     /// it is bound by a [`burst_transport::SendOp::BindMw`] work request.
     pub fn alloc_mw(&self, pd: Pd, kind: MwType) -> Result<MwKeys, RegError> {
-        if let Some(r) = &self.remote {
-            return r.alloc_mw(pd, kind);
-        }
-        if self.check_pd(pd).is_err() {
-            return Err(RegError::NoSuchPd);
-        }
-        let keys = self.shared.mrs.alloc_window(pd, kind)?;
-        self.shared
-            .mw_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(keys.handle, self.owner);
-        Ok(keys)
+        self.plane.alloc_mw(self, pd, kind)
     }
 
     /// `ibv_dealloc_mw`.
     pub fn dealloc_mw(&self, handle: u32) -> Result<(), RegError> {
-        if let Some(r) = &self.remote {
-            return r.dealloc_mw(handle);
-        }
-        let mut owners = self
-            .shared
-            .mw_owner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        match owners.get(&handle) {
-            Some(o) if *o == self.owner => {}
-            None if self.owner == 0 => {}
-            _ => return Err(RegError::NoSuchRegion),
-        }
-        owners.remove(&handle);
-        drop(owners);
-        self.shared.mrs.dealloc_window(handle)
+        self.plane.dealloc_mw(self, handle)
     }
 }

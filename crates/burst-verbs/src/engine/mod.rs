@@ -43,6 +43,7 @@ mod held;
 mod lane;
 mod memory;
 mod open;
+mod plane;
 mod post;
 mod qp;
 mod rings;
@@ -59,6 +60,7 @@ pub use handles::{CompletionQueue, QueuePair, SharedReceiveQueue};
 use held::*;
 use lane::*;
 pub use open::{device_list, open_device, open_port, open_ports};
+pub(crate) use plane::{ControlPlane, InProcess};
 pub(crate) use rings::*;
 pub(crate) use wake::*;
 
@@ -150,8 +152,8 @@ pub struct Context {
     /// The daemon client whose objects this handle reaches (0: the
     /// engine's own process). burstd gives each client its own.
     owner: u32,
-    /// Set when this process is a daemon client: control calls go to burstd.
-    remote: Option<Arc<crate::client::Remote>>,
+    /// Where control verbs run: this process's lanes, or burstd.
+    plane: Arc<dyn ControlPlane>,
     /// Each lane's control channel.
     control: Vec<Sender<Control>>,
     /// The lane the next QP goes to (round robin).
@@ -392,7 +394,7 @@ impl Engine {
         let ctx = Context {
             shared: Arc::clone(&shared),
             owner: 0,
-            remote: None,
+            plane: Arc::new(InProcess),
             control: controls,
             next_lane: Arc::default(),
             gid,

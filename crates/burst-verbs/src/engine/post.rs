@@ -1,6 +1,6 @@
 //! Posting work requests and polling completions.
 
-use burst_transport::{InlineData, QpState, RecvWr, SendWr, VerbsError, WorkCompletion};
+use burst_transport::{QpState, RecvWr, SendWr, VerbsError, WorkCompletion};
 use burst_wire::Qpn;
 
 use super::*;
@@ -19,7 +19,7 @@ impl Context {
     pub(super) fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
         let wr = *wr;
         let len = ring.cfg.check_send(&wr).map_err(PostError::Refused)?;
-        if self.remote.as_ref().is_some_and(|r| r.is_dead()) {
+        if self.plane.gone() {
             return Err(PostError::Stopped);
         }
         // As RXE: sends need RTS (or later: in SQD, SQE and ERR they queue,
@@ -44,35 +44,11 @@ impl Context {
         mut wr: SendWr,
         len: u64,
     ) -> Result<(), PostError> {
-        if let Some(r) = &self.remote {
-            if r.is_dead() {
-                return Err(PostError::Stopped);
-            }
-            if wr.inline && wr.inline_data.is_none() {
-                // As providers do: the bytes are read from the addresses
-                // now, whatever the lkeys (inline data needs no region).
-                let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
-                let mut at = 0;
-                for s in wr.sg_list.iter() {
-                    let n = s.length as usize;
-                    // SAFETY: the application passed these SGEs to
-                    // ibv_post_send with IBV_SEND_INLINE: readable now
-                    // (rdma-core's providers memcpy them the same way);
-                    // their total is `len`, which `d` holds.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(s.addr as *const u8, d[at..].as_mut_ptr(), n)
-                    };
-                    at += n;
-                }
-                wr.inline_data = Some(d);
-            }
+        if self.plane.gone() {
+            return Err(PostError::Stopped);
         }
         if wr.inline && wr.inline_data.is_none() {
-            let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
-            let mem = self.shared.mrs.memory();
-            burst_transport::Memory::read_local(&mem, ring.cfg.pd, &wr.sg_list, 0, &mut d)
-                .map_err(|_| PostError::Invalid)?;
-            wr.inline_data = Some(d);
+            self.plane.gather_inline(self, ring.cfg.pd, &mut wr, len)?;
         }
         match self.step_with(ring.lane, Round::Transmit, |core| {
             core.post_send_now(ring, wr)

@@ -1,6 +1,5 @@
 //! Queue pairs and SRQs: create, modify, query, destroy, counters.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::shm::{Segment, ShmRing};
@@ -59,33 +58,9 @@ impl Context {
             ShmRing::<SendWr>::slots_for(init.caps.max_send_wr as usize),
             ShmRing::<RecvWr>::slots_for(init.caps.max_recv_wr as usize),
         );
-        let rings = if let Some(r) = &self.remote {
-            let (qpn, cfg, lane, seg) = r.create_qp(&init, send_cq, recv_cq)?;
-            QpRings::new(seg, slots, false, qpn, lane, cfg, (send_cq, recv_cq), 0)
-                .map_err(|_| PostError::Invalid)?
-        } else {
-            // Round robin over the lanes; a QP with an SRQ goes where SRQs live.
-            let lane = if init.srq.is_some() {
-                0
-            } else {
-                self.next_lane.fetch_add(1, Ordering::Relaxed) % self.control.len()
-            };
-            let seg = Arc::new(self.segment("burst-qp", qp_layout(slots.0, slots.1).2)?);
-            let (qpn, cfg) = self
-                .call_on(lane, |reply| Control::CreateQp { init, reply })?
-                .map_err(CreateError::Verbs)?;
-            QpRings::new(
-                seg,
-                slots,
-                true,
-                qpn,
-                lane,
-                cfg,
-                (send_cq, recv_cq),
-                self.owner,
-            )
-            .map_err(|_| PostError::Invalid)?
-        };
+        let rings = self
+            .plane
+            .create_qp(self, &init, (send_cq, recv_cq), slots)?;
         let rings = Arc::new(rings);
         let i = (rings.qpn.value() - FIRST_QPN) as usize;
         let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
@@ -102,20 +77,15 @@ impl Context {
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), CreateError> {
         self.ring(qpn)?;
-        if let Some(r) = &self.remote {
-            r.destroy_qp(qpn)?;
+        self.plane.destroy_qp(self, qpn)
+    }
+
+    /// Drops QP `qpn` from this process's table (no more posts reach it).
+    pub(crate) fn forget_qp(&self, qpn: Qpn) {
+        let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = all.get_mut(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
+            *slot = None;
         }
-        {
-            let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
-            if let Some(slot) = all.get_mut(qpn.value().wrapping_sub(FIRST_QPN) as usize) {
-                *slot = None;
-            }
-        }
-        if self.remote.is_some() {
-            return Ok(());
-        }
-        self.call_on(self.lane_of(qpn), |reply| Control::DestroyQp { qpn, reply })?
-            .map_err(CreateError::Verbs)
     }
 
     /// The segment of a QP's rings, with their slots (send, receive) and
@@ -167,25 +137,7 @@ impl Context {
             return Err(CreateError::Verbs(VerbsError::InvalidValue("max_wr")));
         }
         let slots = ShmRing::<RecvWr>::slots_for(max_wr as usize);
-        let (id, ring) = if let Some(r) = &self.remote {
-            let (id, seg) = r.create_srq(pd, max_wr, max_sge)?;
-            let ring = ShmRing::attach(seg, 0, slots).map_err(|_| PostError::Invalid)?;
-            (id, ring)
-        } else {
-            let seg = Arc::new(self.segment("burst-srq", ShmRing::<RecvWr>::bytes(slots))?);
-            let id = self
-                .call(|reply| Control::CreateSrq {
-                    pd,
-                    max_wr,
-                    max_sge,
-                    reply,
-                })?
-                .map_err(CreateError::Verbs)?;
-            (
-                id,
-                ShmRing::create(seg, 0, slots).map_err(|_| PostError::Invalid)?,
-            )
-        };
+        let (id, ring) = self.plane.create_srq(self, pd, max_wr, max_sge, slots)?;
         let ring = Arc::new(SrqRing {
             ring,
             max_sge,
@@ -322,14 +274,7 @@ impl Context {
     /// A QP takes only an address handle its owner created (a daemon
     /// client cannot point its QP at another client's AH).
     pub(super) fn check_ah(&self, attr: &QpAttr) -> Result<(), VerbsError> {
-        let (Some(ah), None) = (attr.ah, &self.remote) else {
-            return Ok(());
-        };
-        let t = self.shared.ahs.lock().unwrap_or_else(|e| e.into_inner());
-        match t.by_index.get(&ah) {
-            Some(k) if k.0 == self.owner => Ok(()),
-            _ => Err(VerbsError::InvalidValue("ah")),
-        }
+        self.plane.check_ah(self, attr)
     }
 
     /// Several `ibv_modify_qp` transitions of `qpn` in one trip to the
@@ -341,15 +286,6 @@ impl Context {
         attrs: &[QpAttr],
     ) -> Result<Result<(), (usize, VerbsError)>, PostError> {
         let ring = self.ring(qpn)?;
-        if self.remote.is_some() {
-            // burstd takes them one by one.
-            for (i, a) in attrs.iter().enumerate() {
-                if let Err(e) = self.modify_qp(qpn, a)? {
-                    return Ok(Err((i, e)));
-                }
-            }
-            return Ok(Ok(()));
-        }
         if let Some((i, e)) = attrs
             .iter()
             .enumerate()

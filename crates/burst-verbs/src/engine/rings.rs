@@ -188,7 +188,7 @@ impl QpWords {
 /// A QP's rings. Their entries are the transport's own work requests
 /// (pointer-free), checked against `cfg` when posted (and again by the
 /// engine when another process posted them).
-pub(super) struct QpRings {
+pub(crate) struct QpRings {
     pub(super) qpn: Qpn,
     /// The engine thread (lane) that owns the QP.
     pub(super) lane: usize,
@@ -207,7 +207,7 @@ pub(super) struct QpRings {
 
 impl QpRings {
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
+    pub(crate) fn new(
         seg: Arc<Segment>,
         slots: (usize, usize),
         fresh: bool,

@@ -27,7 +27,7 @@ fn world() -> &'static World {
         o.drive = Drive::Caller;
         o.shared_rings = true;
         let engine = Engine::with_port(net.port("198.18.0.1:4791".parse().unwrap()), o).unwrap();
-        let daemon = Daemon::new(engine.context(), burst_verbs::ports::capture::Tap::new());
+        let daemon = Daemon::new(engine.context(), burst_verbs::ports::Tap::new());
         let client = daemon.local_client().unwrap();
         World {
             daemon,

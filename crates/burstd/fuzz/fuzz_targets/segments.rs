@@ -70,7 +70,7 @@ fn world() -> &'static Mutex<World> {
         o.shared_rings = true;
         let engine = Engine::with_port(net.port("198.18.0.1:4791".parse().unwrap()), o).unwrap();
         let ctx = engine.context();
-        let daemon = Daemon::new(ctx.clone(), burst_verbs::ports::capture::Tap::new());
+        let daemon = Daemon::new(ctx.clone(), burst_verbs::ports::Tap::new());
 
         // The good owner (the engine's own process): a secret, an RC pair
         // over the device's own address, and a UD sink.

@@ -147,7 +147,7 @@ fn run(a: Args) -> Result<(), String> {
             println!("  socket     {}", path.display());
             println!(
                 "  port 1     ACTIVE (RoCE v2, UDP {})",
-                burst_verbs::wire::ROCEV2_PORT
+                burst_wire::ROCEV2_PORT
             );
         }
         What::Clients => {
