@@ -594,11 +594,38 @@ impl Daemon {
 
     /// Runs one request.
     fn dispatch(&self, c: &Client, req: Request, fds: Vec<OwnedFd>) -> Answer {
+        match req {
+            r @ (Request::AllocMw { .. }
+            | Request::AllocPd
+            | Request::DeallocMw { .. }
+            | Request::DeallocPd { .. }
+            | Request::DeregMr { .. }
+            | Request::RegMr { .. }
+            | Request::RegMrCopy { .. }) => self.memory(c, r, fds),
+            r @ (Request::CreateCompChannel
+            | Request::CreateCq { .. }
+            | Request::DestroyCompChannel { .. }
+            | Request::DestroyCq { .. }) => self.completion(c, r, fds),
+            r @ (Request::CreateAh { .. }
+            | Request::CreateQp { .. }
+            | Request::CreateSrq { .. }
+            | Request::DestroyAh { .. }
+            | Request::DestroyQp { .. }
+            | Request::DestroySrq { .. }
+            | Request::ModifyQp { .. }
+            | Request::ModifySrq { .. }
+            | Request::Multicast { .. }
+            | Request::QueryQp { .. }) => self.queues(c, r, fds),
+            r => self.device(c, r, fds),
+        }
+    }
+
+    /// Requests for pDs, memory regions and windows.
+    fn memory(&self, c: &Client, req: Request, fds: Vec<OwnedFd>) -> Answer {
         let ctx = &c.ctx;
         let none = Vec::new();
         let mut fds = fds.into_iter();
         let r = match req {
-            Request::Hello { .. } => Reply::error(libc::EPROTO, "hello twice"),
             Request::AllocPd => match ctx.try_alloc_pd() {
                 Ok(pd) => Reply::Pd { pd: pd.0 },
                 Err(e) => Reply::failed(e, "alloc_pd"),
@@ -666,6 +693,19 @@ impl Daemon {
                 Ok(()) => Reply::Done,
                 Err(e) => Reply::failed(e, "dealloc_mw"),
             },
+            other => Reply::error(
+                libc::EINVAL,
+                format!("not a {} request: {other:?}", "memory"),
+            ),
+        };
+        (r, none)
+    }
+
+    /// Requests for completion channels and CQs.
+    fn completion(&self, c: &Client, req: Request, _: Vec<OwnedFd>) -> Answer {
+        let ctx = &c.ctx;
+        let none = Vec::new();
+        let r = match req {
             Request::CreateCompChannel => {
                 let (ch, reader) = match ctx.comp_channel_for_client() {
                     Ok(c) => c,
@@ -728,6 +768,19 @@ impl Daemon {
                 Ok(()) => Reply::Done,
                 Err(e) => Reply::failed(e, "destroy_cq"),
             },
+            other => Reply::error(
+                libc::EINVAL,
+                format!("not a {} request: {other:?}", "completion"),
+            ),
+        };
+        (r, none)
+    }
+
+    /// Requests for qPs, SRQs and address handles.
+    fn queues(&self, c: &Client, req: Request, _: Vec<OwnedFd>) -> Answer {
+        let ctx = &c.ctx;
+        let none = Vec::new();
+        let r = match req {
             Request::CreateQp {
                 init,
                 send_cq,
@@ -814,6 +867,21 @@ impl Daemon {
                 Ok(()) => Reply::Done,
                 Err(e) => Reply::failed(e, "destroy_ah"),
             },
+            other => Reply::error(
+                libc::EINVAL,
+                format!("not a {} request: {other:?}", "queues"),
+            ),
+        };
+        (r, none)
+    }
+
+    /// Requests for the device, the daemon's own requests and connection management.
+    fn device(&self, c: &Client, req: Request, fds: Vec<OwnedFd>) -> Answer {
+        let ctx = &c.ctx;
+        let none = Vec::new();
+        let mut fds = fds.into_iter();
+        let r = match req {
+            Request::Hello { .. } => Reply::error(libc::EPROTO, "hello twice"),
             Request::Gids => match ctx.gid_table() {
                 Ok(t) => Reply::Gids(t),
                 Err(e) => Reply::failed(e, "query_gid"),
@@ -871,6 +939,7 @@ impl Daemon {
                     Err(e) => Reply::error(libc::EIO, format!("capture: {e}")),
                 }
             }
+            other => Reply::error(libc::EINVAL, format!("not a device request: {other:?}")),
         };
         (r, none)
     }

@@ -150,7 +150,6 @@ impl Qp {
         let pos = info.position.unwrap_or(Position::Only);
         let starts = matches!(pos, Position::First | Position::Only);
         let ends = matches!(pos, Position::Last | Position::Only);
-        let mtu = self.attrs.mtu.bytes();
         // C9-92: a first or middle packet carries exactly the path MTU, a
         // last one 1..=MTU, an only one at most MTU (class C: NAK invalid).
         if self
@@ -166,150 +165,19 @@ impl Qp {
             self.nak(NakCode::InvalidRequest);
             return;
         }
-        let scope = self.scope();
-        let mut epsn_step = 1u32;
-        match info.operation {
-            Operation::Send => {
-                if starts == self.resp.cur_recv.is_some() || self.resp.cur_write.is_some() {
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                match self.place_send(pkt, starts, ends, mem) {
-                    Ok(None) => {}
-                    Ok(Some(mut wc)) => {
-                        if let Some(i) = pkt.ieth() {
-                            // Class J: an rkey that cannot be invalidated
-                            // completes the receive in error (REM_INV_REQ).
-                            if mem.invalidate(scope, i.rkey()).is_err() {
-                                self.completions.push_back(WorkCompletion {
-                                    status: WcStatus::RemInvReqErr,
-                                    ..wc
-                                });
-                                self.nak(NakCode::InvalidRequest);
-                                return;
-                            }
-                            wc.invalidated_rkey = Some(i.rkey());
-                        }
-                        self.completions.push_back(wc);
-                        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
-                        self.counters.rdma_recvs += 1;
-                    }
-                    Err(why) => {
-                        self.refuse(why);
-                        return;
-                    }
-                }
-            }
-            Operation::RdmaWrite => {
-                if self.resp.cur_recv.is_some() || starts == self.resp.cur_write.is_some() {
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                match self.place_write(pkt, pos, mem) {
-                    Ok(true) => self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff,
-                    Ok(false) => {}
-                    Err(why) => {
-                        self.refuse(why);
-                        return;
-                    }
-                }
-            }
-            Operation::RdmaReadRequest => {
-                // No responder resources: READ and atomics are invalid
-                // requests here (as RXE answers them).
-                if self.resp.cur_recv.is_some()
-                    || self.resp.cur_write.is_some()
-                    || self.attrs.max_dest_rd_atomic == 0
-                {
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                let Some(r) = pkt.reth() else { return };
-                let len = u64::from(r.dma_length());
-                // C9-94: a DMA length above 2^31 is invalid.
-                if len > MAX_MSG_SIZE {
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                // C9-88 for a zero-length READ, as for a WRITE.
-                if !self.attrs.access.remote_read
-                    || (len > 0
-                        && mem
-                            .check_remote(
-                                scope,
-                                r.rkey(),
-                                r.virtual_address(),
-                                len,
-                                RemoteAccess::Read,
-                            )
-                            .is_err())
-                {
-                    self.nak(NakCode::RemoteAccessError);
-                    return;
-                }
-                let npkts = ceil_div(len, mtu as u64).max(1) as u32;
-                epsn_step = npkts;
-                self.keep_resource(RdResource::Read {
-                    first_psn: psn,
-                    npkts,
-                });
-                self.resp.out.push_back(Out::Read(ReadJob {
-                    rkey: r.rkey(),
-                    va: r.virtual_address(),
-                    len,
-                    first_psn: psn,
-                    npkts,
-                    next_pkt: 0,
-                }));
-                // C9-148: a READ counts in the MSN when it is accepted.
-                self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
-            }
-            Operation::CompareSwap | Operation::FetchAdd => {
-                if self.resp.cur_recv.is_some()
-                    || self.resp.cur_write.is_some()
-                    || self.attrs.max_dest_rd_atomic == 0
-                {
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                let Some(a) = pkt.atomic_eth() else { return };
-                if !self.attrs.access.remote_atomic {
-                    self.nak(NakCode::RemoteAccessError);
-                    return;
-                }
-                if a.virtual_address() % 8 != 0 {
-                    self.nak(NakCode::InvalidRequest);
-                    return;
-                }
-                let op = if info.operation == Operation::CompareSwap {
-                    AtomicOp::CompareSwap {
-                        compare: a.compare(),
-                        swap: a.swap_add(),
-                    }
-                } else {
-                    AtomicOp::FetchAdd { add: a.swap_add() }
-                };
-                match mem.atomic(scope, a.rkey(), a.virtual_address(), op) {
-                    Ok(orig) => {
-                        self.keep_resource(RdResource::Atomic { psn, orig });
-                        self.resp.out.push_back(Out::AtomicAck { psn, orig });
-                        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
-                    }
-                    Err(MemError::Misaligned) => {
-                        self.nak(NakCode::InvalidRequest);
-                        return;
-                    }
-                    Err(_) => {
-                        self.nak(NakCode::RemoteAccessError);
-                        return;
-                    }
-                }
-            }
+        // Each operation returns how far the expected PSN moves, or
+        // `None` once it has NAKed (or dropped) the request.
+        let step = match info.operation {
+            Operation::Send => self.rc_send(pkt, starts, ends, mem),
+            Operation::RdmaWrite => self.rc_write(pkt, starts, pos, mem),
+            Operation::RdmaReadRequest => self.rc_read_request(pkt, mem),
+            Operation::CompareSwap | Operation::FetchAdd => self.rc_atomic(pkt, mem),
             _ => {
                 self.nak(NakCode::InvalidRequest);
-                return;
+                None
             }
-        }
+        };
+        let Some(epsn_step) = step else { return };
         self.resp.epsn += epsn_step;
         self.resp.nak_outstanding = false;
         self.resp.unacked_pkts += 1;
@@ -322,6 +190,169 @@ impl Qp {
             self.resp.unacked_pkts = 0;
         } else if bth.ack_req() || ends || self.resp.unacked_pkts >= self.cfg.ack_every {
             self.queue_ack();
+        }
+    }
+
+    /// A SEND packet in sequence: placed into the current receive.
+    fn rc_send(
+        &mut self,
+        pkt: &IbPacket<&[u8]>,
+        starts: bool,
+        ends: bool,
+        mem: &mut impl Memory,
+    ) -> Option<u32> {
+        if starts == self.resp.cur_recv.is_some() || self.resp.cur_write.is_some() {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        match self.place_send(pkt, starts, ends, mem) {
+            Ok(None) => {}
+            Ok(Some(mut wc)) => {
+                if let Some(i) = pkt.ieth() {
+                    // Class J: an rkey that cannot be invalidated completes
+                    // the receive in error (REM_INV_REQ).
+                    if mem.invalidate(self.scope(), i.rkey()).is_err() {
+                        self.completions.push_back(WorkCompletion {
+                            status: WcStatus::RemInvReqErr,
+                            ..wc
+                        });
+                        self.nak(NakCode::InvalidRequest);
+                        return None;
+                    }
+                    wc.invalidated_rkey = Some(i.rkey());
+                }
+                self.completions.push_back(wc);
+                self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+                self.counters.rdma_recvs += 1;
+            }
+            Err(why) => {
+                self.refuse(why);
+                return None;
+            }
+        }
+        Some(1)
+    }
+
+    /// An RDMA WRITE packet in sequence: placed where its RETH says.
+    fn rc_write(
+        &mut self,
+        pkt: &IbPacket<&[u8]>,
+        starts: bool,
+        pos: Position,
+        mem: &mut impl Memory,
+    ) -> Option<u32> {
+        if self.resp.cur_recv.is_some() || starts == self.resp.cur_write.is_some() {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        match self.place_write(pkt, pos, mem) {
+            Ok(true) => self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff,
+            Ok(false) => {}
+            Err(why) => {
+                self.refuse(why);
+                return None;
+            }
+        }
+        Some(1)
+    }
+
+    /// An RDMA READ request in sequence: checked, then queued as a read
+    /// job whose responses take one PSN each.
+    fn rc_read_request(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) -> Option<u32> {
+        let psn = pkt.bth().psn();
+        // No responder resources: READ and atomics are invalid requests
+        // here (as RXE answers them).
+        if self.resp.cur_recv.is_some()
+            || self.resp.cur_write.is_some()
+            || self.attrs.max_dest_rd_atomic == 0
+        {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        let r = pkt.reth()?;
+        let len = u64::from(r.dma_length());
+        // C9-94: a DMA length above 2^31 is invalid.
+        if len > MAX_MSG_SIZE {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        // C9-88 for a zero-length READ, as for a WRITE.
+        if !self.attrs.access.remote_read
+            || (len > 0
+                && mem
+                    .check_remote(
+                        self.scope(),
+                        r.rkey(),
+                        r.virtual_address(),
+                        len,
+                        RemoteAccess::Read,
+                    )
+                    .is_err())
+        {
+            self.nak(NakCode::RemoteAccessError);
+            return None;
+        }
+        let npkts = ceil_div(len, self.attrs.mtu.bytes() as u64).max(1) as u32;
+        self.keep_resource(RdResource::Read {
+            first_psn: psn,
+            npkts,
+        });
+        self.resp.out.push_back(Out::Read(ReadJob {
+            rkey: r.rkey(),
+            va: r.virtual_address(),
+            len,
+            first_psn: psn,
+            npkts,
+            next_pkt: 0,
+        }));
+        // C9-148: a READ counts in the MSN when it is accepted.
+        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+        Some(npkts)
+    }
+
+    /// An atomic request in sequence: executed once, its original value
+    /// kept for a duplicate.
+    fn rc_atomic(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) -> Option<u32> {
+        let psn = pkt.bth().psn();
+        if self.resp.cur_recv.is_some()
+            || self.resp.cur_write.is_some()
+            || self.attrs.max_dest_rd_atomic == 0
+        {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        let a = pkt.atomic_eth()?;
+        if !self.attrs.access.remote_atomic {
+            self.nak(NakCode::RemoteAccessError);
+            return None;
+        }
+        if a.virtual_address() % 8 != 0 {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        let op = if pkt.info().operation == Operation::CompareSwap {
+            AtomicOp::CompareSwap {
+                compare: a.compare(),
+                swap: a.swap_add(),
+            }
+        } else {
+            AtomicOp::FetchAdd { add: a.swap_add() }
+        };
+        match mem.atomic(self.scope(), a.rkey(), a.virtual_address(), op) {
+            Ok(orig) => {
+                self.keep_resource(RdResource::Atomic { psn, orig });
+                self.resp.out.push_back(Out::AtomicAck { psn, orig });
+                self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+                Some(1)
+            }
+            Err(MemError::Misaligned) => {
+                self.nak(NakCode::InvalidRequest);
+                None
+            }
+            Err(_) => {
+                self.nak(NakCode::RemoteAccessError);
+                None
+            }
         }
     }
 

@@ -269,20 +269,57 @@ impl Core {
                 Core::publish_modified(dev, shared, qpn);
             }
         }
-        let held = &mut self.held;
-        let bad = &mut self.bad_input;
-        // QPs paused behind a CQ's held completions go on once it drained.
-        if !held.paused.is_empty() {
-            let paused = std::mem::take(&mut held.paused);
-            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
-            for q in paused {
-                if let Some(Some(r)) = rings.get(q.value().wrapping_sub(FIRST_QPN) as usize) {
-                    busy |= Core::take_rings(dev, held, r);
-                }
+        busy |= Core::resume_paused(dev, &mut self.held, shared);
+        busy |= Core::take_doorbells(
+            dev,
+            &mut self.held,
+            &mut self.bells,
+            &mut self.bad_input,
+            shared,
+            lane,
+        );
+        // Packets moved count as work: a request received this round is
+        // answered (READ response, ACK) in the next round's transmit.
+        busy |= match round {
+            Round::Full => dev.progress_at(now),
+            Round::Transmit => dev.transmit_at(now),
+        };
+        for ev in dev.take_async_events() {
+            shared.events.push(ev);
+        }
+        busy |= Core::deliver_completions(dev, &mut self.held, shared, lane);
+        // Channels are signalled with no lock held.
+        self.held.signal();
+        busy
+    }
+
+    /// QPs paused behind a CQ's held completions go on once it drained.
+    fn resume_paused(dev: &mut Device, held: &mut Held, shared: &Shared) -> bool {
+        if held.paused.is_empty() {
+            return false;
+        }
+        let mut busy = false;
+        let paused = std::mem::take(&mut held.paused);
+        let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        for q in paused {
+            if let Some(Some(r)) = rings.get(q.value().wrapping_sub(FIRST_QPN) as usize) {
+                busy |= Core::take_rings(dev, held, r);
             }
         }
-        // Doorbells: move posted WQEs from the rings into the transport. A
-        // doorbell lost to a full queue is made up by visiting every ring.
+        busy
+    }
+
+    /// Doorbells: moves posted WQEs from the rings into the transport. A
+    /// doorbell lost to a full queue is made up by visiting every ring.
+    fn take_doorbells(
+        dev: &mut Device,
+        held: &mut Held,
+        client_bells: &mut Vec<(u32, u32)>,
+        bad: &mut u64,
+        shared: &Shared,
+        lane: usize,
+    ) -> bool {
+        let mut busy = false;
         let mut missed: Vec<u32> = Vec::new();
         let doorbell = &shared.doorbells[lane];
         if doorbell.take_overflow() {
@@ -299,8 +336,35 @@ impl Core {
                 missed.extend((0..srqs.len() as u32).map(|i| SRQ_DOORBELL | i));
             }
         }
-        // Daemon clients' doorbells: each may only name its own rings.
-        let client_bells = &mut self.bells;
+        Core::collect_client_bells(client_bells, shared, lane);
+        let mut next_bell = || {
+            doorbell
+                .pop()
+                .map(|b| (0, b))
+                .or_else(|| missed.pop().map(|b| (0, b)))
+                .or_else(|| client_bells.pop())
+        };
+        while let Some((owner, bell)) = next_bell() {
+            busy = true;
+            if bell & SRQ_DOORBELL != 0 {
+                Core::take_srq(dev, bad, shared, owner, SrqId(bell & !SRQ_DOORBELL));
+                continue;
+            }
+            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(Some(r)) = rings.get(bell.wrapping_sub(FIRST_QPN) as usize) {
+                if r.owner == owner {
+                    Core::take_rings(dev, held, r);
+                } else {
+                    bad_input(bad, owner, "doorbell for another client's QP ignored");
+                }
+            }
+        }
+        busy
+    }
+
+    /// Daemon clients' doorbells of `lane`: each may only name its own
+    /// rings.
+    fn collect_client_bells(client_bells: &mut Vec<(u32, u32)>, shared: &Shared, lane: usize) {
         client_bells.clear();
         let clients = shared
             .client_bells
@@ -333,60 +397,41 @@ impl Core {
                 }
             }
         }
-        drop(clients);
-        let mut next_bell = || {
-            doorbell
-                .pop()
-                .map(|b| (0, b))
-                .or_else(|| missed.pop().map(|b| (0, b)))
-                .or_else(|| client_bells.pop())
+    }
+
+    /// An SRQ's doorbell: moves its posted receives into the transport.
+    fn take_srq(dev: &mut Device, bad: &mut u64, shared: &Shared, owner: u32, id: SrqId) {
+        let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
+        let Some(Some(srq)) = srqs.get(id.0 as usize) else {
+            return;
         };
-        while let Some((owner, bell)) = next_bell() {
-            busy = true;
-            if bell & SRQ_DOORBELL != 0 {
-                let id = SrqId(bell & !SRQ_DOORBELL);
-                let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
-                let Some(Some(srq)) = srqs.get(id.0 as usize) else {
-                    continue;
-                };
-                if srq.owner != owner {
-                    bad_input(bad, owner, "doorbell for another client's SRQ ignored");
-                    continue;
-                }
-                // A ring's worth per doorbell (a client posting without end
-                // rings again for the rest).
-                for w in std::iter::from_fn(|| srq.ring.pop()).take(srq.ring.capacity()) {
-                    if owner != 0 && w.sg_list.len() > srq.max_sge as usize {
-                        bad_input(bad, owner, "SRQ receive with too many SGEs dropped");
-                        continue;
-                    }
-                    // Checked at post time; a WR refused here (the SRQ was
-                    // destroyed meanwhile) has no QP to complete on.
-                    if dev.post_srq_recv(id, w).is_err() {
-                        bad_input(bad, owner, "SRQ receive dropped (the SRQ is full or gone)");
-                    }
-                }
+        if srq.owner != owner {
+            bad_input(bad, owner, "doorbell for another client's SRQ ignored");
+            return;
+        }
+        // A ring's worth per doorbell (a client posting without end rings
+        // again for the rest).
+        for w in std::iter::from_fn(|| srq.ring.pop()).take(srq.ring.capacity()) {
+            if owner != 0 && w.sg_list.len() > srq.max_sge as usize {
+                bad_input(bad, owner, "SRQ receive with too many SGEs dropped");
                 continue;
             }
-            let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(Some(r)) = rings.get(bell.wrapping_sub(FIRST_QPN) as usize) {
-                if r.owner == owner {
-                    Core::take_rings(dev, held, r);
-                } else {
-                    bad_input(bad, owner, "doorbell for another client's QP ignored");
-                }
+            // Checked at post time; a WR refused here (the SRQ was
+            // destroyed meanwhile) has no QP to complete on.
+            if dev.post_srq_recv(id, w).is_err() {
+                bad_input(bad, owner, "SRQ receive dropped (the SRQ is full or gone)");
             }
         }
-        // Packets moved count as work: a request received this round is
-        // answered (READ response, ACK) in the next round's transmit.
-        busy |= match round {
-            Round::Full => dev.progress_at(now),
-            Round::Transmit => dev.transmit_at(now),
-        };
-        for ev in dev.take_async_events() {
-            shared.events.push(ev);
-        }
-        // Completions into the CQ rings, in order per CQ: held ones first.
+    }
+
+    /// Completions into the CQ rings, in order per CQ: held ones first.
+    fn deliver_completions(
+        dev: &mut Device,
+        held: &mut Held,
+        shared: &Shared,
+        lane: usize,
+    ) -> bool {
+        let mut busy = false;
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
         held.flush(&cqs);
         let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
@@ -408,10 +453,6 @@ impl Core {
                 }
             }
         }
-        drop(rings);
-        drop(cqs);
-        // Channels are signalled with no lock held.
-        held.signal();
         busy
     }
 }
