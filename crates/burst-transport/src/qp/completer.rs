@@ -157,164 +157,195 @@ impl Qp {
             self.counters.dropped_pkts += 1;
             return;
         }
-        let syndrome = pkt.aeth().map(|a| Syndrome::from_byte(a.syndrome()));
-        match pkt.info().operation {
-            Operation::Acknowledge => match syndrome {
-                Some(Syndrome::Ack(_)) => {
-                    // An implied NAK: the responder went past a READ or
-                    // atomic whose response never came.
-                    if let Some(p) = self.ack_upto(now, psn) {
-                        if !self.retry_from(p) {
-                            return;
-                        }
-                    }
-                }
-                Some(Syndrome::RnrNak(t)) => {
-                    self.counters.rcvd_rnr_err += 1;
-                    // A READ or atomic before the NAKed PSN whose response is
-                    // missing is asked for again first.
-                    let lost = self.ack_upto(now, psn - 1);
-                    if self.req.rnr_left == 0 {
-                        self.counters.retry_rnr_exceeded_err += 1;
-                        self.fail_front(WcStatus::RnrRetryExcErr);
-                    } else {
-                        if self.req.rnr_left != 7 {
-                            self.req.rnr_left -= 1;
-                        }
-                        self.req.last_rewind = None;
-                        self.rewind(lost.unwrap_or(psn));
-                        self.req.rnr_until = Some(now + u64::from(RnrTimer(t.0).micros()) * 1000);
-                        self.req.timer = None;
-                    }
-                }
-                Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
-                    self.counters.rcvd_seq_err += 1;
-                    let lost = self.ack_upto(now, psn - 1);
-                    if !self.retry_from(lost.unwrap_or(psn)) {
-                        return;
-                    }
-                }
-                Some(Syndrome::Nak(code)) => {
-                    self.counters.rcvd_err_nak += 1;
-                    let _ = self.ack_upto(now, psn - 1);
-                    let status = match code {
-                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
-                        _ => WcStatus::RemInvReqErr,
-                    };
-                    self.fail_front(status);
-                }
-                _ => self.counters.dropped_pkts += 1,
-            },
-            Operation::AtomicAcknowledge => {
-                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
-                    return;
-                };
-                if !self.req.sq[i].wr.op.is_atomic() || self.req.sq[i].done {
-                    return;
-                }
-                let _ = self.ack_upto(now, psn - 1);
-                let orig = pkt.atomic_ack_eth().map_or(0, |a| a.original());
-                let w = &mut self.req.sq[i];
-                let res = mem.write_local(self.cfg.pd, &w.wr.sg_list, 0, &orig.to_ne_bytes());
-                w.done = true;
-                w.status = if res.is_ok() {
-                    WcStatus::Success
-                } else {
-                    WcStatus::LocProtErr
-                };
-                let _ = self.ack_upto(now, psn);
+        // Each kind of response says whether completions may be reaped.
+        let go_on = match pkt.info().operation {
+            Operation::Acknowledge => {
+                let syndrome = pkt.aeth().map(|a| Syndrome::from_byte(a.syndrome()));
+                self.on_ack(now, psn, syndrome)
             }
-            Operation::RdmaReadResponse => {
-                let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
-                    return;
-                };
-                let mtu = self.attrs.mtu.bytes() as u64;
-                let w = &self.req.sq[i];
-                if !matches!(w.wr.op, SendOp::Read { .. }) || w.done {
-                    return;
-                }
-                let first = w.first_psn.unwrap_or_default();
-                let expected = first + w.read_got;
-                let d = expected.distance_to(psn);
-                if d < 0 {
-                    return; // duplicate response
-                }
-                if d > 0 {
-                    self.counters.rcvd_seq_err += 1;
-                    // Asked for again once per READ until the ACK timer
-                    // expires: the replay's responses arrive behind the
-                    // rest of the original stream, whose every packet past
-                    // the gap would otherwise ask again from a new PSN and
-                    // start a replay of its own (a storm of replays, 82,000
-                    // packets for a 3 MiB READ: model seed 41568). RXE asks
-                    // for nothing here and waits for the timer.
-                    if !self.req.sq[i].read_rerequested {
-                        self.req.sq[i].read_rerequested = true;
-                        // A deliberate new request even when the last
-                        // go-back started at this PSN (a timeout's, whose
-                        // replay lost its first response): the dedup of
-                        // `last_rewind` is for a burst of NAKs, and here
-                        // it held every such re-request until the next
-                        // timeout, spending a retry each time (7 in a row
-                        // at 10% loss: RETRY_EXC_ERR, model seed 769).
-                        self.req.last_rewind = None;
-                        self.rewind(expected);
-                    }
-                    return;
-                }
-                let k = w.read_got;
-                let pos = pkt.info().position;
-                let last = k + 1 == w.npsn;
-                let len_ok = match pos {
-                    Some(Position::Only) => last && pkt.payload_len() as u64 == w.len,
-                    Some(Position::First) => k == 0 && !last && pkt.payload_len() as u64 == mtu,
-                    Some(Position::Middle) => k > 0 && !last && pkt.payload_len() as u64 == mtu,
-                    Some(Position::Last) => {
-                        k > 0 && last && pkt.payload_len() as u64 == w.len - u64::from(k) * mtu
-                    }
-                    None => false,
-                };
-                if !len_ok {
-                    // A response of the wrong shape: after a re-request the
-                    // responder restarts with FIRST/ONLY, which is fine when
-                    // it lines up with what we still miss.
-                    let restart = matches!(pos, Some(Position::First | Position::Only))
-                        && pkt.payload_len() as u64 <= w.len - u64::from(k) * mtu;
-                    if !restart {
-                        self.counters.dropped_pkts += 1;
-                        return;
-                    }
-                }
-                if k == 0 || matches!(pos, Some(Position::First | Position::Only)) {
-                    let _ = self.ack_upto(now, first - 1);
-                }
-                let w = &mut self.req.sq[i];
-                if mem
-                    .write_local(
-                        self.cfg.pd,
-                        &w.wr.sg_list,
-                        u64::from(k) * mtu,
-                        pkt.payload(),
-                    )
-                    .is_err()
-                {
-                    w.done = true;
-                    w.status = WcStatus::LocProtErr;
-                } else {
-                    w.read_got += 1;
-                    if w.read_got >= w.npsn {
-                        w.done = true;
-                    }
-                }
-                let _ = self.ack_upto(now, psn);
-            }
-            _ => {}
+            Operation::AtomicAcknowledge => self.on_atomic_ack(now, psn, pkt, mem),
+            Operation::RdmaReadResponse => self.on_read_response(now, psn, pkt, mem),
+            _ => true,
+        };
+        if !go_on {
+            return;
         }
         self.req.last_rewind = self
             .req
             .last_rewind
             .filter(|r| self.req.una_psn.distance_to(*r) >= 0);
         self.complete_in_order();
+    }
+    /// An ACK, RNR NAK or NAK: `false` when the QP stopped (retries spent).
+    fn on_ack(&mut self, now: Nanos, psn: Psn, syndrome: Option<Syndrome>) -> bool {
+        match syndrome {
+            Some(Syndrome::Ack(_)) => {
+                // An implied NAK: the responder went past a READ or
+                // atomic whose response never came.
+                if let Some(p) = self.ack_upto(now, psn) {
+                    if !self.retry_from(p) {
+                        return false;
+                    }
+                }
+            }
+            Some(Syndrome::RnrNak(t)) => {
+                self.counters.rcvd_rnr_err += 1;
+                // A READ or atomic before the NAKed PSN whose response is
+                // missing is asked for again first.
+                let lost = self.ack_upto(now, psn - 1);
+                if self.req.rnr_left == 0 {
+                    self.counters.retry_rnr_exceeded_err += 1;
+                    self.fail_front(WcStatus::RnrRetryExcErr);
+                } else {
+                    if self.req.rnr_left != 7 {
+                        self.req.rnr_left -= 1;
+                    }
+                    self.req.last_rewind = None;
+                    self.rewind(lost.unwrap_or(psn));
+                    self.req.rnr_until = Some(now + u64::from(RnrTimer(t.0).micros()) * 1000);
+                    self.req.timer = None;
+                }
+            }
+            Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
+                self.counters.rcvd_seq_err += 1;
+                let lost = self.ack_upto(now, psn - 1);
+                if !self.retry_from(lost.unwrap_or(psn)) {
+                    return false;
+                }
+            }
+            Some(Syndrome::Nak(code)) => {
+                self.counters.rcvd_err_nak += 1;
+                let _ = self.ack_upto(now, psn - 1);
+                let status = match code {
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                    _ => WcStatus::RemInvReqErr,
+                };
+                self.fail_front(status);
+            }
+            _ => self.counters.dropped_pkts += 1,
+        }
+        true
+    }
+
+    /// An atomic's response: its original value into the WR's buffer.
+    fn on_atomic_ack(
+        &mut self,
+        now: Nanos,
+        psn: Psn,
+        pkt: &IbPacket<&[u8]>,
+        mem: &mut impl Memory,
+    ) -> bool {
+        let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+            return false;
+        };
+        if !self.req.sq[i].wr.op.is_atomic() || self.req.sq[i].done {
+            return false;
+        }
+        let _ = self.ack_upto(now, psn - 1);
+        let orig = pkt.atomic_ack_eth().map_or(0, |a| a.original());
+        let w = &mut self.req.sq[i];
+        let res = mem.write_local(self.cfg.pd, &w.wr.sg_list, 0, &orig.to_ne_bytes());
+        w.done = true;
+        w.status = if res.is_ok() {
+            WcStatus::Success
+        } else {
+            WcStatus::LocProtErr
+        };
+        let _ = self.ack_upto(now, psn);
+        true
+    }
+
+    /// A READ response packet: in order, the right shape, placed.
+    fn on_read_response(
+        &mut self,
+        now: Nanos,
+        psn: Psn,
+        pkt: &IbPacket<&[u8]>,
+        mem: &mut impl Memory,
+    ) -> bool {
+        let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+            return false;
+        };
+        let mtu = self.attrs.mtu.bytes() as u64;
+        let w = &self.req.sq[i];
+        if !matches!(w.wr.op, SendOp::Read { .. }) || w.done {
+            return false;
+        }
+        let first = w.first_psn.unwrap_or_default();
+        let expected = first + w.read_got;
+        let d = expected.distance_to(psn);
+        if d < 0 {
+            return false; // duplicate response
+        }
+        if d > 0 {
+            self.counters.rcvd_seq_err += 1;
+            // Asked for again once per READ until the ACK timer
+            // expires: the replay's responses arrive behind the
+            // rest of the original stream, whose every packet past
+            // the gap would otherwise ask again from a new PSN and
+            // start a replay of its own (a storm of replays, 82,000
+            // packets for a 3 MiB READ: model seed 41568). RXE asks
+            // for nothing here and waits for the timer.
+            if !self.req.sq[i].read_rerequested {
+                self.req.sq[i].read_rerequested = true;
+                // A deliberate new request even when the last
+                // go-back started at this PSN (a timeout's, whose
+                // replay lost its first response): the dedup of
+                // `last_rewind` is for a burst of NAKs, and here
+                // it held every such re-request until the next
+                // timeout, spending a retry each time (7 in a row
+                // at 10% loss: RETRY_EXC_ERR, model seed 769).
+                self.req.last_rewind = None;
+                self.rewind(expected);
+            }
+            return false;
+        }
+        let k = w.read_got;
+        let pos = pkt.info().position;
+        let last = k + 1 == w.npsn;
+        let len_ok = match pos {
+            Some(Position::Only) => last && pkt.payload_len() as u64 == w.len,
+            Some(Position::First) => k == 0 && !last && pkt.payload_len() as u64 == mtu,
+            Some(Position::Middle) => k > 0 && !last && pkt.payload_len() as u64 == mtu,
+            Some(Position::Last) => {
+                k > 0 && last && pkt.payload_len() as u64 == w.len - u64::from(k) * mtu
+            }
+            None => false,
+        };
+        if !len_ok {
+            // A response of the wrong shape: after a re-request the
+            // responder restarts with FIRST/ONLY, which is fine when
+            // it lines up with what we still miss.
+            let restart = matches!(pos, Some(Position::First | Position::Only))
+                && pkt.payload_len() as u64 <= w.len - u64::from(k) * mtu;
+            if !restart {
+                self.counters.dropped_pkts += 1;
+                return false;
+            }
+        }
+        if k == 0 || matches!(pos, Some(Position::First | Position::Only)) {
+            let _ = self.ack_upto(now, first - 1);
+        }
+        let w = &mut self.req.sq[i];
+        if mem
+            .write_local(
+                self.cfg.pd,
+                &w.wr.sg_list,
+                u64::from(k) * mtu,
+                pkt.payload(),
+            )
+            .is_err()
+        {
+            w.done = true;
+            w.status = WcStatus::LocProtErr;
+        } else {
+            w.read_got += 1;
+            if w.read_got >= w.npsn {
+                w.done = true;
+            }
+        }
+        let _ = self.ack_upto(now, psn);
+        true
     }
 }

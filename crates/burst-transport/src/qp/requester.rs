@@ -261,127 +261,29 @@ impl Qp {
         let ah = w.wr.ud.map_or(own_ah, |d| d.ah);
         let mut bth = BthRepr::new(Opcode(0), dest, psn);
         bth.ack_req = t == QpType::Rc;
-        let mut ib;
-        let payload;
-        match w.wr.op {
-            SendOp::Read { remote_addr, rkey } => {
-                // After a go-back the READ resumes at the first missing response.
-                let off = u64::from(k) * mtu;
-                bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
-                ib = IbRepr::new(bth);
-                ib.reth = Some(RethRepr {
-                    virtual_address: remote_addr + off,
-                    rkey,
-                    dma_length: (w.len - off) as u32,
-                });
-                payload = Payload::None;
-                w.next_pkt = w.npsn;
-            }
-            SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => {
-                bth.opcode = Opcode::RC_COMPARE_SWAP;
-                ib = IbRepr::new(bth);
-                ib.atomic_eth = Some(AtomicEthRepr {
-                    virtual_address: remote_addr,
-                    rkey,
-                    swap_add: swap,
-                    compare,
-                });
-                payload = Payload::None;
-                w.next_pkt = 1;
-            }
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => {
-                bth.opcode = Opcode::RC_FETCH_ADD;
-                ib = IbRepr::new(bth);
-                ib.atomic_eth = Some(AtomicEthRepr {
-                    virtual_address: remote_addr,
-                    rkey,
-                    swap_add: add,
-                    compare: 0,
-                });
-                payload = Payload::None;
-                w.next_pkt = 1;
-            }
-            op => {
-                let off = u64::from(k) * mtu;
-                let plen = (w.len - off.min(w.len)).min(mtu);
-                let pos = match (w.npsn, k) {
-                    (1, _) => Position::Only,
-                    (_, 0) => Position::First,
-                    (n, k) if k + 1 == n => Position::Last,
-                    _ => Position::Middle,
-                };
-                let end = matches!(pos, Position::Last | Position::Only);
-                bth.opcode = request_opcode(t, &op, pos);
-                bth.solicited = end && w.wr.solicited;
-                // Also ask for an ACK on the last packet the window lets
-                // out: the sender stops there, and a responder only ACKs
-                // every few packets, or a duplicate that asks (after a
-                // go-back, resends below its expected PSN would otherwise
-                // draw no ACK and the retry count would run out).
-                let fills_window = una.distance_to(psn + 1) >= window as i32 || credit == Some(1);
-                bth.ack_req &= end || fills_window;
-                ib = IbRepr::new(bth);
-                match op {
-                    SendOp::Write { remote_addr, rkey }
-                    | SendOp::WriteWithImm {
-                        remote_addr, rkey, ..
-                    } if matches!(pos, Position::First | Position::Only) => {
-                        ib.reth = Some(RethRepr {
-                            virtual_address: remote_addr,
-                            rkey,
-                            dma_length: w.len as u32,
-                        });
-                    }
-                    _ => {}
-                }
-                if end {
-                    match op {
-                        SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => {
-                            ib.imm = Some(imm)
-                        }
-                        SendOp::SendWithInv(rkey) => ib.ieth = Some(rkey),
-                        _ => {}
-                    }
-                }
-                if let (QpType::Ud, Some(d)) = (t, w.wr.ud) {
-                    // A Q_Key with its high bit set means "use the QP's own".
-                    let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
-                        qkey_own
-                    } else {
-                        d.remote_qkey
-                    };
-                    ib.deth = Some(DethRepr {
-                        qkey,
-                        src_qp: own_qpn,
-                    });
-                }
-                ib.payload_len = plen as usize;
-                payload = if let (true, Some(d)) = (w.wr.inline, &w.wr.inline_data) {
-                    Payload::Inline(&d[off as usize..(off + plen) as usize])
+        let (ib, payload) = if w.wr.op.is_read_or_atomic() {
+            (read_or_atomic_request(w, bth, k, mtu), Payload::None)
+        } else {
+            // Also ask for an ACK on the last packet the window lets out:
+            // the sender stops there, and a responder only ACKs every few
+            // packets, or a duplicate that asks (after a go-back, resends
+            // below its expected PSN would otherwise draw no ACK and the
+            // retry count would run out).
+            let fills_window = una.distance_to(psn + 1) >= window as i32 || credit == Some(1);
+            let qkey = w.wr.ud.filter(|_| t == QpType::Ud).map(|d| {
+                // A Q_Key with its high bit set means "use the QP's own".
+                if d.remote_qkey & 0x8000_0000 != 0 {
+                    qkey_own
                 } else {
-                    Payload::Local {
-                        pd: self.cfg.pd,
-                        sges: &w.wr.sg_list,
-                        offset: off,
-                    }
-                };
-                w.next_pkt += 1;
-            }
-        }
-        if t != QpType::Rc && w.next_pkt >= w.request_pkts() {
-            // Unreliable: done once the last packet is handed out; the
-            // completion follows on `flush_unreliable`.
-            w.done = true;
-        }
+                    d.remote_qkey
+                }
+            });
+            let deth = qkey.map(|qkey| DethRepr {
+                qkey,
+                src_qp: own_qpn,
+            });
+            data_request(w, t, bth, k, mtu, fills_window, deth, self.cfg.pd)
+        };
         if t == QpType::Rc && self.req.timer.is_none() {
             self.req.timer = deadline;
         }
@@ -398,4 +300,128 @@ impl Qp {
             self.complete_in_order();
         }
     }
+}
+
+/// The request packet of a READ (from response `k` on, after a go-back)
+/// or an atomic.
+fn read_or_atomic_request(w: &mut SendWqe, mut bth: BthRepr, k: u32, mtu: u64) -> IbRepr {
+    let mut ib;
+    match w.wr.op {
+        SendOp::Read { remote_addr, rkey } => {
+            // After a go-back the READ resumes at the first missing response.
+            let off = u64::from(k) * mtu;
+            bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+            ib = IbRepr::new(bth);
+            ib.reth = Some(RethRepr {
+                virtual_address: remote_addr + off,
+                rkey,
+                dma_length: (w.len - off) as u32,
+            });
+            w.next_pkt = w.npsn;
+        }
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            bth.opcode = Opcode::RC_COMPARE_SWAP;
+            ib = IbRepr::new(bth);
+            ib.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+            w.next_pkt = 1;
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            bth.opcode = Opcode::RC_FETCH_ADD;
+            ib = IbRepr::new(bth);
+            ib.atomic_eth = Some(AtomicEthRepr {
+                virtual_address: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+            w.next_pkt = 1;
+        }
+        _ => {
+            ib = IbRepr::new(bth);
+            w.next_pkt = w.npsn;
+        }
+    }
+    ib
+}
+
+/// Packet `k` of a SEND or WRITE: its opcode by position, RETH on the
+/// first, immediate or IETH on the last, DETH for UD, and where its
+/// payload is.
+#[allow(clippy::too_many_arguments)]
+fn data_request(
+    w: &mut SendWqe,
+    t: QpType,
+    mut bth: BthRepr,
+    k: u32,
+    mtu: u64,
+    fills_window: bool,
+    deth: Option<DethRepr>,
+    pd: u32,
+) -> (IbRepr, Payload<'_>) {
+    let op = w.wr.op;
+    let off = u64::from(k) * mtu;
+    let plen = (w.len - off.min(w.len)).min(mtu);
+    let pos = match (w.npsn, k) {
+        (1, _) => Position::Only,
+        (_, 0) => Position::First,
+        (n, k) if k + 1 == n => Position::Last,
+        _ => Position::Middle,
+    };
+    let end = matches!(pos, Position::Last | Position::Only);
+    bth.opcode = request_opcode(t, &op, pos);
+    bth.solicited = end && w.wr.solicited;
+    bth.ack_req &= end || fills_window;
+    let mut ib = IbRepr::new(bth);
+    match op {
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } if matches!(pos, Position::First | Position::Only) => {
+            ib.reth = Some(RethRepr {
+                virtual_address: remote_addr,
+                rkey,
+                dma_length: w.len as u32,
+            });
+        }
+        _ => {}
+    }
+    if end {
+        match op {
+            SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => ib.imm = Some(imm),
+            SendOp::SendWithInv(rkey) => ib.ieth = Some(rkey),
+            _ => {}
+        }
+    }
+    ib.deth = deth;
+    ib.payload_len = plen as usize;
+    w.next_pkt += 1;
+    if t != QpType::Rc && w.next_pkt >= w.request_pkts() {
+        // Unreliable: done once the last packet is handed out; the
+        // completion follows on `flush_unreliable`.
+        w.done = true;
+    }
+    let payload = if let (true, Some(d)) = (w.wr.inline, &w.wr.inline_data) {
+        Payload::Inline(&d[off as usize..(off + plen) as usize])
+    } else {
+        Payload::Local {
+            pd,
+            sges: &w.wr.sg_list,
+            offset: off,
+        }
+    };
+    (ib, payload)
 }
