@@ -1,0 +1,448 @@
+//! Moving packets: a round of transmit, receive and timers, ICRC checks,
+//! demultiplexing, sealing, and what a fault in a QP does to the device.
+
+use std::net::SocketAddr;
+
+use burst_io::{IcrcCheck, PayloadCrc, Port, MAX_GSO_SEGMENTS};
+use burst_transport::{Qp, QpAttr, QpState, Srq};
+use burst_wire::{IbPacket, Qpn};
+
+use crate::{contain, AsyncEvent, QpEvent, SrqId};
+
+/// Lowest QPN handed out (0 and 1 are QP0/QP1; RXE starts at 0x11).
+use super::*;
+
+/// The ECN codepoint "congestion experienced" (RFC 3168).
+pub(super) const ECN_CE: u8 = 0b11;
+
+/// Packets one round sends at most: four GSO runs' worth.
+pub(super) const TX_BURST: usize = 4 * MAX_GSO_SEGMENTS;
+
+impl<P: Port> Device<P> {
+    /// One round of progress: expired timers, transmit, receive a burst.
+    ///
+    /// Timers come first, so a retransmission they start leaves in this
+    /// round. Transmit comes before receive: what this round's receives
+    /// generate (ACKs)
+    /// leaves with the next round, together with whatever the application
+    /// posts in answer to this round's completions (a ping-pong's ACK and
+    /// reply then share one `sendmmsg`, and the peer reads both with one
+    /// `recvmmsg`).
+    pub fn progress(&mut self) -> bool {
+        let now = self.now();
+        self.progress_at(now)
+    }
+
+    /// [`Device::progress`] with the time read by the caller (one clock
+    /// read per round: they cost 30 ns each in a VM and showed in profiles).
+    ///
+    /// A panic while handling one QP (its packets, timers or transmit)
+    /// moves that QP to the error state, flushing its work requests, and
+    /// raises [`QpEvent::Fatal`]; one outside any QP (the port, the
+    /// demux) fails every QP and raises [`AsyncEvent::DeviceFatal`]. Either
+    /// way it is logged, the caller does not unwind, and the device keeps
+    /// serving its other QPs.
+    pub fn progress_at(&mut self, now: u64) -> bool {
+        match contain(|| self.progress_inner(now)) {
+            Ok(moved) => moved,
+            Err(msg) => {
+                self.device_fatal(&msg);
+                true
+            }
+        }
+    }
+
+    pub(super) fn progress_inner(&mut self, now: u64) -> bool {
+        // Expired timers first: a retransmission they start leaves in this
+        // round's transmit, not a round (or, idle, a whole timeout) later.
+        let mut fired = 0;
+        for i in 0..self.qps.len() {
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
+            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
+                fired += 1;
+                if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
+                    self.qp_fatal(i, &msg);
+                } else if let Some(s) = self.qps[i].as_mut() {
+                    let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
+                }
+            }
+        }
+        self.check_link(now);
+        let sent = self.transmit(now);
+        let received = self.receive(now);
+        self.collect_completions();
+        sent + received + fired > 0
+    }
+
+    /// Contains a fault of the QP in slot `i`: error state (flushing its
+    /// WRs), [`QpEvent::Fatal`], a log line.
+    pub(super) fn qp_fatal(&mut self, i: usize, msg: &str) {
+        let Some(s) = self.qps[i].as_mut() else {
+            return;
+        };
+        let qpn = s.qp.qpn();
+        // A QP already failed raises no second event (a fault that repeats
+        // on every packet for it would flood the event queue).
+        let first = s.qp.state() != QpState::Err;
+        tracing::error!(
+            qpn = qpn.value(),
+            "internal fault handling QP {qpn}: {msg}; QP moved to the error state"
+        );
+        let to_err = QpAttr {
+            state: Some(QpState::Err),
+            ..Default::default()
+        };
+        if contain(|| s.qp.modify(&to_err)).is_err() {
+            // Its state is beyond flushing: keep the QP number, in error.
+            let mut fresh = Qp::new(*s.qp.config());
+            let _ = fresh.modify(&to_err);
+            s.qp = fresh;
+            tracing::error!(
+                qpn = qpn.value(),
+                "QP {qpn}'s work requests could not be flushed"
+            );
+        }
+        while let Some(wc) = s.qp.poll_completion() {
+            s.completions.push_back(wc);
+        }
+        if first {
+            self.events.push(AsyncEvent::Qp(qpn, QpEvent::Fatal));
+        }
+    }
+
+    /// Fails the device after a fault outside any one QP (for an engine
+    /// around it): every QP to the error state, [`AsyncEvent::DeviceFatal`].
+    pub fn fail_all(&mut self, msg: &str) {
+        self.device_fatal(msg);
+    }
+
+    /// Contains a fault outside any one QP: every QP to the error state,
+    /// [`AsyncEvent::DeviceFatal`].
+    pub(super) fn device_fatal(&mut self, msg: &str) {
+        tracing::error!(
+            "internal fault in the data plane: {msg}; every QP moved to the error state"
+        );
+        self.tx_held = 0;
+        for i in 0..self.qps.len() {
+            if self.qps[i]
+                .as_ref()
+                .is_some_and(|s| s.qp.state() != QpState::Err)
+            {
+                self.qp_fatal(i, msg);
+            }
+        }
+        self.events.push(AsyncEvent::DeviceFatal);
+    }
+
+    /// Takes the asynchronous events raised since the last call (SRQ limits,
+    /// contained faults), oldest first.
+    pub fn take_async_events(&mut self) -> Vec<AsyncEvent> {
+        for (i, s) in self.srqs.iter_mut().enumerate() {
+            if s.as_mut().is_some_and(Srq::take_limit_event) {
+                self.events
+                    .push(AsyncEvent::SrqLimitReached(SrqId(i as u32)));
+            }
+        }
+        std::mem::take(&mut self.events)
+    }
+
+    /// Test support for fault containment: the next packet for `qpn` makes
+    /// the data plane panic while handling it (`None`: never).
+    #[doc(hidden)]
+    pub fn debug_panic_on_packet_for(&mut self, qpn: Option<Qpn>) {
+        self.panic_for = qpn;
+    }
+
+    /// Sends what is pending (the ACKs of the last receives, newly posted
+    /// requests) without receiving, and collects the completions that
+    /// sending alone produces (UC and UD sends).
+    pub fn transmit_now(&mut self) -> bool {
+        let now = self.now();
+        self.transmit_at(now)
+    }
+
+    /// [`Device::transmit_now`] with the time read by the caller.
+    pub fn transmit_at(&mut self, now: u64) -> bool {
+        let sent = self.transmit(now);
+        self.collect_completions();
+        sent > 0
+    }
+
+    /// Sends what is pending without receiving: for a device about to close.
+    pub fn flush(&mut self) {
+        self.transmit_now();
+    }
+
+    pub(super) fn collect_completions(&mut self) {
+        for s in self.qps.iter_mut().flatten() {
+            while let Some(wc) = s.qp.poll_completion() {
+                s.completions.push_back(wc);
+            }
+            let qpn = s.qp.qpn();
+            self.events.extend(
+                s.qp.take_events()
+                    .into_iter()
+                    .map(|e| AsyncEvent::Qp(qpn, e)),
+            );
+        }
+    }
+
+    /// Returns the packets received.
+    pub(super) fn receive(&mut self, now: u64) -> usize {
+        let n = match self.port.recv_batch(&mut self.rx) {
+            Ok(n) => n,
+            Err(_) => return 0,
+        };
+        if n > 0 {
+            self.last_rx = now;
+        }
+        let local = self.port.local_addr();
+        // SAFETY: the batch's buffers are not touched again before the
+        // drain below (the next receive reuses them).
+        unsafe { self.copier.defer_from(self.rx.buffers()) };
+        let mut mem = self.mrs.memory_through(&mut self.copier);
+        let mut faulted: Vec<(usize, String)> = Vec::new();
+        for (meta, bytes) in self.rx.frames() {
+            let peer = meta.peer;
+            self.counters.rcvd_pkts += 1;
+            let Ok(pkt) = IbPacket::new_checked(bytes) else {
+                self.counters.malformed += 1;
+                continue;
+            };
+            // A datagram to a multicast group or to another of the device's
+            // GIDs: its ICRC covers that address.
+            let local = meta
+                .dest
+                .map_or(local, |g| SocketAddr::new(g, local.port()));
+            let check = if meta.icrc_verified {
+                // Checked by the port over the headers as received.
+                IcrcCheck::Ok
+            } else {
+                self.icrc.check(peer, local, bytes, meta.ip_id)
+            };
+            match check {
+                IcrcCheck::Ok => self.counters.icrc_verified += 1,
+                IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
+                IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
+                IcrcCheck::Bad => {
+                    self.counters.icrc_errors += 1;
+                    continue;
+                }
+            }
+            let qpn = pkt.bth().dest_qp();
+            if qpn.value() == crate::gsi::GSI_QPN {
+                match &self.gsi {
+                    Some(gsi) => gsi.receive(peer.ip(), &pkt),
+                    None => self.counters.no_qp += 1,
+                }
+                continue;
+            }
+            // QPN 0xFFFFFF to a group: a copy for every QP attached to it
+            // (each checks its Q_Key); to our own address it names no QP.
+            let targets: &[Qpn] = match meta.dest {
+                Some(g) if g.is_multicast() && qpn.value() == MULTICAST_QPN => self
+                    .mcast
+                    .get(&burst_wire::gid_of(g))
+                    .map_or(&[], Vec::as_slice),
+                Some(g) if g.is_multicast() => &[],
+                _ if qpn.value() == MULTICAST_QPN => &[],
+                _ => std::slice::from_ref(&qpn),
+            };
+            if targets.is_empty() {
+                self.counters.no_qp += 1;
+                continue;
+            }
+            for &qpn in targets {
+                let Ok(i) = qp_index_in(&self.qps, self.lane, qpn) else {
+                    self.counters.no_qp += 1;
+                    continue;
+                };
+                let Some(s) = self.qps[i].as_mut() else {
+                    continue;
+                };
+                if pkt.info().transport == burst_wire::Transport::Cnp {
+                    // Congestion notification: for the controllers, not the QP.
+                    self.cc.on_cnp(&mut s.flow, now);
+                    continue;
+                }
+                if meta.ecn == ECN_CE {
+                    self.cc.on_ce(&mut s.flow, now);
+                }
+                // Only UD receives carry a GRH area: don't build it for RC/UC.
+                let grh = (pkt.info().transport == burst_wire::Transport::Ud)
+                    .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
+                    .flatten();
+                let srq = s
+                    .srq
+                    .and_then(|i| self.srqs.get_mut(i))
+                    .and_then(Option::as_mut);
+                let inject = self.panic_for == Some(qpn);
+                let handled = contain(|| {
+                    assert!(!inject, "fault injected for QP {qpn}");
+                    match srq {
+                        Some(srq) => {
+                            s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
+                        }
+                        None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
+                    }
+                });
+                if let Err(msg) = handled {
+                    faulted.push((i, msg));
+                } else {
+                    let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
+                }
+            }
+        }
+        // Every placement lands before anything it precedes is seen: the
+        // completions collected next, the ACKs sent next.
+        self.copier.drain();
+        for (i, msg) in faulted {
+            self.qp_fatal(i, &msg);
+        }
+        n
+    }
+
+    /// Returns the packets handed to the port.
+    pub(super) fn transmit(&mut self, now: u64) -> usize {
+        let mut sent = 0;
+        if self.tx_held > 0 {
+            sent = self.send_held(self.tx_held);
+            if self.tx_held > 0 {
+                return sent;
+            }
+        }
+        // SAFETY: the send buffers past the held ones are filled here and
+        // read only after the drain below (sealing).
+        unsafe {
+            self.copier.defer_into(
+                self.tx
+                    .iter_mut()
+                    .map(|b| (b.data.as_mut_ptr(), b.data.len())),
+            )
+        };
+        let mem = self.mrs.memory_through(&mut self.copier);
+        let mut n = 0;
+        // CNPs first: they are what slows the congested senders down.
+        while n < self.tx.len() {
+            let Some((peer, dest)) = self.cc.cnps.pop() else {
+                break;
+            };
+            let ib = burst_wire::IbRepr::cnp(dest);
+            let len = ib.buffer_len();
+            let buf = &mut self.tx[n];
+            if ib.emit(&mut buf.data[..len]).is_ok() {
+                buf.len = len;
+                buf.peer = peer;
+                buf.src = None;
+                buf.payload_crc = None;
+                self.counters.sent_pkts += 1;
+                self.cc.counters.cnp_sent += 1;
+                n += 1;
+            }
+        }
+        // Then connection management (rare, small, time-critical for the
+        // peer's CM timers).
+        if let Some(gsi) = &self.gsi {
+            while n < self.tx.len() && gsi.has_transmit() {
+                let buf = &mut self.tx[n];
+                let Some((len, peer)) = gsi.transmit(&mut buf.data[..]) else {
+                    break;
+                };
+                buf.len = len;
+                buf.peer = peer;
+                buf.src = None;
+                buf.payload_crc = None;
+                self.counters.sent_pkts += 1;
+                n += 1;
+            }
+        }
+        self.cc.begin_round();
+        let mut faulted: Vec<(usize, String)> = Vec::new();
+        let nq = self.qps.len();
+        let start = if nq == 0 { 0 } else { self.tx_next % nq };
+        self.tx_next = start + 1;
+        for i in (start..nq).chain(0..start) {
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
+            if !s.qp.has_transmit_pending() {
+                continue;
+            }
+            let credit = self.cc.credit(&mut s.flow, &mut s.qp, now);
+            s.qp.set_request_credit(credit);
+            let q = &mut s.qp;
+            let (tx, ahs, counters) = (&mut self.tx, &self.ahs, &mut self.counters);
+            let start = n;
+            let filled = contain(|| {
+                let mut n = start;
+                while n < tx.len() {
+                    let Some(t) = q.poll_transmit(now) else { break };
+                    let Some(Some(Ah { peer, src, .. })) = ahs.get(t.ah as usize).copied() else {
+                        continue;
+                    };
+                    let len = t.ib.buffer_len();
+                    let buf = &mut tx[n];
+                    if len > buf.data.len() || t.ib.emit(&mut buf.data[..len]).is_err() {
+                        continue;
+                    }
+                    let at = t.ib.header_len();
+                    let plen = t.ib.payload_len;
+                    let Ok(crc) = t.gather_crc(&mem, &mut buf.data[at..at + plen]) else {
+                        continue;
+                    };
+                    counters.sent_pkts += 1;
+                    buf.len = len;
+                    buf.peer = peer;
+                    buf.src = src;
+                    buf.payload_crc = crc.map(|crc| PayloadCrc { at, len: plen, crc });
+                    n += 1;
+                }
+                q.flush_unreliable();
+                n
+            });
+            match filled {
+                Ok(k) => {
+                    // Requests left while the burst had room: held by the
+                    // window or rate.
+                    let held = k < tx.len() && credit.is_some() && q.has_requests_pending();
+                    n = k;
+                    self.cc.sent(&mut s.flow, &mut s.qp, held, now);
+                }
+                // What this QP built before its fault is not sent.
+                Err(msg) => faulted.push((i, msg)),
+            }
+        }
+        // Gathers into the send buffers finish before sealing reads them.
+        self.copier.drain();
+        for (i, msg) in faulted {
+            self.qp_fatal(i, &msg);
+        }
+        if n > 0 {
+            // Sealed last: a packet's IP ID (in its ICRC) may depend on the
+            // whole burst (a UDP socket's GSO runs).
+            self.port.assign_ip_ids(&mut self.tx[..n]);
+            let sealed = burst_io::seal_all(self.port.local_addr(), &mut self.tx[..n]);
+            sent += self.send_held(sealed);
+        }
+        sent
+    }
+
+    /// Sends the first `n` (sealed) packets of `tx`; keeps what the port
+    /// refused at the front of `tx` for the next round (the port takes
+    /// whole GSO runs, so the IDs of the rest stay right).
+    pub(super) fn send_held(&mut self, n: usize) -> usize {
+        let took = match self.port.send_burst(&self.tx[..n]) {
+            Ok(k) => k.min(n),
+            Err(e) => {
+                // Not a full queue: the transport retransmits what is lost.
+                tracing::debug!("send: {e}");
+                n
+            }
+        };
+        self.tx[..n].rotate_left(took);
+        self.tx_held = n - took;
+        took
+    }
+}
