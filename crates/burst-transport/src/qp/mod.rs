@@ -405,106 +405,33 @@ impl Qp {
     /// transition requires and allows (the table of the IB spec that
     /// rdma-core's `ibv_modify_qp` and the kernel's `ib_modify_qp_is_ok` apply).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), VerbsError> {
-        use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
+        use QpState::{Reset, Sqd};
         let to = attr.state.ok_or(VerbsError::MissingAttr("IBV_QP_STATE"))?;
         let t = self.cfg.qp_type;
         let from = self.state;
-        // (required, optional) attribute names for the transition
-        let (req, opt): (&[&str], &[&str]) = match (from, to, t) {
-            (_, Reset, _) | (_, QpState::Err, _) => (&[], &[]),
-            (Reset, Init, QpType::Ud) => (&["pkey_index", "port", "qkey"], &[]),
-            (Reset, Init, _) => (&["pkey_index", "port", "access"], &[]),
-            (Init, Init, QpType::Ud) => (&[], &["pkey_index", "port", "qkey"]),
-            (Init, Init, _) => (&[], &["pkey_index", "port", "access"]),
-            (Init, Rtr, QpType::Rc) => (
-                &[
-                    "ah",
-                    "path_mtu",
-                    "dest_qpn",
-                    "rq_psn",
-                    "max_dest_rd_atomic",
-                    "min_rnr_timer",
-                ],
-                &["access", "pkey_index"],
-            ),
-            (Init, Rtr, QpType::Uc) => (
-                &["ah", "path_mtu", "dest_qpn", "rq_psn"],
-                &["access", "pkey_index"],
-            ),
-            (Init, Rtr, QpType::Ud) => (&[], &["pkey_index", "qkey"]),
-            (Rtr, Rts, QpType::Rc) => (
-                &[
-                    "sq_psn",
-                    "timeout",
-                    "retry_cnt",
-                    "rnr_retry",
-                    "max_rd_atomic",
-                ],
-                &["access", "min_rnr_timer"],
-            ),
-            (Rtr, Rts, QpType::Uc) => (&["sq_psn"], &["access"]),
-            (Rtr, Rts, QpType::Ud) => (&["sq_psn"], &["qkey"]),
-            (Rts | Sqd, Rts, QpType::Rc) => (
-                &[],
-                &[
-                    "access",
-                    "min_rnr_timer",
-                    "timeout",
-                    "retry_cnt",
-                    "rnr_retry",
-                    "max_rd_atomic",
-                ],
-            ),
-            (Rts | Sqd, Rts, QpType::Uc) => (&[], &["access"]),
-            (Rts | Sqd, Rts, QpType::Ud) => (&[], &["qkey"]),
-            (Sqe, Rts, QpType::Uc) => (&[], &["access"]),
-            (Sqe, Rts, QpType::Ud) => (&[], &["qkey"]),
-            (Rts, Sqd, _) | (Sqd, Sqd, _) => (&[], &[]),
-            _ => return Err(VerbsError::InvalidState(from)),
-        };
-        let given: [(&str, bool); 15] = [
-            ("pkey_index", attr.pkey_index.is_some()),
-            ("port", attr.port.is_some()),
-            ("access", attr.access.is_some()),
-            ("qkey", attr.qkey.is_some()),
-            ("ah", attr.ah.is_some()),
-            ("path_mtu", attr.path_mtu.is_some()),
-            ("dest_qpn", attr.dest_qpn.is_some()),
-            ("rq_psn", attr.rq_psn.is_some()),
-            ("max_dest_rd_atomic", attr.max_dest_rd_atomic.is_some()),
-            ("min_rnr_timer", attr.min_rnr_timer.is_some()),
-            ("sq_psn", attr.sq_psn.is_some()),
-            ("timeout", attr.timeout.is_some()),
-            ("retry_cnt", attr.retry_cnt.is_some()),
-            ("rnr_retry", attr.rnr_retry.is_some()),
-            ("max_rd_atomic", attr.max_rd_atomic.is_some()),
-        ];
-        if to != Reset && to != QpState::Err {
-            for r in req {
-                if !given.iter().any(|(n, g)| n == r && *g) {
-                    return Err(VerbsError::MissingAttr(r));
-                }
+        let (req, opt) = transition_attrs(from, to, t).ok_or(VerbsError::InvalidState(from))?;
+        check_attrs(attr, to, req, opt)?;
+        self.apply_attrs(attr);
+        match to {
+            Reset => {
+                self.req = Requester::default();
+                self.resp = Responder::default();
+                self.completions.clear();
+                self.established = false;
             }
-            for (n, g) in given {
-                if g && !req.contains(&n) && !opt.contains(&n) {
-                    return Err(VerbsError::UnexpectedAttr(n));
-                }
-            }
+            QpState::Err => self.enter_error(),
+            _ => {}
         }
-        if attr.port.is_some_and(|p| p != 1) {
-            return Err(VerbsError::InvalidValue("port"));
+        if to == Sqd && from != Sqd {
+            self.drained = false;
         }
-        let check = |v: Option<u8>, max: u8, name| match v {
-            Some(x) if x > max => Err(VerbsError::InvalidValue(name)),
-            _ => Ok(()),
-        };
-        check(attr.timeout, 31, "timeout")?;
-        check(attr.retry_cnt, 7, "retry_cnt")?;
-        check(attr.rnr_retry, 7, "rnr_retry")?;
-        check(attr.min_rnr_timer, 31, "min_rnr_timer")?;
-        check(attr.max_rd_atomic, MAX_RD_ATOMIC, "max_rd_atomic")?;
-        check(attr.max_dest_rd_atomic, MAX_RD_ATOMIC, "max_dest_rd_atomic")?;
+        self.state = to;
+        self.check_drained();
+        Ok(())
+    }
 
+    /// Takes the attributes `attr` gives (a transition already checked).
+    fn apply_attrs(&mut self, attr: &QpAttr) {
         let a = &mut self.attrs;
         if let Some(v) = attr.access {
             a.access = v;
@@ -549,22 +476,6 @@ impl Qp {
             self.req.una_psn = p;
             self.req.sent_high = p;
         }
-        match to {
-            Reset => {
-                self.req = Requester::default();
-                self.resp = Responder::default();
-                self.completions.clear();
-                self.established = false;
-            }
-            QpState::Err => self.enter_error(),
-            _ => {}
-        }
-        if to == Sqd && from != Sqd {
-            self.drained = false;
-        }
-        self.state = to;
-        self.check_drained();
-        Ok(())
     }
 
     fn enter_error(&mut self) {
@@ -1034,4 +945,121 @@ fn recv_wc(
         src_qp: Qpn::default(),
         grh: None,
     }
+}
+
+/// The (required, optional) attributes of a transition `from` -> `to` of
+/// a QP of type `t` (IBA 11.2.4.2, Modify Queue Pair; named as rdma-core's
+/// `ibv_modify_qp` masks name them); `None`: no such transition.
+fn transition_attrs(
+    from: QpState,
+    to: QpState,
+    t: QpType,
+) -> Option<(&'static [&'static str], &'static [&'static str])> {
+    use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
+    let r: (&[&str], &[&str]) = match (from, to, t) {
+        (_, Reset, _) | (_, QpState::Err, _) => (&[], &[]),
+        (Reset, Init, QpType::Ud) => (&["pkey_index", "port", "qkey"], &[]),
+        (Reset, Init, _) => (&["pkey_index", "port", "access"], &[]),
+        (Init, Init, QpType::Ud) => (&[], &["pkey_index", "port", "qkey"]),
+        (Init, Init, _) => (&[], &["pkey_index", "port", "access"]),
+        (Init, Rtr, QpType::Rc) => (
+            &[
+                "ah",
+                "path_mtu",
+                "dest_qpn",
+                "rq_psn",
+                "max_dest_rd_atomic",
+                "min_rnr_timer",
+            ],
+            &["access", "pkey_index"],
+        ),
+        (Init, Rtr, QpType::Uc) => (
+            &["ah", "path_mtu", "dest_qpn", "rq_psn"],
+            &["access", "pkey_index"],
+        ),
+        (Init, Rtr, QpType::Ud) => (&[], &["pkey_index", "qkey"]),
+        (Rtr, Rts, QpType::Rc) => (
+            &[
+                "sq_psn",
+                "timeout",
+                "retry_cnt",
+                "rnr_retry",
+                "max_rd_atomic",
+            ],
+            &["access", "min_rnr_timer"],
+        ),
+        (Rtr, Rts, QpType::Uc) => (&["sq_psn"], &["access"]),
+        (Rtr, Rts, QpType::Ud) => (&["sq_psn"], &["qkey"]),
+        (Rts | Sqd, Rts, QpType::Rc) => (
+            &[],
+            &[
+                "access",
+                "min_rnr_timer",
+                "timeout",
+                "retry_cnt",
+                "rnr_retry",
+                "max_rd_atomic",
+            ],
+        ),
+        (Rts | Sqd, Rts, QpType::Uc) => (&[], &["access"]),
+        (Rts | Sqd, Rts, QpType::Ud) => (&[], &["qkey"]),
+        (Sqe, Rts, QpType::Uc) => (&[], &["access"]),
+        (Sqe, Rts, QpType::Ud) => (&[], &["qkey"]),
+        (Rts, Sqd, _) | (Sqd, Sqd, _) => (&[], &[]),
+        _ => return None,
+    };
+    Some(r)
+}
+
+/// Checks `attr` for a transition to `to`: every required attribute
+/// given, none outside the required and optional ones, values in range.
+fn check_attrs(
+    attr: &QpAttr,
+    to: QpState,
+    req: &[&'static str],
+    opt: &[&'static str],
+) -> Result<(), VerbsError> {
+    let given: [(&str, bool); 15] = [
+        ("pkey_index", attr.pkey_index.is_some()),
+        ("port", attr.port.is_some()),
+        ("access", attr.access.is_some()),
+        ("qkey", attr.qkey.is_some()),
+        ("ah", attr.ah.is_some()),
+        ("path_mtu", attr.path_mtu.is_some()),
+        ("dest_qpn", attr.dest_qpn.is_some()),
+        ("rq_psn", attr.rq_psn.is_some()),
+        ("max_dest_rd_atomic", attr.max_dest_rd_atomic.is_some()),
+        ("min_rnr_timer", attr.min_rnr_timer.is_some()),
+        ("sq_psn", attr.sq_psn.is_some()),
+        ("timeout", attr.timeout.is_some()),
+        ("retry_cnt", attr.retry_cnt.is_some()),
+        ("rnr_retry", attr.rnr_retry.is_some()),
+        ("max_rd_atomic", attr.max_rd_atomic.is_some()),
+    ];
+    if to != QpState::Reset && to != QpState::Err {
+        for r in req {
+            if !given.iter().any(|(n, g)| n == r && *g) {
+                return Err(VerbsError::MissingAttr(r));
+            }
+        }
+        for (n, g) in given {
+            if g && !req.contains(&n) && !opt.contains(&n) {
+                return Err(VerbsError::UnexpectedAttr(n));
+            }
+        }
+    }
+    if attr.port.is_some_and(|p| p != 1) {
+        return Err(VerbsError::InvalidValue("port"));
+    }
+    let check = |v: Option<u8>, max: u8, name| match v {
+        Some(x) if x > max => Err(VerbsError::InvalidValue(name)),
+        _ => Ok(()),
+    };
+    check(attr.timeout, 31, "timeout")?;
+    check(attr.retry_cnt, 7, "retry_cnt")?;
+    check(attr.rnr_retry, 7, "rnr_retry")?;
+    check(attr.min_rnr_timer, 31, "min_rnr_timer")?;
+    check(attr.max_rd_atomic, MAX_RD_ATOMIC, "max_rd_atomic")?;
+    check(attr.max_dest_rd_atomic, MAX_RD_ATOMIC, "max_dest_rd_atomic")?;
+    Ok(())
 }
