@@ -948,7 +948,7 @@ fn recv_wc(
 }
 
 /// The (required, optional) attributes of a transition `from` -> `to` of
-/// a QP of type `t` (IBA 11.2.4.2, Modify Queue Pair; named as rdma-core's
+/// a QP of type `t` (IBA 11.2.4.2, Modify Queue Pair; as rdma-core's
 /// `ibv_modify_qp` masks name them); `None`: no such transition.
 fn transition_attrs(
     from: QpState,

@@ -1008,249 +1008,15 @@ pub fn run_workload_on<F: Fabric>(
 ) -> Result<Summary, String> {
     let mut rng = Rng::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mtu = Mtu::ALL[rng.below(5) as usize];
-    let mut pairs = Vec::new();
-    for _ in 0..o.rc_pairs {
-        let a = w.add_qp(0, QpType::Rc, mtu);
-        let b = w.add_qp(1, QpType::Rc, mtu);
-        // PSNs near the wrap point half of the time.
-        let pa = Psn::new(if rng.chance(0.5) {
-            0xff_ffff - rng.below(64) as u32
-        } else {
-            rng.below(1 << 24) as u32
-        });
-        let pb = Psn::new(rng.below(1 << 24) as u32);
-        w.connect(a, Some(b), mtu, pa, pb)
-            .map_err(|e| e.to_string())?;
-        pairs.push((a, b, QpType::Rc));
-    }
-    if o.unreliable {
-        let a = w.add_qp(0, QpType::Uc, mtu);
-        let b = w.add_qp(1, QpType::Uc, mtu);
-        w.connect(a, Some(b), mtu, Psn::new(5), Psn::new(9))
-            .map_err(|e| e.to_string())?;
-        pairs.push((a, b, QpType::Uc));
-        let a = w.add_qp(0, QpType::Ud, mtu);
-        let b = w.add_qp(1, QpType::Ud, mtu);
-        w.connect(a, None, mtu, Psn::new(0), Psn::new(0))
-            .map_err(|e| e.to_string())?;
-        w.connect(b, None, mtu, Psn::new(0), Psn::new(0))
-            .map_err(|e| e.to_string())?;
-        pairs.push((a, b, QpType::Ud));
-    }
-
+    let pairs = connect_pairs(w, &mut rng, mtu, o)?;
     let mut summary = Summary::default();
     let mut plans: Vec<Plan> = Vec::new();
     // Receives held back until the requesters are under way, to exercise RNR.
     let mut held: VecDeque<(usize, RecvWr)> = VecDeque::new();
     let mut wr_id = 0u64;
-    for &(a, b, t) in &pairs {
-        let b_node = w.node_of(b);
-        let b_qpn = w.qpn(b);
-        let b_ah = w.ah(w.node_of(a), b_node);
-        let mut posted = Vec::new();
-        let mut recvs = Vec::new();
-        // One atomic counter per pair on the responder.
-        let (ctr, ctr_va) = w.register(1, 8);
-        let mut model = 0u64;
-        let n = if t == QpType::Rc {
-            o.ops_per_pair
-        } else {
-            o.ops_per_pair / 2
-        };
-        let hold_tail = rng.chance(0.3);
-        for i in 0..n {
-            let size = match rng.below(20) {
-                0 if i % 7 == 3 => o.max_size / 2 + rng.below(o.max_size as u64 / 2 + 1) as usize,
-                1..=3 => rng.below(64 * 1024) as usize,
-                4 => 0,
-                _ => rng.below(mtu.bytes() as u64 * 2 + 1) as usize,
-            };
-            let size = match t {
-                QpType::Rc => size,
-                QpType::Uc => size.min(UNRELIABLE_MAX),
-                QpType::Ud => size.min(mtu.bytes()),
-            };
-            let kind = match t {
-                QpType::Rc => rng.below(9),
-                QpType::Uc => rng.below(4),
-                QpType::Ud => rng.below(2),
-            };
-            wr_id += 1;
-            let signaled = rng.below(4) != 0 || t != QpType::Rc;
-            let inline = size <= 64 && kind < 4 && rng.chance(0.5);
-            // Source/destination buffer on the requester, split into up to 3 SGEs.
-            let (lkey, laddr) = w.register(0, size.max(8));
-            fill(&mut rng, &mut w.bytes_mut(0, lkey)[..size]);
-            let mut sges = Vec::new();
-            let mut off = 0usize;
-            let parts = 1 + rng.below(3) as usize;
-            for p in 0..parts {
-                let len = if p + 1 == parts {
-                    size - off
-                } else {
-                    (size - off) / 2
-                };
-                sges.push(Sge {
-                    addr: laddr + off as u64,
-                    length: len as u32,
-                    lkey,
-                });
-                off += len;
-            }
-            let data_hash = hash(&w.bytes(0, lkey)[..size]);
-            let imm = rng.next_u64() as u32;
-            let (op, expect) = match kind {
-                0 | 1 => {
-                    let imm = (kind == 1).then_some(imm);
-                    (
-                        imm.map_or(SendOp::Send, SendOp::SendWithImm),
-                        Expect::Send {
-                            hash: data_hash,
-                            len: size,
-                            imm,
-                        },
-                    )
-                }
-                2 | 3 => {
-                    let (rk, rva) = w.register(b_node, size.max(1));
-                    let imm = (kind == 3).then_some(imm);
-                    let op = match imm {
-                        Some(imm) => SendOp::WriteWithImm {
-                            remote_addr: rva,
-                            rkey: rk,
-                            imm,
-                        },
-                        None => SendOp::Write {
-                            remote_addr: rva,
-                            rkey: rk,
-                        },
-                    };
-                    (
-                        op,
-                        Expect::Write {
-                            region: rk,
-                            hash: data_hash,
-                            imm,
-                            len: size,
-                        },
-                    )
-                }
-                4 | 5 => {
-                    let (rk, rva) = w.register(1, size.max(1));
-                    fill(&mut rng, &mut w.bytes_mut(1, rk)[..size]);
-                    let h = hash(&w.bytes(1, rk)[..size]);
-                    (
-                        SendOp::Read {
-                            remote_addr: rva,
-                            rkey: rk,
-                        },
-                        Expect::Read {
-                            local: lkey,
-                            hash: h,
-                            len: size,
-                        },
-                    )
-                }
-                6 | 7 => {
-                    sges = [Sge {
-                        addr: laddr,
-                        length: 8,
-                        lkey,
-                    }]
-                    .into();
-                    let add = rng.below(1000);
-                    let orig = model;
-                    model = model.wrapping_add(add);
-                    (
-                        SendOp::FetchAdd {
-                            remote_addr: ctr_va,
-                            rkey: ctr,
-                            add,
-                        },
-                        Expect::Atomic { local: lkey, orig },
-                    )
-                }
-                _ => {
-                    sges = [Sge {
-                        addr: laddr,
-                        length: 8,
-                        lkey,
-                    }]
-                    .into();
-                    let hit = rng.chance(0.5);
-                    let compare = if hit { model } else { model ^ 1 };
-                    let swap = rng.next_u64();
-                    let orig = model;
-                    if hit {
-                        model = swap;
-                    }
-                    (
-                        SendOp::CompareSwap {
-                            remote_addr: ctr_va,
-                            rkey: ctr,
-                            compare,
-                            swap,
-                        },
-                        Expect::Atomic { local: lkey, orig },
-                    )
-                }
-            };
-            let sges = SgList::try_from(sges).map_err(|e| format!("workload: {e}"))?;
-            let mut wr = SendWr::new(wr_id, op, sges);
-            wr.signaled = signaled;
-            wr.inline = inline;
-            wr.fence = rng.chance(0.05);
-            if t == QpType::Ud {
-                wr.ud = Some(UdDest {
-                    remote_qpn: b_qpn,
-                    remote_qkey: 0x1111_1111,
-                    ah: b_ah,
-                });
-            }
-            let consumes_recv = matches!(
-                expect,
-                Expect::Send { .. } | Expect::Write { imm: Some(_), .. }
-            );
-            if consumes_recv {
-                // UC/UD reuse a receive when a message is lost: size them all for the largest.
-                let cap = if t == QpType::Rc {
-                    size + rng.below(16) as usize
-                } else {
-                    UNRELIABLE_MAX + 40
-                };
-                let (rk, ra) = w.register(1, cap);
-                recvs.push((wr_id, rk));
-                let rwr = RecvWr {
-                    wr_id,
-                    sg_list: [Sge {
-                        addr: ra,
-                        length: cap as u32,
-                        lkey: rk,
-                    }]
-                    .into(),
-                };
-                // Post the receives up front, except (on some pairs) a tail
-                // posted later, in order, to exercise RNR NAKs.
-                if !hold_tail || i < n / 2 {
-                    w.post_recv(b, rwr).map_err(|e| format!("post_recv: {e}"))?;
-                } else {
-                    held.push_back((b, rwr));
-                }
-            }
-            let opcode = wr.op.wc_opcode();
-            {
-                w.post_send(a, wr).map_err(|e| format!("post_send: {e}"))?;
-            }
-            posted.push(Posted {
-                wr_id,
-                signaled,
-                expect,
-                opcode,
-            });
-        }
-        plans.push((a, b, t, posted, recvs));
+    for &pair in &pairs {
+        plans.push(plan_pair(w, &mut rng, pair, mtu, o, &mut wr_id, &mut held)?);
     }
-
     let finished = w.run(o.deadline, &mut |w: &mut F| {
         if w.now() > 50_000 {
             while let Some((b, r)) = held.pop_front() {
@@ -1282,169 +1048,481 @@ pub fn run_workload_on<F: Fabric>(
         ));
     }
 
-    // Check every pair.
-    for (a, b, t, posted, recvs) in &plans {
-        let reliable = *t == QpType::Rc;
-        // Requester completions: signaled ones, in posting order, all successful.
-        let want: Vec<&Posted> = posted.iter().filter(|p| p.signaled).collect();
-        let got: Vec<WorkCompletion> = w.completions(*a).drain(..).collect();
-        if got.len() != want.len() {
+    for plan in &plans {
+        check_receives(w, seed, plan)?;
+        check_data(w, seed, plan, &mut summary)?;
+    }
+    Ok(summary)
+}
+
+/// The QP pairs of a workload, connected: `o.rc_pairs` RC pairs (PSNs
+/// near the wrap point half of the time), and a UC and a UD pair.
+fn connect_pairs<F: Fabric>(
+    w: &mut F,
+    rng: &mut Rng,
+    mtu: Mtu,
+    o: &WorkloadOptions,
+) -> Result<Vec<(usize, usize, QpType)>, String> {
+    let mut pairs = Vec::new();
+    for _ in 0..o.rc_pairs {
+        let a = w.add_qp(0, QpType::Rc, mtu);
+        let b = w.add_qp(1, QpType::Rc, mtu);
+        // PSNs near the wrap point half of the time.
+        let pa = Psn::new(if rng.chance(0.5) {
+            0xff_ffff - rng.below(64) as u32
+        } else {
+            rng.below(1 << 24) as u32
+        });
+        let pb = Psn::new(rng.below(1 << 24) as u32);
+        w.connect(a, Some(b), mtu, pa, pb)
+            .map_err(|e| e.to_string())?;
+        pairs.push((a, b, QpType::Rc));
+    }
+    if o.unreliable {
+        let a = w.add_qp(0, QpType::Uc, mtu);
+        let b = w.add_qp(1, QpType::Uc, mtu);
+        w.connect(a, Some(b), mtu, Psn::new(5), Psn::new(9))
+            .map_err(|e| e.to_string())?;
+        pairs.push((a, b, QpType::Uc));
+        let a = w.add_qp(0, QpType::Ud, mtu);
+        let b = w.add_qp(1, QpType::Ud, mtu);
+        w.connect(a, None, mtu, Psn::new(0), Psn::new(0))
+            .map_err(|e| e.to_string())?;
+        w.connect(b, None, mtu, Psn::new(0), Psn::new(0))
+            .map_err(|e| e.to_string())?;
+        pairs.push((a, b, QpType::Ud));
+    }
+    Ok(pairs)
+}
+
+/// Posts the operations of one pair (receives first, a tail of them held
+/// back on some pairs) and returns what each must produce.
+fn plan_pair<F: Fabric>(
+    w: &mut F,
+    rng: &mut Rng,
+    (a, b, t): (usize, usize, QpType),
+    mtu: Mtu,
+    o: &WorkloadOptions,
+    next_wr_id: &mut u64,
+    held: &mut VecDeque<(usize, RecvWr)>,
+) -> Result<Plan, String> {
+    let b_node = w.node_of(b);
+    let b_qpn = w.qpn(b);
+    let b_ah = w.ah(w.node_of(a), b_node);
+    let mut posted = Vec::new();
+    let mut recvs = Vec::new();
+    // One atomic counter per pair on the responder.
+    let (ctr, ctr_va) = w.register(1, 8);
+    let mut model = 0u64;
+    let n = if t == QpType::Rc {
+        o.ops_per_pair
+    } else {
+        o.ops_per_pair / 2
+    };
+    let hold_tail = rng.chance(0.3);
+    for i in 0..n {
+        let size = match rng.below(20) {
+            0 if i % 7 == 3 => o.max_size / 2 + rng.below(o.max_size as u64 / 2 + 1) as usize,
+            1..=3 => rng.below(64 * 1024) as usize,
+            4 => 0,
+            _ => rng.below(mtu.bytes() as u64 * 2 + 1) as usize,
+        };
+        let size = match t {
+            QpType::Rc => size,
+            QpType::Uc => size.min(UNRELIABLE_MAX),
+            QpType::Ud => size.min(mtu.bytes()),
+        };
+        let kind = match t {
+            QpType::Rc => rng.below(9),
+            QpType::Uc => rng.below(4),
+            QpType::Ud => rng.below(2),
+        };
+        *next_wr_id += 1;
+        let wr_id = *next_wr_id;
+        let signaled = rng.below(4) != 0 || t != QpType::Rc;
+        let inline = size <= 64 && kind < 4 && rng.chance(0.5);
+        // Source/destination buffer on the requester, split into up to 3 SGEs.
+        let (lkey, laddr) = w.register(0, size.max(8));
+        fill(rng, &mut w.bytes_mut(0, lkey)[..size]);
+        let mut sges = Vec::new();
+        let mut off = 0usize;
+        let parts = 1 + rng.below(3) as usize;
+        for p in 0..parts {
+            let len = if p + 1 == parts {
+                size - off
+            } else {
+                (size - off) / 2
+            };
+            sges.push(Sge {
+                addr: laddr + off as u64,
+                length: len as u32,
+                lkey,
+            });
+            off += len;
+        }
+        let imm = rng.next_u64() as u32;
+        let (op, expect, atomic_sges) = choose_op(
+            w,
+            rng,
+            kind,
+            size,
+            imm,
+            b_node,
+            (lkey, laddr),
+            (ctr, ctr_va),
+            &mut model,
+        );
+        if let Some(one) = atomic_sges {
+            sges = one;
+        }
+        let sges = SgList::try_from(sges).map_err(|e| format!("workload: {e}"))?;
+        let mut wr = SendWr::new(wr_id, op, sges);
+        wr.signaled = signaled;
+        wr.inline = inline;
+        wr.fence = rng.chance(0.05);
+        if t == QpType::Ud {
+            wr.ud = Some(UdDest {
+                remote_qpn: b_qpn,
+                remote_qkey: 0x1111_1111,
+                ah: b_ah,
+            });
+        }
+        let consumes_recv = matches!(
+            expect,
+            Expect::Send { .. } | Expect::Write { imm: Some(_), .. }
+        );
+        if consumes_recv {
+            // UC/UD reuse a receive when a message is lost: size them all for the largest.
+            let cap = if t == QpType::Rc {
+                size + rng.below(16) as usize
+            } else {
+                UNRELIABLE_MAX + 40
+            };
+            let (rk, ra) = w.register(1, cap);
+            recvs.push((wr_id, rk));
+            let rwr = RecvWr {
+                wr_id,
+                sg_list: [Sge {
+                    addr: ra,
+                    length: cap as u32,
+                    lkey: rk,
+                }]
+                .into(),
+            };
+            // Post the receives up front, except (on some pairs) a tail
+            // posted later, in order, to exercise RNR NAKs.
+            if !hold_tail || i < n / 2 {
+                w.post_recv(b, rwr).map_err(|e| format!("post_recv: {e}"))?;
+            } else {
+                held.push_back((b, rwr));
+            }
+        }
+        let opcode = wr.op.wc_opcode();
+        {
+            w.post_send(a, wr).map_err(|e| format!("post_send: {e}"))?;
+        }
+        posted.push(Posted {
+            wr_id,
+            signaled,
+            expect,
+            opcode,
+        });
+    }
+    Ok((a, b, t, posted, recvs))
+}
+
+/// Operation `kind` of a workload (0-1 SEND, 2-3 WRITE, 4-5 READ, 6-7
+/// FETCH_ADD, 8 COMPARE_SWAP) over the requester's buffer `local`, what it
+/// must produce, and the single SGE an atomic uses instead of the split
+/// ones. `model` is the responder's counter as the atomics leave it.
+#[allow(clippy::too_many_arguments)]
+fn choose_op<F: Fabric>(
+    w: &mut F,
+    rng: &mut Rng,
+    kind: u64,
+    size: usize,
+    imm: u32,
+    b_node: usize,
+    (lkey, laddr): (u32, u64),
+    (ctr, ctr_va): (u32, u64),
+    model: &mut u64,
+) -> (SendOp, Expect, Option<Vec<Sge>>) {
+    let data_hash = hash(&w.bytes(0, lkey)[..size]);
+    let mut sges = None;
+    let (op, expect) = match kind {
+        0 | 1 => {
+            let imm = (kind == 1).then_some(imm);
+            (
+                imm.map_or(SendOp::Send, SendOp::SendWithImm),
+                Expect::Send {
+                    hash: data_hash,
+                    len: size,
+                    imm,
+                },
+            )
+        }
+        2 | 3 => {
+            let (rk, rva) = w.register(b_node, size.max(1));
+            let imm = (kind == 3).then_some(imm);
+            let op = match imm {
+                Some(imm) => SendOp::WriteWithImm {
+                    remote_addr: rva,
+                    rkey: rk,
+                    imm,
+                },
+                None => SendOp::Write {
+                    remote_addr: rva,
+                    rkey: rk,
+                },
+            };
+            (
+                op,
+                Expect::Write {
+                    region: rk,
+                    hash: data_hash,
+                    imm,
+                    len: size,
+                },
+            )
+        }
+        4 | 5 => {
+            let (rk, rva) = w.register(1, size.max(1));
+            fill(rng, &mut w.bytes_mut(1, rk)[..size]);
+            let h = hash(&w.bytes(1, rk)[..size]);
+            (
+                SendOp::Read {
+                    remote_addr: rva,
+                    rkey: rk,
+                },
+                Expect::Read {
+                    local: lkey,
+                    hash: h,
+                    len: size,
+                },
+            )
+        }
+        6 | 7 => {
+            sges = Some(vec![Sge {
+                addr: laddr,
+                length: 8,
+                lkey,
+            }]);
+            let add = rng.below(1000);
+            let orig = *model;
+            *model = model.wrapping_add(add);
+            (
+                SendOp::FetchAdd {
+                    remote_addr: ctr_va,
+                    rkey: ctr,
+                    add,
+                },
+                Expect::Atomic { local: lkey, orig },
+            )
+        }
+        _ => {
+            sges = Some(vec![Sge {
+                addr: laddr,
+                length: 8,
+                lkey,
+            }]);
+            let hit = rng.chance(0.5);
+            let compare = if hit { *model } else { *model ^ 1 };
+            let swap = rng.next_u64();
+            let orig = *model;
+            if hit {
+                *model = swap;
+            }
+            (
+                SendOp::CompareSwap {
+                    remote_addr: ctr_va,
+                    rkey: ctr,
+                    compare,
+                    swap,
+                },
+                Expect::Atomic { local: lkey, orig },
+            )
+        }
+    };
+    (op, expect, sges)
+}
+
+/// The completions of a pair: the requester's signaled ones in posting
+/// order, all successful; the responder's receives in order (on UC/UD a
+/// subsequence of the messages sent, UD in any order).
+fn check_receives<F: Fabric>(w: &mut F, seed: u64, plan: &Plan) -> Result<(), String> {
+    let (a, b, t, posted, recvs) = plan;
+    let reliable = *t == QpType::Rc;
+    // Requester completions: signaled ones, in posting order, all successful.
+    let want: Vec<&Posted> = posted.iter().filter(|p| p.signaled).collect();
+    let got: Vec<WorkCompletion> = w.completions(*a).drain(..).collect();
+    if got.len() != want.len() {
+        return Err(format!(
+            "seed {seed}: {t:?} requester got {} completions, want {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    for (p, wc) in want.iter().zip(&got) {
+        if wc.wr_id != p.wr_id || wc.status != WcStatus::Success || wc.opcode != p.opcode {
             return Err(format!(
-                "seed {seed}: {t:?} requester got {} completions, want {}",
-                got.len(),
-                want.len()
+                "seed {seed}: {t:?} requester completion {wc:?}, want wr_id {} {:?} success",
+                p.wr_id, p.opcode
             ));
         }
-        for (p, wc) in want.iter().zip(&got) {
-            if wc.wr_id != p.wr_id || wc.status != WcStatus::Success || wc.opcode != p.opcode {
-                return Err(format!(
-                    "seed {seed}: {t:?} requester completion {wc:?}, want wr_id {} {:?} success",
-                    p.wr_id, p.opcode
-                ));
-            }
+    }
+    // Responder completions: the receives in order; on UC/UD the
+    // messages delivered are a subsequence of those sent (lost messages
+    // leave their receive WQE to the next one).
+    let rwcs: Vec<WorkCompletion> = w.completions(*b).drain(..).collect();
+    let expected_recv: Vec<&Posted> = posted
+        .iter()
+        .filter(|p| {
+            matches!(
+                p.expect,
+                Expect::Send { .. } | Expect::Write { imm: Some(_), .. }
+            )
+        })
+        .collect();
+    let mut next = 0usize;
+    let mut ud_seen: Vec<usize> = Vec::new();
+    for wc in &rwcs {
+        if wc.status != WcStatus::Success {
+            return Err(format!("seed {seed}: {t:?} receive completion {wc:?}"));
         }
-        // Responder completions: the receives in order; on UC/UD the
-        // messages delivered are a subsequence of those sent (lost messages
-        // leave their receive WQE to the next one).
-        let rwcs: Vec<WorkCompletion> = w.completions(*b).drain(..).collect();
-        let expected_recv: Vec<&Posted> = posted
-            .iter()
-            .filter(|p| {
-                matches!(
-                    p.expect,
-                    Expect::Send { .. } | Expect::Write { imm: Some(_), .. }
-                )
-            })
-            .collect();
-        let mut next = 0usize;
-        let mut ud_seen: Vec<usize> = Vec::new();
-        for wc in &rwcs {
-            if wc.status != WcStatus::Success {
-                return Err(format!("seed {seed}: {t:?} receive completion {wc:?}"));
+        let Some(&(_, rkey)) = recvs.iter().find(|r| r.0 == wc.wr_id) else {
+            return Err(format!(
+                "seed {seed}: {t:?} completion of unknown receive {wc:?}"
+            ));
+        };
+        if reliable && recvs.get(next).map(|r| r.0) != Some(wc.wr_id) {
+            // RC consumes receive WQEs strictly in order.
+            return Err(format!(
+                "seed {seed}: RC receive WQEs consumed out of order at {wc:?}"
+            ));
+        }
+        let off = if *t == QpType::Ud { 40 } else { 0 };
+        let matches = |p: &Posted| match p.expect {
+            Expect::Send { hash: h, len, imm } => {
+                wc.opcode == WcOpcode::Recv
+                    && wc.byte_len as usize == len + off
+                    && wc.imm_data == imm
+                    && hash(&w.bytes(1, rkey)[off..off + len]) == h
             }
-            let Some(&(_, rkey)) = recvs.iter().find(|r| r.0 == wc.wr_id) else {
+            Expect::Write { imm, len, .. } => {
+                wc.opcode == WcOpcode::RecvRdmaWithImm
+                    && wc.imm_data == imm
+                    && wc.byte_len as usize == len
+            }
+            _ => false,
+        };
+        if *t == QpType::Ud {
+            // Datagrams may be reordered, and a duplicated one is
+            // delivered twice (UD has no sequence check): any sent one.
+            let unseen = (0..expected_recv.len())
+                .find(|&i| !ud_seen.contains(&i) && matches(expected_recv[i]));
+            let Some(i) =
+                unseen.or_else(|| (0..expected_recv.len()).find(|&i| matches(expected_recv[i])))
+            else {
                 return Err(format!(
-                    "seed {seed}: {t:?} completion of unknown receive {wc:?}"
+                    "seed {seed}: UD receive {wc:?} matches no datagram sent"
                 ));
             };
-            if reliable && recvs.get(next).map(|r| r.0) != Some(wc.wr_id) {
-                // RC consumes receive WQEs strictly in order.
-                return Err(format!(
-                    "seed {seed}: RC receive WQEs consumed out of order at {wc:?}"
-                ));
-            }
-            let off = if *t == QpType::Ud { 40 } else { 0 };
-            let matches = |p: &Posted| match p.expect {
-                Expect::Send { hash: h, len, imm } => {
-                    wc.opcode == WcOpcode::Recv
-                        && wc.byte_len as usize == len + off
-                        && wc.imm_data == imm
-                        && hash(&w.bytes(1, rkey)[off..off + len]) == h
-                }
-                Expect::Write { imm, len, .. } => {
-                    wc.opcode == WcOpcode::RecvRdmaWithImm
-                        && wc.imm_data == imm
-                        && wc.byte_len as usize == len
-                }
-                _ => false,
-            };
-            if *t == QpType::Ud {
-                // Datagrams may be reordered, and a duplicated one is
-                // delivered twice (UD has no sequence check): any sent one.
-                let unseen = (0..expected_recv.len())
-                    .find(|&i| !ud_seen.contains(&i) && matches(expected_recv[i]));
-                let Some(i) = unseen
-                    .or_else(|| (0..expected_recv.len()).find(|&i| matches(expected_recv[i])))
-                else {
-                    return Err(format!(
-                        "seed {seed}: UD receive {wc:?} matches no datagram sent"
-                    ));
-                };
-                ud_seen.push(i);
-                if wc.grh.is_none() || wc.src_qp != w.qpn(*a) {
-                    return Err(format!(
-                        "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
-                    ));
-                }
-                continue;
-            }
-            loop {
-                let Some(p) = expected_recv.get(next) else {
-                    return Err(format!(
-                        "seed {seed}: {t:?} receive {wc:?} matches no message sent (in order)"
-                    ));
-                };
-                next += 1;
-                if matches(p) {
-                    break;
-                }
-                if reliable {
-                    return Err(format!(
-                        "seed {seed}: RC receive {wc:?} does not match wr {} ({:?})",
-                        p.wr_id, p.expect
-                    ));
-                }
-            }
-            if *t == QpType::Ud && (wc.grh.is_none() || wc.src_qp != w.qpn(*a)) {
+            ud_seen.push(i);
+            if wc.grh.is_none() || wc.src_qp != w.qpn(*a) {
                 return Err(format!(
                     "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
                 ));
             }
+            continue;
         }
-        if reliable && next != expected_recv.len() {
-            return Err(format!(
-                "seed {seed}: RC responder got {next} receives, want {}",
-                expected_recv.len()
-            ));
-        }
-        // Data of WRITE, READ and atomics.
-        for p in posted {
-            match p.expect {
-                Expect::Write {
-                    region,
-                    hash: h,
-                    len,
-                    ..
-                } if reliable => {
-                    if hash(&w.bytes(1, region)[..len]) != h {
-                        return Err(format!("seed {seed}: WRITE wr {} data differs", p.wr_id));
-                    }
-                    summary.bytes += len as u64;
-                }
-                Expect::Read {
-                    local,
-                    hash: h,
-                    len,
-                } => {
-                    if hash(&w.bytes(0, local)[..len]) != h {
-                        return Err(format!("seed {seed}: READ wr {} data differs", p.wr_id));
-                    }
-                    summary.bytes += len as u64;
-                }
-                Expect::Atomic { local, orig } => {
-                    let v =
-                        u64::from_ne_bytes(w.bytes(0, local)[..8].try_into().unwrap_or_default());
-                    if v != orig {
-                        return Err(format!(
-                            "seed {seed}: atomic wr {} returned {v:#x}, want {orig:#x}",
-                            p.wr_id
-                        ));
-                    }
-                }
-                Expect::Send { len, .. } if reliable => summary.bytes += len as u64,
-                _ => {}
-            }
-            summary.ops += 1;
-        }
-        for q in [*a, *b] {
-            if w.qp_state(q) != QpState::Rts {
+        loop {
+            let Some(p) = expected_recv.get(next) else {
                 return Err(format!(
-                    "seed {seed}: QP {} ended in {:?}",
-                    w.qpn(q),
-                    w.qp_state(q)
+                    "seed {seed}: {t:?} receive {wc:?} matches no message sent (in order)"
+                ));
+            };
+            next += 1;
+            if matches(p) {
+                break;
+            }
+            if reliable {
+                return Err(format!(
+                    "seed {seed}: RC receive {wc:?} does not match wr {} ({:?})",
+                    p.wr_id, p.expect
                 ));
             }
         }
+        if *t == QpType::Ud && (wc.grh.is_none() || wc.src_qp != w.qpn(*a)) {
+            return Err(format!(
+                "seed {seed}: UD receive without GRH/src_qp: {wc:?}"
+            ));
+        }
     }
-    Ok(summary)
+    if reliable && next != expected_recv.len() {
+        return Err(format!(
+            "seed {seed}: RC responder got {next} receives, want {}",
+            expected_recv.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The data of a pair's WRITEs, READs and atomics, counted in `summary`,
+/// and both QPs still in RTS.
+fn check_data<F: Fabric>(
+    w: &mut F,
+    seed: u64,
+    plan: &Plan,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let (a, b, t, posted, _) = plan;
+    let reliable = *t == QpType::Rc;
+    // Data of WRITE, READ and atomics.
+    for p in posted {
+        match p.expect {
+            Expect::Write {
+                region,
+                hash: h,
+                len,
+                ..
+            } if reliable => {
+                if hash(&w.bytes(1, region)[..len]) != h {
+                    return Err(format!("seed {seed}: WRITE wr {} data differs", p.wr_id));
+                }
+                summary.bytes += len as u64;
+            }
+            Expect::Read {
+                local,
+                hash: h,
+                len,
+            } => {
+                if hash(&w.bytes(0, local)[..len]) != h {
+                    return Err(format!("seed {seed}: READ wr {} data differs", p.wr_id));
+                }
+                summary.bytes += len as u64;
+            }
+            Expect::Atomic { local, orig } => {
+                let v = u64::from_ne_bytes(w.bytes(0, local)[..8].try_into().unwrap_or_default());
+                if v != orig {
+                    return Err(format!(
+                        "seed {seed}: atomic wr {} returned {v:#x}, want {orig:#x}",
+                        p.wr_id
+                    ));
+                }
+            }
+            Expect::Send { len, .. } if reliable => summary.bytes += len as u64,
+            _ => {}
+        }
+        summary.ops += 1;
+    }
+    for q in [*a, *b] {
+        if w.qp_state(q) != QpState::Rts {
+            return Err(format!(
+                "seed {seed}: QP {} ended in {:?}",
+                w.qpn(q),
+                w.qp_state(q)
+            ));
+        }
+    }
+    Ok(())
 }
