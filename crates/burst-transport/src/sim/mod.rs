@@ -1192,35 +1192,14 @@ fn plan_pair<F: Fabric>(
             Expect::Send { .. } | Expect::Write { imm: Some(_), .. }
         );
         if consumes_recv {
-            // UC/UD reuse a receive when a message is lost: size them all for the largest.
-            let cap = if t == QpType::Rc {
-                size + rng.below(16) as usize
-            } else {
-                UNRELIABLE_MAX + 40
-            };
-            let (rk, ra) = w.register(1, cap);
-            recvs.push((wr_id, rk));
-            let rwr = RecvWr {
-                wr_id,
-                sg_list: [Sge {
-                    addr: ra,
-                    length: cap as u32,
-                    lkey: rk,
-                }]
-                .into(),
-            };
             // Post the receives up front, except (on some pairs) a tail
             // posted later, in order, to exercise RNR NAKs.
-            if !hold_tail || i < n / 2 {
-                w.post_recv(b, rwr).map_err(|e| format!("post_recv: {e}"))?;
-            } else {
-                held.push_back((b, rwr));
-            }
+            let later = hold_tail && i >= n / 2;
+            let rk = post_recv_for(w, rng, (b, t), wr_id, size, later.then_some(&mut *held))?;
+            recvs.push((wr_id, rk));
         }
         let opcode = wr.op.wc_opcode();
-        {
-            w.post_send(a, wr).map_err(|e| format!("post_send: {e}"))?;
-        }
+        w.post_send(a, wr).map_err(|e| format!("post_send: {e}"))?;
         posted.push(Posted {
             wr_id,
             signaled,
@@ -1229,6 +1208,39 @@ fn plan_pair<F: Fabric>(
         });
     }
     Ok((a, b, t, posted, recvs))
+}
+
+/// Registers and posts (or, with `held`, holds back) the receive of
+/// message `wr_id` of `size` bytes on QP `b` of type `t`; its key.
+fn post_recv_for<F: Fabric>(
+    w: &mut F,
+    rng: &mut Rng,
+    (b, t): (usize, QpType),
+    wr_id: u64,
+    size: usize,
+    held: Option<&mut VecDeque<(usize, RecvWr)>>,
+) -> Result<u32, String> {
+    // UC/UD reuse a receive when a message is lost: size them all for the largest.
+    let cap = if t == QpType::Rc {
+        size + rng.below(16) as usize
+    } else {
+        UNRELIABLE_MAX + 40
+    };
+    let (rk, ra) = w.register(1, cap);
+    let rwr = RecvWr {
+        wr_id,
+        sg_list: [Sge {
+            addr: ra,
+            length: cap as u32,
+            lkey: rk,
+        }]
+        .into(),
+    };
+    match held {
+        Some(h) => h.push_back((b, rwr)),
+        None => w.post_recv(b, rwr).map_err(|e| format!("post_recv: {e}"))?,
+    }
+    Ok(rk)
 }
 
 /// Operation `kind` of a workload (0-1 SEND, 2-3 WRITE, 4-5 READ, 6-7
