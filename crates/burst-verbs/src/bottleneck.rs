@@ -184,16 +184,59 @@ pub fn run(s: &Scenario) -> Report {
     let raddr: SocketAddr = "198.18.0.1:4791".parse().expect("literal");
     let recv = engine(&net, raddr, s.algorithm);
     let rctx = recv.context();
-    let rpd = rctx.alloc_pd();
     let rcq = rctx.create_cq(64);
     let mut engines = vec![recv];
+    let (mut flows, rbufs, senders) = start_flows(&net, s, &rctx, rcq);
+    engines.extend(senders);
+    let (rates, queue, failed) = drive(&net, s, &mut flows, &rctx, rcq, raddr);
+    let st = net.stats();
+    let delivered_bytes = flows.iter().map(|f| f.bytes).sum();
+    let receiver_cc = rctx.counters().map(|c| c.cc).unwrap_or_default();
+    let mut senders_cc = crate::CongestionCounters::default();
+    for c in flows.iter().filter_map(|f| f.ctx.counters().ok()) {
+        senders_cc.add(&c.cc);
+    }
+    // The devices go (and flush) while the memory they registered lives.
+    drop(flows);
+    drop(rctx);
+    drop(engines);
+    drop(rbufs);
+    let (jain, converged_ns) = fairness_of(s, &rates);
+    Report {
+        jain,
+        flows: rates,
+        queue,
+        max_queue: st.max_rx_queue,
+        converged_ns,
+        delivered_bytes,
+        dropped: st.overflowed,
+        marked: st.ecn_marked,
+        failed,
+        receiver_cc,
+        senders_cc,
+    }
+}
+
+/// The receiver's buffers (with their QPs) of [`start_flows`].
+type Sinks = Vec<(QueuePair, Vec<u8>)>;
+
+/// One engine, QP and buffer per flow, each connected to a QP of the
+/// receiver `rctx` completing into `rcq`.
+fn start_flows(
+    net: &SimNet,
+    s: &Scenario,
+    rctx: &Context,
+    rcq: CqId,
+) -> (Vec<Flow>, Sinks, Vec<Engine>) {
+    let rpd = rctx.alloc_pd();
+    let mut engines = Vec::new();
     let mut flows = Vec::new();
     let mut rbufs = Vec::new();
     for i in 0..s.flows {
         let addr: SocketAddr = format!("198.18.0.{}:4791", 10 + i % 240)
             .parse()
             .expect("formatted address");
-        let e = engine(&net, addr, s.algorithm);
+        let e = engine(net, addr, s.algorithm);
         let ctx = e.context();
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(s.depth * 2);
@@ -245,6 +288,21 @@ pub fn run(s: &Scenario) -> Report {
         });
         engines.push(e);
     }
+    (flows, rbufs, engines)
+}
+
+/// Steps every engine on the simulated clock until the scenario's end:
+/// each flow keeps `s.depth` WRITEs posted once started. Returns each
+/// flow's rate per interval (Gb/s), the bottleneck's queue per interval,
+/// and the WRs that failed.
+fn drive(
+    net: &SimNet,
+    s: &Scenario,
+    flows: &mut [Flow],
+    rctx: &Context,
+    rcq: CqId,
+    raddr: SocketAddr,
+) -> (Vec<Vec<f64>>, Vec<usize>, u64) {
     let intervals = (s.duration_ns / s.interval_ns.max(1)).max(1) as usize;
     let mut rates = vec![vec![0.0; intervals]; s.flows];
     let mut queue = vec![0; intervals];
@@ -314,6 +372,13 @@ pub fn run(s: &Scenario) -> Report {
             .unwrap_or(now + 1_000);
         now = next.max(now + 1);
     }
+    (rates, queue, failed)
+}
+
+/// Jain's index of the flows' mean rates over the second half, and how
+/// long after the last flow started the index stayed at 0.95 or more.
+fn fairness_of(s: &Scenario, rates: &[Vec<f64>]) -> (f64, Option<u64>) {
+    let intervals = (s.duration_ns / s.interval_ns.max(1)).max(1) as usize;
     let last_start = (s.flows.saturating_sub(1) as u64) * s.stagger_ns;
     // Flows that all stopped (congestion collapse) are not "fair": 0.
     let fairness = |r: &[f64]| {
@@ -341,32 +406,5 @@ pub fn run(s: &Scenario) -> Report {
         .iter()
         .map(|r| r[half..].iter().sum::<f64>() / (intervals - half).max(1) as f64)
         .collect();
-    let st = net.stats();
-    let delivered_bytes = flows.iter().map(|f| f.bytes).sum();
-    let receiver_cc = rctx.counters().map(|c| c.cc).unwrap_or_default();
-    let mut senders_cc = crate::CongestionCounters::default();
-    for c in flows.iter().filter_map(|f| f.ctx.counters().ok()) {
-        senders_cc.cnp_rcvd += c.cc.cnp_rcvd;
-        senders_cc.rate_cuts += c.cc.rate_cuts;
-        senders_cc.window_cuts += c.cc.window_cuts;
-        senders_cc.held += c.cc.held;
-    }
-    // The devices go (and flush) while the memory they registered lives.
-    drop(flows);
-    drop(rctx);
-    drop(engines);
-    drop(rbufs);
-    Report {
-        jain: fairness(&means),
-        flows: rates,
-        queue,
-        max_queue: st.max_rx_queue,
-        converged_ns,
-        delivered_bytes,
-        dropped: st.overflowed,
-        marked: st.ecn_marked,
-        failed,
-        receiver_cc,
-        senders_cc,
-    }
+    (fairness(&means), converged_ns)
 }
