@@ -521,88 +521,10 @@ impl Config {
             }
         } else {
             for (n, d) in parsed.device.iter().enumerate() {
-                let name = d.name.clone().unwrap_or_else(|| format!("burst{n}"));
-                let mut dc = match (&d.address, &d.interface) {
-                    (Some(a), _) => {
-                        let ip: IpAddr = a.parse().map_err(|_| ConfigError::BadValue {
-                            key: format!("device {name}: address"),
-                            value: a.clone(),
-                            why: "an IPv4 or IPv6 address",
-                        })?;
-                        if d.port.as_deref() == Some("dpdk") || port_env == Some(PortKind::Dpdk) {
-                            DeviceConfig::owned_link(&name, ip)
-                        } else {
-                            DeviceConfig::for_addr(&name, ip)?
-                        }
-                    }
-                    (None, Some(i)) => DeviceConfig::for_interface(&name, i)?,
-                    (None, None) => {
-                        return Err(ConfigError::BadValue {
-                            key: format!("device {name}"),
-                            value: String::new(),
-                            why: "needs an address or an interface",
-                        })
-                    }
-                };
-                if let Some(m) = d.mtu {
-                    dc.mtu = parse_mtu(&format!("device {name}: mtu"), m)?;
-                }
-                if let Some(c) = &d.congestion_control {
-                    dc.congestion_control =
-                        parse_cc(&format!("device {name}: congestion_control"), c)?;
-                }
-                if let Some(p) = &d.port {
-                    dc.port = parse_port(&format!("device {name}: port"), p)?;
-                }
-                if let Some(a) = &d.dpdk {
-                    dc.dpdk.clone_from(a);
-                }
-                if let Some(c) = &d.copy {
-                    dc.copy.backend = parse_copy(&format!("device {name}: copy"), c)?;
-                }
-                if let Some(m) = d.copy_min {
-                    dc.copy.min_offload = m;
-                }
-                if let Some(t) = d.threads {
-                    dc.threads = parse_threads(&format!("device {name}: threads"), &t.to_string())?;
-                }
-                devices.push(dc);
+                devices.push(file_device(n, d, port_env)?);
             }
         }
-        if let Some(m) = env("BURST_MTU") {
-            let v: u32 = m.trim().parse().map_err(|_| ConfigError::BadValue {
-                key: "BURST_MTU".into(),
-                value: m.clone(),
-                why: "one of 256, 512, 1024, 2048, 4096",
-            })?;
-            let mtu = parse_mtu("BURST_MTU", v)?;
-            devices.iter_mut().for_each(|d| d.mtu = mtu);
-        }
-        if let Some(n) = env("BURST_TEST_DROP") {
-            let v: u64 = n.trim().parse().map_err(|_| ConfigError::BadValue {
-                key: "BURST_TEST_DROP".into(),
-                value: n.clone(),
-                why: "a whole number N (drop 1 in N)",
-            })?;
-            devices.iter_mut().for_each(|d| d.drop_every = v);
-        }
-        if let Some(c) = env("BURST_CC") {
-            let algo = parse_cc("BURST_CC", &c)?;
-            devices.iter_mut().for_each(|d| d.congestion_control = algo);
-        }
-        if let Some(kind) = port_env {
-            devices.iter_mut().for_each(|d| d.port = kind);
-        }
-        if let Some(t) = env("BURST_THREADS") {
-            let n = parse_threads("BURST_THREADS", &t)?;
-            devices.iter_mut().for_each(|d| d.threads = n);
-        }
-        for d in &mut devices {
-            d.copy = CopyConfig::from_vars(&env, d.copy)?;
-        }
-        if let Some(a) = env("BURST_DPDK") {
-            devices.iter_mut().for_each(|d| d.dpdk.clone_from(&a));
-        }
+        apply_env(&env, &mut devices, port_env)?;
         let daemon = env("BURST_DAEMON")
             .filter(|s| !s.trim().is_empty())
             .map(PathBuf::from)
@@ -621,6 +543,105 @@ impl Config {
     pub fn device(&self, name: &str) -> Option<&DeviceConfig> {
         self.devices.iter().find(|d| d.name == name)
     }
+}
+
+/// Device `n` of the config file, with the port `BURST_PORT` names (a
+/// DPDK port owns its link: the address need not be the host's).
+fn file_device(
+    n: usize,
+    d: &FileDevice,
+    port_env: Option<PortKind>,
+) -> Result<DeviceConfig, ConfigError> {
+    let name = d.name.clone().unwrap_or_else(|| format!("burst{n}"));
+    let mut dc = match (&d.address, &d.interface) {
+        (Some(a), _) => {
+            let ip: IpAddr = a.parse().map_err(|_| ConfigError::BadValue {
+                key: format!("device {name}: address"),
+                value: a.clone(),
+                why: "an IPv4 or IPv6 address",
+            })?;
+            if d.port.as_deref() == Some("dpdk") || port_env == Some(PortKind::Dpdk) {
+                DeviceConfig::owned_link(&name, ip)
+            } else {
+                DeviceConfig::for_addr(&name, ip)?
+            }
+        }
+        (None, Some(i)) => DeviceConfig::for_interface(&name, i)?,
+        (None, None) => {
+            return Err(ConfigError::BadValue {
+                key: format!("device {name}"),
+                value: String::new(),
+                why: "needs an address or an interface",
+            })
+        }
+    };
+    if let Some(m) = d.mtu {
+        dc.mtu = parse_mtu(&format!("device {name}: mtu"), m)?;
+    }
+    if let Some(c) = &d.congestion_control {
+        dc.congestion_control = parse_cc(&format!("device {name}: congestion_control"), c)?;
+    }
+    if let Some(p) = &d.port {
+        dc.port = parse_port(&format!("device {name}: port"), p)?;
+    }
+    if let Some(a) = &d.dpdk {
+        dc.dpdk.clone_from(a);
+    }
+    if let Some(c) = &d.copy {
+        dc.copy.backend = parse_copy(&format!("device {name}: copy"), c)?;
+    }
+    if let Some(m) = d.copy_min {
+        dc.copy.min_offload = m;
+    }
+    if let Some(t) = d.threads {
+        dc.threads = parse_threads(&format!("device {name}: threads"), &t.to_string())?;
+    }
+    Ok(dc)
+}
+
+/// The environment's overrides (`BURST_MTU`, `BURST_TEST_DROP`, `BURST_CC`,
+/// `BURST_PORT`, `BURST_THREADS`, the copy variables, `BURST_DPDK`) applied
+/// to every device.
+fn apply_env(
+    env: &impl Fn(&str) -> Option<String>,
+    devices: &mut [DeviceConfig],
+    port_env: Option<PortKind>,
+) -> Result<(), ConfigError> {
+    if let Some(m) = env("BURST_MTU") {
+        let v: u32 = m.trim().parse().map_err(|_| ConfigError::BadValue {
+            key: "BURST_MTU".into(),
+            value: m.clone(),
+            why: "one of 256, 512, 1024, 2048, 4096",
+        })?;
+        let mtu = parse_mtu("BURST_MTU", v)?;
+        devices.iter_mut().for_each(|d| d.mtu = mtu);
+    }
+    if let Some(n) = env("BURST_TEST_DROP") {
+        let v: u64 = n.trim().parse().map_err(|_| ConfigError::BadValue {
+            key: "BURST_TEST_DROP".into(),
+            value: n.clone(),
+            why: "a whole number N (drop 1 in N)",
+        })?;
+        devices.iter_mut().for_each(|d| d.drop_every = v);
+    }
+    if let Some(c) = env("BURST_CC") {
+        let algo = parse_cc("BURST_CC", &c)?;
+        devices.iter_mut().for_each(|d| d.congestion_control = algo);
+    }
+    if let Some(kind) = port_env {
+        devices.iter_mut().for_each(|d| d.port = kind);
+    }
+    if let Some(t) = env("BURST_THREADS") {
+        let n = parse_threads("BURST_THREADS", &t)?;
+        devices.iter_mut().for_each(|d| d.threads = n);
+    }
+    for d in devices.iter_mut() {
+        d.copy = CopyConfig::from_vars(env, d.copy)?;
+    }
+    if let Some(a) = env("BURST_DPDK") {
+        devices.iter_mut().for_each(|d| d.dpdk.clone_from(&a));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
