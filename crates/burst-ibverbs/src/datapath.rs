@@ -11,8 +11,8 @@ use std::ffi::{c_int, c_void};
 use burst_verbs::engine::PostError;
 use burst_verbs::Qpn;
 use burst_verbs::{
-    InlineData, MwBind, NetworkHeader, QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest,
-    WorkCompletion,
+    wr_opcode, InlineData, MwBind, NetworkHeader, QpType, RecvWr, SendOp, SendWr, SgList, Sge,
+    UdDest, WorkCompletion,
 };
 
 use crate::abi::*;
@@ -119,39 +119,39 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
     let list = unsafe { sg_list(w.sg_list, w.num_sge) }?;
     let imm = u32::from_be(w.imm_data);
     let (addr, rkey) = (w.wr[0], w.wr[1] as u32);
-    let op = match w.opcode {
-        0 => SendOp::Write {
+    let op = match u8::try_from(w.opcode).unwrap_or(u8::MAX) {
+        wr_opcode::RDMA_WRITE => SendOp::Write {
             remote_addr: addr,
             rkey,
         },
-        1 => SendOp::WriteWithImm {
+        wr_opcode::RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
             remote_addr: addr,
             rkey,
             imm,
         },
-        2 => SendOp::Send,
-        3 => SendOp::SendWithImm(imm),
-        4 => SendOp::Read {
+        wr_opcode::SEND => SendOp::Send,
+        wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm(imm),
+        wr_opcode::RDMA_READ => SendOp::Read {
             remote_addr: addr,
             rkey,
         },
-        5 => SendOp::CompareSwap {
+        wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
             remote_addr: w.wr[0],
             compare: w.wr[1],
             swap: w.wr[2],
             rkey: w.wr[3] as u32,
         },
-        6 => SendOp::FetchAdd {
+        wr_opcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
             remote_addr: w.wr[0],
             add: w.wr[1],
             rkey: w.wr[3] as u32,
         },
         // invalidate_rkey is host order (not __be32).
-        7 => SendOp::LocalInv(w.imm_data),
-        8 => bind_op(w.bind_mw.mw, w.bind_mw.rkey, &w.bind_mw.bind_info)?,
-        9 => SendOp::SendWithInv(w.imm_data),
-        other => {
-            tracing::warn!(opcode = other, "ibv_post_send: opcode not supported");
+        wr_opcode::LOCAL_INV => SendOp::LocalInv(w.imm_data),
+        wr_opcode::BIND_MW => bind_op(w.bind_mw.mw, w.bind_mw.rkey, &w.bind_mw.bind_info)?,
+        wr_opcode::SEND_WITH_INV => SendOp::SendWithInv(w.imm_data),
+        _ => {
+            tracing::warn!(opcode = w.opcode, "ibv_post_send: opcode not supported");
             return Err(libc::EINVAL);
         }
     };

@@ -106,6 +106,24 @@ pub struct MwBind {
 }
 
 impl SendOp {
+    /// Its number in rdma-core's `enum ibv_wr_opcode` ([`wr_opcode`]):
+    /// the one numbering of send operations (the C ABI's, and the rings
+    /// burstd shares with its clients).
+    pub fn wr_opcode(&self) -> u8 {
+        match self {
+            SendOp::Write { .. } => wr_opcode::RDMA_WRITE,
+            SendOp::WriteWithImm { .. } => wr_opcode::RDMA_WRITE_WITH_IMM,
+            SendOp::Send => wr_opcode::SEND,
+            SendOp::SendWithImm(_) => wr_opcode::SEND_WITH_IMM,
+            SendOp::Read { .. } => wr_opcode::RDMA_READ,
+            SendOp::CompareSwap { .. } => wr_opcode::ATOMIC_CMP_AND_SWP,
+            SendOp::FetchAdd { .. } => wr_opcode::ATOMIC_FETCH_AND_ADD,
+            SendOp::LocalInv(_) => wr_opcode::LOCAL_INV,
+            SendOp::BindMw(_) => wr_opcode::BIND_MW,
+            SendOp::SendWithInv(_) => wr_opcode::SEND_WITH_INV,
+        }
+    }
+
     /// RDMA READ or atomic: limited by `max_rd_atomic`, waited on by fences.
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(
@@ -785,4 +803,29 @@ impl PathEvents {
     pub fn is_empty(&self) -> bool {
         *self == PathEvents::default()
     }
+}
+
+/// rdma-core's `enum ibv_wr_opcode` (verbs.h): the numbers
+/// [`SendOp::wr_opcode`] gives.
+pub mod wr_opcode {
+    /// `IBV_WR_RDMA_WRITE`.
+    pub const RDMA_WRITE: u8 = 0;
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    pub const RDMA_WRITE_WITH_IMM: u8 = 1;
+    /// `IBV_WR_SEND`.
+    pub const SEND: u8 = 2;
+    /// `IBV_WR_SEND_WITH_IMM`.
+    pub const SEND_WITH_IMM: u8 = 3;
+    /// `IBV_WR_RDMA_READ`.
+    pub const RDMA_READ: u8 = 4;
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
+    pub const ATOMIC_CMP_AND_SWP: u8 = 5;
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    pub const ATOMIC_FETCH_AND_ADD: u8 = 6;
+    /// `IBV_WR_LOCAL_INV`.
+    pub const LOCAL_INV: u8 = 7;
+    /// `IBV_WR_BIND_MW`.
+    pub const BIND_MW: u8 = 8;
+    /// `IBV_WR_SEND_WITH_INV`.
+    pub const SEND_WITH_INV: u8 = 9;
 }

@@ -12,9 +12,9 @@ pub mod engine;
 // below it).
 pub use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError, MAX_WINDOWS};
 pub use burst_transport::{
-    InlineData, MwBind, NetworkHeader, QpAccess, QpAttr, QpConfig, QpEvent, QpState, QpType,
-    RecvWr, SendOp, SendWr, SgList, Sge, UdDest, VerbsError, WcOpcode, WcStatus, WorkCompletion,
-    MAX_RD_ATOMIC,
+    wr_opcode, InlineData, MwBind, NetworkHeader, QpAccess, QpAttr, QpConfig, QpEvent, QpState,
+    QpType, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, VerbsError, WcOpcode, WcStatus,
+    WorkCompletion, MAX_RD_ATOMIC,
 };
 pub use burst_wire::{Mtu, Psn, Qpn, ROCEV2_PORT};
 
