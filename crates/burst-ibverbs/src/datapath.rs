@@ -52,36 +52,15 @@ unsafe fn sg_list(sg: *const ibv_sge, n: c_int) -> Result<SgList, c_int> {
     Ok(l)
 }
 
-/// Copies the bytes the SGEs name into `out` (inline sends: no key
-/// needed, the addresses are the application's own); `out` is their total.
-///
-/// # Safety
-/// Each SGE must name readable process memory.
-unsafe fn gather_into(list: &[Sge], out: &mut [u8]) {
-    let mut at = 0;
-    for s in list {
-        let n = s.length as usize;
-        if n > 0 {
-            // SAFETY: caller's contract.
-            let src = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, n) };
-            out[at..at + n].copy_from_slice(src);
-            at += n;
-        }
-    }
-}
-
-/// [`gather_into`] the work request's own inline buffer (EINVAL past what
-/// it holds; the QP's `max_inline_data` is checked when the WR is posted).
+/// The WR's inline bytes, read now from the SGEs' addresses (EINVAL past
+/// what an inline buffer holds; the QP's `max_inline_data` is checked when
+/// the WR is posted).
 ///
 /// # Safety
 /// Each SGE must name readable process memory.
 unsafe fn gather_inline(list: &[Sge]) -> Result<InlineData, c_int> {
-    let len: u64 = list.iter().map(|s| u64::from(s.length)).sum();
-    let mut d = InlineData::zeroed(usize::try_from(len).map_err(|_| libc::EINVAL)?)
-        .map_err(|v| v.errno())?;
     // SAFETY: forwarded contract.
-    unsafe { gather_into(list, &mut d) };
-    Ok(d)
+    unsafe { burst_verbs::gather_inline(list) }.map_err(|v| v.errno())
 }
 
 /// IBV_ACCESS_ZERO_BASED, which a type 1 bind refuses (as RXE's provider).
@@ -686,16 +665,16 @@ struct ibv_data_buf {
 /// post compare the inline size with).
 fn set_inline(_q: &Qp, w: &mut SendWr, bufs: &[(u64, usize)]) -> Result<(), c_int> {
     let len: usize = bufs.iter().map(|b| b.1).sum();
-    let mut d = InlineData::zeroed(len).map_err(|v| v.errno())?;
-    let mut at = 0;
-    for &(addr, n) in bufs {
-        if n > 0 {
-            // SAFETY: the application's buffer, readable (its contract).
-            let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, n) };
-            d[at..at + n].copy_from_slice(src);
-            at += n;
-        }
-    }
+    let pieces: Vec<Sge> = bufs
+        .iter()
+        .map(|&(addr, n)| Sge {
+            addr,
+            length: u32::try_from(n).unwrap_or(u32::MAX),
+            lkey: 0,
+        })
+        .collect();
+    // SAFETY: the application's buffers, readable (its contract).
+    let d = unsafe { burst_verbs::gather_inline(&pieces) }.map_err(|v| v.errno())?;
     w.inline_data = Some(d);
     w.sg_list = [Sge {
         addr: bufs.first().map_or(0, |b| b.0),

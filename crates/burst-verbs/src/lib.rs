@@ -18,6 +18,30 @@ pub use burst_transport::{
 };
 pub use burst_wire::{Mtu, Psn, Qpn, ROCEV2_PORT};
 
+/// Copies the bytes `sges` name from this process's memory into a work
+/// request's inline buffer, as providers do for `IBV_SEND_INLINE`: the
+/// addresses are read now, and no lkey is needed or checked. More bytes
+/// than an inline buffer holds are refused ([`VerbsError::BadWr`]).
+///
+/// # Safety
+/// Each SGE must name memory of this process readable for its length.
+pub unsafe fn gather_inline(sges: &[Sge]) -> Result<InlineData, VerbsError> {
+    let len: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+    let len = usize::try_from(len).map_err(|_| VerbsError::BadWr("inline data too long"))?;
+    let mut d = InlineData::zeroed(len)?;
+    let mut at = 0;
+    for s in sges.iter().filter(|s| s.length > 0) {
+        let n = s.length as usize;
+        // SAFETY: the caller's contract: `s` names `n` readable bytes; `d`
+        // holds the sum of the lengths.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.addr as usize as *const u8, d[at..].as_mut_ptr(), n)
+        };
+        at += n;
+    }
+    Ok(d)
+}
+
 /// Packet ports below the Verbs API, for tools that drive one directly (a
 /// raw port benchmark) or record what a device sends and receives.
 pub mod ports {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError};
-use burst_transport::{InlineData, QpAttr, RecvWr, SendWr, VerbsError};
+use burst_transport::{QpAttr, RecvWr, SendWr, VerbsError};
 use burst_wire::Qpn;
 
 use crate::engine::{
@@ -547,19 +547,11 @@ impl ControlPlane for Remote {
         wr: &mut SendWr,
         len: u64,
     ) -> Result<(), PostError> {
-        // As providers do: the bytes are read from the addresses now,
-        // whatever the lkeys (inline data needs no region).
-        let mut d = InlineData::zeroed(len as usize).map_err(PostError::Refused)?;
-        let mut at = 0;
-        for s in wr.sg_list.iter() {
-            let n = s.length as usize;
-            // SAFETY: the application passed these SGEs to ibv_post_send
-            // with IBV_SEND_INLINE: readable now (rdma-core's providers
-            // memcpy them the same way); their total is `len`, which `d`
-            // holds.
-            unsafe { std::ptr::copy_nonoverlapping(s.addr as *const u8, d[at..].as_mut_ptr(), n) };
-            at += n;
-        }
+        debug_assert_eq!(wr.sg_list.total_len(), len);
+        // SAFETY: the application passed these SGEs to ibv_post_send with
+        // IBV_SEND_INLINE: readable now (rdma-core's providers memcpy them
+        // the same way).
+        let d = unsafe { crate::gather_inline(&wr.sg_list) }.map_err(PostError::Refused)?;
         wr.inline_data = Some(d);
         Ok(())
     }
