@@ -495,6 +495,22 @@ impl NetworkHeader {
 }
 
 impl WorkCompletion {
+    /// A completion of `wr_id` on QP `qp_num` with nothing but its status
+    /// and opcode (no data, immediate, GRH): what errors and flushes give.
+    pub fn of(qp_num: Qpn, wr_id: u64, status: WcStatus, opcode: WcOpcode) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num,
+            src_qp: Qpn::default(),
+            grh: None,
+        }
+    }
+
     /// True for completions of the receive queue.
     pub fn is_recv(&self) -> bool {
         matches!(self.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)

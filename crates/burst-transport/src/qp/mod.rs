@@ -935,15 +935,8 @@ fn recv_wc(
     byte_len: u32,
 ) -> WorkCompletion {
     WorkCompletion {
-        wr_id,
-        status,
-        opcode,
         byte_len,
-        imm_data: None,
-        invalidated_rkey: None,
-        qp_num: qpn,
-        src_qp: Qpn::default(),
-        grh: None,
+        ..WorkCompletion::of(qpn, wr_id, status, opcode)
     }
 }
 

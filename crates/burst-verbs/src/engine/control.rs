@@ -89,17 +89,7 @@ pub(crate) enum Control {
 }
 
 pub(super) fn refused(wr_id: u64, opcode: WcOpcode, qpn: Qpn) -> WorkCompletion {
-    WorkCompletion {
-        wr_id,
-        status: WcStatus::LocQpOpErr,
-        opcode,
-        byte_len: 0,
-        imm_data: None,
-        invalidated_rkey: None,
-        qp_num: qpn,
-        src_qp: Qpn::default(),
-        grh: None,
-    }
+    WorkCompletion::of(qpn, wr_id, WcStatus::LocQpOpErr, opcode)
 }
 
 /// Runs a control request; returns the QP a modify touched (its queues may
