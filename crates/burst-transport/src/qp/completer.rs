@@ -61,19 +61,12 @@ impl Qp {
             // for an unsignaled work request.
             if w.status != WcStatus::Success || w.wr.signaled {
                 self.completions.push_back(WorkCompletion {
-                    wr_id: w.wr.wr_id,
-                    status: w.status,
-                    opcode: w.wr.op.wc_opcode(),
                     byte_len: if matches!(w.wr.op, SendOp::Read { .. }) || w.wr.op.is_atomic() {
                         w.len as u32
                     } else {
                         0
                     },
-                    imm_data: None,
-                    invalidated_rkey: None,
-                    qp_num: qpn,
-                    src_qp: Qpn::default(),
-                    grh: None,
+                    ..WorkCompletion::of(qpn, w.wr.wr_id, w.status, w.wr.op.wc_opcode())
                 });
             }
             if w.status != WcStatus::Success && self.state != QpState::Err {

@@ -492,17 +492,12 @@ impl Qp {
                 } else {
                     WcStatus::WrFlushErr
                 };
-                self.completions.push_back(WorkCompletion {
-                    wr_id: w.wr.wr_id,
+                self.completions.push_back(WorkCompletion::of(
+                    qpn,
+                    w.wr.wr_id,
                     status,
-                    opcode: w.wr.op.wc_opcode(),
-                    byte_len: 0,
-                    imm_data: None,
-                    invalidated_rkey: None,
-                    qp_num: qpn,
-                    src_qp: Qpn::default(),
-                    grh: None,
-                });
+                    w.wr.op.wc_opcode(),
+                ));
             }
         }
         self.req.send_idx = 0;
