@@ -779,6 +779,7 @@ impl Cm {
 
     /// The earliest deadline (a retransmission or the end of a
     /// time-wait), if any.
+    #[must_use = "the deadline to call handle_timeout at"]
     pub fn poll_timeout(&self) -> Option<u64> {
         self.timers.first().map(|(at, _)| at)
     }
@@ -853,6 +854,7 @@ impl Cm {
     }
 
     /// The next MAD to send.
+    #[must_use = "a packet not taken is never sent"]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
     }
@@ -863,6 +865,7 @@ impl Cm {
     }
 
     /// The next event for the application.
+    #[must_use = "an event not taken is lost"]
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.events.pop_front()
     }

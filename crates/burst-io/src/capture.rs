@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use crossbeam_channel::{Sender, TrySendError};
 
-use crate::{PacketBuf, Port, PortCounters, Readiness, RxBatch};
+use crate::{PacketBuf, Port, RxBatch};
 
 /// One copied packet: the transport bytes (BTH onwards) and its addresses.
 #[derive(Debug, Clone)]
@@ -94,10 +94,6 @@ impl<P: Port> CapturePort<P> {
 }
 
 impl<P: Port> Port for CapturePort<P> {
-    fn local_addr(&self) -> SocketAddr {
-        self.inner.local_addr()
-    }
-
     fn recv_batch(&mut self, rx: &mut RxBatch) -> std::io::Result<usize> {
         let n = self.inner.recv_batch(rx)?;
         if n > 0 && self.tap.is_on() {
@@ -135,41 +131,7 @@ impl<P: Port> Port for CapturePort<P> {
         Ok(n)
     }
 
-    fn readiness(&self) -> std::io::Result<Readiness> {
-        self.inner.readiness()
-    }
-
-    fn counters(&self) -> PortCounters {
-        self.inner.counters()
-    }
-
-    fn set_raw(&mut self, raw: bool) {
-        self.inner.set_raw(raw)
-    }
-
-    fn steer_qp(&mut self, qpn: u32, lane: u32) {
-        self.inner.steer_qp(qpn, lane)
-    }
-
-    fn unsteer_qp(&mut self, qpn: u32) {
-        self.inner.unsteer_qp(qpn)
-    }
-
-    fn join_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
-        self.inner.join_multicast(group)
-    }
-
-    fn leave_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
-        self.inner.leave_multicast(group)
-    }
-
-    fn add_address(&mut self, addr: std::net::SocketAddr) -> std::io::Result<()> {
-        self.inner.add_address(addr)
-    }
-
-    fn remove_address(&mut self, ip: std::net::IpAddr) {
-        self.inner.remove_address(ip)
-    }
+    crate::forward_port_control!(self => self.inner);
 }
 
 #[cfg(test)]

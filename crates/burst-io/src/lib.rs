@@ -280,10 +280,47 @@ pub trait Port {
     }
 }
 
+/// The methods a port that wraps another passes on unchanged: all but
+/// moving packets (`recv_batch`, `send_burst`, `assign_ip_ids`), which the
+/// wrapper writes itself. `forward_port_control!(self => self.inner)`
+/// inside the wrapper's `impl Port`.
+#[macro_export]
+macro_rules! forward_port_control {
+    ($s:ident => $inner:expr) => {
+        fn local_addr(&$s) -> ::std::net::SocketAddr {
+            $inner.local_addr()
+        }
+        fn readiness(&$s) -> ::std::io::Result<$crate::Readiness> {
+            $inner.readiness()
+        }
+        fn counters(&$s) -> $crate::PortCounters {
+            $inner.counters()
+        }
+        fn set_raw(&mut $s, raw: bool) {
+            $inner.set_raw(raw)
+        }
+        fn steer_qp(&mut $s, qpn: u32, lane: u32) {
+            $inner.steer_qp(qpn, lane)
+        }
+        fn unsteer_qp(&mut $s, qpn: u32) {
+            $inner.unsteer_qp(qpn)
+        }
+        fn join_multicast(&mut $s, group: ::std::net::IpAddr) -> ::std::io::Result<()> {
+            $inner.join_multicast(group)
+        }
+        fn leave_multicast(&mut $s, group: ::std::net::IpAddr) -> ::std::io::Result<()> {
+            $inner.leave_multicast(group)
+        }
+        fn add_address(&mut $s, addr: ::std::net::SocketAddr) -> ::std::io::Result<()> {
+            $inner.add_address(addr)
+        }
+        fn remove_address(&mut $s, ip: ::std::net::IpAddr) {
+            $inner.remove_address(ip)
+        }
+    };
+}
+
 impl<P: Port + ?Sized> Port for Box<P> {
-    fn local_addr(&self) -> SocketAddr {
-        (**self).local_addr()
-    }
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
         (**self).recv_batch(rx)
     }
@@ -293,33 +330,7 @@ impl<P: Port + ?Sized> Port for Box<P> {
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
         (**self).send_burst(bufs)
     }
-    fn readiness(&self) -> io::Result<Readiness> {
-        (**self).readiness()
-    }
-    fn counters(&self) -> PortCounters {
-        (**self).counters()
-    }
-    fn set_raw(&mut self, raw: bool) {
-        (**self).set_raw(raw)
-    }
-    fn steer_qp(&mut self, qpn: u32, lane: u32) {
-        (**self).steer_qp(qpn, lane)
-    }
-    fn unsteer_qp(&mut self, qpn: u32) {
-        (**self).unsteer_qp(qpn)
-    }
-    fn join_multicast(&mut self, group: IpAddr) -> io::Result<()> {
-        (**self).join_multicast(group)
-    }
-    fn leave_multicast(&mut self, group: IpAddr) -> io::Result<()> {
-        (**self).leave_multicast(group)
-    }
-    fn add_address(&mut self, addr: SocketAddr) -> io::Result<()> {
-        (**self).add_address(addr)
-    }
-    fn remove_address(&mut self, ip: IpAddr) {
-        (**self).remove_address(ip)
-    }
+    forward_port_control!(self => (**self));
 }
 
 /// The IDs a UDP socket's packets get: each its index in its GSO run.

@@ -3,9 +3,8 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::net::SocketAddr;
 
-use crate::{PacketBuf, Port, Readiness, RxBatch};
+use crate::{PacketBuf, Port, RxBatch};
 
 /// Wraps a [`Port`] and drops each sent packet with probability 1/`every`
 /// (0: none), at random rather than periodically (a periodic drop can line
@@ -80,10 +79,6 @@ impl<P: Port> LossyPort<P> {
 }
 
 impl<P: Port> Port for LossyPort<P> {
-    fn local_addr(&self) -> SocketAddr {
-        self.inner.local_addr()
-    }
-
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
         self.inner.recv_batch(rx)
     }
@@ -109,37 +104,5 @@ impl<P: Port> Port for LossyPort<P> {
         Ok(bufs.len())
     }
 
-    fn readiness(&self) -> io::Result<Readiness> {
-        self.inner.readiness()
-    }
-
-    fn counters(&self) -> crate::PortCounters {
-        self.inner.counters()
-    }
-
-    fn set_raw(&mut self, raw: bool) {
-        self.inner.set_raw(raw)
-    }
-
-    fn steer_qp(&mut self, qpn: u32, lane: u32) {
-        self.inner.steer_qp(qpn, lane)
-    }
-
-    fn unsteer_qp(&mut self, qpn: u32) {
-        self.inner.unsteer_qp(qpn)
-    }
-    fn join_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
-        self.inner.join_multicast(group)
-    }
-    fn leave_multicast(&mut self, group: std::net::IpAddr) -> std::io::Result<()> {
-        self.inner.leave_multicast(group)
-    }
-
-    fn add_address(&mut self, addr: std::net::SocketAddr) -> std::io::Result<()> {
-        self.inner.add_address(addr)
-    }
-
-    fn remove_address(&mut self, ip: std::net::IpAddr) {
-        self.inner.remove_address(ip)
-    }
+    crate::forward_port_control!(self => self.inner);
 }

@@ -368,6 +368,7 @@ impl SendWr {
     /// let wr = SendWr::new(7, SendOp::Send, [Sge { addr: 0x1000, length: 64, lkey: 1 }]);
     /// assert_eq!(wr.sg_list.total_len(), 64);
     /// ```
+    #[must_use]
     pub fn new(wr_id: u64, op: SendOp, sg_list: impl Into<SgList>) -> SendWr {
         SendWr {
             wr_id,
@@ -744,6 +745,7 @@ impl QpConfig {
     }
 
     /// Defaults close to what RXE offers.
+    #[must_use]
     pub fn new(qpn: Qpn, qp_type: QpType, pd: u32) -> QpConfig {
         QpConfig {
             qpn,

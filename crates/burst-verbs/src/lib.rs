@@ -358,6 +358,7 @@ impl RcParams {
     }
 
     /// ibv_rc_pingpong's values with our starting PSN and path MTU.
+    #[must_use]
     pub fn new(psn: Psn, mtu: Mtu) -> RcParams {
         RcParams {
             psn,
@@ -447,6 +448,7 @@ pub struct QpInit {
 
 impl QpInit {
     /// A QP of `qp_type` in `pd` with default sizes and no SRQ.
+    #[must_use]
     pub fn new(qp_type: QpType, pd: Pd) -> QpInit {
         QpInit {
             qp_type,

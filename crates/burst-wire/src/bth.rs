@@ -210,6 +210,7 @@ pub struct BthRepr {
 impl BthRepr {
     /// A BTH with the values kernel RXE sends (P_Key 0xffff, M clear, no
     /// congestion bits, TVer 0).
+    #[must_use]
     pub fn new(opcode: Opcode, dest_qp: Qpn, psn: Psn) -> BthRepr {
         BthRepr {
             opcode,

@@ -224,6 +224,7 @@ pub struct IbRepr {
 
 impl IbRepr {
     /// A repr with only a BTH; add the extended headers its opcode needs.
+    #[must_use]
     pub fn new(bth: BthRepr) -> IbRepr {
         IbRepr {
             bth,

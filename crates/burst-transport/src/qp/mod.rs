@@ -702,6 +702,7 @@ impl Qp {
 
     /// Next work completion, in the order the spec demands (send completions
     /// in posting order, receive completions in arrival order).
+    #[must_use = "a completion not taken is lost"]
     pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
         self.completions.pop_front()
     }
@@ -768,6 +769,7 @@ impl Qp {
     }
 
     /// The next time [`Qp::handle_timeout`] must run.
+    #[must_use = "the deadline to call handle_timeout at"]
     pub fn poll_timeout(&self) -> Option<Nanos> {
         match (self.req.timer, self.req.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -807,6 +809,7 @@ impl Qp {
 
     /// The next packet to send, if any: responses first (ACKs, NAKs, READ
     /// responses, atomic ACKs), then requests.
+    #[must_use = "a packet not taken is never sent"]
     pub fn poll_transmit(&mut self, now: Nanos) -> Option<Transmit<'_>> {
         let request = self.next_request();
         // Responder packets go first, except a lone coalesced ACK when a

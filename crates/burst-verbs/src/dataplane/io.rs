@@ -138,6 +138,7 @@ impl<P: Port> Device<P> {
 
     /// Takes the asynchronous events raised since the last call (SRQ limits,
     /// contained faults), oldest first.
+    #[must_use = "events not taken are lost"]
     pub fn take_async_events(&mut self) -> Vec<AsyncEvent> {
         for (i, s) in self.srqs.iter_mut().enumerate() {
             if s.as_mut().is_some_and(Srq::take_limit_event) {

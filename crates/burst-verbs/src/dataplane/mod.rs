@@ -586,6 +586,7 @@ impl<P: Port> Device<P> {
     }
 
     /// Takes a completion of `qpn` gathered by earlier progress.
+    #[must_use = "a completion not taken is lost"]
     pub fn take_completion(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
         self.slot(qpn).ok()?.completions.pop_front()
     }

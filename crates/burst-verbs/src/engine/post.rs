@@ -114,6 +114,7 @@ impl Context {
 
     /// Takes a completion from a CQ ring (never blocks; steps the data
     /// plane once when the ring is empty).
+    #[must_use = "a completion not taken is lost"]
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
         let q = self.cq_ref(cq).ok()?;
         q.ring.pop().or_else(|| {
@@ -124,6 +125,7 @@ impl Context {
 
     /// Takes a completion already in a CQ ring, without stepping the data
     /// plane (a caller that steps it itself, such as a simulator).
+    #[must_use = "a completion not taken is lost"]
     pub fn take_completion(&self, cq: CqId) -> Option<WorkCompletion> {
         self.cq_ref(cq).ok()?.ring.pop()
     }

@@ -186,6 +186,7 @@ impl Context {
     }
 
     /// The next asynchronous event, if one is pending (never blocks).
+    #[must_use = "an event not taken is lost"]
     pub fn take_async_event(&self) -> Option<AsyncEvent> {
         self.shared.events.try_take()
     }
