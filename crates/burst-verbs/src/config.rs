@@ -236,11 +236,7 @@ fn parse_copy(key: &str, v: &str) -> Result<CopyBackend, ConfigError> {
 }
 
 fn parse_bytes(key: &str, v: &str) -> Result<u64, ConfigError> {
-    v.trim().parse::<u64>().map_err(|_| ConfigError::BadValue {
-        key: key.into(),
-        value: v.into(),
-        why: "a whole number",
-    })
+    parse_number(key, v, "a whole number")
 }
 
 /// Which packet port a device runs over.
@@ -599,6 +595,19 @@ fn file_device(
     Ok(dc)
 }
 
+/// `value` of `key` as a number (`why` says what it must be).
+fn parse_number<T: std::str::FromStr>(
+    key: &str,
+    value: &str,
+    why: &'static str,
+) -> Result<T, ConfigError> {
+    value.trim().parse().map_err(|_| ConfigError::BadValue {
+        key: key.into(),
+        value: value.into(),
+        why,
+    })
+}
+
 /// The environment's overrides (`BURST_MTU`, `BURST_TEST_DROP`, `BURST_CC`,
 /// `BURST_PORT`, `BURST_THREADS`, the copy variables, `BURST_DPDK`) applied
 /// to every device.
@@ -608,20 +617,12 @@ fn apply_env(
     port_env: Option<PortKind>,
 ) -> Result<(), ConfigError> {
     if let Some(m) = env("BURST_MTU") {
-        let v: u32 = m.trim().parse().map_err(|_| ConfigError::BadValue {
-            key: "BURST_MTU".into(),
-            value: m.clone(),
-            why: "one of 256, 512, 1024, 2048, 4096",
-        })?;
+        let v = parse_number("BURST_MTU", &m, "one of 256, 512, 1024, 2048, 4096")?;
         let mtu = parse_mtu("BURST_MTU", v)?;
         devices.iter_mut().for_each(|d| d.mtu = mtu);
     }
     if let Some(n) = env("BURST_TEST_DROP") {
-        let v: u64 = n.trim().parse().map_err(|_| ConfigError::BadValue {
-            key: "BURST_TEST_DROP".into(),
-            value: n.clone(),
-            why: "a whole number N (drop 1 in N)",
-        })?;
+        let v = parse_number("BURST_TEST_DROP", &n, "a whole number N (drop 1 in N)")?;
         devices.iter_mut().for_each(|d| d.drop_every = v);
     }
     if let Some(c) = env("BURST_CC") {

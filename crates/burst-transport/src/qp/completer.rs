@@ -156,7 +156,10 @@ impl Qp {
                 let syndrome = pkt.aeth().map(|a| Syndrome::from_byte(a.syndrome()));
                 self.on_ack(now, psn, syndrome)
             }
-            Operation::AtomicAcknowledge => self.on_atomic_ack(now, psn, pkt, mem),
+            Operation::AtomicAcknowledge => {
+                let orig = pkt.atomic_ack_eth().map_or(0, |a| a.original());
+                self.on_atomic_ack(now, psn, orig, mem)
+            }
             Operation::RdmaReadResponse => self.on_read_response(now, psn, pkt, mem),
             _ => true,
         };
@@ -221,22 +224,21 @@ impl Qp {
         true
     }
 
-    /// An atomic's response: its original value into the WR's buffer.
-    fn on_atomic_ack(
-        &mut self,
-        now: Nanos,
-        psn: Psn,
-        pkt: &IbPacket<&[u8]>,
-        mem: &mut impl Memory,
-    ) -> bool {
-        let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+    /// The send WQE whose PSNs include `psn`.
+    fn wqe_of(&self, psn: Psn) -> Option<usize> {
+        self.req.sq.iter().position(|w| w.contains(psn))
+    }
+
+    /// An atomic's response: `orig`, the original value, into the WR's
+    /// buffer.
+    fn on_atomic_ack(&mut self, now: Nanos, psn: Psn, orig: u64, mem: &mut impl Memory) -> bool {
+        let Some(i) = self.wqe_of(psn) else {
             return false;
         };
         if !self.req.sq[i].wr.op.is_atomic() || self.req.sq[i].done {
             return false;
         }
         let _ = self.ack_upto(now, psn - 1);
-        let orig = pkt.atomic_ack_eth().map_or(0, |a| a.original());
         let w = &mut self.req.sq[i];
         let res = mem.write_local(self.cfg.pd, &w.wr.sg_list, 0, &orig.to_ne_bytes());
         w.done = true;
@@ -257,7 +259,7 @@ impl Qp {
         pkt: &IbPacket<&[u8]>,
         mem: &mut impl Memory,
     ) -> bool {
-        let Some(i) = self.req.sq.iter().position(|w| w.contains(psn)) else {
+        let Some(i) = self.wqe_of(psn) else {
             return false;
         };
         let mtu = self.attrs.mtu.bytes() as u64;

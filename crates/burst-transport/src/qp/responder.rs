@@ -256,12 +256,21 @@ impl Qp {
         Some(1)
     }
 
-    /// An RDMA READ request in sequence: checked, then queued as a read
-    /// job whose responses take one PSN each.
-    fn rc_read_request(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) -> Option<u32> {
-        let psn = pkt.bth().psn();
-        // No responder resources: READ and atomics are invalid requests
-        // here (as RXE answers them).
+    /// Whether a READ of `len` bytes at `va` under `rkey` is allowed: the
+    /// QP takes remote reads and, but for a zero-length READ, the key
+    /// covers the range for reading (C9-88).
+    fn read_allowed(&self, mem: &impl Memory, rkey: u32, va: u64, len: u64) -> bool {
+        self.attrs.access.remote_read
+            && (len == 0
+                || mem
+                    .check_remote(self.scope(), rkey, va, len, RemoteAccess::Read)
+                    .is_ok())
+    }
+
+    /// Whether a READ or atomic may start here: not inside a SEND or
+    /// WRITE, and with responder resources (none: an invalid request, as
+    /// RXE answers it). NAKs and returns `None` when not.
+    fn rd_atomic_allowed(&mut self) -> Option<()> {
         if self.resp.cur_recv.is_some()
             || self.resp.cur_write.is_some()
             || self.attrs.max_dest_rd_atomic == 0
@@ -269,6 +278,14 @@ impl Qp {
             self.nak(NakCode::InvalidRequest);
             return None;
         }
+        Some(())
+    }
+
+    /// An RDMA READ request in sequence: checked, then queued as a read
+    /// job whose responses take one PSN each.
+    fn rc_read_request(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) -> Option<u32> {
+        let psn = pkt.bth().psn();
+        self.rd_atomic_allowed()?;
         let r = pkt.reth()?;
         let len = u64::from(r.dma_length());
         // C9-94: a DMA length above 2^31 is invalid.
@@ -277,18 +294,7 @@ impl Qp {
             return None;
         }
         // C9-88 for a zero-length READ, as for a WRITE.
-        if !self.attrs.access.remote_read
-            || (len > 0
-                && mem
-                    .check_remote(
-                        self.scope(),
-                        r.rkey(),
-                        r.virtual_address(),
-                        len,
-                        RemoteAccess::Read,
-                    )
-                    .is_err())
-        {
+        if !self.read_allowed(mem, r.rkey(), r.virtual_address(), len) {
             self.nak(NakCode::RemoteAccessError);
             return None;
         }
@@ -314,13 +320,7 @@ impl Qp {
     /// kept for a duplicate.
     fn rc_atomic(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) -> Option<u32> {
         let psn = pkt.bth().psn();
-        if self.resp.cur_recv.is_some()
-            || self.resp.cur_write.is_some()
-            || self.attrs.max_dest_rd_atomic == 0
-        {
-            self.nak(NakCode::InvalidRequest);
-            return None;
-        }
+        self.rd_atomic_allowed()?;
         let a = pkt.atomic_eth()?;
         if !self.attrs.access.remote_atomic {
             self.nak(NakCode::RemoteAccessError);
@@ -410,18 +410,7 @@ impl Qp {
                 let left = (npkts - first_psn.distance_to(psn) as u32) as u64;
                 let mtu = self.attrs.mtu.bytes() as u64;
                 let len = u64::from(r.dma_length()).min(left * mtu);
-                if !self.attrs.access.remote_read
-                    || (len > 0
-                        && mem
-                            .check_remote(
-                                self.scope(),
-                                r.rkey(),
-                                r.virtual_address(),
-                                len,
-                                RemoteAccess::Read,
-                            )
-                            .is_err())
-                {
+                if !self.read_allowed(mem, r.rkey(), r.virtual_address(), len) {
                     return;
                 }
                 let npkts = ceil_div(len, mtu).max(1) as u32;

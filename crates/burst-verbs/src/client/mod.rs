@@ -17,12 +17,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use burst_mem::{Access, MrKeys, MwKeys, MwType, Pd, RegError};
+use burst_mem::{MrKeys, MwKeys, MwType, Pd, RegError};
 use burst_transport::{QpAttr, RecvWr, SendWr, VerbsError};
 use burst_wire::Qpn;
 
 use crate::engine::{
-    CompChannel, Context, Control, ControlPlane, CqId, CreateError, PostError, QpRings,
+    qp_slots, CompChannel, Context, Control, ControlPlane, CqId, CreateError, PostError, QpMade,
+    QpRings, Registration, SrqMade,
 };
 use crate::protocol::{self, Failure, Reply, Request};
 use crate::shm::{Segment, ShmRing};
@@ -182,12 +183,15 @@ impl Remote {
     /// reach them through (single copy).
     fn registration(
         &self,
-        pd: Pd,
-        ptr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
+        r: &Registration,
     ) -> Result<(Request, Option<Vec<pages::Piece>>), RegError> {
+        let Registration {
+            pd,
+            ptr,
+            len,
+            iova,
+            access,
+        } = *r;
         if len == 0 {
             return Err(RegError::InvalidLength);
         }
@@ -356,16 +360,8 @@ impl ControlPlane for Remote {
             .map_err(Failure::post)
     }
 
-    unsafe fn reg_mr(
-        &self,
-        _: &Context,
-        pd: Pd,
-        ptr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys, RegError> {
-        let (req, pieces) = self.registration(pd, ptr, len, iova, access)?;
+    unsafe fn reg_mr(&self, _: &Context, r: &Registration) -> Result<MrKeys, RegError> {
+        let (req, pieces) = self.registration(r)?;
         let fds: Vec<BorrowedFd<'_>> = match &pieces {
             Some(pieces) => pieces.iter().map(|p| p.fd.as_fd()).collect(),
             None => match self.self_mem.get_or_init(open_self_mem) {
@@ -442,13 +438,8 @@ impl ControlPlane for Remote {
             .map_err(Failure::post)
     }
 
-    fn create_qp(
-        &self,
-        _: &Context,
-        init: &QpInit,
-        cqs: (CqId, CqId),
-        slots: (usize, usize),
-    ) -> Result<QpRings, CreateError> {
+    fn create_qp(&self, _: &Context, init: &QpInit, cqs: (CqId, CqId)) -> QpMade {
+        let slots = qp_slots(init);
         let req = Request::CreateQp {
             init: *init,
             send_cq: cqs.0 .0,
@@ -482,14 +473,8 @@ impl ControlPlane for Remote {
         Ok(())
     }
 
-    fn create_srq(
-        &self,
-        _: &Context,
-        pd: Pd,
-        max_wr: u32,
-        max_sge: u32,
-        slots: usize,
-    ) -> Result<(SrqId, ShmRing<RecvWr>), CreateError> {
+    fn create_srq(&self, _: &Context, pd: Pd, max_wr: u32, max_sge: u32) -> SrqMade {
+        let slots = ShmRing::<RecvWr>::slots_for(max_wr as usize);
         let req = Request::CreateSrq {
             pd: pd.0,
             max_wr,

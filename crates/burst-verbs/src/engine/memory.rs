@@ -95,8 +95,15 @@ impl Context {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
+        let r = Registration {
+            pd,
+            ptr,
+            len,
+            iova,
+            access,
+        };
         // SAFETY: forwarded contract.
-        unsafe { self.plane.reg_mr(self, pd, ptr, len, iova, access) }
+        unsafe { self.plane.reg_mr(self, &r) }
     }
 
     /// Registers memory the daemon mapped for a client: `len` bytes at

@@ -19,6 +19,36 @@ use super::*;
 use crate::shm::{Segment, ShmRing};
 use crate::{QpInit, SrqId};
 
+/// A registration as the control plane takes it (`ibv_reg_mr_iova2`'s
+/// arguments).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Registration {
+    /// The protection domain.
+    pub pd: Pd,
+    /// Where the memory starts in this process.
+    pub ptr: *mut u8,
+    /// Bytes.
+    pub len: usize,
+    /// The address peers use.
+    pub iova: u64,
+    /// `ibv_access_flags`.
+    pub access: Access,
+}
+
+/// What [`ControlPlane::create_srq`] gives: the new SRQ's number and ring.
+pub(crate) type SrqMade = Result<(SrqId, ShmRing<RecvWr>), CreateError>;
+
+/// What [`ControlPlane::create_qp`] gives: the new QP's rings.
+pub(crate) type QpMade = Result<QpRings, CreateError>;
+
+/// The ring slots (send, receive) of a QP created with `init`.
+pub(crate) fn qp_slots(init: &QpInit) -> (usize, usize) {
+    (
+        ShmRing::<SendWr>::slots_for(init.caps.max_send_wr as usize),
+        ShmRing::<RecvWr>::slots_for(init.caps.max_recv_wr as usize),
+    )
+}
+
 /// Where a [`Context`]'s control verbs run. Every method gets the context
 /// it serves (its owner, its rings and CQs as this process sees them).
 pub(crate) trait ControlPlane: Send + Sync + std::fmt::Debug {
@@ -29,16 +59,8 @@ pub(crate) trait ControlPlane: Send + Sync + std::fmt::Debug {
     /// `ibv_reg_mr_iova2`.
     ///
     /// # Safety
-    /// `ptr..ptr+len` must stay valid until the region is deregistered.
-    unsafe fn reg_mr(
-        &self,
-        ctx: &Context,
-        pd: Pd,
-        ptr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys, RegError>;
+    /// `r`'s range must stay valid until the region is deregistered.
+    unsafe fn reg_mr(&self, ctx: &Context, r: &Registration) -> Result<MrKeys, RegError>;
     /// `ibv_dereg_mr`: returns once the engine no longer uses the region.
     fn dereg_mr(&self, ctx: &Context, lkey: u32) -> Result<(), RegError>;
     /// `ibv_alloc_mw`.
@@ -61,25 +83,14 @@ pub(crate) trait ControlPlane: Send + Sync + std::fmt::Debug {
     /// `ibv_destroy_cq`'s part outside this process's tables (EBUSY while
     /// a QP completes into it).
     fn destroy_cq(&self, ctx: &Context, cq: CqId) -> Result<(), PostError>;
-    /// A new QP: its number, lane and rings of `slots` (send, receive).
-    fn create_qp(
-        &self,
-        ctx: &Context,
-        init: &QpInit,
-        cqs: (CqId, CqId),
-        slots: (usize, usize),
-    ) -> Result<QpRings, CreateError>;
+    /// A new QP completing into `cqs` (send, receive): its number, lane
+    /// and rings.
+    fn create_qp(&self, ctx: &Context, init: &QpInit, cqs: (CqId, CqId)) -> QpMade;
     /// `ibv_destroy_qp` (the context's table already checked `qpn`).
     fn destroy_qp(&self, ctx: &Context, qpn: Qpn) -> Result<(), CreateError>;
-    /// A new SRQ: its number and ring of `slots`.
-    fn create_srq(
-        &self,
-        ctx: &Context,
-        pd: Pd,
-        max_wr: u32,
-        max_sge: u32,
-        slots: usize,
-    ) -> Result<(SrqId, ShmRing<RecvWr>), CreateError>;
+    /// A new SRQ of `max_wr` receives of `max_sge` SGEs: its number and
+    /// ring.
+    fn create_srq(&self, ctx: &Context, pd: Pd, max_wr: u32, max_sge: u32) -> SrqMade;
     /// Runs `c` on `lane`'s core, returning once `done` says its reply is
     /// in (or the request failed to reach the core).
     fn execute(
@@ -162,18 +173,12 @@ impl ControlPlane for InProcess {
         Ok(())
     }
 
-    unsafe fn reg_mr(
-        &self,
-        ctx: &Context,
-        pd: Pd,
-        ptr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys, RegError> {
+    unsafe fn reg_mr(&self, ctx: &Context, r: &Registration) -> Result<MrKeys, RegError> {
         // SAFETY: forwarded contract.
-        ctx.register(pd, None, || unsafe {
-            ctx.shared.mrs.register(pd, ptr, len, iova, access)
+        ctx.register(r.pd, None, || unsafe {
+            ctx.shared
+                .mrs
+                .register(r.pd, r.ptr, r.len, r.iova, r.access)
         })
     }
 
@@ -258,14 +263,9 @@ impl ControlPlane for InProcess {
         Ok(())
     }
 
-    fn create_qp(
-        &self,
-        ctx: &Context,
-        init: &QpInit,
-        cqs: (CqId, CqId),
-        slots: (usize, usize),
-    ) -> Result<QpRings, CreateError> {
+    fn create_qp(&self, ctx: &Context, init: &QpInit, cqs: (CqId, CqId)) -> QpMade {
         let init = *init;
+        let slots = qp_slots(&init);
         // Round robin over the lanes; a QP with an SRQ goes where SRQs live.
         let lane = if init.srq.is_some() {
             0
@@ -288,14 +288,8 @@ impl ControlPlane for InProcess {
             .map_err(CreateError::Verbs)
     }
 
-    fn create_srq(
-        &self,
-        ctx: &Context,
-        pd: Pd,
-        max_wr: u32,
-        max_sge: u32,
-        slots: usize,
-    ) -> Result<(SrqId, ShmRing<RecvWr>), CreateError> {
+    fn create_srq(&self, ctx: &Context, pd: Pd, max_wr: u32, max_sge: u32) -> SrqMade {
+        let slots = ShmRing::<RecvWr>::slots_for(max_wr as usize);
         let seg = Arc::new(ctx.segment("burst-srq", ShmRing::<RecvWr>::bytes(slots))?);
         let id = ctx
             .call(|reply| Control::CreateSrq {

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::shm::{Segment, ShmRing};
+use crate::shm::Segment;
 
 use burst_mem::Pd;
-use burst_transport::{QpAttr, QpType, RecvWr, SendWr, VerbsError};
+use burst_transport::{QpAttr, QpType, VerbsError};
 use burst_wire::Qpn;
 
 use super::*;
@@ -54,13 +54,7 @@ impl Context {
                 "max_send_wr/max_recv_wr",
             )));
         }
-        let slots = (
-            ShmRing::<SendWr>::slots_for(init.caps.max_send_wr as usize),
-            ShmRing::<RecvWr>::slots_for(init.caps.max_recv_wr as usize),
-        );
-        let rings = self
-            .plane
-            .create_qp(self, &init, (send_cq, recv_cq), slots)?;
+        let rings = self.plane.create_qp(self, &init, (send_cq, recv_cq))?;
         let rings = Arc::new(rings);
         let i = (rings.qpn.value() - FIRST_QPN) as usize;
         let mut all = self.shared.rings.write().unwrap_or_else(|e| e.into_inner());
@@ -136,8 +130,7 @@ impl Context {
         if max_wr > crate::MAX_QP_WR {
             return Err(CreateError::Verbs(VerbsError::InvalidValue("max_wr")));
         }
-        let slots = ShmRing::<RecvWr>::slots_for(max_wr as usize);
-        let (id, ring) = self.plane.create_srq(self, pd, max_wr, max_sge, slots)?;
+        let (id, ring) = self.plane.create_srq(self, pd, max_wr, max_sge)?;
         let ring = Arc::new(SrqRing {
             ring,
             max_sge,
