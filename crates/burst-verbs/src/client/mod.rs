@@ -291,6 +291,7 @@ impl Remote {
             Control::QueryQp { qpn, reply } => {
                 let r = match self.ask(&Request::QueryQp { qpn: qpn.value() }) {
                     Ok((Reply::QpState { state, cfg }, _)) => Some((state, cfg)),
+                    Err(Failure::Stopped) => return Err(Failure::Stopped),
                     _ => None,
                 };
                 let _ = reply.send(r);
