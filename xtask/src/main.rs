@@ -125,6 +125,42 @@ fn ensure_cargo_fuzz() -> bool {
 
 /// What the kernel-bypass features build against (clang and libbpf for the
 /// XDP program, DPDK for the DPDK port).
+/// Removes cargo's unpacked copies of our crates from earlier `cargo
+/// package` runs: cargo verifies each package against the others through a
+/// local registry, and unpacks a crate of a version it unpacked before only
+/// once (`$CARGO_HOME/registry/src/-<hash>/<crate>-<version>`), so a second
+/// run on the same machine would build against the first run's sources.
+fn forget_packaged_sources() {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let Some(src) = home.map(|h| h.join("registry/src")) else {
+        return;
+    };
+    let Ok(registries) = std::fs::read_dir(&src) else {
+        return;
+    };
+    // Local registries are unpacked under a name that starts with '-'
+    // (crates.io's has its host name): only those are touched.
+    for reg in registries.flatten() {
+        if !reg.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        let Ok(crates) = std::fs::read_dir(reg.path()) else {
+            continue;
+        };
+        for c in crates.flatten() {
+            let name = c.file_name().to_string_lossy().into_owned();
+            if LIBRARY_CRATES
+                .iter()
+                .any(|l| name.strip_prefix(l).is_some_and(|v| v.starts_with('-')))
+            {
+                let _ = std::fs::remove_dir_all(c.path());
+            }
+        }
+    }
+}
+
 /// The crates published for others to use, lowest layer first.
 const LIBRARY_CRATES: [&str; 8] = [
     "burst-wire",
@@ -348,10 +384,17 @@ fn test(args: &[String]) -> ExitCode {
     ));
     // Every library crate packages and builds from its package alone
     // (one command, so each finds the others it depends on).
-    let mut package = vec!["package", "--allow-dirty"];
+    // Built in a target directory of its own, emptied first: cargo takes a
+    // registry crate of a version it built before as unchanged, so builds
+    // of earlier runs' packages would stand in for this run's.
+    let verify_dir = root.join("target/package-verify");
+    let _ = std::fs::remove_dir_all(&verify_dir);
+    let verify_dir = verify_dir.to_string_lossy().into_owned();
+    let mut package = vec!["package", "--allow-dirty", "--target-dir", &verify_dir];
     for c in LIBRARY_CRATES {
         package.extend(["-p", c]);
     }
+    forget_packaged_sources();
     results.push(("package", step("package", &mut cargo(&root, &package))));
     // The kernel-bypass ports (features af-xdp and dpdk): lint and unit
     // tests (the XDP program under BPF_PROG_TEST_RUN), then burst to burst
