@@ -43,10 +43,13 @@ pub unsafe fn gather_inline(sges: &[Sge]) -> Result<InlineData, VerbsError> {
 }
 
 /// Packet ports below the Verbs API, for tools that drive one directly (a
-/// raw port benchmark) or record what a device sends and receives.
+/// raw port benchmark), record what a device sends and receives, or run
+/// devices over an in-memory network (tests, fuzzing, simulation).
 pub mod ports {
     pub use burst_io::capture::{CapturePort, Captured, Tap};
-    pub use burst_io::{PacketBuf, Port, Readiness, RxBatch, MAX_GSO_SEGMENTS};
+    pub use burst_io::{
+        PacketBuf, Port, Readiness, RxBatch, SimFaults, SimNet, SimPort, MAX_GSO_SEGMENTS,
+    };
 }
 mod congestion;
 mod copy;
