@@ -57,11 +57,21 @@ impl Context {
             .pd_owner
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        match owners.get(&pd.0) {
-            Some(o) if *o == self.owner => Ok(()),
-            // PDs of MrTables used directly (simulations) are unknown here.
-            None if self.owner == 0 => Ok(()),
-            _ => Err(PostError::NoSuch),
+        // PDs of MrTables used directly (simulations) are unknown here.
+        if self.reaches(owners.get(&pd.0).copied()) {
+            Ok(())
+        } else {
+            Err(PostError::NoSuch)
+        }
+    }
+
+    /// Whether this handle may reach an object recorded as `owner`'s: its
+    /// own, and (the engine's own process only) objects no owner was
+    /// recorded for.
+    pub(super) fn reaches(&self, owner: Option<u32>) -> bool {
+        match owner {
+            Some(o) => o == self.owner,
+            None => self.owner == 0,
         }
     }
 

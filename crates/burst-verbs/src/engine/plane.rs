@@ -188,10 +188,8 @@ impl ControlPlane for InProcess {
             .mr_owner
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        match owners.get(&lkey) {
-            Some((o, _)) if *o == ctx.owner => {}
-            None if ctx.owner == 0 => {}
-            _ => return Err(RegError::NoSuchRegion),
+        if !ctx.reaches(owners.get(&lkey).map(|(o, _)| *o)) {
+            return Err(RegError::NoSuchRegion);
         }
         let held = owners.remove(&lkey);
         drop(owners);
@@ -220,10 +218,8 @@ impl ControlPlane for InProcess {
             .mw_owner
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        match owners.get(&handle) {
-            Some(o) if *o == ctx.owner => {}
-            None if ctx.owner == 0 => {}
-            _ => return Err(RegError::NoSuchRegion),
+        if !ctx.reaches(owners.get(&handle).copied()) {
+            return Err(RegError::NoSuchRegion);
         }
         owners.remove(&handle);
         drop(owners);
