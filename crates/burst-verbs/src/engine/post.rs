@@ -44,9 +44,6 @@ impl Context {
         mut wr: SendWr,
         len: u64,
     ) -> Result<(), PostError> {
-        if self.plane.gone() {
-            return Err(PostError::Stopped);
-        }
         if wr.inline && wr.inline_data.is_none() {
             self.plane.gather_inline(self, ring.cfg.pd, &mut wr, len)?;
         }
