@@ -9,6 +9,7 @@
 //! pairs and proves every message arrived once, intact, in order, with the
 //! completions the spec demands, by a bounded simulated time.
 
+#[cfg(feature = "sweep")]
 pub mod sweep;
 
 use std::cmp::Reverse;
