@@ -256,6 +256,19 @@ impl Qp {
         Some(1)
     }
 
+    /// Queues the responses of a READ of `len` bytes at `va` under `rkey`
+    /// (`npkts` of them, from `first_psn`).
+    fn queue_read(&mut self, rkey: u32, va: u64, len: u64, first_psn: Psn, npkts: u32) {
+        self.resp.out.push_back(Out::Read(ReadJob {
+            rkey,
+            va,
+            len,
+            first_psn,
+            npkts,
+            next_pkt: 0,
+        }));
+    }
+
     /// Whether a READ of `len` bytes at `va` under `rkey` is allowed: the
     /// QP takes remote reads and, but for a zero-length READ, the key
     /// covers the range for reading (C9-88).
@@ -303,14 +316,7 @@ impl Qp {
             first_psn: psn,
             npkts,
         });
-        self.resp.out.push_back(Out::Read(ReadJob {
-            rkey: r.rkey(),
-            va: r.virtual_address(),
-            len,
-            first_psn: psn,
-            npkts,
-            next_pkt: 0,
-        }));
+        self.queue_read(r.rkey(), r.virtual_address(), len, psn, npkts);
         // C9-148: a READ counts in the MSN when it is accepted.
         self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
         Some(npkts)
@@ -430,14 +436,7 @@ impl Qp {
                 self.resp
                     .out
                     .retain(|o| !matches!(o, Out::Read(j) if j.next_pkt >= j.npkts));
-                self.resp.out.push_back(Out::Read(ReadJob {
-                    rkey: r.rkey(),
-                    va: r.virtual_address(),
-                    len,
-                    first_psn: psn,
-                    npkts,
-                    next_pkt: 0,
-                }));
+                self.queue_read(r.rkey(), r.virtual_address(), len, psn, npkts);
             }
             Operation::CompareSwap | Operation::FetchAdd => {
                 // Never execute twice: answer from the kept result.

@@ -296,25 +296,6 @@ impl Remote {
                 };
                 let _ = reply.send(r);
             }
-            Control::CreateAh {
-                gid,
-                sgid_index,
-                reply,
-                ..
-            } => match self.ask(&Request::CreateAh { gid, sgid_index }) {
-                Ok((Reply::Ah { ah }, _)) => {
-                    let _ = reply.send(Ok(ah));
-                }
-                Ok(_) => return Err(Failure::Invalid),
-                Err(Failure::Verbs(v) | Failure::Refused(v)) => {
-                    let _ = reply.send(Err(v.into_verbs()));
-                }
-                Err(f) => return Err(f),
-            },
-            Control::DestroyAh { index, reply } => {
-                self.done(&Request::DestroyAh { ah: index })?;
-                let _ = reply.send(());
-            }
             Control::Gids { reply } => match self.ask(&Request::Gids)?.0 {
                 Reply::Gids(t) => {
                     let _ = reply.send(t.into_iter().map(|g| g.map(crate::ip_of_gid)).collect());
@@ -336,10 +317,12 @@ impl Remote {
                 _ => return Err(Failure::Invalid),
             },
             // Created and destroyed through the plane's own methods (they
-            // return segments); the congestion report and fault injection
-            // stay in the daemon.
+            // return segments; burstd numbers and owns AHs); the congestion
+            // report and fault injection stay in the daemon.
             Control::CreateQp { .. }
             | Control::DestroyQp { .. }
+            | Control::CreateAh { .. }
+            | Control::DestroyAh { .. }
             | Control::CreateSrq { .. }
             | Control::Congestion { .. }
             | Control::DebugPanicFor { .. } => return Err(Failure::Invalid),
