@@ -60,6 +60,7 @@ pub mod gids;
 pub mod gsi;
 pub mod netif;
 pub mod protocol;
+pub mod rdma_cm;
 pub mod shm;
 pub mod sim;
 mod thread;

@@ -152,22 +152,6 @@ pub struct rdma_addrinfo {
     pub ai_next: *mut rdma_addrinfo,
 }
 
-/// `enum rdma_cm_event_type`.
-#[allow(dead_code)]
-pub mod ev {
-    pub const ADDR_RESOLVED: u32 = 0;
-    pub const ADDR_ERROR: u32 = 1;
-    pub const ROUTE_RESOLVED: u32 = 2;
-    pub const ROUTE_ERROR: u32 = 3;
-    pub const CONNECT_REQUEST: u32 = 4;
-    pub const CONNECT_RESPONSE: u32 = 5;
-    pub const CONNECT_ERROR: u32 = 6;
-    pub const UNREACHABLE: u32 = 7;
-    pub const REJECTED: u32 = 8;
-    pub const ESTABLISHED: u32 = 9;
-    pub const DISCONNECTED: u32 = 10;
-}
-
 /// `rdma_addrinfo.ai_flags`.
 pub const RAI_PASSIVE: c_int = 1;
 pub const RAI_NUMERICHOST: c_int = 2;
@@ -176,12 +160,6 @@ pub const RAI_NUMERICHOST: c_int = 2;
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UC: u32 = 3;
 pub const IBV_QPT_UD: u32 = 4;
-
-/// `enum ibv_qp_state`.
-pub const IBV_QPS_INIT: u32 = 1;
-pub const IBV_QPS_RTR: u32 = 2;
-pub const IBV_QPS_RTS: u32 = 3;
-pub const IBV_QPS_ERR: u32 = 6;
 
 const _: () = {
     assert!(size_of::<rdma_cm_id>() == 416);

@@ -1,11 +1,11 @@
-//! IP addresses: sockaddrs in and out, which burst device an address
-//! belongs to or routes through, and `rdma_getaddrinfo`.
+//! IP addresses: sockaddrs in and out, and `rdma_getaddrinfo` (which
+//! device an address belongs to is burst-verbs' `rdma_cm`'s to say).
 
 use std::ffi::{c_char, c_int};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::ptr;
 
-use burst_cm::rdma::PortSpace;
+use burst_verbs::rdma_cm::PortSpace;
 
 use super::abi::*;
 use crate::guard;
@@ -63,74 +63,6 @@ pub(super) fn write_sockaddr(dst: &mut sockaddr_storage, a: SocketAddr) {
             }
         }
     }
-}
-
-fn is_loopback(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
-    }
-}
-
-fn same(a: IpAddr, b: IpAddr) -> bool {
-    a.to_canonical() == b.to_canonical()
-}
-
-/// The device whose address is `ip`; loopback means the first device (a
-/// process talks to itself through its own device).
-pub(super) fn device_of_local(ip: IpAddr) -> Option<usize> {
-    let devs = crate::device::devices();
-    if let Some(i) = devs.iter().position(|d| same(d.cfg.addr, ip)) {
-        return Some(i);
-    }
-    (is_loopback(ip) && !devs.is_empty()).then_some(0)
-}
-
-/// The devices a listen on `ip` covers: all for the wildcard.
-pub(super) fn devices_for(ip: Option<IpAddr>) -> Vec<usize> {
-    match ip {
-        Some(ip) if !ip.is_unspecified() => device_of_local(ip).into_iter().collect(),
-        _ => (0..crate::device::devices().len()).collect(),
-    }
-}
-
-/// Where a connection to `dst` goes: (device, local address, peer). The
-/// device is the source's if one is given, else the one the kernel's
-/// routing picks as source for `dst` (a connected UDP socket tells), else
-/// the only (first) one. A destination that is local (loopback or a
-/// device's own address) is the device itself.
-pub(super) fn resolve(src: Option<IpAddr>, dst: IpAddr) -> Option<(usize, IpAddr, IpAddr)> {
-    let devs = crate::device::devices();
-    if devs.is_empty() {
-        return None;
-    }
-    let dev = match src {
-        Some(s) => device_of_local(s)?,
-        None => {
-            if let Some(i) = devs.iter().position(|d| same(d.cfg.addr, dst)) {
-                i
-            } else {
-                route_source(dst)
-                    .and_then(|s| devs.iter().position(|d| same(d.cfg.addr, s)))
-                    .unwrap_or(0)
-            }
-        }
-    };
-    let local = devs[dev].cfg.addr;
-    let peer = if is_loopback(dst) { local } else { dst };
-    Some((dev, local, peer))
-}
-
-/// The source address the kernel would use towards `dst`.
-fn route_source(dst: IpAddr) -> Option<IpAddr> {
-    let any: SocketAddr = if dst.is_ipv4() {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let s = UdpSocket::bind(any).ok()?;
-    s.connect((dst, 4791)).ok()?;
-    s.local_addr().ok().map(|a| a.ip())
 }
 
 // ------------------------------------------------------- rdma_getaddrinfo

@@ -37,6 +37,11 @@ impl QueuePair {
         self.ctx.post_recv_to(&self.rings, wr)
     }
 
+    /// The context it belongs to.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
     /// What the QP was created with (sizes the posts are checked against).
     pub fn config(&self) -> &QpConfig {
         &self.rings.cfg

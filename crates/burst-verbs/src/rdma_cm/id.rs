@@ -1,0 +1,876 @@
+//! An rdma_cm id: its state and the calls on it.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use burst_cm::rdma::{self as cma, CmaHeader, PortSpace};
+use burst_cm::{reason, sidr_status, CmSidrRep, CmSidrReq, ConnId};
+
+use super::qp::{attr_for, Negotiated, QpPlan, DEFAULT_ACK_TIMEOUT};
+use super::{
+    addr, errno, AddressVector, CmEvent, CmEventKind, CmQp, CmQpAttr, ConnParam, Device,
+    EventChannel, EventParam, Shared,
+};
+use crate::engine::{CompletionQueue, QueuePair};
+use crate::{gid_of, Mtu, Psn, QpInit, QpState, QpType, Qpn};
+
+/// Where an id is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Idle,
+    Bound,
+    AddrResolved,
+    RouteResolved,
+    Listening,
+    /// REQ or SIDR_REQ sent.
+    Connecting,
+    /// Passive: the request is the application's to answer.
+    RequestRcvd,
+    /// Active: REP received, no QP (rping -q): `establish` is next.
+    RepRcvd,
+    /// Passive: REP sent, waiting for the RTU.
+    Accepting,
+    Established,
+    Disconnected,
+    Destroyed,
+}
+
+pub(super) struct State {
+    pub phase: Phase,
+    pub ps: PortSpace,
+    pub qp_type: QpType,
+    pub dev: Option<usize>,
+    /// The device's GID index for its address ([`Device::sgid_index`]).
+    pub sgid_index: u8,
+    pub src: Option<SocketAddr>,
+    pub dst: Option<SocketAddr>,
+    /// The port this id holds in its space (released on destroy).
+    pub port_held: Option<u16>,
+    pub conn: Option<ConnId>,
+    pub peer: Option<IpAddr>,
+    pub neg: Negotiated,
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`.
+    pub ack_timeout: Option<u8>,
+}
+
+impl State {
+    fn on_device(&mut self, d: &Device) {
+        self.dev = Some(d.index);
+        self.sgid_index = d.sgid_index;
+    }
+
+    fn plan(&self, qp_type: QpType) -> QpPlan {
+        QpPlan {
+            qp_type,
+            connected: matches!(
+                self.phase,
+                Phase::RequestRcvd
+                    | Phase::Accepting
+                    | Phase::RepRcvd
+                    | Phase::Established
+                    | Phase::Connecting
+            ),
+            neg: self.neg,
+            av: self.peer.map(|p| AddressVector {
+                dgid: gid_of(p),
+                sgid_index: self.sgid_index,
+                hop_limit: 64,
+            }),
+        }
+    }
+}
+
+/// An rdma_cm id (`struct rdma_cm_id`). Cheap to clone: clones are the
+/// same id. It lives until [`CmId::destroy`], as with `rdma_destroy_id`.
+#[derive(Clone)]
+pub struct CmId {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cm: Arc<Shared>,
+    st: Mutex<State>,
+    channel: Mutex<EventChannel>,
+    qp: Mutex<Option<Arc<dyn CmQp>>>,
+    user: AtomicUsize,
+}
+
+impl PartialEq for CmId {
+    fn eq(&self, o: &CmId) -> bool {
+        Arc::ptr_eq(&self.inner, &o.inner)
+    }
+}
+
+impl Eq for CmId {}
+
+impl std::hash::Hash for CmId {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        Arc::as_ptr(&self.inner).hash(h);
+    }
+}
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.lock();
+        f.debug_struct("CmId")
+            .field("phase", &st.phase)
+            .field("src", &st.src)
+            .field("dst", &st.dst)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where an id is bound and what it resolved (`rdma_cm_id.route`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Route {
+    /// The local address and port.
+    pub src: Option<SocketAddr>,
+    /// The peer's address and port.
+    pub dst: Option<SocketAddr>,
+    /// The device (index in the [`RdmaCm`](super::RdmaCm)), once known.
+    pub device: Option<usize>,
+    /// The device's GID (zero before).
+    pub sgid: [u8; 16],
+    /// The peer's GID (zero before it is resolved).
+    pub dgid: [u8; 16],
+    /// `sgid`'s index in the device's GID table.
+    pub sgid_index: u8,
+    /// The device's active MTU.
+    pub mtu: Option<Mtu>,
+}
+
+/// 0xff means "the device's maximum"; anything above it is refused.
+fn resources(v: u8, max: u8) -> io::Result<u8> {
+    match v {
+        0xff => Ok(max),
+        v if v <= max => Ok(v),
+        _ => Err(errno(libc::EINVAL)),
+    }
+}
+
+/// The caller's private data, checked against what the message carries.
+fn private_data(data: &[u8], max: usize) -> io::Result<&[u8]> {
+    if data.len() > max {
+        tracing::warn!(
+            len = data.len(),
+            max,
+            "private data longer than the message carries"
+        );
+        return Err(errno(libc::EINVAL));
+    }
+    Ok(data)
+}
+
+pub(super) fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = getrandom::fill(&mut b);
+    u32::from_ne_bytes(b) & 0xff_ffff
+}
+
+impl CmId {
+    pub(super) fn new(
+        cm: &Arc<Shared>,
+        channel: &EventChannel,
+        ps: PortSpace,
+        qp_type: QpType,
+    ) -> CmId {
+        CmId {
+            inner: Arc::new(Inner {
+                cm: Arc::clone(cm),
+                st: Mutex::new(State {
+                    phase: Phase::Idle,
+                    ps,
+                    qp_type,
+                    dev: None,
+                    sgid_index: 0,
+                    src: None,
+                    dst: None,
+                    port_held: None,
+                    conn: None,
+                    peer: None,
+                    neg: Negotiated::default(),
+                    ack_timeout: None,
+                }),
+                channel: Mutex::new(channel.clone()),
+                qp: Mutex::new(None),
+                user: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// A child of `listener` for a request from the peer in `hdr`: its
+    /// channel, port space and QP type, on device `d`.
+    pub(super) fn child(
+        listener: &CmId,
+        d: &Device,
+        conn: ConnId,
+        hdr: &CmaHeader,
+        port: u16,
+    ) -> CmId {
+        let (ps, qp_type) = {
+            let st = listener.lock();
+            (st.ps, st.qp_type)
+        };
+        let child = CmId::new(&listener.inner.cm, &listener.channel(), ps, qp_type);
+        {
+            let mut st = child.lock();
+            st.src = Some(SocketAddr::new(hdr.dst, port));
+            st.dst = Some(hdr.src);
+            st.peer = Some(hdr.src.ip());
+            st.conn = Some(conn);
+            st.phase = Phase::RequestRcvd;
+            st.on_device(d);
+        }
+        listener.inner.cm.register_conn(d.index, conn, &child);
+        child
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cm(&self) -> &Arc<Shared> {
+        &self.inner.cm
+    }
+
+    /// The channel its events go to.
+    pub fn channel(&self) -> EventChannel {
+        self.inner
+            .channel
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Queues an event on the id's channel.
+    pub(super) fn post(
+        &self,
+        kind: CmEventKind,
+        status: i32,
+        listen_id: Option<CmId>,
+        param: EventParam,
+    ) {
+        self.channel().post(CmEvent {
+            kind,
+            status,
+            id: self.clone(),
+            listen_id,
+            param,
+        });
+    }
+
+    /// The QP attached to it.
+    pub fn qp(&self) -> Option<Arc<dyn CmQp>> {
+        self.inner
+            .qp
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Attaches `qp` (or detaches) without moving it: the C drop-in's
+    /// `rdma_cm_id.qp`, set by an application itself.
+    pub fn set_qp(&self, qp: Option<Arc<dyn CmQp>>) {
+        *self.inner.qp.lock().unwrap_or_else(|e| e.into_inner()) = qp;
+    }
+
+    /// Moves `qp` to INIT (a UD QP on to RTS: it needs no peer) with the
+    /// id's values and attaches it, as `rdma_create_qp` does.
+    pub fn attach_qp(&self, qp: Arc<dyn CmQp>) -> io::Result<()> {
+        let steps: Vec<CmQpAttr> = {
+            let st = self.lock();
+            let plan = st.plan(qp.qp_type());
+            let mut steps = vec![attr_for(&plan, QpState::Init)?];
+            if qp.qp_type() == QpType::Ud {
+                steps.push(attr_for(&plan, QpState::Rtr)?);
+                steps.push(attr_for(&plan, QpState::Rts)?);
+            }
+            steps
+        };
+        qp.modify(&steps)?;
+        self.set_qp(Some(qp));
+        Ok(())
+    }
+
+    /// `rdma_create_qp` for Rust callers: a QP on the id's device, moved to
+    /// INIT and attached (EINVAL before the id is on a device).
+    pub fn create_qp(
+        &self,
+        init: &QpInit,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> io::Result<QueuePair> {
+        let ctx = self.context().ok_or_else(|| errno(libc::EINVAL))?;
+        let qp = ctx
+            .create_qp_with(init, send_cq.id(), recv_cq.id())
+            .map_err(|e| errno(e.errno()))?;
+        self.attach_qp(Arc::new(qp.clone()))?;
+        Ok(qp)
+    }
+
+    /// The context of the id's device, once bound to one or resolved.
+    pub fn context(&self) -> Option<crate::engine::Context> {
+        let dev = self.lock().dev?;
+        self.cm().device(dev).ok().map(|d| d.ctx.clone())
+    }
+
+    /// `rdma_init_qp_attr`: what the id's QP takes to reach `state` (INIT,
+    /// RTR or RTS; EINVAL for RTR before a peer is known).
+    pub fn qp_attr(&self, state: QpState) -> io::Result<CmQpAttr> {
+        let st = self.lock();
+        attr_for(&st.plan(st.qp_type), state)
+    }
+
+    /// Its port space.
+    pub fn port_space(&self) -> PortSpace {
+        self.lock().ps
+    }
+
+    /// The QP type it sets up.
+    pub fn qp_type(&self) -> QpType {
+        self.lock().qp_type
+    }
+
+    /// Its addresses, device and GIDs.
+    pub fn route(&self) -> Route {
+        let st = self.lock();
+        let mut r = Route {
+            src: st.src,
+            dst: st.dst,
+            device: st.dev,
+            sgid_index: st.sgid_index,
+            dgid: st.peer.map(gid_of).unwrap_or_default(),
+            ..Route::default()
+        };
+        let dev = st.dev;
+        drop(st);
+        if let Some(d) = dev.and_then(|i| self.cm().device(i).ok()) {
+            r.sgid = d.gid;
+            r.mtu = Mtu::from_ibv_mtu(d.mtu);
+        }
+        r
+    }
+
+    /// A word for the layer above (the C drop-in keeps its `rdma_cm_id`
+    /// here); 0 until set.
+    pub fn user_data(&self) -> usize {
+        self.inner.user.load(Ordering::Acquire)
+    }
+
+    /// Sets [`user_data`](Self::user_data).
+    pub fn set_user_data(&self, v: usize) {
+        self.inner.user.store(v, Ordering::Release);
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`: the QP's local ACK
+    /// timeout exponent (4.096 us * 2^t).
+    pub fn set_ack_timeout(&self, t: u8) {
+        self.lock().ack_timeout = Some(t.min(31));
+    }
+
+    /// `rdma_bind_addr`: an address of a burst device (or the wildcard)
+    /// and a port (0: an ephemeral one).
+    pub fn bind_addr(&self, a: SocketAddr) -> io::Result<()> {
+        let cm = self.cm();
+        let mut st = self.lock();
+        if st.phase != Phase::Idle {
+            return Err(errno(libc::EINVAL));
+        }
+        let dev = if a.ip().is_unspecified() {
+            None
+        } else {
+            match addr::device_of_local(&cm.addrs, a.ip()) {
+                Some(d) => Some(d),
+                None => {
+                    tracing::warn!(addr = %a.ip(), "rdma_bind_addr: not an address of a burst device");
+                    return Err(errno(libc::EADDRNOTAVAIL));
+                }
+            }
+        };
+        let port = cm.take_port(st.ps, a.port())?;
+        if let Some(dev) = dev {
+            match cm.device(dev) {
+                Ok(d) => st.on_device(&d),
+                Err(e) => {
+                    cm.release_port(st.ps, port);
+                    return Err(e);
+                }
+            }
+        }
+        st.port_held = Some(port);
+        st.src = Some(SocketAddr::new(a.ip(), port));
+        st.phase = Phase::Bound;
+        Ok(())
+    }
+
+    /// `rdma_listen`: requests for the bound address and port (all
+    /// devices for the wildcard; an unbound id takes an ephemeral port)
+    /// arrive as [`CmEventKind::ConnectRequest`] with a new id.
+    pub fn listen(&self) -> io::Result<()> {
+        let cm = self.cm();
+        let (svc, devs) = {
+            let mut st = self.lock();
+            if st.phase == Phase::Idle {
+                let p = cm.take_port(st.ps, 0)?;
+                st.port_held = Some(p);
+                st.src = Some(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), p));
+            } else if st.phase != Phase::Bound {
+                return Err(errno(libc::EINVAL));
+            }
+            let Some(src) = st.src else {
+                return Err(errno(libc::EINVAL));
+            };
+            st.phase = Phase::Listening;
+            (
+                st.ps.service_id(src.port()),
+                addr::devices_for(&cm.addrs, Some(src.ip())),
+            )
+        };
+        if devs.is_empty() {
+            self.lock().phase = Phase::Bound;
+            return Err(errno(libc::ENODEV));
+        }
+        for dev in devs {
+            // Several listeners (other addresses) may share a service ID.
+            if let Err(e) = cm.device(dev).and_then(|d| d.svc.listen(svc)) {
+                tracing::warn!("rdma_listen: {e}");
+                self.lock().phase = Phase::Bound;
+                return Err(match e.raw_os_error() {
+                    Some(_) => e,
+                    None if e.kind() == io::ErrorKind::AddrInUse => errno(libc::EADDRINUSE),
+                    None => errno(libc::EIO),
+                });
+            }
+        }
+        cm.with_reg(|r| r.listeners.push(self.clone()));
+        Ok(())
+    }
+
+    fn unlisten(&self) {
+        let cm = self.cm();
+        let services: Vec<(usize, u64)> = {
+            let st = self.lock();
+            let Some(src) = st.src else { return };
+            let svc = st.ps.service_id(src.port());
+            addr::devices_for(&cm.addrs, Some(src.ip()))
+                .into_iter()
+                .map(|d| (d, svc))
+                .collect()
+        };
+        // The service stays listened to while another listener holds it.
+        let last = cm.with_reg(|r| {
+            r.listeners.retain(|l| l != self);
+            services
+                .iter()
+                .filter(|(_, svc)| {
+                    !r.listeners.iter().any(|l| {
+                        let st = l.lock();
+                        st.src.is_some_and(|s| st.ps.service_id(s.port()) == *svc)
+                    })
+                })
+                .copied()
+                .collect::<Vec<_>>()
+        });
+        for (dev, svc) in last {
+            if let Ok(d) = cm.device(dev) {
+                d.svc.unlisten(svc);
+            }
+        }
+    }
+
+    /// `rdma_resolve_addr`: finds the device towards `dst` (from `src`'s
+    /// if given) and posts [`CmEventKind::AddrResolved`], or
+    /// [`CmEventKind::AddrError`] when no device reaches it.
+    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr) -> io::Result<()> {
+        let cm = self.cm();
+        {
+            let mut st = self.lock();
+            if !matches!(st.phase, Phase::Idle | Phase::Bound) {
+                return Err(errno(libc::EINVAL));
+            }
+            let src_ip = st
+                .src
+                .map(|s| s.ip())
+                .filter(|ip| !ip.is_unspecified())
+                .or_else(|| src.map(|s| s.ip()).filter(|ip| !ip.is_unspecified()));
+            let Some((dev, local_ip, peer)) = addr::resolve(&cm.addrs, src_ip, dst.ip()) else {
+                drop(st);
+                self.post(
+                    CmEventKind::AddrError,
+                    -libc::ENETUNREACH,
+                    None,
+                    EventParam::None,
+                );
+                return Ok(());
+            };
+            let d = cm.device(dev)?;
+            if st.port_held.is_none() {
+                st.port_held = Some(cm.take_port(st.ps, src.map_or(0, |s| s.port()))?);
+            }
+            let port = st.port_held.unwrap_or(0);
+            st.src = Some(SocketAddr::new(local_ip, port));
+            st.dst = Some(dst);
+            st.peer = Some(peer);
+            st.phase = Phase::AddrResolved;
+            st.on_device(&d);
+        }
+        self.post(CmEventKind::AddrResolved, 0, None, EventParam::None);
+        Ok(())
+    }
+
+    /// `rdma_resolve_route`: posts [`CmEventKind::RouteResolved`] (RoCE
+    /// has one path: the resolved address's).
+    pub fn resolve_route(&self) -> io::Result<()> {
+        {
+            let mut st = self.lock();
+            if st.phase != Phase::AddrResolved {
+                return Err(errno(libc::EINVAL));
+            }
+            st.phase = Phase::RouteResolved;
+        }
+        self.post(CmEventKind::RouteResolved, 0, None, EventParam::None);
+        Ok(())
+    }
+
+    /// `rdma_connect`: a REQ (a SIDR_REQ for UD) to the resolved peer;
+    /// `None` asks for no READ resources and the most retries.
+    pub fn connect(&self, p: Option<&ConnParam>) -> io::Result<()> {
+        let cm = self.cm();
+        let mut st = self.lock();
+        if st.phase != Phase::RouteResolved {
+            return Err(errno(libc::EINVAL));
+        }
+        let (Some(dev), Some(src), Some(dst), Some(peer)) = (st.dev, st.src, st.dst, st.peer)
+        else {
+            return Err(errno(libc::EINVAL));
+        };
+        let d = cm.device(dev)?;
+        let max = if st.ps.is_datagram() {
+            cma::SIDR_REQ_PRIVATE_DATA
+        } else {
+            cma::REQ_PRIVATE_DATA
+        };
+        let user = private_data(p.map_or(&[][..], |p| &p.private_data), max)?;
+        let hdr = CmaHeader { src, dst: dst.ip() };
+        let service_id = st.ps.service_id(dst.port());
+        if st.ps.is_datagram() {
+            let mut req = CmSidrReq {
+                request_id: 0,
+                pkey: 0xffff,
+                service_id,
+                private_data: [0; 216],
+            };
+            hdr.emit(&mut req.private_data);
+            req.private_data[cma::CMA_HEADER_LEN..][..user.len()].copy_from_slice(user);
+            let conn = d
+                .svc
+                .with(|c, now| c.sidr_request(now, peer, req))
+                .map_err(|e| errno(e.errno()))?;
+            st.conn = Some(conn);
+            st.phase = Phase::Connecting;
+            cm.register_conn(dev, conn, self);
+            return Ok(());
+        }
+        let qp = self.qp();
+        let qpn = match (&qp, p) {
+            (Some(qp), _) => qp.qpn().value(),
+            (None, Some(p)) if p.qp_num != 0 => p.qp_num,
+            _ => return Err(errno(libc::EINVAL)),
+        };
+        let (rr, depth) = match p {
+            Some(p) => (
+                resources(p.responder_resources, d.max_rd_atomic)?,
+                resources(p.initiator_depth, d.max_rd_atomic)?,
+            ),
+            None => (0, 0),
+        };
+        let my_psn = random_psn();
+        let mut req = burst_cm::req_template(
+            service_id,
+            Qpn::new(qpn).ok_or_else(|| errno(libc::EINVAL))?,
+            Psn::new(my_psn),
+        );
+        req.responder_resources = rr;
+        req.initiator_depth = depth;
+        req.retry_count = p.map_or(7, |p| p.retry_count.min(7));
+        req.rnr_retry_count = p.map_or(7, |p| p.rnr_retry_count.min(7));
+        req.end_to_end_flow_control = p.is_none_or(|p| p.flow_control);
+        req.srq = p.is_some_and(|p| p.srq);
+        if qp.as_ref().is_some_and(|q| q.qp_type() == QpType::Uc) {
+            req.transport = burst_cm::CmTransport::Uc;
+        }
+        req.path_mtu = d.mtu;
+        let ack_timeout = st.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
+        req.primary_path.local_ack_timeout = ack_timeout;
+        req.primary_path.local_gid = d.gid;
+        req.primary_path.remote_gid = gid_of(peer);
+        hdr.emit(&mut req.private_data);
+        req.private_data[cma::CMA_HEADER_LEN..][..user.len()].copy_from_slice(user);
+        st.neg = Negotiated {
+            my_psn,
+            mtu: d.mtu,
+            responder_resources: rr,
+            initiator_depth: depth,
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+            ack_timeout,
+            ..Negotiated::default()
+        };
+        st.phase = Phase::Connecting;
+        // Registered before the REQ leaves: the reply may beat this call's return.
+        let conn = d.svc.with(|c, now| {
+            let r = c.connect(now, peer, req);
+            if let Ok(conn) = r {
+                cm.register_conn(dev, conn, self);
+            }
+            r
+        });
+        match conn {
+            Ok(c) => {
+                st.conn = Some(c);
+                Ok(())
+            }
+            Err(e) => {
+                st.phase = Phase::RouteResolved;
+                Err(errno(e.errno()))
+            }
+        }
+    }
+
+    /// `rdma_accept` on a request's id: the QP made ready and a REP (a
+    /// SIDR_REP for UD); `None` keeps what the request asked for.
+    pub fn accept(&self, p: Option<&ConnParam>) -> io::Result<()> {
+        let cm = self.cm();
+        let mut st = self.lock();
+        if st.phase != Phase::RequestRcvd {
+            return Err(errno(libc::EINVAL));
+        }
+        let (Some(dev), Some(conn)) = (st.dev, st.conn) else {
+            return Err(errno(libc::EINVAL));
+        };
+        let d = cm.device(dev)?;
+        let qp = self.qp();
+        let qpn = match (&qp, p) {
+            (Some(qp), _) => qp.qpn().value(),
+            (None, Some(p)) if p.qp_num != 0 => p.qp_num,
+            _ => return Err(errno(libc::EINVAL)),
+        };
+        let qpn = Qpn::new(qpn).ok_or_else(|| errno(libc::EINVAL))?;
+        if st.ps.is_datagram() {
+            let user = private_data(
+                p.map_or(&[][..], |p| &p.private_data),
+                cma::SIDR_REP_PRIVATE_DATA,
+            )?;
+            let mut rep = CmSidrRep {
+                request_id: 0,
+                status: sidr_status::OK,
+                add_info_length: 0,
+                qpn,
+                service_id: 0,
+                qkey: cma::RDMA_UDP_QKEY,
+                class_port_info: [0; 72],
+                private_data: [0; 136],
+            };
+            rep.private_data[..user.len()].copy_from_slice(user);
+            if let Some(sid) = st.src.map(|s| st.ps.service_id(s.port())) {
+                rep.service_id = sid;
+            }
+            d.svc
+                .with(|c, now| c.sidr_reply(now, conn, rep))
+                .map_err(|e| errno(e.errno()))?;
+            cm.unregister_conn(dev, conn);
+            st.conn = None;
+            st.phase = Phase::Established;
+            return Ok(());
+        }
+        // The request's values were stored, swapped, at the request.
+        if let Some(p) = p {
+            if p.responder_resources != 0xff {
+                st.neg.responder_resources = resources(p.responder_resources, d.max_rd_atomic)?;
+            }
+            if p.initiator_depth != 0xff {
+                st.neg.initiator_depth = resources(p.initiator_depth, d.max_rd_atomic)?;
+            }
+        }
+        let user = private_data(
+            p.map_or(&[][..], |p| &p.private_data),
+            cma::REP_PRIVATE_DATA,
+        )?;
+        st.phase = Phase::Accepting;
+        if let Err(e) = self.ready_qp(&st) {
+            st.phase = Phase::RequestRcvd;
+            tracing::warn!("rdma_accept: the QP could not be made ready: {e}");
+            return Err(e);
+        }
+        let mut rep = burst_cm::rep_template(qpn, Psn::new(st.neg.my_psn));
+        rep.responder_resources = st.neg.responder_resources;
+        rep.initiator_depth = st.neg.initiator_depth;
+        rep.rnr_retry_count = p.map_or(7, |p| p.rnr_retry_count.min(7));
+        rep.end_to_end_flow_control = p.is_none_or(|p| p.flow_control);
+        rep.srq = p.is_some_and(|p| p.srq);
+        rep.private_data[..user.len()].copy_from_slice(user);
+        d.svc
+            .with(|c, now| c.accept(now, conn, rep))
+            .map_err(|e| errno(e.errno()))
+    }
+
+    /// `rdma_reject` on a request's id: a REJ (consumer reason) or a
+    /// SIDR_REP with status REJECT, carrying `private_data`.
+    pub fn reject(&self, private: &[u8]) -> io::Result<()> {
+        let cm = self.cm();
+        let mut st = self.lock();
+        let (Some(dev), Some(conn), Phase::RequestRcvd) = (st.dev, st.conn, st.phase) else {
+            return Err(errno(libc::EINVAL));
+        };
+        let d = cm.device(dev)?;
+        let r = if st.ps.is_datagram() {
+            let pd = private_data(private, cma::SIDR_REP_PRIVATE_DATA)?;
+            let mut rep = CmSidrRep {
+                request_id: 0,
+                status: sidr_status::REJECT,
+                add_info_length: 0,
+                qpn: Qpn::from_wire(0),
+                service_id: 0,
+                qkey: 0,
+                class_port_info: [0; 72],
+                private_data: [0; 136],
+            };
+            rep.private_data[..pd.len()].copy_from_slice(pd);
+            d.svc.with(|c, now| c.sidr_reply(now, conn, rep))
+        } else {
+            let pd = private_data(private, cma::REJ_PRIVATE_DATA)?;
+            d.svc.with(|c, _| c.reject(conn, reason::CONSUMER, pd))
+        };
+        cm.unregister_conn(dev, conn);
+        st.conn = None;
+        st.phase = Phase::Disconnected;
+        r.map_err(|e| errno(e.errno()))
+    }
+
+    /// `rdma_establish`: the active side without a QP (it got
+    /// [`CmEventKind::ConnectResponse`] and readied its own) sends the RTU.
+    pub fn establish(&self) -> io::Result<()> {
+        if self.qp().is_some() {
+            return Err(errno(libc::EINVAL));
+        }
+        let mut st = self.lock();
+        let (Some(dev), Some(conn), Phase::RepRcvd) = (st.dev, st.conn, st.phase) else {
+            return Err(errno(libc::EINVAL));
+        };
+        let d = self.cm().device(dev)?;
+        d.svc
+            .with(|c, now| c.establish(now, conn))
+            .map_err(|e| errno(e.errno()))?;
+        st.phase = Phase::Established;
+        Ok(())
+    }
+
+    /// `rdma_notify`: the passive side saw traffic before the RTU; the
+    /// connection is established (ESTABLISHED follows).
+    pub fn notify(&self) {
+        let st = self.lock();
+        if let (Some(dev), Some(conn), Phase::Accepting) = (st.dev, st.conn, st.phase) {
+            if let Ok(d) = self.cm().device(dev) {
+                let _ = d.svc.with(|c, now| c.establish(now, conn));
+            }
+        }
+    }
+
+    /// `rdma_disconnect`: the QP to ERROR (its work flushes) and a DREQ;
+    /// returns whether a DREQ left (a [`CmEventKind::Disconnected`]
+    /// follows).
+    pub fn disconnect(&self) -> io::Result<bool> {
+        self.qp_to_error();
+        let mut st = self.lock();
+        match (st.phase, st.dev, st.conn) {
+            (Phase::Disconnected, ..) => Ok(false),
+            (Phase::Established | Phase::Accepting | Phase::RepRcvd, Some(dev), Some(conn))
+                if !st.ps.is_datagram() =>
+            {
+                let d = self.cm().device(dev)?;
+                match d.svc.with(|c, now| c.disconnect(now, conn, &[])) {
+                    Ok(()) => Ok(true),
+                    // Already gone from the CM (time-wait over).
+                    Err(_) => {
+                        st.phase = Phase::Disconnected;
+                        Ok(false)
+                    }
+                }
+            }
+            (Phase::Established | Phase::Accepting | Phase::RepRcvd, ..) => Ok(false),
+            _ => Err(errno(libc::EINVAL)),
+        }
+    }
+
+    /// `rdma_migrate_id`: its events (queued ones too) go to `to`.
+    pub fn migrate(&self, to: &EventChannel) {
+        let from = std::mem::replace(
+            &mut *self.inner.channel.lock().unwrap_or_else(|e| e.into_inner()),
+            to.clone(),
+        );
+        from.move_events(self, to);
+    }
+
+    /// `rdma_destroy_id`: releases its connection, listen and port; its
+    /// queued events are dropped. Calls on it fail with EINVAL after.
+    pub fn destroy(&self) {
+        let cm = self.cm();
+        let (dev, conn, ps, port, listening) = {
+            let mut st = self.lock();
+            if st.phase == Phase::Destroyed {
+                return;
+            }
+            let v = (
+                st.dev,
+                st.conn.take(),
+                st.ps,
+                st.port_held.take(),
+                st.phase == Phase::Listening,
+            );
+            st.phase = Phase::Destroyed;
+            v
+        };
+        if let (Some(dev), Some(conn)) = (dev, conn) {
+            cm.unregister_conn(dev, conn);
+            if let Ok(d) = cm.device(dev) {
+                d.svc.with(|c, now| c.release(now, conn));
+            }
+        }
+        if listening {
+            self.unlisten();
+        }
+        if let Some(port) = port {
+            cm.release_port(ps, port);
+        }
+        self.set_qp(None);
+        self.channel().discard(self);
+    }
+
+    /// Moves the QP through INIT (again, for the access flags), RTR and
+    /// RTS with the agreed values, in one trip to the engine.
+    pub(super) fn ready_qp(&self, st: &State) -> io::Result<()> {
+        let Some(qp) = self.qp() else { return Ok(()) };
+        let plan = st.plan(qp.qp_type());
+        let steps = [QpState::Init, QpState::Rtr, QpState::Rts]
+            .into_iter()
+            .map(|s| attr_for(&plan, s))
+            .collect::<io::Result<Vec<_>>>()?;
+        qp.modify(&steps)
+    }
+
+    /// The QP to ERROR (its work requests flush).
+    pub(super) fn qp_to_error(&self) {
+        if let Some(qp) = self.qp() {
+            let a = CmQpAttr {
+                attr: crate::QpAttr {
+                    state: Some(QpState::Err),
+                    ..Default::default()
+                },
+                av: None,
+            };
+            let _ = qp.modify(&[a]);
+        }
+    }
+}

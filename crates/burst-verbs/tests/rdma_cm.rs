@@ -1,0 +1,273 @@
+//! rdma_cm in Rust between two engines on loopback addresses, each with
+//! its own [`RdmaCm`]: resolve, connect with private data, accept, a SEND
+//! over the connected QPs, disconnect on both sides; a REQ for a port
+//! nobody listens on, a consumer reject with private data; UD through
+//! SIDR; and the errors of calls made out of turn.
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::{Duration, Instant};
+
+use burst_verbs::engine::{CompletionQueue, Context, Engine, QueuePair};
+use burst_verbs::rdma_cm::{
+    CmEvent, CmEventKind, CmId, ConnParam, EventChannel, EventParam, PortSpace, RdmaCm,
+};
+use burst_verbs::{Access, Mtu, QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus};
+
+struct Side {
+    _engine: Engine,
+    ctx: Context,
+    cm: RdmaCm,
+    ch: EventChannel,
+    ip: IpAddr,
+}
+
+fn side(ip: &str) -> Side {
+    let ip: IpAddr = ip.parse().unwrap();
+    let engine = Engine::start(ip, Mtu::Mtu1024).unwrap();
+    let ctx = engine.context();
+    let opened = ctx.clone();
+    let cm = RdmaCm::new(vec![ip], Box::new(move |_| Ok(opened.clone())));
+    Side {
+        _engine: engine,
+        ctx,
+        cm,
+        ch: EventChannel::new().unwrap(),
+        ip,
+    }
+}
+
+/// The channel's next event, within 10 s.
+fn next(ch: &EventChannel) -> CmEvent {
+    let mut p = libc::pollfd {
+        fd: ch.as_fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+    assert_eq!(n, 1, "a CM event within 10 s");
+    ch.get_event().unwrap()
+}
+
+fn expect(ch: &EventChannel, kind: CmEventKind) -> CmEvent {
+    let e = next(ch);
+    assert_eq!(e.kind, kind, "{e:?}");
+    e
+}
+
+fn conn_data(e: &CmEvent) -> Vec<u8> {
+    match &e.param {
+        EventParam::Conn(p) => p.private_data.clone(),
+        p => panic!("no connection parameters: {p:?}"),
+    }
+}
+
+/// A QP of `qp_type` on `id`'s device with one CQ and a receive posted
+/// into `buf`.
+fn qp_on(id: &CmId, qp_type: QpType, buf: &mut [u8]) -> (QueuePair, CompletionQueue, u32) {
+    let ctx = id.context().expect("the id is on a device");
+    let pd = ctx.alloc_pd();
+    // SAFETY: `buf` outlives the QP (the test keeps it to the end).
+    let mr = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }.unwrap();
+    let cq = ctx.cq(ctx.create_cq(16)).unwrap();
+    let mut init = QpInit::new(qp_type, pd);
+    init.caps.max_send_wr = 8;
+    init.caps.max_recv_wr = 8;
+    let qp = id.create_qp(&init, &cq, &cq).unwrap();
+    let sge = Sge {
+        addr: mr.addr,
+        length: buf.len() as u32,
+        lkey: mr.lkey,
+    };
+    qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sg_list: [sge].into(),
+    })
+    .unwrap();
+    (qp, cq, mr.lkey)
+}
+
+fn poll(cq: &CompletionQueue) -> burst_verbs::WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(wc) = cq.poll() {
+            return wc;
+        }
+        assert!(Instant::now() < deadline, "a completion within 10 s");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn rc_connection_set_up_used_and_torn_down_through_rdma_cm() {
+    let a = side("127.0.94.1");
+    let b = side("127.0.94.2");
+    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
+    listener.listen().unwrap();
+    assert_eq!(
+        listener.listen().unwrap_err().raw_os_error(),
+        Some(libc::EINVAL),
+        "listening twice"
+    );
+
+    let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
+    assert_eq!(
+        id.connect(None).unwrap_err().raw_os_error(),
+        Some(libc::EINVAL),
+        "connect before the route is resolved"
+    );
+    id.resolve_addr(None, SocketAddr::new(b.ip, 7000)).unwrap();
+    expect(&a.ch, CmEventKind::AddrResolved);
+    let route = id.route();
+    assert_eq!(route.src.map(|s| s.ip()), Some(a.ip));
+    assert_eq!(route.dgid, burst_verbs::gid_of(b.ip));
+    assert_eq!(route.sgid, a.ctx.gid());
+    id.resolve_route().unwrap();
+    expect(&a.ch, CmEventKind::RouteResolved);
+    let mut abuf = vec![0u8; 64];
+    let (aqp, acq, alkey) = qp_on(&id, QpType::Rc, &mut abuf);
+    let ask = ConnParam {
+        private_data: b"hello".to_vec(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..ConnParam::default()
+    };
+    id.connect(Some(&ask)).unwrap();
+
+    let req = expect(&b.ch, CmEventKind::ConnectRequest);
+    assert_eq!(req.listen_id.as_ref(), Some(&listener));
+    assert_ne!(req.id, listener, "a request comes on a new id");
+    assert_eq!(&conn_data(&req)[..5], b"hello");
+    let child = req.id;
+    assert_eq!(child.route().dst.map(|d| d.ip()), Some(a.ip));
+    let mut bbuf = vec![0u8; 64];
+    let (_bqp, bcq, _) = qp_on(&child, QpType::Rc, &mut bbuf);
+    let rtr = child.qp_attr(QpState::Rtr).unwrap();
+    assert_eq!(rtr.attr.dest_qpn, Some(aqp.qpn()), "the REQ's QPN");
+    child
+        .accept(Some(&ConnParam {
+            private_data: b"welcome".to_vec(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            ..ConnParam::default()
+        }))
+        .unwrap();
+    let est = expect(&a.ch, CmEventKind::Established);
+    assert_eq!(&conn_data(&est)[..7], b"welcome");
+    expect(&b.ch, CmEventKind::Established);
+
+    // The QPs are connected: a SEND arrives.
+    abuf[..4].copy_from_slice(b"ping");
+    let sge = Sge {
+        addr: abuf.as_ptr() as u64,
+        length: 4,
+        lkey: alkey,
+    };
+    aqp.post_send(&SendWr::new(9, SendOp::Send, [sge])).unwrap();
+    let wc = poll(&bcq);
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    assert_eq!(wc.byte_len, 4);
+    assert_eq!(&bbuf[..4], b"ping");
+    assert_eq!(poll(&acq).status, WcStatus::Success);
+
+    assert!(id.disconnect().unwrap(), "a DREQ left");
+    expect(&a.ch, CmEventKind::Disconnected);
+    expect(&b.ch, CmEventKind::Disconnected);
+    child.destroy();
+    id.destroy();
+    assert_eq!(
+        id.resolve_route().unwrap_err().raw_os_error(),
+        Some(libc::EINVAL),
+        "a destroyed id"
+    );
+    listener.destroy();
+}
+
+#[test]
+fn rejections_reach_the_active_side_with_reason_and_private_data() {
+    let a = side("127.0.94.3");
+    let b = side("127.0.94.4");
+    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
+    listener.listen().unwrap();
+    let mut abuf = vec![0u8; 64];
+    let connect = |port: u16, buf: &mut [u8]| {
+        let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
+        id.resolve_addr(None, SocketAddr::new(b.ip, port)).unwrap();
+        expect(&a.ch, CmEventKind::AddrResolved);
+        id.resolve_route().unwrap();
+        expect(&a.ch, CmEventKind::RouteResolved);
+        let _ = qp_on(&id, QpType::Rc, buf);
+        id.connect(None).unwrap();
+        id
+    };
+
+    // Nobody listens on 7001: rejected by the CM (invalid service ID, 8).
+    let lost = connect(7001, &mut abuf);
+    let rej = expect(&a.ch, CmEventKind::Rejected);
+    assert_eq!((rej.id, rej.status), (lost, 8));
+
+    // The listener's application says no, with a reason of its own.
+    let _id = connect(7000, &mut abuf);
+    let req = expect(&b.ch, CmEventKind::ConnectRequest);
+    req.id.reject(b"full").unwrap();
+    assert_eq!(
+        req.id.accept(None).unwrap_err().raw_os_error(),
+        Some(libc::EINVAL),
+        "accepting a rejected request"
+    );
+    let rej = expect(&a.ch, CmEventKind::Rejected);
+    assert_eq!(rej.status, 28, "consumer reject");
+    assert_eq!(&conn_data(&rej)[..4], b"full");
+    assert!(
+        req.id.reject(&[0; 149]).is_err(),
+        "more private data than a REJ carries"
+    );
+}
+
+#[test]
+fn ud_peers_find_each_other_through_sidr() {
+    let a = side("127.0.94.5");
+    let b = side("127.0.94.6");
+    let listener = b.cm.create_id(&b.ch, PortSpace::Udp);
+    assert_eq!(listener.qp_type(), QpType::Ud);
+    listener.bind_addr(SocketAddr::new(b.ip, 7002)).unwrap();
+    listener.listen().unwrap();
+
+    let id = a.cm.create_id(&a.ch, PortSpace::Udp);
+    id.resolve_addr(None, SocketAddr::new(b.ip, 7002)).unwrap();
+    expect(&a.ch, CmEventKind::AddrResolved);
+    id.resolve_route().unwrap();
+    expect(&a.ch, CmEventKind::RouteResolved);
+    let mut abuf = vec![0u8; 64];
+    let _ = qp_on(&id, QpType::Ud, &mut abuf);
+    id.connect(Some(&ConnParam {
+        private_data: b"udp?".to_vec(),
+        ..ConnParam::default()
+    }))
+    .unwrap();
+
+    let req = expect(&b.ch, CmEventKind::ConnectRequest);
+    match &req.param {
+        EventParam::Ud(u) => assert_eq!(&u.private_data[..4], b"udp?"),
+        p => panic!("{p:?}"),
+    }
+    let mut bbuf = vec![0u8; 64];
+    let (bqp, _, _) = qp_on(&req.id, QpType::Ud, &mut bbuf);
+    req.id.accept(None).unwrap();
+
+    let est = expect(&a.ch, CmEventKind::Established);
+    match &est.param {
+        EventParam::Ud(u) => {
+            assert_eq!(u.qp_num, bqp.qpn().value());
+            assert_eq!(u.av.dgid, burst_verbs::gid_of(b.ip));
+            assert_ne!(u.qkey, 0);
+        }
+        p => panic!("{p:?}"),
+    }
+}
