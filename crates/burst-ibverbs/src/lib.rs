@@ -15,7 +15,7 @@
 //! (`cargo xtask dropin` does the first four lines.) Every public symbol of
 //! rdma-core 44's libibverbs and librdmacm is exported with its version;
 //! what burst implements is backed by burst-verbs' engine (and, for
-//! librdmacm, burst-cm over QP1: see `docs/cm.md`), the rest fails cleanly
+//! librdmacm, burst-verbs' `rdma_cm`: see `docs/cm.md`), the rest fails cleanly
 //! with EOPNOTSUPP (verbs) or ENOSYS (multicast, ECE, rsockets). Devices
 //! come from `burst_verbs::config` (`BURST_ADDR`, `BURST_IFACE`, a config
 //! file); `BURST_LOG` sets the log level.

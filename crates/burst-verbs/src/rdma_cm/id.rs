@@ -5,16 +5,16 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use burst_cm::rdma::{self as cma, CmaHeader, PortSpace};
-use burst_cm::{reason, sidr_status, CmSidrRep, CmSidrReq, ConnId};
+use burst_cm::rdma::{CmaHeader, PortSpace};
+use burst_cm::ConnId;
 
-use super::qp::{attr_for, Negotiated, QpPlan, DEFAULT_ACK_TIMEOUT};
+use super::qp::{attr_for, Negotiated, QpPlan};
 use super::{
-    addr, errno, AddressVector, CmEvent, CmEventKind, CmQp, CmQpAttr, ConnParam, Device,
-    EventChannel, EventParam, Shared,
+    addr, errno, AddressVector, CmEvent, CmEventKind, CmQp, CmQpAttr, Device, EventChannel,
+    EventParam, Shared,
 };
 use crate::engine::{CompletionQueue, QueuePair};
-use crate::{gid_of, Mtu, Psn, QpInit, QpState, QpType, Qpn};
+use crate::{gid_of, Mtu, QpInit, QpState, QpType};
 
 /// Where an id is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,28 +141,6 @@ pub struct Route {
     pub mtu: Option<Mtu>,
 }
 
-/// 0xff means "the device's maximum"; anything above it is refused.
-fn resources(v: u8, max: u8) -> io::Result<u8> {
-    match v {
-        0xff => Ok(max),
-        v if v <= max => Ok(v),
-        _ => Err(errno(libc::EINVAL)),
-    }
-}
-
-/// The caller's private data, checked against what the message carries.
-fn private_data(data: &[u8], max: usize) -> io::Result<&[u8]> {
-    if data.len() > max {
-        tracing::warn!(
-            len = data.len(),
-            max,
-            "private data longer than the message carries"
-        );
-        return Err(errno(libc::EINVAL));
-    }
-    Ok(data)
-}
-
 pub(super) fn random_psn() -> u32 {
     let mut b = [0u8; 4];
     let _ = getrandom::fill(&mut b);
@@ -231,7 +209,7 @@ impl CmId {
         self.inner.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn cm(&self) -> &Arc<Shared> {
+    pub(super) fn cm(&self) -> &Arc<Shared> {
         &self.inner.cm
     }
 
@@ -532,276 +510,6 @@ impl CmId {
         }
         self.post(CmEventKind::RouteResolved, 0, None, EventParam::None);
         Ok(())
-    }
-
-    /// `rdma_connect`: a REQ (a SIDR_REQ for UD) to the resolved peer;
-    /// `None` asks for no READ resources and the most retries.
-    pub fn connect(&self, p: Option<&ConnParam>) -> io::Result<()> {
-        let cm = self.cm();
-        let mut st = self.lock();
-        if st.phase != Phase::RouteResolved {
-            return Err(errno(libc::EINVAL));
-        }
-        let (Some(dev), Some(src), Some(dst), Some(peer)) = (st.dev, st.src, st.dst, st.peer)
-        else {
-            return Err(errno(libc::EINVAL));
-        };
-        let d = cm.device(dev)?;
-        let max = if st.ps.is_datagram() {
-            cma::SIDR_REQ_PRIVATE_DATA
-        } else {
-            cma::REQ_PRIVATE_DATA
-        };
-        let user = private_data(p.map_or(&[][..], |p| &p.private_data), max)?;
-        let hdr = CmaHeader { src, dst: dst.ip() };
-        let service_id = st.ps.service_id(dst.port());
-        if st.ps.is_datagram() {
-            let mut req = CmSidrReq {
-                request_id: 0,
-                pkey: 0xffff,
-                service_id,
-                private_data: [0; 216],
-            };
-            hdr.emit(&mut req.private_data);
-            req.private_data[cma::CMA_HEADER_LEN..][..user.len()].copy_from_slice(user);
-            let conn = d
-                .svc
-                .with(|c, now| c.sidr_request(now, peer, req))
-                .map_err(|e| errno(e.errno()))?;
-            st.conn = Some(conn);
-            st.phase = Phase::Connecting;
-            cm.register_conn(dev, conn, self);
-            return Ok(());
-        }
-        let qp = self.qp();
-        let qpn = match (&qp, p) {
-            (Some(qp), _) => qp.qpn().value(),
-            (None, Some(p)) if p.qp_num != 0 => p.qp_num,
-            _ => return Err(errno(libc::EINVAL)),
-        };
-        let (rr, depth) = match p {
-            Some(p) => (
-                resources(p.responder_resources, d.max_rd_atomic)?,
-                resources(p.initiator_depth, d.max_rd_atomic)?,
-            ),
-            None => (0, 0),
-        };
-        let my_psn = random_psn();
-        let mut req = burst_cm::req_template(
-            service_id,
-            Qpn::new(qpn).ok_or_else(|| errno(libc::EINVAL))?,
-            Psn::new(my_psn),
-        );
-        req.responder_resources = rr;
-        req.initiator_depth = depth;
-        req.retry_count = p.map_or(7, |p| p.retry_count.min(7));
-        req.rnr_retry_count = p.map_or(7, |p| p.rnr_retry_count.min(7));
-        req.end_to_end_flow_control = p.is_none_or(|p| p.flow_control);
-        req.srq = p.is_some_and(|p| p.srq);
-        if qp.as_ref().is_some_and(|q| q.qp_type() == QpType::Uc) {
-            req.transport = burst_cm::CmTransport::Uc;
-        }
-        req.path_mtu = d.mtu;
-        let ack_timeout = st.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
-        req.primary_path.local_ack_timeout = ack_timeout;
-        req.primary_path.local_gid = d.gid;
-        req.primary_path.remote_gid = gid_of(peer);
-        hdr.emit(&mut req.private_data);
-        req.private_data[cma::CMA_HEADER_LEN..][..user.len()].copy_from_slice(user);
-        st.neg = Negotiated {
-            my_psn,
-            mtu: d.mtu,
-            responder_resources: rr,
-            initiator_depth: depth,
-            retry_count: req.retry_count,
-            rnr_retry_count: req.rnr_retry_count,
-            ack_timeout,
-            ..Negotiated::default()
-        };
-        st.phase = Phase::Connecting;
-        // Registered before the REQ leaves: the reply may beat this call's return.
-        let conn = d.svc.with(|c, now| {
-            let r = c.connect(now, peer, req);
-            if let Ok(conn) = r {
-                cm.register_conn(dev, conn, self);
-            }
-            r
-        });
-        match conn {
-            Ok(c) => {
-                st.conn = Some(c);
-                Ok(())
-            }
-            Err(e) => {
-                st.phase = Phase::RouteResolved;
-                Err(errno(e.errno()))
-            }
-        }
-    }
-
-    /// `rdma_accept` on a request's id: the QP made ready and a REP (a
-    /// SIDR_REP for UD); `None` keeps what the request asked for.
-    pub fn accept(&self, p: Option<&ConnParam>) -> io::Result<()> {
-        let cm = self.cm();
-        let mut st = self.lock();
-        if st.phase != Phase::RequestRcvd {
-            return Err(errno(libc::EINVAL));
-        }
-        let (Some(dev), Some(conn)) = (st.dev, st.conn) else {
-            return Err(errno(libc::EINVAL));
-        };
-        let d = cm.device(dev)?;
-        let qp = self.qp();
-        let qpn = match (&qp, p) {
-            (Some(qp), _) => qp.qpn().value(),
-            (None, Some(p)) if p.qp_num != 0 => p.qp_num,
-            _ => return Err(errno(libc::EINVAL)),
-        };
-        let qpn = Qpn::new(qpn).ok_or_else(|| errno(libc::EINVAL))?;
-        if st.ps.is_datagram() {
-            let user = private_data(
-                p.map_or(&[][..], |p| &p.private_data),
-                cma::SIDR_REP_PRIVATE_DATA,
-            )?;
-            let mut rep = CmSidrRep {
-                request_id: 0,
-                status: sidr_status::OK,
-                add_info_length: 0,
-                qpn,
-                service_id: 0,
-                qkey: cma::RDMA_UDP_QKEY,
-                class_port_info: [0; 72],
-                private_data: [0; 136],
-            };
-            rep.private_data[..user.len()].copy_from_slice(user);
-            if let Some(sid) = st.src.map(|s| st.ps.service_id(s.port())) {
-                rep.service_id = sid;
-            }
-            d.svc
-                .with(|c, now| c.sidr_reply(now, conn, rep))
-                .map_err(|e| errno(e.errno()))?;
-            cm.unregister_conn(dev, conn);
-            st.conn = None;
-            st.phase = Phase::Established;
-            return Ok(());
-        }
-        // The request's values were stored, swapped, at the request.
-        if let Some(p) = p {
-            if p.responder_resources != 0xff {
-                st.neg.responder_resources = resources(p.responder_resources, d.max_rd_atomic)?;
-            }
-            if p.initiator_depth != 0xff {
-                st.neg.initiator_depth = resources(p.initiator_depth, d.max_rd_atomic)?;
-            }
-        }
-        let user = private_data(
-            p.map_or(&[][..], |p| &p.private_data),
-            cma::REP_PRIVATE_DATA,
-        )?;
-        st.phase = Phase::Accepting;
-        if let Err(e) = self.ready_qp(&st) {
-            st.phase = Phase::RequestRcvd;
-            tracing::warn!("rdma_accept: the QP could not be made ready: {e}");
-            return Err(e);
-        }
-        let mut rep = burst_cm::rep_template(qpn, Psn::new(st.neg.my_psn));
-        rep.responder_resources = st.neg.responder_resources;
-        rep.initiator_depth = st.neg.initiator_depth;
-        rep.rnr_retry_count = p.map_or(7, |p| p.rnr_retry_count.min(7));
-        rep.end_to_end_flow_control = p.is_none_or(|p| p.flow_control);
-        rep.srq = p.is_some_and(|p| p.srq);
-        rep.private_data[..user.len()].copy_from_slice(user);
-        d.svc
-            .with(|c, now| c.accept(now, conn, rep))
-            .map_err(|e| errno(e.errno()))
-    }
-
-    /// `rdma_reject` on a request's id: a REJ (consumer reason) or a
-    /// SIDR_REP with status REJECT, carrying `private_data`.
-    pub fn reject(&self, private: &[u8]) -> io::Result<()> {
-        let cm = self.cm();
-        let mut st = self.lock();
-        let (Some(dev), Some(conn), Phase::RequestRcvd) = (st.dev, st.conn, st.phase) else {
-            return Err(errno(libc::EINVAL));
-        };
-        let d = cm.device(dev)?;
-        let r = if st.ps.is_datagram() {
-            let pd = private_data(private, cma::SIDR_REP_PRIVATE_DATA)?;
-            let mut rep = CmSidrRep {
-                request_id: 0,
-                status: sidr_status::REJECT,
-                add_info_length: 0,
-                qpn: Qpn::from_wire(0),
-                service_id: 0,
-                qkey: 0,
-                class_port_info: [0; 72],
-                private_data: [0; 136],
-            };
-            rep.private_data[..pd.len()].copy_from_slice(pd);
-            d.svc.with(|c, now| c.sidr_reply(now, conn, rep))
-        } else {
-            let pd = private_data(private, cma::REJ_PRIVATE_DATA)?;
-            d.svc.with(|c, _| c.reject(conn, reason::CONSUMER, pd))
-        };
-        cm.unregister_conn(dev, conn);
-        st.conn = None;
-        st.phase = Phase::Disconnected;
-        r.map_err(|e| errno(e.errno()))
-    }
-
-    /// `rdma_establish`: the active side without a QP (it got
-    /// [`CmEventKind::ConnectResponse`] and readied its own) sends the RTU.
-    pub fn establish(&self) -> io::Result<()> {
-        if self.qp().is_some() {
-            return Err(errno(libc::EINVAL));
-        }
-        let mut st = self.lock();
-        let (Some(dev), Some(conn), Phase::RepRcvd) = (st.dev, st.conn, st.phase) else {
-            return Err(errno(libc::EINVAL));
-        };
-        let d = self.cm().device(dev)?;
-        d.svc
-            .with(|c, now| c.establish(now, conn))
-            .map_err(|e| errno(e.errno()))?;
-        st.phase = Phase::Established;
-        Ok(())
-    }
-
-    /// `rdma_notify`: the passive side saw traffic before the RTU; the
-    /// connection is established (ESTABLISHED follows).
-    pub fn notify(&self) {
-        let st = self.lock();
-        if let (Some(dev), Some(conn), Phase::Accepting) = (st.dev, st.conn, st.phase) {
-            if let Ok(d) = self.cm().device(dev) {
-                let _ = d.svc.with(|c, now| c.establish(now, conn));
-            }
-        }
-    }
-
-    /// `rdma_disconnect`: the QP to ERROR (its work flushes) and a DREQ;
-    /// returns whether a DREQ left (a [`CmEventKind::Disconnected`]
-    /// follows).
-    pub fn disconnect(&self) -> io::Result<bool> {
-        self.qp_to_error();
-        let mut st = self.lock();
-        match (st.phase, st.dev, st.conn) {
-            (Phase::Disconnected, ..) => Ok(false),
-            (Phase::Established | Phase::Accepting | Phase::RepRcvd, Some(dev), Some(conn))
-                if !st.ps.is_datagram() =>
-            {
-                let d = self.cm().device(dev)?;
-                match d.svc.with(|c, now| c.disconnect(now, conn, &[])) {
-                    Ok(()) => Ok(true),
-                    // Already gone from the CM (time-wait over).
-                    Err(_) => {
-                        st.phase = Phase::Disconnected;
-                        Ok(false)
-                    }
-                }
-            }
-            (Phase::Established | Phase::Accepting | Phase::RepRcvd, ..) => Ok(false),
-            _ => Err(errno(libc::EINVAL)),
-        }
     }
 
     /// `rdma_migrate_id`: its events (queued ones too) go to `to`.

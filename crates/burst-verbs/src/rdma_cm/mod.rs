@@ -4,7 +4,7 @@
 //! rdma-core's structs onto this module.
 //!
 //! - [`RdmaCm`]: a process's rdma_cm: its devices (each with a
-//!   [`CmService`](crate::cm::CmService) on QP1), listens, connections and
+//!   [`crate::cm::CmService`] on QP1), listens, connections and
 //!   ports.
 //! - [`EventChannel`]: where an id's [`CmEvent`]s queue, with a pollable
 //!   descriptor (one count per event).
@@ -35,6 +35,7 @@
 
 mod addr;
 mod channel;
+mod conn;
 mod events;
 mod id;
 mod qp;
@@ -131,19 +132,24 @@ impl RdmaCm {
                 }
             };
         }
-        let devices = config.devices.clone();
+        RdmaCm::with_devices(config.devices.clone())
+    }
+
+    /// An rdma_cm over embedded engines for `devices`, each started on
+    /// first use and running as long as the rdma_cm.
+    pub fn with_devices(devices: Vec<crate::config::DeviceConfig>) -> RdmaCm {
         let addrs = devices.iter().map(|d| d.addr).collect();
         let engines: Mutex<Vec<Engine>> = Mutex::new(Vec::new());
         RdmaCm::new(
             addrs,
             Box::new(move |i| {
                 let cfg = devices.get(i).ok_or(io::ErrorKind::NotFound)?;
-                let (engine, ctx) = crate::engine::open_device(cfg)?;
-                // The engine runs as long as the rdma_cm does.
+                let engine = Engine::start_config(cfg)?;
+                let ctx = engine.context();
                 engines
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .extend(engine);
+                    .push(engine);
                 Ok(ctx)
             }),
         )
