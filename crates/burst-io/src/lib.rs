@@ -123,72 +123,53 @@ pub struct RxMeta {
     pub dest: Option<IpAddr>,
 }
 
-/// What a port counted of the frames it moved (whole-frame ports; a UDP
-/// socket leaves these at 0: the kernel filters for it).
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PortCounters {
-    /// Frames received from the link.
-    pub rx_frames: u64,
-    /// Frames that were not RoCEv2 (not IP, not UDP, not port 4791,
-    /// fragments), dropped.
-    pub rx_not_roce: u64,
-    /// Frames for another MAC or IP address, dropped.
-    pub rx_not_ours: u64,
-    /// RoCEv2 frames that were truncated or malformed (bad lengths, IP
-    /// checksum, BTH), dropped.
-    pub rx_malformed: u64,
-    /// RoCEv2 frames whose ICRC did not verify, dropped.
-    pub rx_bad_icrc: u64,
-    /// Frames sent.
-    pub tx_frames: u64,
-    /// Packets that could not be framed (no room, mixed families), dropped.
-    pub tx_errors: u64,
-    /// Packets held while their peer's MAC was resolved.
-    pub tx_held: u64,
-    /// Packets dropped because their peer's MAC did not resolve in time
-    /// (or too many waited).
-    pub tx_unresolved: u64,
-    /// Neighbour resolutions started.
-    pub resolutions: u64,
-    /// Neighbours resolved.
-    pub resolved: u64,
-    /// Resolutions that could not be asked for (netlink errors, IPv6
-    /// without a kernel to ask).
-    pub resolve_errors: u64,
-    /// ARP packets and IPv6 neighbour solicitations/advertisements received
-    /// (ports that own their link).
-    pub arp_received: u64,
-    /// ARP requests (IPv6: neighbour solicitations) sent.
-    pub arp_requests: u64,
-    /// ARP replies (IPv6: neighbour advertisements) sent.
-    pub arp_replies: u64,
-    /// Frames the kernel-side steering (AF_XDP's XDP program) handed to
-    /// the default lane because no lane had claimed their QPN.
-    pub steered_unknown_qpn: u64,
-    /// RoCE frames a lane received for another lane's QP and handed over
-    /// (links whose queues do not steer by QPN).
-    pub rx_handed_off: u64,
-}
-
-impl PortCounters {
-    /// Adds `o`, field by field (the ports of a device's lanes).
-    pub fn add(&mut self, o: &PortCounters) {
-        self.rx_frames += o.rx_frames;
-        self.rx_not_roce += o.rx_not_roce;
-        self.rx_not_ours += o.rx_not_ours;
-        self.rx_malformed += o.rx_malformed;
-        self.rx_bad_icrc += o.rx_bad_icrc;
-        self.tx_frames += o.tx_frames;
-        self.tx_errors += o.tx_errors;
-        self.tx_held += o.tx_held;
-        self.tx_unresolved += o.tx_unresolved;
-        self.resolutions += o.resolutions;
-        self.resolved += o.resolved;
-        self.resolve_errors += o.resolve_errors;
-        self.arp_received += o.arp_received;
-        self.arp_requests += o.arp_requests;
-        self.arp_replies += o.arp_replies;
+burst_wire::counters! {
+    /// What a port counted of the frames it moved (whole-frame ports; a UDP
+    /// socket leaves these at 0: the kernel filters for it).
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct PortCounters {
+        /// Frames received from the link.
+        pub rx_frames: u64,
+        /// Frames that were not RoCEv2 (not IP, not UDP, not port 4791,
+        /// fragments), dropped.
+        pub rx_not_roce: u64,
+        /// Frames for another MAC or IP address, dropped.
+        pub rx_not_ours: u64,
+        /// RoCEv2 frames that were truncated or malformed (bad lengths, IP
+        /// checksum, BTH), dropped.
+        pub rx_malformed: u64,
+        /// RoCEv2 frames whose ICRC did not verify, dropped.
+        pub rx_bad_icrc: u64,
+        /// Frames sent.
+        pub tx_frames: u64,
+        /// Packets that could not be framed (no room, mixed families), dropped.
+        pub tx_errors: u64,
+        /// Packets held while their peer's MAC was resolved.
+        pub tx_held: u64,
+        /// Packets dropped because their peer's MAC did not resolve in time
+        /// (or too many waited).
+        pub tx_unresolved: u64,
+        /// Neighbour resolutions started.
+        pub resolutions: u64,
+        /// Neighbours resolved.
+        pub resolved: u64,
+        /// Resolutions that could not be asked for (netlink errors, IPv6
+        /// without a kernel to ask).
+        pub resolve_errors: u64,
+        /// ARP packets and IPv6 neighbour solicitations/advertisements received
+        /// (ports that own their link).
+        pub arp_received: u64,
+        /// ARP requests (IPv6: neighbour solicitations) sent.
+        pub arp_requests: u64,
+        /// ARP replies (IPv6: neighbour advertisements) sent.
+        pub arp_replies: u64,
+        /// Frames the kernel-side steering (AF_XDP's XDP program) handed to
+        /// the default lane because no lane had claimed their QPN.
+        pub steered_unknown_qpn: u64,
+        /// RoCE frames a lane received for another lane's QP and handed over
+        /// (links whose queues do not steer by QPN).
+        pub rx_handed_off: u64,
     }
 }
 

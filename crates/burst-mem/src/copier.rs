@@ -36,46 +36,32 @@ pub enum CpuMode {
     Plain,
 }
 
-/// What a [`Copier`] did.
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CopierCounters {
-    /// Copies handed to the offload backend (jobs).
-    pub offloaded: u64,
-    /// Bytes of those jobs.
-    pub offloaded_bytes: u64,
-    /// Bytes copied by the CPU at once.
-    pub cpu_bytes: u64,
-    /// Bytes gathered with their CRC computed in the same pass.
-    pub fused_bytes: u64,
-    /// Jobs the backend failed that the CPU copied again.
-    pub redone: u64,
-    /// Drains that had copies to wait for.
-    pub drains: u64,
-    /// Drains forced by a copy onto a pending copy's destination.
-    pub overlaps: u64,
-    /// The backend's jobs it finished on the CPU (too small to offload,
-    /// or the rest after a page fault).
-    pub backend_fallbacks: u64,
-    /// Page faults the backend reported.
-    pub backend_faults: u64,
-    /// Jobs the backend failed.
-    pub backend_errors: u64,
-}
-
-impl CopierCounters {
-    /// Adds `o` (another engine thread's).
-    pub fn add(&mut self, o: &CopierCounters) {
-        self.offloaded += o.offloaded;
-        self.offloaded_bytes += o.offloaded_bytes;
-        self.cpu_bytes += o.cpu_bytes;
-        self.fused_bytes += o.fused_bytes;
-        self.redone += o.redone;
-        self.drains += o.drains;
-        self.overlaps += o.overlaps;
-        self.backend_fallbacks += o.backend_fallbacks;
-        self.backend_faults += o.backend_faults;
-        self.backend_errors += o.backend_errors;
+burst_wire::counters! {
+    /// What a [`Copier`] did.
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct CopierCounters {
+        /// Copies handed to the offload backend (jobs).
+        pub offloaded: u64,
+        /// Bytes of those jobs.
+        pub offloaded_bytes: u64,
+        /// Bytes copied by the CPU at once.
+        pub cpu_bytes: u64,
+        /// Bytes gathered with their CRC computed in the same pass.
+        pub fused_bytes: u64,
+        /// Jobs the backend failed that the CPU copied again.
+        pub redone: u64,
+        /// Drains that had copies to wait for.
+        pub drains: u64,
+        /// Drains forced by a copy onto a pending copy's destination.
+        pub overlaps: u64,
+        /// The backend's jobs it finished on the CPU (too small to offload,
+        /// or the rest after a page fault).
+        pub backend_fallbacks: u64,
+        /// Page faults the backend reported.
+        pub backend_faults: u64,
+        /// Jobs the backend failed.
+        pub backend_errors: u64,
     }
 }
 

@@ -1,75 +1,51 @@
 //! Per-QP counters, named after the kernel RXE driver's hw counters where one exists.
 
-/// Counters of one QP.
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Packets handed to the caller for transmission.
-    pub sent_pkts: u64,
-    /// Packets received for this QP.
-    pub rcvd_pkts: u64,
-    /// Payload bytes handed out for transmission (headers excluded).
-    pub sent_bytes: u64,
-    /// Payload bytes received (headers excluded).
-    pub rcvd_bytes: u64,
-    /// Duplicate requests seen by the responder.
-    pub duplicate_request: u64,
-    /// Requests ahead of the expected PSN.
-    pub out_of_seq_request: u64,
-    /// RNR NAKs received.
-    pub rcvd_rnr_err: u64,
-    /// RNR NAKs sent.
-    pub send_rnr_err: u64,
-    /// PSN sequence error NAKs received (and read response gaps seen).
-    pub rcvd_seq_err: u64,
-    /// Transport retries exhausted.
-    pub retry_exceeded_err: u64,
-    /// RNR retries exhausted.
-    pub retry_rnr_exceeded_err: u64,
-    /// Local ACK timeouts.
-    pub completer_retry_err: u64,
-    /// Error NAKs sent (remote access, invalid request, operational).
-    pub send_err: u64,
-    /// PSN sequence error NAKs sent (burst's name; RXE counts only
-    /// `out_of_seq_request`).
-    pub send_seq_nak: u64,
-    /// Error NAKs received (remote access, invalid request, operational).
-    pub rcvd_err_nak: u64,
-    /// Messages received by SEND.
-    pub rdma_recvs: u64,
-    /// Go-back-N retransmissions started.
-    pub retransmits_started: u64,
-    /// Retransmitted packets.
-    pub retransmitted_pkts: u64,
-    /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).
-    pub dropped_pkts: u64,
-    /// Duplicate READ or atomic requests not answered: outside the last
-    /// `max_dest_rd_atomic` READ/atomic requests the responder keeps.
-    pub dup_rd_atomic_dropped: u64,
-}
-
-impl Counters {
-    /// Adds `o` field by field (device totals over QPs).
-    pub fn accumulate(&mut self, o: &Counters) {
-        self.sent_pkts += o.sent_pkts;
-        self.rcvd_pkts += o.rcvd_pkts;
-        self.sent_bytes += o.sent_bytes;
-        self.rcvd_bytes += o.rcvd_bytes;
-        self.duplicate_request += o.duplicate_request;
-        self.out_of_seq_request += o.out_of_seq_request;
-        self.rcvd_rnr_err += o.rcvd_rnr_err;
-        self.send_rnr_err += o.send_rnr_err;
-        self.rcvd_seq_err += o.rcvd_seq_err;
-        self.retry_exceeded_err += o.retry_exceeded_err;
-        self.retry_rnr_exceeded_err += o.retry_rnr_exceeded_err;
-        self.completer_retry_err += o.completer_retry_err;
-        self.send_err += o.send_err;
-        self.send_seq_nak += o.send_seq_nak;
-        self.rcvd_err_nak += o.rcvd_err_nak;
-        self.rdma_recvs += o.rdma_recvs;
-        self.retransmits_started += o.retransmits_started;
-        self.retransmitted_pkts += o.retransmitted_pkts;
-        self.dropped_pkts += o.dropped_pkts;
-        self.dup_rd_atomic_dropped += o.dup_rd_atomic_dropped;
+burst_wire::counters! {
+    /// Counters of one QP.
+    #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Counters {
+        /// Packets handed to the caller for transmission.
+        pub sent_pkts: u64,
+        /// Packets received for this QP.
+        pub rcvd_pkts: u64,
+        /// Payload bytes handed out for transmission (headers excluded).
+        pub sent_bytes: u64,
+        /// Payload bytes received (headers excluded).
+        pub rcvd_bytes: u64,
+        /// Duplicate requests seen by the responder.
+        pub duplicate_request: u64,
+        /// Requests ahead of the expected PSN.
+        pub out_of_seq_request: u64,
+        /// RNR NAKs received.
+        pub rcvd_rnr_err: u64,
+        /// RNR NAKs sent.
+        pub send_rnr_err: u64,
+        /// PSN sequence error NAKs received (and read response gaps seen).
+        pub rcvd_seq_err: u64,
+        /// Transport retries exhausted.
+        pub retry_exceeded_err: u64,
+        /// RNR retries exhausted.
+        pub retry_rnr_exceeded_err: u64,
+        /// Local ACK timeouts.
+        pub completer_retry_err: u64,
+        /// Error NAKs sent (remote access, invalid request, operational).
+        pub send_err: u64,
+        /// PSN sequence error NAKs sent (burst's name; RXE counts only
+        /// `out_of_seq_request`).
+        pub send_seq_nak: u64,
+        /// Error NAKs received (remote access, invalid request, operational).
+        pub rcvd_err_nak: u64,
+        /// Messages received by SEND.
+        pub rdma_recvs: u64,
+        /// Go-back-N retransmissions started.
+        pub retransmits_started: u64,
+        /// Retransmitted packets.
+        pub retransmitted_pkts: u64,
+        /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).
+        pub dropped_pkts: u64,
+        /// Duplicate READ or atomic requests not answered: outside the last
+        /// `max_dest_rd_atomic` READ/atomic requests the responder keeps.
+        pub dup_rd_atomic_dropped: u64,
     }
 }

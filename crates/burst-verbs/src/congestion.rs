@@ -26,32 +26,22 @@ fn packet_gap(mtu: u64, rate: Option<u64>) -> u64 {
     rate.map_or(0, |r| mtu.saturating_mul(1_000_000_000) / r.max(1))
 }
 
-/// Congestion-control counters of a device.
-#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CongestionCounters {
-    /// CNPs sent (answers to CE-marked packets).
-    pub cnp_sent: u64,
-    /// CNPs received.
-    pub cnp_rcvd: u64,
-    /// Received packets marked CE (congestion experienced).
-    pub ce_rcvd: u64,
-    /// Cuts of a peer window (NAK-sequence errors, timeouts, CNPs).
-    pub window_cuts: u64,
-    /// Cuts of a DCQCN rate (CNPs).
-    pub rate_cuts: u64,
-    /// Times a QP with requests to send was held back by its window or rate.
-    pub held: u64,
-}
-
-impl CongestionCounters {
-    /// Adds `o`, field by field (a device's lanes).
-    pub fn add(&mut self, o: &CongestionCounters) {
-        self.cnp_sent += o.cnp_sent;
-        self.cnp_rcvd += o.cnp_rcvd;
-        self.ce_rcvd += o.ce_rcvd;
-        self.window_cuts += o.window_cuts;
-        self.rate_cuts += o.rate_cuts;
-        self.held += o.held;
+burst_wire::counters! {
+    /// Congestion-control counters of a device.
+    #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct CongestionCounters {
+        /// CNPs sent (answers to CE-marked packets).
+        pub cnp_sent: u64,
+        /// CNPs received.
+        pub cnp_rcvd: u64,
+        /// Received packets marked CE (congestion experienced).
+        pub ce_rcvd: u64,
+        /// Cuts of a peer window (NAK-sequence errors, timeouts, CNPs).
+        pub window_cuts: u64,
+        /// Cuts of a DCQCN rate (CNPs).
+        pub rate_cuts: u64,
+        /// Times a QP with requests to send was held back by its window or rate.
+        pub held: u64,
     }
 }
 

@@ -69,56 +69,40 @@ pub(crate) use dataplane::{Device, FIRST_QPN};
 
 use burst_io::Port;
 
-/// Device-wide counters (names after RXE's where one exists).
-#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DeviceCounters {
-    /// Packets sent.
-    pub sent_pkts: u64,
-    /// Packets received.
-    pub rcvd_pkts: u64,
-    /// Received packets whose ICRC verified.
-    pub icrc_verified: u64,
-    /// Received packets whose ICRC matched once the sender's IPv4 ID was
-    /// solved for (16-bit strength; RXE and RNICs count IDs).
-    pub icrc_id_solved: u64,
-    /// Received packets whose ICRC could not be checked (too short to hold
-    /// one, or an address family other than the device's).
-    pub icrc_unverified: u64,
-    /// Received packets dropped for a bad ICRC.
-    pub icrc_errors: u64,
-    /// Malformed packets dropped.
-    pub malformed: u64,
-    /// Packets for no QP of this device.
-    pub no_qp: u64,
-    /// The transport counters of every QP, live and destroyed, summed
-    /// (retransmissions, NAKs by kind, RNR events, duplicates, out-of-sequence).
-    pub qps: burst_transport::Counters,
-    /// Congestion control: CNPs, CE marks, window and rate cuts.
-    pub cc: CongestionCounters,
-    /// What the port counted (whole-frame ports: frames not for burst,
-    /// malformed, bad ICRC, neighbour resolution).
-    pub port: burst_io::PortCounters,
-    /// How payload moved: offloaded jobs, CPU and fused bytes, the
-    /// backend's faults and fallbacks ([`config::CopyBackend`]).
-    #[serde(default)]
-    pub copy: burst_mem::CopierCounters,
-}
-
-impl DeviceCounters {
-    /// Adds `o` (the counters of another lane of the device).
-    pub fn add(&mut self, o: &DeviceCounters) {
-        self.sent_pkts += o.sent_pkts;
-        self.rcvd_pkts += o.rcvd_pkts;
-        self.icrc_verified += o.icrc_verified;
-        self.icrc_id_solved += o.icrc_id_solved;
-        self.icrc_unverified += o.icrc_unverified;
-        self.icrc_errors += o.icrc_errors;
-        self.malformed += o.malformed;
-        self.no_qp += o.no_qp;
-        self.qps.accumulate(&o.qps);
-        self.cc.add(&o.cc);
-        self.port.add(&o.port);
-        self.copy.add(&o.copy);
+burst_wire::counters! {
+    /// Device-wide counters (names after RXE's where one exists).
+    #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct DeviceCounters {
+        /// Packets sent.
+        pub sent_pkts: u64,
+        /// Packets received.
+        pub rcvd_pkts: u64,
+        /// Received packets whose ICRC verified.
+        pub icrc_verified: u64,
+        /// Received packets whose ICRC matched once the sender's IPv4 ID was
+        /// solved for (16-bit strength; RXE and RNICs count IDs).
+        pub icrc_id_solved: u64,
+        /// Received packets whose ICRC could not be checked (too short to hold
+        /// one, or an address family other than the device's).
+        pub icrc_unverified: u64,
+        /// Received packets dropped for a bad ICRC.
+        pub icrc_errors: u64,
+        /// Malformed packets dropped.
+        pub malformed: u64,
+        /// Packets for no QP of this device.
+        pub no_qp: u64,
+        /// The transport counters of every QP, live and destroyed, summed
+        /// (retransmissions, NAKs by kind, RNR events, duplicates, out-of-sequence).
+        pub qps: burst_transport::Counters,
+        /// Congestion control: CNPs, CE marks, window and rate cuts.
+        pub cc: CongestionCounters,
+        /// What the port counted (whole-frame ports: frames not for burst,
+        /// malformed, bad ICRC, neighbour resolution).
+        pub port: burst_io::PortCounters,
+        /// How payload moved: offloaded jobs, CPU and fused bytes, the
+        /// backend's faults and fallbacks ([`config::CopyBackend`]).
+        #[serde(default)]
+        pub copy: burst_mem::CopierCounters,
     }
 }
 
@@ -469,3 +453,42 @@ pub use burst_wire::{gid_of, ip_of_gid};
 /// the device opens (a UDP socket, the same behind a [`burst_io::LossyPort`]
 /// for loss tests, an in-memory [`burst_io::SimPort`], AF_XDP later).
 pub type AnyPort = Box<dyn Port + Send>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_counters_sum_every_field_of_every_part() {
+        let lane = DeviceCounters {
+            sent_pkts: 2,
+            qps: burst_transport::Counters {
+                retransmitted_pkts: 3,
+                ..Default::default()
+            },
+            port: burst_io::PortCounters {
+                // The two a hand-written sum once left out.
+                steered_unknown_qpn: 5,
+                rx_handed_off: 7,
+                ..Default::default()
+            },
+            copy: burst_mem::CopierCounters {
+                backend_errors: 11,
+                ..Default::default()
+            },
+            cc: CongestionCounters {
+                held: 13,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut total = lane;
+        total.add(&lane);
+        assert_eq!(total.sent_pkts, 4);
+        assert_eq!(total.qps.retransmitted_pkts, 6);
+        assert_eq!(total.port.steered_unknown_qpn, 10);
+        assert_eq!(total.port.rx_handed_off, 14);
+        assert_eq!(total.copy.backend_errors, 22);
+        assert_eq!(total.cc.held, 26);
+    }
+}

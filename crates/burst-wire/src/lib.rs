@@ -12,6 +12,7 @@ pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
+pub mod tally;
 
 pub use bth::{Bth, BthRepr, BTH_LEN, DEFAULT_PKEY};
 pub use error::{Error, Result};

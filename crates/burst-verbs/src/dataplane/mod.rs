@@ -266,7 +266,7 @@ impl<P: Port> Device<P> {
         c.copy = self.copier.counters();
         c.qps = self.destroyed;
         for s in self.qps.iter().flatten() {
-            c.qps.accumulate(s.qp.counters());
+            c.qps.add(s.qp.counters());
         }
         c
     }
@@ -387,7 +387,7 @@ impl<P: Port> Device<P> {
         self.flush();
         if let Some(mut s) = self.qps[i].take() {
             self.cc.forget(&mut s.flow, &s.qp);
-            self.destroyed.accumulate(s.qp.counters());
+            self.destroyed.add(s.qp.counters());
         }
         self.port.unsteer_qp(qpn.value());
         self.free_qps.push_back(i);
