@@ -372,6 +372,21 @@ pub fn rep_template(qpn: Qpn, starting_psn: Psn) -> CmRep {
     }
 }
 
+/// A SIDR_REP with `status` naming QP `qpn` (0 when refusing) and its
+/// Q_Key: set the service ID and private data before [`Cm::sidr_reply`].
+pub fn sidr_rep_template(status: u8, qpn: Qpn, qkey: u32) -> CmSidrRep {
+    CmSidrRep {
+        request_id: 0,
+        status,
+        add_info_length: 0,
+        qpn,
+        service_id: 0,
+        qkey,
+        class_port_info: [0; 72],
+        private_data: [0; 136],
+    }
+}
+
 impl Cm {
     /// A CM with no connections.
     pub fn new(cfg: CmConfig) -> Cm {
@@ -1137,13 +1152,8 @@ impl Cm {
         if !self.listeners.contains_key(&r.service_id) {
             let rep = CmSidrRep {
                 request_id: r.request_id,
-                status: sidr_status::UNSUPPORTED,
-                add_info_length: 0,
-                qpn: Qpn::from_wire(0),
                 service_id: r.service_id,
-                qkey: 0,
-                class_port_info: [0; 72],
-                private_data: [0; 136],
+                ..sidr_rep_template(sidr_status::UNSUPPORTED, Qpn::from_wire(0), 0)
             };
             self.send(peer, &CmMad::new(tid, CmMessage::SidrRep(rep)));
             return;

@@ -435,14 +435,12 @@ fn sidr_resolves_a_ud_service_and_answers_repeats() {
         panic!()
     };
     let rep = CmSidrRep {
-        request_id: 0,
-        status: sidr_status::OK,
-        add_info_length: 0,
-        qpn: Qpn::new(0x33).unwrap(),
         service_id: udp,
-        qkey: rdma::RDMA_UDP_QKEY,
-        class_port_info: [0; 72],
-        private_data: [0; 136],
+        ..sidr_rep_template(
+            sidr_status::OK,
+            Qpn::new(0x33).unwrap(),
+            rdma::RDMA_UDP_QKEY,
+        )
     };
     net.b.sidr_reply(0, cb, rep).unwrap();
     net.settle();

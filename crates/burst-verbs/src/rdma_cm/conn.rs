@@ -4,7 +4,7 @@
 use std::io;
 
 use burst_cm::rdma::{self as cma, CmaHeader};
-use burst_cm::{reason, sidr_status, CmSidrRep, CmSidrReq};
+use burst_cm::{reason, sidr_status, CmSidrReq};
 
 use super::id::{random_psn, Phase};
 use super::qp::{Negotiated, DEFAULT_ACK_TIMEOUT};
@@ -163,16 +163,7 @@ impl CmId {
                 p.map_or(&[][..], |p| &p.private_data),
                 cma::SIDR_REP_PRIVATE_DATA,
             )?;
-            let mut rep = CmSidrRep {
-                request_id: 0,
-                status: sidr_status::OK,
-                add_info_length: 0,
-                qpn,
-                service_id: 0,
-                qkey: cma::RDMA_UDP_QKEY,
-                class_port_info: [0; 72],
-                private_data: [0; 136],
-            };
+            let mut rep = burst_cm::sidr_rep_template(sidr_status::OK, qpn, cma::RDMA_UDP_QKEY);
             rep.private_data[..user.len()].copy_from_slice(user);
             if let Some(sid) = st.src.map(|s| st.ps.service_id(s.port())) {
                 rep.service_id = sid;
@@ -227,16 +218,7 @@ impl CmId {
         let d = cm.device(dev)?;
         let r = if st.ps.is_datagram() {
             let pd = private_data(private, cma::SIDR_REP_PRIVATE_DATA)?;
-            let mut rep = CmSidrRep {
-                request_id: 0,
-                status: sidr_status::REJECT,
-                add_info_length: 0,
-                qpn: Qpn::from_wire(0),
-                service_id: 0,
-                qkey: 0,
-                class_port_info: [0; 72],
-                private_data: [0; 136],
-            };
+            let mut rep = burst_cm::sidr_rep_template(sidr_status::REJECT, Qpn::from_wire(0), 0);
             rep.private_data[..pd.len()].copy_from_slice(pd);
             d.svc.with(|c, now| c.sidr_reply(now, conn, rep))
         } else {

@@ -151,14 +151,8 @@ fn on_sidr_request(cm: &Arc<Shared>, d: &Device, conn: ConnId, peer: IpAddr, req
     let Some((listener, hdr, port)) = target(cm, req.service_id, &req.private_data) else {
         tracing::debug!(%peer, service = req.service_id, "SIDR_REQ for no listener");
         let rep = CmSidrRep {
-            request_id: 0,
-            status: sidr_status::UNSUPPORTED,
-            add_info_length: 0,
-            qpn: Qpn::from_wire(0),
             service_id: req.service_id,
-            qkey: 0,
-            class_port_info: [0; 72],
-            private_data: [0; 136],
+            ..burst_cm::sidr_rep_template(sidr_status::UNSUPPORTED, Qpn::from_wire(0), 0)
         };
         let _ = d.svc.with(|c, now| c.sidr_reply(now, conn, rep));
         return;
