@@ -3,7 +3,7 @@
 //! ping-pongs over it and a disconnect.
 //!
 //! ```text
-//! rdma_cm_pingpong                         both sides here (127.0.95.1 -> 127.0.95.2)
+//! rdma_cm_pingpong                         both sides here (127.0.141.1 -> 127.0.141.2)
 //! rdma_cm_pingpong --local IP              server on IP (port 7471)
 //! rdma_cm_pingpong --local IP SERVER_IP    client
 //! ```
@@ -218,7 +218,7 @@ fn run() -> Res<()> {
     }
     match (local, peer) {
         (None, _) => {
-            let (a, b): (IpAddr, IpAddr) = ("127.0.95.1".parse()?, "127.0.95.2".parse()?);
+            let (a, b): (IpAddr, IpAddr) = ("127.0.141.1".parse()?, "127.0.141.2".parse()?);
             let s = std::thread::spawn(move || {
                 let run = || server(&device(b)?, b, iters);
                 run().map_err(|e| e.to_string())

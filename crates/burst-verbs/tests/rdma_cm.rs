@@ -101,8 +101,8 @@ fn poll(cq: &CompletionQueue) -> burst_verbs::WorkCompletion {
 
 #[test]
 fn rc_connection_set_up_used_and_torn_down_through_rdma_cm() {
-    let a = side("127.0.94.1");
-    let b = side("127.0.94.2");
+    let a = side("127.0.140.1");
+    let b = side("127.0.140.2");
     let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
     listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
     listener.listen().unwrap();
@@ -190,8 +190,8 @@ fn rc_connection_set_up_used_and_torn_down_through_rdma_cm() {
 
 #[test]
 fn rejections_reach_the_active_side_with_reason_and_private_data() {
-    let a = side("127.0.94.3");
-    let b = side("127.0.94.4");
+    let a = side("127.0.140.3");
+    let b = side("127.0.140.4");
     let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
     listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
     listener.listen().unwrap();
@@ -232,8 +232,8 @@ fn rejections_reach_the_active_side_with_reason_and_private_data() {
 
 #[test]
 fn ud_peers_find_each_other_through_sidr() {
-    let a = side("127.0.94.5");
-    let b = side("127.0.94.6");
+    let a = side("127.0.140.5");
+    let b = side("127.0.140.6");
     let listener = b.cm.create_id(&b.ch, PortSpace::Udp);
     assert_eq!(listener.qp_type(), QpType::Ud);
     listener.bind_addr(SocketAddr::new(b.ip, 7002)).unwrap();

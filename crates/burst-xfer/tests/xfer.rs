@@ -1,0 +1,229 @@
+//! The transfer engine end to end: two engines on loopback addresses (one
+//! with a lossy port), batches larger than the QPs' depth written to
+//! scattered slots and read back with every block checked, errors that
+//! name their segment, a peer that goes away mid-batch, and the same
+//! workload over TCP.
+
+use std::net::{IpAddr, TcpListener};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use burst_verbs::config::DeviceConfig;
+use burst_verbs::engine::{Context, Engine};
+use burst_verbs::Mtu;
+use burst_xfer::{Op, Pool, RdmaSession, Segment, SessionOptions, TcpSession, Transfer, XferError};
+
+const T: Duration = Duration::from_secs(20);
+const BLOCK: u32 = 4096;
+
+fn engine(ip: &str, drop_every: u64) -> (Engine, Context) {
+    let mut cfg = DeviceConfig::for_addr("burst0", ip.parse::<IpAddr>().unwrap()).unwrap();
+    cfg.mtu = Mtu::Mtu4096;
+    cfg.drop_every = drop_every;
+    let e = Engine::start_config(&cfg).unwrap();
+    let c = e.context();
+    (e, c)
+}
+
+/// Both sides of a session, connected through channels.
+fn pair(ca: &Context, cb: &Context, len: usize, o: SessionOptions) -> (RdmaSession, RdmaSession) {
+    let pa = Arc::new(Pool::registered(ca, len).unwrap());
+    let pb = Arc::new(Pool::registered(cb, len).unwrap());
+    let (to_b, from_a) = mpsc::channel();
+    let (to_a, from_b) = mpsc::channel();
+    let cb = cb.clone();
+    let b = std::thread::spawn(move || {
+        RdmaSession::connect(&cb, pb, &o, |mine| {
+            to_a.send(mine.clone()).unwrap();
+            Ok(from_a.recv().unwrap())
+        })
+    });
+    let a = RdmaSession::connect(ca, pa, &o, |mine| {
+        to_b.send(mine.clone()).unwrap();
+        Ok(from_b.recv().unwrap())
+    })
+    .unwrap();
+    (a, b.join().unwrap().unwrap())
+}
+
+/// Block `i` of request `req`: a pattern no other block has.
+fn pattern(req: u64, i: usize) -> Vec<u8> {
+    let mut x = req.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (i as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    (0..BLOCK as usize)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// `n` blocks from consecutive local slots to scattered remote slots
+/// (a permutation of the pool's), the local ones filled with the pattern.
+fn request(pool: &Pool, req: u64, n: usize, slots: usize) -> Vec<Segment> {
+    (0..n)
+        .map(|i| {
+            pool.write(i as u64 * u64::from(BLOCK), &pattern(req, i));
+            // A stride coprime with the slot count scatters without repeats.
+            let remote = (i * 7919 + req as usize * 31) % slots;
+            Segment {
+                local: i as u64 * u64::from(BLOCK),
+                remote: remote as u64 * u64::from(BLOCK),
+                len: BLOCK,
+            }
+        })
+        .collect()
+}
+
+fn verify(pool: &Pool, req: u64, segs: &[Segment], remote: bool) {
+    let mut got = vec![0u8; BLOCK as usize];
+    for (i, s) in segs.iter().enumerate() {
+        let at = if remote { s.remote } else { s.local };
+        assert!(pool.read(at, &mut got));
+        assert!(got == pattern(req, i), "request {req} block {i} at {at}");
+    }
+}
+
+fn write_read_and_check(a: &mut impl Transfer, b: &mut impl Transfer, pa: &Pool, pb: &Pool) {
+    let slots = pb.len() / BLOCK as usize;
+    for req in 1..=3u64 {
+        // 300 blocks: more than the QPs' depth (16) times their number.
+        let segs = request(pa, req, 300, slots);
+        let t = Instant::now();
+        let id = a.submit(Op::Write, &segs).unwrap();
+        let landed = b.wait_landed(T).unwrap();
+        assert_eq!(landed.batch, id);
+        assert_eq!(landed.bytes, 300 * u64::from(BLOCK));
+        assert_eq!(a.wait(id, T).unwrap(), 300 * u64::from(BLOCK));
+        verify(pb, req, &segs, true);
+        assert!(t.elapsed() < T);
+    }
+}
+
+#[test]
+fn batches_larger_than_the_queues_land_whole_and_read_back() {
+    let (_ea, ca) = engine("127.0.142.1", 0);
+    let (_eb, cb) = engine("127.0.142.2", 0);
+    let o = SessionOptions {
+        qps: 4,
+        depth: 16,
+        ..SessionOptions::default()
+    };
+    let (mut a, mut b) = pair(&ca, &cb, 4 << 20, o);
+    let (pa, pb) = (Arc::clone(a.pool()), Arc::clone(b.pool()));
+    write_read_and_check(&mut a, &mut b, &pa, &pb);
+
+    // READ them back into a zeroed local pool area: every block again.
+    let segs = request(&pa, 3, 300, pb.len() / BLOCK as usize);
+    pa.write(0, &vec![0u8; 300 * BLOCK as usize]);
+    let id = a.submit(Op::Read, &segs).unwrap();
+    assert_eq!(a.wait(id, T).unwrap(), 300 * u64::from(BLOCK));
+    verify(&pa, 3, &segs, false);
+
+    // Out of the peer's pool: refused before anything is posted, naming
+    // the segment.
+    let bad = [
+        Segment {
+            local: 0,
+            remote: 0,
+            len: BLOCK,
+        },
+        Segment {
+            local: 0,
+            remote: pb.len() as u64,
+            len: 1,
+        },
+    ];
+    match a.submit(Op::Write, &bad) {
+        Err(XferError::OutOfRange {
+            segment: 1,
+            what: "remote",
+            ..
+        }) => {}
+        r => panic!("{r:?}"),
+    }
+    // Both sides can write: the other way too.
+    let id = b
+        .submit(
+            Op::Write,
+            &[Segment {
+                local: 0,
+                remote: 8192,
+                len: 100,
+            }],
+        )
+        .unwrap();
+    assert_eq!(a.wait_landed(T).unwrap().batch, id);
+}
+
+#[test]
+fn batches_land_whole_through_a_lossy_port() {
+    let (_ea, ca) = engine("127.0.142.3", 97);
+    let (_eb, cb) = engine("127.0.142.4", 0);
+    let o = SessionOptions {
+        qps: 3,
+        depth: 16,
+        timeout: 8,
+        ..SessionOptions::default()
+    };
+    let (mut a, mut b) = pair(&ca, &cb, 4 << 20, o);
+    let (pa, pb) = (Arc::clone(a.pool()), Arc::clone(b.pool()));
+    write_read_and_check(&mut a, &mut b, &pa, &pb);
+    let c = ca.counters().unwrap();
+    assert!(
+        c.qps.retransmitted_pkts > 0,
+        "the port dropped packets: {c:?}"
+    );
+}
+
+#[test]
+fn a_peer_that_goes_away_fails_the_batch_without_a_hang() {
+    let (_ea, ca) = engine("127.0.142.5", 0);
+    let (eb, cb) = engine("127.0.142.6", 0);
+    let o = SessionOptions {
+        qps: 2,
+        depth: 16,
+        timeout: 8,
+        retry_cnt: 2,
+        ..SessionOptions::default()
+    };
+    let (mut a, b) = pair(&ca, &cb, 4 << 20, o);
+    drop(b);
+    drop(cb);
+    drop(eb);
+    let segs = request(a.pool(), 1, 200, 1000);
+    let t = Instant::now();
+    let r = a.submit(Op::Write, &segs).and_then(|id| a.wait(id, T));
+    match r {
+        Err(XferError::Segment { batch: 1, .. } | XferError::Broken(_)) => {}
+        r => panic!("{r:?}"),
+    }
+    assert!(t.elapsed() < T, "no hang: {:?}", t.elapsed());
+    // The session stays failed.
+    assert!(matches!(
+        a.submit(Op::Write, &segs[..1]),
+        Err(XferError::Broken(_))
+    ));
+}
+
+#[test]
+fn the_same_batches_over_tcp() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let pb = Arc::new(Pool::new(4 << 20).unwrap());
+    let pb2 = Arc::clone(&pb);
+    let b = std::thread::spawn(move || TcpSession::accept(pb2, &l, 3).unwrap());
+    let pa = Arc::new(Pool::new(4 << 20).unwrap());
+    let mut a = TcpSession::dial(Arc::clone(&pa), addr, 3).unwrap();
+    let mut b = b.join().unwrap();
+    write_read_and_check(&mut a, &mut b, &pa, &pb);
+    assert_eq!(
+        a.submit(Op::Read, &[]).unwrap_err(),
+        XferError::Unsupported("READ over TCP")
+    );
+    // The peer goes away: the other side learns it.
+    drop(a);
+    assert!(matches!(b.wait_landed(T), Err(XferError::Broken(_))));
+}
