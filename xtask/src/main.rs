@@ -162,7 +162,7 @@ fn forget_packaged_sources() {
 }
 
 /// The crates published for others to use, lowest layer first.
-const LIBRARY_CRATES: [&str; 8] = [
+const LIBRARY_CRATES: [&str; 9] = [
     "burst-wire",
     "burst-cc",
     "burst-transport",
@@ -171,6 +171,7 @@ const LIBRARY_CRATES: [&str; 8] = [
     "burst-mem",
     "burst-io",
     "burst-verbs",
+    "burst-xfer",
 ];
 
 const BYPASS_DEBS: &[&str] = &[
