@@ -13,8 +13,10 @@
 //! burst-bench send_lat --transport tcp -s 64    # the same over kernel TCP
 //! burst-bench read_bw --server --local 198.18.0.101          # server role
 //! burst-bench read_bw --local 198.18.0.102 198.18.0.101      # client role
+//! burst-bench kv --tokens 4096 --verify         # KV-cache transfer, burst vs TCP
 //! ```
 
+mod kv;
 mod rawudp;
 mod rdma;
 mod report;
@@ -735,6 +737,19 @@ fn run(cli: &Cli) -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("kv") {
+        let args = std::env::args()
+            .enumerate()
+            .filter(|(i, _)| *i != 1)
+            .map(|(_, a)| a);
+        return match kv::main(args) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("burst-bench kv: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
