@@ -570,6 +570,36 @@ fn test(args: &[String]) -> ExitCode {
         step("bottleneck", &mut bn),
     ));
 
+    // The KV-cache transfer workload, small: burst and TCP, every block
+    // of every request checked at the receiver.
+    let mut kv = cargo(
+        &root,
+        &[
+            "run",
+            "--release",
+            "-q",
+            "-p",
+            "burst-bench",
+            "--",
+            "kv",
+            "--tokens",
+            "128",
+            "--concurrency",
+            "1,2",
+            "--qps",
+            "1,3",
+            "--requests",
+            "4",
+            "--pool-gib",
+            "0.25",
+            "--verify",
+        ],
+    );
+    results.push((
+        "kv (burst-xfer, burst and TCP, verified)",
+        step("kv", &mut kv),
+    ));
+
     // The deterministic simulation through the real data plane (Device over
     // the in-memory port): a thousand seeds across loss 0-10%, reordering
     // 0-10%, duplication 0-2%, corruption 0-1%; then the transport model

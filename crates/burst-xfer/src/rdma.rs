@@ -289,6 +289,8 @@ impl RdmaSession {
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.lanes[lane].posted.len() >= self.depth - 1 {
             self.progress();
+            // Let the engine (and the peer, on a small host) run.
+            std::thread::yield_now();
             if let Some(b) = &self.broken {
                 return Err(XferError::Broken(b.clone()));
             }
@@ -485,6 +487,8 @@ impl Transfer for RdmaSession {
                 return Err(XferError::Timeout(timeout));
             }
             self.progress();
+            // Let the engine (and the peer, on a small host) run.
+            std::thread::yield_now();
         }
     }
 
@@ -501,6 +505,8 @@ impl Transfer for RdmaSession {
                 return Err(XferError::Timeout(timeout));
             }
             self.progress();
+            // Let the engine (and the peer, on a small host) run.
+            std::thread::yield_now();
         }
     }
 }
