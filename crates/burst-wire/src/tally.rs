@@ -1,5 +1,5 @@
 //! Event counters: the crates above count what happened in plain structs
-//! of `u64`s and sum them over QPs, lanes and threads. [`counters!`]
+//! of `u64`s and sum them over QPs, lanes and threads. [`counters!`](crate::counters!)
 //! declares such a struct together with its field-by-field sum, so a field
 //! added later cannot be left out of the sum.
 //!
