@@ -78,8 +78,12 @@ pub struct KvPoint {
     pub p50_us: f64,
     pub p99_us: f64,
     pub gbps: f64,
-    /// Work requests (segments) per second inside `submit`.
+    /// Work requests (segments) per second inside `submit` (waits for
+    /// room included: bounded by the bandwidth).
     pub wr_per_sec: f64,
+    /// Work requests per second the posts alone take (RDMA: the engine
+    /// API's cost, one thread).
+    pub post_per_sec: Option<f64>,
     /// Process CPU seconds per GB moved (both sides and the engines).
     pub cpu_s_per_gb: f64,
     pub verified: bool,
@@ -233,6 +237,9 @@ fn drive<A: Transfer, B: Transfer + Send + 'static>(
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_now() - cpu0;
+    let post_per_sec = a
+        .post_stats()
+        .map(|(n, t)| n as f64 / t.as_secs_f64().max(1e-9));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = receiver.join();
     let l = lat.lat("kv", name, blocks * p.block, false, false);
@@ -249,6 +256,7 @@ fn drive<A: Transfer, B: Transfer + Send + 'static>(
         p99_us: l.p99,
         gbps: gb * 8.0 / secs,
         wr_per_sec: wrs as f64 / submit_time.max(1e-9),
+        post_per_sec,
         cpu_s_per_gb: cpu / gb.max(1e-12),
         verified: cli.verify,
     })
@@ -315,7 +323,7 @@ fn print(cli: &KvCli, r: &KvPoint) {
         println!("{}", serde_json::to_string(r).unwrap_or_default());
     } else {
         println!(
-            " {:<6} {:>6} {:>6} {:>7} {:>4} {:>4} {:>11.1} {:>11.1} {:>8.2} {:>9.3} {:>8.2}",
+            " {:<6} {:>6} {:>6} {:>7} {:>4} {:>4} {:>11.1} {:>11.1} {:>8.2} {:>9.3} {:>9} {:>8.2}",
             r.transport,
             r.tokens,
             r.block_kib,
@@ -326,6 +334,8 @@ fn print(cli: &KvCli, r: &KvPoint) {
             r.p99_us,
             r.gbps,
             r.wr_per_sec / 1e6,
+            r.post_per_sec
+                .map_or("-".to_string(), |p| format!("{:.2}", p / 1e6)),
             r.cpu_s_per_gb
         );
     }

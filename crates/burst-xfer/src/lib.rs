@@ -99,6 +99,11 @@ pub trait Transfer {
     fn wait(&mut self, id: BatchId, timeout: Duration) -> Result<u64, XferError>;
     /// Waits for the next batch of the peer's writes to land here.
     fn wait_landed(&mut self, timeout: Duration) -> Result<Landed, XferError>;
+    /// Work requests posted and the time posting took (RDMA: the engine
+    /// API's cost per request, waits for room excluded).
+    fn post_stats(&self) -> Option<(u64, Duration)> {
+        None
+    }
 }
 
 /// Checks `segments` against both pools' sizes.

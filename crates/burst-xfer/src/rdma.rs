@@ -134,6 +134,10 @@ pub struct RdmaSession {
     landings: Landings,
     broken: Option<String>,
     next_lane: usize,
+    /// Work requests posted and the time spent posting them (waits for
+    /// room excluded).
+    posts: u64,
+    post_time: Duration,
 }
 
 impl std::fmt::Debug for RdmaSession {
@@ -224,6 +228,8 @@ impl RdmaSession {
             landings: Landings::default(),
             broken: None,
             next_lane: 0,
+            posts: 0,
+            post_time: Duration::ZERO,
         };
         for i in 0..o.qps {
             let (qpn, psn) = s.peer.qps[i];
@@ -302,7 +308,11 @@ impl RdmaSession {
         // Often enough that a full queue always holds a signalled one.
         let every = (self.depth / 2).clamp(1, SIGNAL_EVERY);
         wr.signaled = last || l.unsignaled + 1 >= every;
-        l.qp.post_send(&wr).map_err(|e| XferError::Segment {
+        let t = Instant::now();
+        let r = l.qp.post_send(&wr);
+        self.post_time += t.elapsed();
+        self.posts += 1;
+        r.map_err(|e| XferError::Segment {
             batch: wr.wr_id >> SEG_BITS,
             segment: segment_of(wr.wr_id),
             status: format!("post: {e}"),
@@ -386,6 +396,10 @@ fn segment_of(wr_id: u64) -> Option<usize> {
 }
 
 impl Transfer for RdmaSession {
+    fn post_stats(&self) -> Option<(u64, Duration)> {
+        Some((self.posts, self.post_time))
+    }
+
     fn submit(&mut self, op: Op, segments: &[Segment]) -> Result<BatchId, XferError> {
         if let Some(b) = &self.broken {
             return Err(XferError::Broken(b.clone()));
