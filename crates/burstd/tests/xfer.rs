@@ -13,7 +13,7 @@ use common::Daemon;
 const BLOCK: u32 = 4096;
 
 fn byte(req: u64, i: usize, o: usize) -> u8 {
-    (req as usize * 131 ^ i * 31 ^ o * 7 ^ o >> 8) as u8
+    ((req as usize * 131) ^ (i * 31) ^ (o * 7) ^ (o >> 8)) as u8
 }
 
 #[test]
