@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod cm;
 mod landing;
 mod pool;
 mod rdma;

@@ -138,6 +138,11 @@ pub struct RdmaSession {
     /// room excluded).
     posts: u64,
     post_time: Duration,
+    /// Set up through rdma_cm: the channel and each QP's id.
+    cm: Option<(
+        burst_verbs::rdma_cm::EventChannel,
+        Vec<burst_verbs::rdma_cm::CmId>,
+    )>,
 }
 
 impl std::fmt::Debug for RdmaSession {
@@ -158,18 +163,21 @@ fn random_psn(seed: usize) -> u32 {
     ((t ^ (seed as u64).wrapping_mul(0x9e37_79b9)) & 0xff_ffff) as u32
 }
 
-impl RdmaSession {
-    /// Sets a session up over `pool` (registered on `ctx`): makes the QPs,
-    /// hands this side's [`Endpoint`] to `exchange`, which returns the
-    /// peer's (over TCP, a file, rdma_cm private data: the caller's
-    /// choice), and connects. Both sides call it.
-    pub fn connect(
-        ctx: &Context,
-        pool: Arc<Pool>,
-        o: &SessionOptions,
-        exchange: impl FnOnce(&Endpoint) -> std::io::Result<Endpoint>,
-    ) -> Result<RdmaSession, XferError> {
-        let (Some(keys), Some(pd)) = (pool.keys(), pool.pd()) else {
+/// What a session is built from before its QPs are connected.
+pub(crate) struct Parts {
+    pub scq: CompletionQueue,
+    pub rcq: CompletionQueue,
+    /// The receive slots for the peer's notifications (the pool's PD).
+    pub slots: Pool,
+    /// How each QP is made.
+    pub init: QpInit,
+    depth: usize,
+    gid: [u8; 16],
+}
+
+impl Parts {
+    pub fn new(ctx: &Context, pool: &Pool, o: &SessionOptions) -> Result<Parts, XferError> {
+        let Some(pd) = pool.pd() else {
             return Err(XferError::Setup("the pool is not registered".into()));
         };
         if o.qps == 0 || o.depth < 2 {
@@ -182,30 +190,94 @@ impl RdmaSession {
         let rcq = ctx
             .cq(ctx.create_cq(RECV_SLOTS * o.qps + 1))
             .ok_or_else(|| XferError::Setup("CQ".into()))?;
-        // The peer's notifications land in slots of the pool's PD (the QPs').
         let slots = Pool::registered_in(ctx, pd, RECV_SLOTS * o.qps * NOTIFY_LEN)?;
         let mut init = QpInit::new(QpType::Rc, pd);
         init.caps.max_send_wr = o.depth;
         init.caps.max_recv_wr = RECV_SLOTS as u32;
         init.caps.max_inline_data = NOTIFY_LEN as u32;
-        let mut lanes = Vec::with_capacity(o.qps);
-        let mut mine = Endpoint {
+        Ok(Parts {
+            scq,
+            rcq,
+            slots,
+            init,
+            depth,
             gid: ctx.gid(),
-            qps: Vec::with_capacity(o.qps),
+        })
+    }
+
+    /// This side's endpoint without its QPs.
+    pub fn endpoint(&self, pool: &Pool) -> Endpoint {
+        Endpoint {
+            gid: self.gid,
+            qps: Vec::new(),
             addr: pool.addr(),
             len: pool.len() as u64,
-            rkey: keys.rkey,
+            rkey: pool.keys().map_or(0, |k| k.rkey),
+        }
+    }
+
+    /// The session over connected (or connecting) `qps`, their receive
+    /// slots posted.
+    pub fn session(
+        self,
+        pool: Arc<Pool>,
+        qps: Vec<QueuePair>,
+        peer: Endpoint,
+    ) -> Result<RdmaSession, XferError> {
+        let n = qps.len();
+        let s = RdmaSession {
+            pool,
+            lanes: qps
+                .into_iter()
+                .map(|qp| Lane {
+                    qp,
+                    posted: VecDeque::new(),
+                    unsignaled: 0,
+                })
+                .collect(),
+            scq: self.scq,
+            rcq: self.rcq,
+            peer,
+            depth: self.depth,
+            slots: self.slots,
+            next_batch: 1,
+            batches: HashMap::new(),
+            landings: Landings::default(),
+            broken: None,
+            next_lane: 0,
+            posts: 0,
+            post_time: Duration::ZERO,
+            cm: None,
         };
+        for lane in 0..n {
+            for slot in 0..RECV_SLOTS {
+                s.post_slot(lane, slot)?;
+            }
+        }
+        Ok(s)
+    }
+}
+
+impl RdmaSession {
+    /// Sets a session up over `pool` (registered on `ctx`): makes the QPs,
+    /// hands this side's [`Endpoint`] to `exchange`, which returns the
+    /// peer's (over TCP, a file, rdma_cm private data: the caller's
+    /// choice), and connects. Both sides call it.
+    pub fn connect(
+        ctx: &Context,
+        pool: Arc<Pool>,
+        o: &SessionOptions,
+        exchange: impl FnOnce(&Endpoint) -> std::io::Result<Endpoint>,
+    ) -> Result<RdmaSession, XferError> {
+        let parts = Parts::new(ctx, &pool, o)?;
+        let mut mine = parts.endpoint(&pool);
+        let mut qps = Vec::with_capacity(o.qps);
         for i in 0..o.qps {
             let qp = ctx
-                .create_qp_with(&init, scq.id(), rcq.id())
+                .create_qp_with(&parts.init, parts.scq.id(), parts.rcq.id())
                 .map_err(setup("creating a QP"))?;
             mine.qps.push((qp.qpn().value(), random_psn(i)));
-            lanes.push(Lane {
-                qp,
-                posted: VecDeque::new(),
-                unsignaled: 0,
-            });
+            qps.push(qp);
         }
         let peer = exchange(&mine).map_err(setup("exchanging endpoints"))?;
         if peer.qps.len() != o.qps {
@@ -215,26 +287,10 @@ impl RdmaSession {
                 o.qps
             )));
         }
-        let s = RdmaSession {
-            pool,
-            lanes,
-            scq,
-            rcq,
-            peer,
-            depth,
-            slots,
-            next_batch: 1,
-            batches: HashMap::new(),
-            landings: Landings::default(),
-            broken: None,
-            next_lane: 0,
-            posts: 0,
-            post_time: Duration::ZERO,
-        };
-        for i in 0..o.qps {
-            let (qpn, psn) = s.peer.qps[i];
+        for (i, qp) in qps.iter().enumerate() {
+            let (qpn, psn) = peer.qps[i];
             let remote = RcPeer {
-                gid: s.peer.gid,
+                gid: peer.gid,
                 qpn: burst_verbs::Qpn::new(qpn)
                     .ok_or_else(|| XferError::Setup(format!("peer QPN {qpn:#x}")))?,
                 psn: Psn::new(psn),
@@ -248,15 +304,10 @@ impl RdmaSession {
             p.timeout = o.timeout;
             p.retry_cnt = o.retry_cnt;
             p.rd_atomic = 16;
-            s.lanes[i]
-                .qp
-                .connect_rc(&remote, &p)
+            qp.connect_rc(&remote, &p)
                 .map_err(setup("connecting a QP"))?;
-            for slot in 0..RECV_SLOTS {
-                s.post_slot(i, slot)?;
-            }
         }
-        Ok(s)
+        parts.session(pool, qps, peer)
     }
 
     /// The local pool.
@@ -533,8 +584,26 @@ impl RdmaSession {
     }
 }
 
+impl RdmaSession {
+    /// Keeps the rdma_cm ids of the QPs (disconnected and destroyed with
+    /// the session).
+    pub(crate) fn keep_cm(
+        &mut self,
+        ch: burst_verbs::rdma_cm::EventChannel,
+        ids: Vec<burst_verbs::rdma_cm::CmId>,
+    ) {
+        self.cm = Some((ch, ids));
+    }
+}
+
 impl Drop for RdmaSession {
     fn drop(&mut self) {
+        if let Some((_, ids)) = self.cm.take() {
+            for id in ids {
+                let _ = id.disconnect();
+                id.destroy();
+            }
+        }
         // The QPs go before the pools they point into (their Drop order:
         // lanes, then the pools' registrations).
         let ctx = self.lanes.first().map(|l| l.qp.context().clone());

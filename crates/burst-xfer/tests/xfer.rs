@@ -227,3 +227,47 @@ fn the_same_batches_over_tcp() {
     drop(a);
     assert!(matches!(b.wait_landed(T), Err(XferError::Broken(_))));
 }
+
+#[test]
+fn a_session_set_up_through_rdma_cm_moves_batches() {
+    use burst_verbs::rdma_cm::RdmaCm;
+    let (ea, ca) = engine("127.0.142.7", 0);
+    let (eb, cb) = engine("127.0.142.8", 0);
+    let cm_of = |ip: &str, ctx: &Context| {
+        let ctx = ctx.clone();
+        RdmaCm::new(
+            vec![ip.parse().unwrap()],
+            Box::new(move |_| Ok(ctx.clone())),
+        )
+    };
+    let (cma, cmb) = (cm_of("127.0.142.7", &ca), cm_of("127.0.142.8", &cb));
+    let o = SessionOptions {
+        qps: 3,
+        depth: 16,
+        ..SessionOptions::default()
+    };
+    let pa = Arc::new(Pool::registered(&cma.context(0).unwrap(), 4 << 20).unwrap());
+    let pb = Arc::new(Pool::registered(&cmb.context(0).unwrap(), 4 << 20).unwrap());
+    let listen = "127.0.142.8:7480".parse().unwrap();
+    let pb2 = Arc::clone(&pb);
+    let server = std::thread::spawn(move || RdmaSession::accept_cm(&cmb, pb2, &o, listen, T));
+    // The listener may not be up yet: a rejected attempt is tried again.
+    let mut a = None;
+    for _ in 0..50 {
+        match RdmaSession::connect_cm(&cma, Arc::clone(&pa), &o, listen, T) {
+            Ok(s) => {
+                a = Some(s);
+                break;
+            }
+            Err(XferError::Setup(e)) if e.contains("Rejected") => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let mut a = a.expect("connected within 50 attempts");
+    let mut b = server.join().unwrap().unwrap();
+    write_read_and_check(&mut a, &mut b, &pa, &pb);
+    drop((a, b));
+    drop((ea, eb));
+}
