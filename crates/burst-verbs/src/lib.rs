@@ -449,6 +449,24 @@ impl QpInit {
 
 pub use burst_wire::{gid_of, ip_of_gid};
 
+/// A random starting PSN, as a QP's first should be (a predictable one
+/// lets a stale packet of an earlier connection look current).
+///
+/// ```
+/// assert!(burst_verbs::random_psn().value() <= 0xff_ffff);
+/// ```
+pub fn random_psn() -> Psn {
+    let mut b = [0u8; 4];
+    // Without entropy the time still differs per call and process.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        b = (t ^ std::process::id().rotate_left(16)).to_ne_bytes();
+    }
+    Psn::new(u32::from_ne_bytes(b) & 0xff_ffff)
+}
+
 /// The port a device has unless told otherwise: any port, chosen when
 /// the device opens (a UDP socket, the same behind a [`burst_io::LossyPort`]
 /// for loss tests, an in-memory [`burst_io::SimPort`], AF_XDP later).

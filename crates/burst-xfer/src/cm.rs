@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use burst_verbs::engine::QueuePair;
 use burst_verbs::rdma_cm::{
-    CmEvent, CmEventKind, ConnParam, EventChannel, EventParam, PortSpace, RdmaCm,
+    CmEvent, CmEventKind, CmId, ConnParam, EventChannel, EventParam, PortSpace, RdmaCm,
 };
 
 use crate::rdma::{Endpoint, Parts};
@@ -82,6 +83,32 @@ fn conn_param(pool: &Pool, index: usize, qps: usize) -> ConnParam {
     }
 }
 
+/// Resolves `id`'s address and route towards `peer`.
+fn resolve(
+    id: &CmId,
+    ch: &EventChannel,
+    peer: SocketAddr,
+    timeout: Duration,
+) -> Result<(), XferError> {
+    id.resolve_addr(None, peer)
+        .map_err(cm_err("resolve_addr"))?;
+    expect(ch, CmEventKind::AddrResolved, timeout)?;
+    id.resolve_route().map_err(cm_err("resolve_route"))?;
+    expect(ch, CmEventKind::RouteResolved, timeout)?;
+    Ok(())
+}
+
+/// The peer's pool from its private data, as the session's peer.
+fn peer_endpoint((addr, len, rkey): (u64, u64, u32)) -> Endpoint {
+    Endpoint {
+        gid: [0; 16],
+        qps: Vec::new(),
+        addr,
+        len,
+        rkey,
+    }
+}
+
 impl RdmaSession {
     /// Connects to a peer that [`RdmaSession::accept_cm`]s at `peer`: one
     /// rdma_cm connection per QP on `cm`'s device towards it (`pool`
@@ -94,59 +121,55 @@ impl RdmaSession {
         timeout: Duration,
     ) -> Result<RdmaSession, XferError> {
         let ch = EventChannel::new().map_err(cm_err("channel"))?;
-        let mut parts = None;
-        let mut qps = Vec::with_capacity(o.qps);
-        let mut ids = Vec::with_capacity(o.qps);
+        let mut parts: Option<Parts> = None;
         let mut remote = None;
         for i in 0..o.qps {
             let id = cm.create_id(&ch, PortSpace::Tcp);
-            id.resolve_addr(None, peer)
-                .map_err(cm_err("resolve_addr"))?;
-            expect(&ch, CmEventKind::AddrResolved, timeout)?;
-            id.resolve_route().map_err(cm_err("resolve_route"))?;
-            expect(&ch, CmEventKind::RouteResolved, timeout)?;
-            let ctx = id
-                .context()
-                .ok_or(XferError::Setup("rdma_cm: no device".into()))?;
-            let p = match parts.take() {
-                Some(p) => p,
-                None => Parts::new(&ctx, &pool, o)?,
+            let resolved = resolve(&id, &ch, peer, timeout);
+            // The first connection decides the device the session is on.
+            let made = match (&parts, resolved) {
+                (_, Err(e)) => Err(e),
+                (Some(_), Ok(())) => Ok(()),
+                (None, Ok(())) => id
+                    .context()
+                    .ok_or(XferError::Setup("rdma_cm: no device".into()))
+                    .and_then(|ctx| Parts::new(&ctx, &pool, o))
+                    .map(|mut p| {
+                        p.cm = Some((ch.clone(), Vec::with_capacity(o.qps)));
+                        parts = Some(p);
+                    }),
             };
+            if let Err(e) = made {
+                id.destroy();
+                return Err(e);
+            }
+            let Some(p) = parts.as_mut() else {
+                return Err(XferError::Setup("no QPs".into()));
+            };
+            // Kept, and destroyed with the rest on failure, from here on.
+            if let Some((_, ids)) = p.cm.as_mut() {
+                ids.push(id.clone());
+            }
             let qp = id
                 .create_qp(&p.init, &p.scq, &p.rcq)
                 .map_err(cm_err("create_qp"))?;
-            parts = Some(p);
+            p.qps.push(qp);
             id.connect(Some(&conn_param(&pool, i, o.qps)))
                 .map_err(cm_err("connect"))?;
             let e = next(&ch, timeout)?;
             if e.kind != CmEventKind::Established {
-                ids.iter()
-                    .for_each(|d: &burst_verbs::rdma_cm::CmId| d.destroy());
-                id.destroy();
                 return Err(XferError::Setup(format!(
                     "rdma_cm: connection {i}: {:?} (status {})",
                     e.kind, e.status
                 )));
             }
             if let EventParam::Conn(c) = &e.param {
-                remote = parse(&c.private_data);
+                remote = parse(&c.private_data).map(|(a, l, k, _, _)| (a, l, k));
             }
-            qps.push(qp);
-            ids.push(id);
         }
-        let (addr, len, rkey, _, _) =
-            remote.ok_or(XferError::Setup("rdma_cm: the peer sent no pool".into()))?;
+        let remote = remote.ok_or(XferError::Setup("rdma_cm: the peer sent no pool".into()))?;
         let parts = parts.ok_or(XferError::Setup("no QPs".into()))?;
-        let peer = Endpoint {
-            gid: [0; 16],
-            qps: Vec::new(),
-            addr,
-            len,
-            rkey,
-        };
-        let mut s = parts.session(pool, qps, peer)?;
-        s.keep_cm(ch, ids);
-        Ok(s)
+        parts.finish(pool, peer_endpoint(remote))
     }
 
     /// Takes one [`RdmaSession::connect_cm`] at `listen`: waits for its
@@ -161,71 +184,95 @@ impl RdmaSession {
     ) -> Result<RdmaSession, XferError> {
         let ch = EventChannel::new().map_err(cm_err("channel"))?;
         let listener = cm.create_id(&ch, PortSpace::Tcp);
-        listener.bind_addr(listen).map_err(cm_err("bind"))?;
-        listener.listen().map_err(cm_err("listen"))?;
-        let mut parts = None;
-        let mut slots: Vec<Option<(burst_verbs::engine::QueuePair, burst_verbs::rdma_cm::CmId)>> =
-            (0..o.qps).map(|_| None).collect();
-        let mut remote = None;
-        let mut established = 0;
-        while established < o.qps {
-            let e = next(&ch, timeout)?;
-            match e.kind {
-                CmEventKind::ConnectRequest => {
-                    let info = match &e.param {
-                        EventParam::Conn(c) => parse(&c.private_data),
-                        _ => None,
-                    };
-                    let Some((addr, len, rkey, i, n)) =
-                        info.filter(|x| x.3 < o.qps && x.4 == o.qps)
-                    else {
-                        let _ = e.id.reject(b"burst-xfer: not a session of this shape");
-                        continue;
-                    };
-                    remote = Some((addr, len, rkey));
-                    let ctx =
+        let r = accept_on(&ch, &listener, pool, o, listen, timeout);
+        listener.destroy();
+        r
+    }
+}
+
+fn accept_on(
+    ch: &EventChannel,
+    listener: &CmId,
+    pool: Arc<Pool>,
+    o: &SessionOptions,
+    listen: SocketAddr,
+    timeout: Duration,
+) -> Result<RdmaSession, XferError> {
+    listener.bind_addr(listen).map_err(cm_err("bind"))?;
+    listener.listen().map_err(cm_err("listen"))?;
+    let mut parts: Option<Parts> = None;
+    // Each connection's QP and id by its index (the lanes' order).
+    let mut by_index: Vec<Option<(QueuePair, CmId)>> = (0..o.qps).map(|_| None).collect();
+    let mut remote = None;
+    let mut established = 0;
+    let result = loop {
+        if established == o.qps {
+            break Ok(());
+        }
+        let e = match next(ch, timeout) {
+            Ok(e) => e,
+            Err(e) => break Err(e),
+        };
+        match e.kind {
+            CmEventKind::ConnectRequest => {
+                let info = match &e.param {
+                    EventParam::Conn(c) => parse(&c.private_data),
+                    _ => None,
+                };
+                // One connection per index, of the number this side has.
+                let fits = |x: &(u64, u64, u32, usize, usize)| {
+                    x.3 < o.qps && x.4 == o.qps && by_index[x.3].is_none()
+                };
+                let Some((addr, len, rkey, i, n)) = info.filter(fits) else {
+                    let _ = e.id.reject(b"burst-xfer: not a session of this shape");
+                    e.id.destroy();
+                    continue;
+                };
+                remote = Some((addr, len, rkey));
+                if parts.is_none() {
+                    // The first request decides the device the session is on.
+                    let made =
                         e.id.context()
-                            .ok_or(XferError::Setup("rdma_cm: no device".into()))?;
-                    let p = match parts.take() {
-                        Some(p) => p,
-                        None => Parts::new(&ctx, &pool, o)?,
-                    };
-                    let qp =
-                        e.id.create_qp(&p.init, &p.scq, &p.rcq)
-                            .map_err(cm_err("create_qp"))?;
-                    parts = Some(p);
-                    e.id.accept(Some(&conn_param(&pool, i, n)))
-                        .map_err(cm_err("accept"))?;
-                    slots[i] = Some((qp, e.id));
+                            .ok_or(XferError::Setup("rdma_cm: no device".into()))
+                            .and_then(|ctx| Parts::new(&ctx, &pool, o));
+                    match made {
+                        Ok(p) => parts = Some(p),
+                        Err(err) => {
+                            e.id.destroy();
+                            break Err(err);
+                        }
+                    }
                 }
-                CmEventKind::Established => established += 1,
-                k => {
-                    return Err(XferError::Setup(format!(
-                        "rdma_cm: {k:?} (status {}) while accepting",
-                        e.status
-                    )))
+                let Some(p) = parts.as_ref() else { continue };
+                let qp = match e.id.create_qp(&p.init, &p.scq, &p.rcq) {
+                    Ok(qp) => qp,
+                    Err(err) => break Err(cm_err("create_qp")(err)),
+                };
+                by_index[i] = Some((qp, e.id.clone()));
+                if let Err(err) = e.id.accept(Some(&conn_param(&pool, i, n))) {
+                    break Err(cm_err("accept")(err));
                 }
             }
+            CmEventKind::Established => established += 1,
+            k => {
+                break Err(XferError::Setup(format!(
+                    "rdma_cm: {k:?} (status {}) while accepting",
+                    e.status
+                )))
+            }
         }
-        listener.destroy();
-        let (addr, len, rkey) = remote.ok_or(XferError::Setup("no peer".into()))?;
-        let mut qps = Vec::with_capacity(o.qps);
-        let mut ids = Vec::with_capacity(o.qps);
-        for s in slots {
-            let (qp, id) = s.ok_or(XferError::Setup("a QP index never connected".into()))?;
-            qps.push(qp);
-            ids.push(id);
-        }
-        let parts = parts.ok_or(XferError::Setup("no QPs".into()))?;
-        let peer = Endpoint {
-            gid: [0; 16],
-            qps: Vec::new(),
-            addr,
-            len,
-            rkey,
-        };
-        let mut s = parts.session(pool, qps, peer)?;
-        s.keep_cm(ch, ids);
-        Ok(s)
+    };
+    // Into the parts, in lane order: destroyed with them on failure.
+    let Some(mut parts) = parts else {
+        return result.and(Err(XferError::Setup("no QPs".into())));
+    };
+    let mut ids = Vec::with_capacity(o.qps);
+    for (qp, id) in by_index.into_iter().flatten() {
+        parts.qps.push(qp);
+        ids.push(id);
     }
+    parts.cm = Some((ch.clone(), ids));
+    result?;
+    let remote = remote.ok_or(XferError::Setup("no peer".into()))?;
+    parts.finish(pool, peer_endpoint(remote))
 }

@@ -44,6 +44,12 @@ impl Notify {
     }
 }
 
+/// Batches a peer may have partly landed at once, and landed batches not
+/// yet taken: the peer's notifications cannot grow memory beyond these
+/// (what exceeds them is counted in [`Landings::bad`] and dropped).
+const MAX_PARTIAL: usize = 4096;
+const MAX_READY: usize = 65_536;
+
 /// Shares seen of batches not landed yet, and batches landed.
 #[derive(Debug, Default)]
 pub(crate) struct Landings {
@@ -55,6 +61,11 @@ pub(crate) struct Landings {
 
 impl Landings {
     pub fn share(&mut self, n: Notify) {
+        let known = self.partial.contains_key(&n.batch);
+        if (!known && self.partial.len() >= MAX_PARTIAL) || self.ready.len() >= MAX_READY {
+            self.bad += 1;
+            return;
+        }
         let e = self.partial.entry(n.batch).or_insert((0, 0));
         e.0 += 1;
         e.1 += n.bytes;
@@ -105,6 +116,27 @@ mod tests {
             })
         );
         assert_eq!(Notify::decode(&n(5).encode()), Some(n(5)));
+    }
+
+    #[test]
+    fn a_peer_cannot_grow_the_partial_batches_without_bound() {
+        let mut l = Landings::default();
+        for batch in 0..(MAX_PARTIAL as u64 + 10) {
+            l.share(Notify {
+                batch,
+                bytes: 1,
+                shares: 2,
+            });
+        }
+        assert_eq!(l.partial.len(), MAX_PARTIAL);
+        assert_eq!(l.bad, 10);
+        // A batch already begun still completes.
+        l.share(Notify {
+            batch: 0,
+            bytes: 1,
+            shares: 2,
+        });
+        assert_eq!(l.next().map(|x| x.bytes), Some(2));
         assert_eq!(Notify::decode(&[1, 2, 3]), None);
     }
 }

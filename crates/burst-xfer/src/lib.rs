@@ -97,6 +97,8 @@ pub trait Transfer {
     /// transport (waiting while the outstanding work is at its bound).
     fn submit(&mut self, op: Op, segments: &[Segment]) -> Result<BatchId, XferError>;
     /// Waits until the batch is done on this side; returns its bytes.
+    /// Every submitted batch is waited for once: its record is kept
+    /// until then.
     fn wait(&mut self, id: BatchId, timeout: Duration) -> Result<u64, XferError>;
     /// Waits for the next batch of the peer's writes to land here.
     fn wait_landed(&mut self, timeout: Duration) -> Result<Landed, XferError>;

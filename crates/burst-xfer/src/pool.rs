@@ -149,7 +149,7 @@ impl Drop for Pool {
             if let Err(e) = r.ctx.dereg_mr(r.keys.lkey) {
                 // Still in use by the engine: leaking beats freeing memory
                 // it may write.
-                eprintln!("burst-xfer: pool still registered ({e}); leaking it");
+                tracing::warn!("burst-xfer: pool still registered ({e}); leaking it");
                 return;
             }
             if r.own_pd {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burst_verbs::engine::{CompletionQueue, Context, QueuePair};
+use burst_verbs::rdma_cm::{CmId, EventChannel};
 use burst_verbs::{
     InlineData, Mtu, Psn, QpAccess, QpInit, QpType, RcParams, RcPeer, RecvWr, SendOp, SendWr, Sge,
     WcStatus, WorkCompletion,
@@ -139,10 +140,7 @@ pub struct RdmaSession {
     posts: u64,
     post_time: Duration,
     /// Set up through rdma_cm: the channel and each QP's id.
-    cm: Option<(
-        burst_verbs::rdma_cm::EventChannel,
-        Vec<burst_verbs::rdma_cm::CmId>,
-    )>,
+    cm: Option<(EventChannel, Vec<CmId>)>,
 }
 
 impl std::fmt::Debug for RdmaSession {
@@ -158,21 +156,24 @@ fn setup<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> XferError {
     move |e| XferError::Setup(format!("{what}: {e}"))
 }
 
-fn random_psn(seed: usize) -> u32 {
-    let t = Instant::now().elapsed().as_nanos() as u64 ^ (std::process::id() as u64) << 20;
-    ((t ^ (seed as u64).wrapping_mul(0x9e37_79b9)) & 0xff_ffff) as u32
-}
-
-/// What a session is built from before its QPs are connected.
+/// What a session is built from while its QPs connect: its CQs, receive
+/// slots and the QPs made so far (with their rdma_cm ids). Dropped
+/// unfinished (a failed setup), it destroys what it made.
 pub(crate) struct Parts {
+    ctx: Context,
     pub scq: CompletionQueue,
     pub rcq: CompletionQueue,
     /// The receive slots for the peer's notifications (the pool's PD).
-    pub slots: Pool,
+    slots: Option<Pool>,
     /// How each QP is made.
     pub init: QpInit,
     depth: usize,
-    gid: [u8; 16],
+    /// The QPs, in lane order.
+    pub qps: Vec<QueuePair>,
+    /// Set up through rdma_cm: the channel and each QP's id.
+    pub cm: Option<(EventChannel, Vec<CmId>)>,
+    /// Turned into a session (which destroys all of it in its turn).
+    finished: bool,
 }
 
 impl Parts {
@@ -184,31 +185,45 @@ impl Parts {
             return Err(XferError::Setup("at least one QP, two deep".into()));
         }
         let depth = o.depth as usize;
-        let scq = ctx
-            .cq(ctx.create_cq(depth * o.qps + 1))
-            .ok_or_else(|| XferError::Setup("CQ".into()))?;
-        let rcq = ctx
-            .cq(ctx.create_cq(RECV_SLOTS * o.qps + 1))
-            .ok_or_else(|| XferError::Setup("CQ".into()))?;
-        let slots = Pool::registered_in(ctx, pd, RECV_SLOTS * o.qps * NOTIFY_LEN)?;
+        let cq = |n: usize| {
+            ctx.cq(ctx.create_cq(n))
+                .ok_or_else(|| XferError::Setup("CQ".into()))
+        };
+        let scq = cq(depth * o.qps + 1)?;
+        let rcq = match cq(RECV_SLOTS * o.qps + 1) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = ctx.destroy_cq(scq.id());
+                return Err(e);
+            }
+        };
         let mut init = QpInit::new(QpType::Rc, pd);
         init.caps.max_send_wr = o.depth;
         init.caps.max_recv_wr = RECV_SLOTS as u32;
         init.caps.max_inline_data = NOTIFY_LEN as u32;
-        Ok(Parts {
+        let mut parts = Parts {
+            ctx: ctx.clone(),
             scq,
             rcq,
-            slots,
+            slots: None,
             init,
             depth,
-            gid: ctx.gid(),
-        })
+            qps: Vec::with_capacity(o.qps),
+            cm: None,
+            finished: false,
+        };
+        parts.slots = Some(Pool::registered_in(
+            ctx,
+            pd,
+            RECV_SLOTS * o.qps * NOTIFY_LEN,
+        )?);
+        Ok(parts)
     }
 
     /// This side's endpoint without its QPs.
     pub fn endpoint(&self, pool: &Pool) -> Endpoint {
         Endpoint {
-            gid: self.gid,
+            gid: self.ctx.gid(),
             qps: Vec::new(),
             addr: pool.addr(),
             len: pool.len() as u64,
@@ -216,18 +231,16 @@ impl Parts {
         }
     }
 
-    /// The session over connected (or connecting) `qps`, their receive
+    /// The session over the connected (or connecting) QPs, their receive
     /// slots posted.
-    pub fn session(
-        self,
-        pool: Arc<Pool>,
-        qps: Vec<QueuePair>,
-        peer: Endpoint,
-    ) -> Result<RdmaSession, XferError> {
-        let n = qps.len();
+    pub fn finish(mut self, pool: Arc<Pool>, peer: Endpoint) -> Result<RdmaSession, XferError> {
+        let slots = self
+            .slots
+            .take()
+            .ok_or_else(|| XferError::Setup("slots".into()))?;
         let s = RdmaSession {
             pool,
-            lanes: qps
+            lanes: std::mem::take(&mut self.qps)
                 .into_iter()
                 .map(|qp| Lane {
                     qp,
@@ -235,11 +248,11 @@ impl Parts {
                     unsignaled: 0,
                 })
                 .collect(),
-            scq: self.scq,
-            rcq: self.rcq,
+            scq: self.scq.clone(),
+            rcq: self.rcq.clone(),
             peer,
             depth: self.depth,
-            slots: self.slots,
+            slots,
             next_batch: 1,
             batches: HashMap::new(),
             landings: Landings::default(),
@@ -247,15 +260,54 @@ impl Parts {
             next_lane: 0,
             posts: 0,
             post_time: Duration::ZERO,
-            cm: None,
+            cm: self.cm.take(),
         };
-        for lane in 0..n {
+        // The session owns the CQs now (its Drop destroys them).
+        self.finished = true;
+        for lane in 0..s.lanes.len() {
             for slot in 0..RECV_SLOTS {
                 s.post_slot(lane, slot)?;
             }
         }
         Ok(s)
     }
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        release(
+            &self.ctx,
+            self.cm.take(),
+            self.qps.drain(..),
+            &self.scq,
+            &self.rcq,
+        );
+        // `slots` deregisters itself once the QPs that could use it are gone.
+    }
+}
+
+/// Disconnects and destroys the rdma_cm ids, then the QPs and the CQs.
+fn release(
+    ctx: &Context,
+    cm: Option<(EventChannel, Vec<CmId>)>,
+    qps: impl Iterator<Item = QueuePair>,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+) {
+    if let Some((_, ids)) = cm {
+        for id in ids {
+            let _ = id.disconnect();
+            id.destroy();
+        }
+    }
+    for qp in qps {
+        let _ = ctx.destroy_qp(qp.qpn());
+    }
+    let _ = ctx.destroy_cq(scq.id());
+    let _ = ctx.destroy_cq(rcq.id());
 }
 
 impl RdmaSession {
@@ -269,15 +321,15 @@ impl RdmaSession {
         o: &SessionOptions,
         exchange: impl FnOnce(&Endpoint) -> std::io::Result<Endpoint>,
     ) -> Result<RdmaSession, XferError> {
-        let parts = Parts::new(ctx, &pool, o)?;
+        let mut parts = Parts::new(ctx, &pool, o)?;
         let mut mine = parts.endpoint(&pool);
-        let mut qps = Vec::with_capacity(o.qps);
-        for i in 0..o.qps {
+        for _ in 0..o.qps {
             let qp = ctx
                 .create_qp_with(&parts.init, parts.scq.id(), parts.rcq.id())
                 .map_err(setup("creating a QP"))?;
-            mine.qps.push((qp.qpn().value(), random_psn(i)));
-            qps.push(qp);
+            mine.qps
+                .push((qp.qpn().value(), burst_verbs::random_psn().value()));
+            parts.qps.push(qp);
         }
         let peer = exchange(&mine).map_err(setup("exchanging endpoints"))?;
         if peer.qps.len() != o.qps {
@@ -287,7 +339,7 @@ impl RdmaSession {
                 o.qps
             )));
         }
-        for (i, qp) in qps.iter().enumerate() {
+        for (i, qp) in parts.qps.iter().enumerate() {
             let (qpn, psn) = peer.qps[i];
             let remote = RcPeer {
                 gid: peer.gid,
@@ -307,7 +359,7 @@ impl RdmaSession {
             qp.connect_rc(&remote, &p)
                 .map_err(setup("connecting a QP"))?;
         }
-        parts.session(pool, qps, peer)
+        parts.finish(pool, peer)
     }
 
     /// The local pool.
@@ -584,35 +636,19 @@ impl RdmaSession {
     }
 }
 
-impl RdmaSession {
-    /// Keeps the rdma_cm ids of the QPs (disconnected and destroyed with
-    /// the session).
-    pub(crate) fn keep_cm(
-        &mut self,
-        ch: burst_verbs::rdma_cm::EventChannel,
-        ids: Vec<burst_verbs::rdma_cm::CmId>,
-    ) {
-        self.cm = Some((ch, ids));
-    }
-}
-
 impl Drop for RdmaSession {
     fn drop(&mut self) {
-        if let Some((_, ids)) = self.cm.take() {
-            for id in ids {
-                let _ = id.disconnect();
-                id.destroy();
-            }
-        }
-        // The QPs go before the pools they point into (their Drop order:
-        // lanes, then the pools' registrations).
-        let ctx = self.lanes.first().map(|l| l.qp.context().clone());
-        if let Some(ctx) = ctx {
-            for l in self.lanes.drain(..) {
-                let _ = ctx.destroy_qp(l.qp.qpn());
-            }
-            let _ = ctx.destroy_cq(self.scq.id());
-            let _ = ctx.destroy_cq(self.rcq.id());
-        }
+        // The QPs go before the pools they point into (the fields' own
+        // Drop: the slots' and the pool's registrations).
+        let Some(ctx) = self.lanes.first().map(|l| l.qp.context().clone()) else {
+            return;
+        };
+        release(
+            &ctx,
+            self.cm.take(),
+            self.lanes.drain(..).map(|l| l.qp),
+            &self.scq,
+            &self.rcq,
+        );
     }
 }

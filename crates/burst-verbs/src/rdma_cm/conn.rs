@@ -6,7 +6,7 @@ use std::io;
 use burst_cm::rdma::{self as cma, CmaHeader};
 use burst_cm::{reason, sidr_status, CmSidrReq};
 
-use super::id::{random_psn, Phase};
+use super::id::Phase;
 use super::qp::{Negotiated, DEFAULT_ACK_TIMEOUT};
 use super::{errno, CmId, ConnParam};
 use crate::{gid_of, Psn, QpType, Qpn};
@@ -86,7 +86,7 @@ impl CmId {
             ),
             None => (0, 0),
         };
-        let my_psn = random_psn();
+        let my_psn = crate::random_psn().value();
         let mut req = burst_cm::req_template(
             service_id,
             Qpn::new(qpn).ok_or_else(|| errno(libc::EINVAL))?,

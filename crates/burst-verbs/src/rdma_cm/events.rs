@@ -9,7 +9,7 @@ use std::sync::Arc;
 use burst_cm::rdma::{CmaHeader, PortSpace, CMA_HEADER_LEN};
 use burst_cm::{reason, sidr_status, CmEvent, CmRep, CmReq, CmSidrRep, CmSidrReq, ConnId};
 
-use super::id::{random_psn, Phase};
+use super::id::Phase;
 use super::qp::{Negotiated, DEFAULT_ACK_TIMEOUT};
 use super::{AddressVector, CmEventKind, CmId, ConnParam, Device, EventParam, Shared, UdParam};
 use crate::{gid_of, Qpn};
@@ -122,7 +122,7 @@ fn on_request(cm: &Arc<Shared>, d: &Device, conn: ConnId, peer: IpAddr, req: &Cm
         // Chosen now: an application readying its own QP
         // (rdma_init_qp_attr before rdma_accept, rping -q) needs it
         // before the REP carries it.
-        my_psn: random_psn(),
+        my_psn: crate::random_psn().value(),
         mtu: req.path_mtu.clamp(1, d.mtu),
         responder_resources: req.initiator_depth.min(d.max_rd_atomic),
         initiator_depth: req.responder_resources.min(d.max_rd_atomic),

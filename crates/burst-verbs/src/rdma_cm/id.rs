@@ -141,12 +141,6 @@ pub struct Route {
     pub mtu: Option<Mtu>,
 }
 
-pub(super) fn random_psn() -> u32 {
-    let mut b = [0u8; 4];
-    let _ = getrandom::fill(&mut b);
-    u32::from_ne_bytes(b) & 0xff_ffff
-}
-
 impl CmId {
     pub(super) fn new(
         cm: &Arc<Shared>,
