@@ -4,6 +4,7 @@ mod cm;
 mod landing;
 mod pool;
 mod rdma;
+mod session;
 mod tcp;
 
 use std::time::Duration;

@@ -1,11 +1,8 @@
-//! The RDMA session: several RC QPs to one peer, batches spread over them
-//! round robin with a bound on outstanding work requests per QP, and one
-//! inline SEND per QP a batch used telling the peer its share has landed
-//! (RC orders the SEND after the WRITEs before it on the same QP).
+//! The RDMA session over burst-verbs: its QPs, CQs and notification
+//! slots, set up with an out-of-band [`Endpoint`] exchange or rdma_cm
+//! (`cm.rs`); the session's logic is `session.rs`.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use burst_verbs::engine::{CompletionQueue, Context, QueuePair};
 use burst_verbs::rdma_cm::{CmId, EventChannel};
@@ -14,17 +11,9 @@ use burst_verbs::{
     WcStatus, WorkCompletion,
 };
 
-use crate::landing::{Landings, Notify, NOTIFY_LEN};
-use crate::{check, BatchId, Landed, Op, Pool, Segment, Transfer, XferError};
-
-/// A signalled completion at least this often per QP (the ones between
-/// complete with it: RC completes in order).
-const SIGNAL_EVERY: usize = 16;
-/// Notifications a QP can hold before the peer's next one waits (RNR).
-const RECV_SLOTS: usize = 32;
-/// Segment bits of a work request ID (the rest is the batch).
-const SEG_BITS: u32 = 24;
-const NOTIFY_SEG: u64 = (1 << SEG_BITS) - 1;
+use crate::landing::NOTIFY_LEN;
+use crate::session::{transfer_by_session, Done, RcQps, Session, Work, RECV_SLOTS};
+use crate::{Pool, Segment, XferError};
 
 /// How a session is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,48 +95,32 @@ impl Endpoint {
     }
 }
 
-struct Lane {
-    qp: QueuePair,
-    /// Work request IDs posted and not yet known complete, in order.
-    posted: VecDeque<u64>,
-    unsignaled: usize,
-}
-
-struct Batch {
-    /// Work requests not yet complete.
-    pending: usize,
-    bytes: u64,
-    error: Option<XferError>,
-}
-
-/// A session to one peer over RC QPs (see the module documentation).
-pub struct RdmaSession {
+/// burst-verbs' QPs under a session (and what they need: CQs, the
+/// notification slots, the rdma_cm ids they were connected with).
+pub(crate) struct BurstQps {
     pool: Arc<Pool>,
-    lanes: Vec<Lane>,
+    qps: Vec<QueuePair>,
     scq: CompletionQueue,
     rcq: CompletionQueue,
     peer: Endpoint,
-    depth: usize,
     /// The receive slots for the peer's notifications.
     slots: Pool,
-    next_batch: u64,
-    batches: HashMap<u64, Batch>,
-    landings: Landings,
-    broken: Option<String>,
-    next_lane: usize,
-    /// Work requests posted and the time spent posting them (waits for
-    /// room excluded).
-    posts: u64,
-    post_time: Duration,
     /// Set up through rdma_cm: the channel and each QP's id.
     cm: Option<(EventChannel, Vec<CmId>)>,
 }
 
+/// A session to one peer over burst-verbs' RC QPs (see the crate
+/// documentation).
+pub struct RdmaSession {
+    inner: Session<BurstQps>,
+}
+
+transfer_by_session!(RdmaSession);
+
 impl std::fmt::Debug for RdmaSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RdmaSession")
-            .field("qps", &self.lanes.len())
-            .field("in_flight", &self.batches.len())
+            .field("qps", &self.inner.qps.qps.len())
             .finish_non_exhaustive()
     }
 }
@@ -238,38 +211,21 @@ impl Parts {
             .slots
             .take()
             .ok_or_else(|| XferError::Setup("slots".into()))?;
-        let s = RdmaSession {
+        let (pool_len, peer_len) = (pool.len() as u64, peer.len);
+        let qps = BurstQps {
             pool,
-            lanes: std::mem::take(&mut self.qps)
-                .into_iter()
-                .map(|qp| Lane {
-                    qp,
-                    posted: VecDeque::new(),
-                    unsignaled: 0,
-                })
-                .collect(),
+            qps: std::mem::take(&mut self.qps),
             scq: self.scq.clone(),
             rcq: self.rcq.clone(),
             peer,
-            depth: self.depth,
             slots,
-            next_batch: 1,
-            batches: HashMap::new(),
-            landings: Landings::default(),
-            broken: None,
-            next_lane: 0,
-            posts: 0,
-            post_time: Duration::ZERO,
             cm: self.cm.take(),
         };
-        // The session owns the CQs now (its Drop destroys them).
+        // The QPs own the CQs now (their Drop destroys them).
         self.finished = true;
-        for lane in 0..s.lanes.len() {
-            for slot in 0..RECV_SLOTS {
-                s.post_slot(lane, slot)?;
-            }
-        }
-        Ok(s)
+        Ok(RdmaSession {
+            inner: Session::new(qps, self.depth, pool_len, peer_len)?,
+        })
     }
 }
 
@@ -364,289 +320,126 @@ impl RdmaSession {
 
     /// The local pool.
     pub fn pool(&self) -> &Arc<Pool> {
-        &self.pool
+        &self.inner.qps.pool
     }
 
     /// The peer's pool size.
     pub fn peer_len(&self) -> u64 {
-        self.peer.len
-    }
-
-    fn post_slot(&self, lane: usize, slot: usize) -> Result<(), XferError> {
-        let at = (lane * RECV_SLOTS + slot) * NOTIFY_LEN;
-        let keys = self
-            .slots
-            .keys()
-            .ok_or_else(|| XferError::Setup("slots".into()))?;
-        let wr = RecvWr {
-            wr_id: at as u64,
-            sg_list: [Sge {
-                addr: self.slots.addr() + at as u64,
-                length: NOTIFY_LEN as u32,
-                lkey: keys.lkey,
-            }]
-            .into(),
-        };
-        self.lanes[lane]
-            .qp
-            .post_recv(&wr)
-            .map_err(|e| XferError::Broken(format!("posting a receive: {e}")))
-    }
-
-    /// Posts one work request on `lane`, waiting while the lane is full.
-    fn post(&mut self, lane: usize, mut wr: SendWr, last: bool) -> Result<(), XferError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.lanes[lane].posted.len() >= self.depth - 1 {
-            self.progress();
-            // Let the engine (and the peer, on a small host) run.
-            std::thread::yield_now();
-            if let Some(b) = &self.broken {
-                return Err(XferError::Broken(b.clone()));
-            }
-            if Instant::now() > deadline {
-                return Err(XferError::Timeout(Duration::from_secs(30)));
-            }
-        }
-        let l = &mut self.lanes[lane];
-        // Often enough that a full queue always holds a signalled one.
-        let every = (self.depth / 2).clamp(1, SIGNAL_EVERY);
-        wr.signaled = last || l.unsignaled + 1 >= every;
-        let t = Instant::now();
-        let r = l.qp.post_send(&wr);
-        self.post_time += t.elapsed();
-        self.posts += 1;
-        r.map_err(|e| XferError::Segment {
-            batch: wr.wr_id >> SEG_BITS,
-            segment: segment_of(wr.wr_id),
-            status: format!("post: {e}"),
-        })?;
-        l.posted.push_back(wr.wr_id);
-        l.unsignaled = if wr.signaled { 0 } else { l.unsignaled + 1 };
-        Ok(())
+        self.inner.peer_len()
     }
 
     /// Takes completions: the send queue's (batches done or failed) and
     /// the receive queue's (the peer's notifications).
     pub fn progress(&mut self) {
-        while let Some(wc) = self.scq.poll() {
-            self.on_send_completion(&wc);
-        }
-        while let Some(wc) = self.rcq.poll() {
-            if wc.status != WcStatus::Success {
-                if self.broken.is_none() {
-                    self.broken = Some(format!("receive: {:?}", wc.status));
-                }
-                continue;
-            }
-            let at = wc.wr_id as usize;
-            let mut b = [0u8; NOTIFY_LEN];
-            if self.slots.read(at as u64, &mut b) {
-                self.landings.bytes(&b);
-            }
-            let (lane, slot) = (at / NOTIFY_LEN / RECV_SLOTS, at / NOTIFY_LEN % RECV_SLOTS);
-            if lane < self.lanes.len() {
-                let _ = self.post_slot(lane, slot);
-            }
-        }
-    }
-
-    fn on_send_completion(&mut self, wc: &WorkCompletion) {
-        let lane = self
-            .lanes
-            .iter()
-            .position(|l| l.qp.qpn() == wc.qp_num)
-            .unwrap_or(0);
-        if wc.status != WcStatus::Success {
-            let batch = wc.wr_id >> SEG_BITS;
-            let e = XferError::Segment {
-                batch,
-                segment: segment_of(wc.wr_id),
-                status: format!("{:?}", wc.status),
-            };
-            if self.broken.is_none() {
-                self.broken = Some(e.to_string());
-            }
-            // The QP is in error: everything in flight on it fails.
-            for id in self.lanes[lane].posted.drain(..) {
-                if let Some(b) = self.batches.get_mut(&(id >> SEG_BITS)) {
-                    b.pending = 0;
-                    b.error.get_or_insert_with(|| e.clone());
-                }
-            }
-            if let Some(b) = self.batches.get_mut(&batch) {
-                b.error = Some(e);
-            }
-            return;
-        }
-        // RC completes in order: everything up to this one is done.
-        let l = &mut self.lanes[lane];
-        while let Some(id) = l.posted.pop_front() {
-            if let Some(b) = self.batches.get_mut(&(id >> SEG_BITS)) {
-                b.pending = b.pending.saturating_sub(1);
-            }
-            if id == wc.wr_id {
-                break;
-            }
-        }
+        self.inner.progress();
     }
 }
 
-fn segment_of(wr_id: u64) -> Option<usize> {
-    match wr_id & NOTIFY_SEG {
-        NOTIFY_SEG => None,
-        s => Some(s as usize),
-    }
-}
-
-impl Transfer for RdmaSession {
-    fn post_stats(&self) -> Option<(u64, Duration)> {
-        Some((self.posts, self.post_time))
+impl RcQps for BurstQps {
+    fn count(&self) -> usize {
+        self.qps.len()
     }
 
-    fn submit(&mut self, op: Op, segments: &[Segment]) -> Result<BatchId, XferError> {
-        if let Some(b) = &self.broken {
-            return Err(XferError::Broken(b.clone()));
-        }
-        if segments.len() as u64 >= NOTIFY_SEG {
-            return Err(XferError::Unsupported("more than 16M segments in a batch"));
-        }
-        let bytes = check(segments, self.pool.len() as u64, self.peer.len)?;
+    fn post(&mut self, lane: usize, wr_id: u64, work: &Work, signaled: bool) -> Result<(), String> {
         let lkey = self.pool.keys().map_or(0, |k| k.lkey);
-        let id = self.next_batch;
-        self.next_batch += 1;
-        let n = self.lanes.len();
-        // Whole batches round robin over the QPs when small, segments
-        // round robin when the batch can use them all.
-        let first = self.next_lane;
-        self.next_lane = (self.next_lane + 1) % n;
-        let used = n.min(segments.len().max(1));
-        let mut share = vec![0u64; n];
-        self.batches.insert(
-            id,
-            Batch {
-                pending: segments.len() + if op == Op::Write { used } else { 0 },
-                bytes,
-                error: None,
-            },
-        );
-        let mut last_on = vec![usize::MAX; n];
-        for i in 0..segments.len() {
-            last_on[(first + i) % n] = i;
-        }
-        for (i, s) in segments.iter().enumerate() {
-            let lane = (first + i) % n;
-            share[lane] += u64::from(s.len);
-            let remote_addr = self.peer.addr + s.remote;
-            let rkey = self.peer.rkey;
-            let sop = match op {
-                Op::Write => SendOp::Write { remote_addr, rkey },
-                Op::Read => SendOp::Read { remote_addr, rkey },
-            };
-            let sge = Sge {
-                addr: self.pool.addr() + s.local,
-                length: s.len,
-                lkey,
-            };
-            let wr = SendWr::new((id << SEG_BITS) | i as u64, sop, [sge]);
-            let last = op == Op::Read && last_on[lane] == i;
-            if let Err(e) = self.post(lane, wr, last) {
-                self.fail_batch(id, &e);
-                return Err(e);
-            }
-        }
-        if op == Op::Write {
-            for k in 0..used {
-                let lane = (first + k) % n;
-                let note = Notify {
-                    batch: id,
-                    bytes: share[lane],
-                    shares: used as u32,
-                }
-                .encode();
-                let mut wr = SendWr::new(
-                    (id << SEG_BITS) | NOTIFY_SEG,
-                    SendOp::Send,
-                    [Sge {
-                        addr: 0,
-                        length: NOTIFY_LEN as u32,
-                        lkey: 0,
-                    }],
-                );
+        let (rkey, base) = (self.peer.rkey, self.peer.addr);
+        let local = |s: &Segment| Sge {
+            addr: self.pool.addr() + s.local,
+            length: s.len,
+            lkey,
+        };
+        let mut wr = match work {
+            Work::Write(s) => SendWr::new(
+                wr_id,
+                SendOp::Write {
+                    remote_addr: base + s.remote,
+                    rkey,
+                },
+                [local(s)],
+            ),
+            Work::Read(s) => SendWr::new(
+                wr_id,
+                SendOp::Read {
+                    remote_addr: base + s.remote,
+                    rkey,
+                },
+                [local(s)],
+            ),
+            Work::Notify(note) => {
+                let sge = Sge {
+                    addr: 0,
+                    length: NOTIFY_LEN as u32,
+                    lkey: 0,
+                };
+                let mut wr = SendWr::new(wr_id, SendOp::Send, [sge]);
                 // The bytes travel in the request (no memory to read).
                 wr.inline = true;
-                wr.inline_data = InlineData::try_from_slice(&note).ok();
-                if let Err(e) = self.post(lane, wr, true) {
-                    self.fail_batch(id, &e);
-                    return Err(e);
-                }
+                wr.inline_data = InlineData::try_from_slice(note).ok();
+                wr
             }
-        }
-        Ok(BatchId(id))
+        };
+        wr.signaled = signaled;
+        self.qps[lane].post_send(&wr).map_err(|e| e.to_string())
     }
 
-    fn wait(&mut self, id: BatchId, timeout: Duration) -> Result<u64, XferError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let Some(b) = self.batches.get(&id.0) else {
-                return Err(XferError::NoSuchBatch(id.0));
-            };
-            if let Some(e) = &b.error {
-                let e = e.clone();
-                self.batches.remove(&id.0);
-                return Err(e);
-            }
-            if b.pending == 0 {
-                let bytes = b.bytes;
-                self.batches.remove(&id.0);
-                return Ok(bytes);
-            }
-            if Instant::now() > deadline {
-                return Err(XferError::Timeout(timeout));
-            }
-            self.progress();
-            // Let the engine (and the peer, on a small host) run.
-            std::thread::yield_now();
-        }
+    fn post_slot(&mut self, slot: usize) -> Result<(), String> {
+        let at = (slot * NOTIFY_LEN) as u64;
+        let lkey = self.slots.keys().map_or(0, |k| k.lkey);
+        let wr = RecvWr {
+            wr_id: slot as u64,
+            sg_list: [Sge {
+                addr: self.slots.addr() + at,
+                length: NOTIFY_LEN as u32,
+                lkey,
+            }]
+            .into(),
+        };
+        let qp = self.qps.get(slot / RECV_SLOTS).ok_or("no such slot")?;
+        qp.post_recv(&wr).map_err(|e| e.to_string())
     }
 
-    fn wait_landed(&mut self, timeout: Duration) -> Result<Landed, XferError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(l) = self.landings.next() {
-                return Ok(l);
-            }
-            if let Some(b) = &self.broken {
-                return Err(XferError::Broken(b.clone()));
-            }
-            if Instant::now() > deadline {
-                return Err(XferError::Timeout(timeout));
-            }
-            self.progress();
-            // Let the engine (and the peer, on a small host) run.
-            std::thread::yield_now();
+    fn slot(&self, slot: usize) -> [u8; NOTIFY_LEN] {
+        let mut b = [0u8; NOTIFY_LEN];
+        self.slots.read((slot * NOTIFY_LEN) as u64, &mut b);
+        b
+    }
+
+    fn poll_send(&mut self) -> Option<Done> {
+        let wc = self.scq.poll()?;
+        Some(self.done(&wc))
+    }
+
+    fn poll_recv(&mut self) -> Option<Done> {
+        let wc = self.rcq.poll()?;
+        Some(self.done(&wc))
+    }
+}
+
+impl BurstQps {
+    fn done(&self, wc: &WorkCompletion) -> Done {
+        Done {
+            wr_id: wc.wr_id,
+            lane: self
+                .qps
+                .iter()
+                .position(|q| q.qpn() == wc.qp_num)
+                .unwrap_or(0),
+            error: (wc.status != WcStatus::Success).then(|| format!("{:?}", wc.status)),
         }
     }
 }
 
-impl RdmaSession {
-    fn fail_batch(&mut self, id: u64, e: &XferError) {
-        if let Some(b) = self.batches.get_mut(&id) {
-            b.error.get_or_insert_with(|| e.clone());
-        }
-    }
-}
-
-impl Drop for RdmaSession {
+impl Drop for BurstQps {
     fn drop(&mut self) {
         // The QPs go before the pools they point into (the fields' own
         // Drop: the slots' and the pool's registrations).
-        let Some(ctx) = self.lanes.first().map(|l| l.qp.context().clone()) else {
+        let Some(ctx) = self.qps.first().map(|q| q.context().clone()) else {
             return;
         };
         release(
             &ctx,
             self.cm.take(),
-            self.lanes.drain(..).map(|l| l.qp),
+            self.qps.drain(..),
             &self.scq,
             &self.rcq,
         );
