@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 mod cm;
+#[cfg(feature = "libibverbs")]
+mod ibv;
 mod landing;
 mod pool;
 mod rdma;
@@ -9,6 +11,8 @@ mod tcp;
 
 use std::time::Duration;
 
+#[cfg(feature = "libibverbs")]
+pub use ibv::{IbvDevice, IbvSession};
 pub use pool::Pool;
 pub use rdma::{Endpoint, RdmaSession, SessionOptions};
 pub use tcp::TcpSession;
@@ -107,6 +111,23 @@ pub trait Transfer {
     /// API's cost per request, waits for room excluded).
     fn post_stats(&self) -> Option<(u64, Duration)> {
         None
+    }
+}
+
+/// A boxed session is a session (so a program can pick its transport at
+/// run time: `Box<dyn Transfer + Send>`).
+impl<T: Transfer + ?Sized> Transfer for Box<T> {
+    fn submit(&mut self, op: Op, segments: &[Segment]) -> Result<BatchId, XferError> {
+        (**self).submit(op, segments)
+    }
+    fn wait(&mut self, id: BatchId, timeout: Duration) -> Result<u64, XferError> {
+        (**self).wait(id, timeout)
+    }
+    fn wait_landed(&mut self, timeout: Duration) -> Result<Landed, XferError> {
+        (**self).wait_landed(timeout)
+    }
+    fn post_stats(&self) -> Option<(u64, Duration)> {
+        (**self).post_stats()
     }
 }
 

@@ -53,8 +53,7 @@ pub(crate) trait RcQps {
     /// How many QPs.
     fn count(&self) -> usize;
     /// Posts `work` on QP `lane`.
-    fn post(&mut self, lane: usize, wr_id: u64, work: &Work, signaled: bool)
-        -> Result<(), String>;
+    fn post(&mut self, lane: usize, wr_id: u64, work: &Work, signaled: bool) -> Result<(), String>;
     /// Posts notification slot `slot` (of all QPs': `lane * RECV_SLOTS +
     /// n`) as a receive on its QP, with `slot` as the work request ID.
     fn post_slot(&mut self, slot: usize) -> Result<(), String>;
