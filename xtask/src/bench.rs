@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::dropin::median;
-use crate::{cargo, dropin, step};
+use crate::{cargo, dropin, kvbench, step};
 
 const TRANSPORTS: [&str; 3] = ["burst", "raw-udp", "tcp"];
 
@@ -170,8 +170,14 @@ struct VmFigure {
 /// QEMU TCG, 1 vCPU each), alternating stacks round by round in one boot:
 /// each VM switches between kernel RXE and burst's drop-in libibverbs by
 /// loading or removing `rdma_rxe` (which frees UDP 4791). Figures: Debian's
-/// `ib_write_bw` 64 KiB (Gb/s) and `ib_send_lat` 2 B (typical, us).
-fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
+/// `ib_write_bw` 64 KiB (Gb/s) and `ib_send_lat` 2 B (typical, us), and
+/// burst-bench's KV workload through libibverbs (`bench`, built with
+/// feature `libibverbs`; its JSON points).
+fn rxe_pair(
+    root: &Path,
+    bench: &Path,
+    rounds: usize,
+) -> Result<(Vec<VmFigure>, Vec<Value>), String> {
     let dir = dropin::build(root).ok_or("build of the drop-in library failed")?;
     let lab = root.join("../shared/rxe-lab/rxe-vm");
     let labnet = root.join("../shared/rxe-lab/labnet.py");
@@ -185,7 +191,7 @@ fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
         (
             "rxe",
             "modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0 2>/dev/null; sleep 1",
-            "-d rxe0 -x $RXE_GID_INDEX",
+            ("rxe0", "$RXE_GID_INDEX"),
             "",
         ),
         (
@@ -193,23 +199,24 @@ fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
             "rdma link delete rxe0 2>/dev/null; modprobe -r rdma_rxe",
             // The VM's eth0 holds one IPv4 address: GID 1 in a table laid
             // out as RXE's (0: the link-local default GID).
-            "-d burst0 -x 1",
+            ("burst0", "1"),
             "BURST_ADDR=$RXE_IP",
         ),
     ];
     let (mut server, mut client) = (String::new(), String::new());
     let mut port = 24000u16;
     for r in 1..=rounds {
-        for (stack, switch, dev, env) in stacks {
+        for (stack, switch, (name, gid), env) in stacks {
             server.push_str(&format!("{switch}; "));
             client.push_str(&format!("{switch}; "));
+            let ld = if env.is_empty() {
+                String::new()
+            } else {
+                format!("{env} LD_LIBRARY_PATH={}", lib.display())
+            };
+            let dev = format!("-d {name} -x {gid}");
             for (test, cmd) in tests {
                 port += 1;
-                let ld = if env.is_empty() {
-                    String::new()
-                } else {
-                    format!("{env} LD_LIBRARY_PATH={}", lib.display())
-                };
                 server.push_str(&format!(
                     "{ld} timeout 120 {cmd} {dev} -p {port} >/dev/null 2>&1; "
                 ));
@@ -218,11 +225,15 @@ fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
                     labnet.display()
                 ));
             }
+            port += 1;
+            let (s, c) = kvbench::lab_commands(bench, &labnet, (stack, &ld, name, gid), r, port);
+            server.push_str(&s);
+            client.push_str(&c);
         }
     }
     let _ = Command::new("bash").arg(&lab).arg("setup").status();
     let out = Command::new("timeout")
-        .arg((600 + 300 * rounds).to_string())
+        .arg((600 + 600 * rounds).to_string())
         .arg("bash")
         .arg(&lab)
         .args(["pair", "--", &server, "---", &client])
@@ -231,6 +242,7 @@ fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
         .map_err(|e| format!("rxe-vm pair: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut figs = Vec::new();
+    let kv: Vec<Value> = text.lines().filter_map(kvbench::lab_line).collect();
     for line in text.lines() {
         let Some(rest) = line.split("VMBENCH ").nth(1) else {
             continue;
@@ -263,7 +275,7 @@ fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
             });
         }
     }
-    if figs.is_empty() {
+    if figs.is_empty() && kv.is_empty() {
         return Err(format!(
             "rxe-vm pair gave no figures (exit {:?}): {}",
             out.status.code(),
@@ -275,27 +287,52 @@ fn rxe_pair(root: &Path, rounds: usize) -> Result<Vec<VmFigure>, String> {
                 .join(" | ")
         ));
     }
-    Ok(figs)
+    Ok((figs, kv))
 }
 
 fn plot_bw(path: &Path, sweep: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(), String> {
+    plot_lines(
+        path,
+        "Bandwidth vs message size (veth pair)",
+        ("message size (bytes)", "Gb/s"),
+        sweep,
+    )
+}
+
+/// Named series of (x, y) points on log-log axes fitted to them.
+pub(crate) fn plot_lines(
+    path: &Path,
+    caption: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &BTreeMap<String, Vec<(f64, f64)>>,
+) -> Result<(), String> {
     use plotters::prelude::*;
+    let pts = || series.values().flatten().filter(|p| p.0 > 0.0 && p.1 > 0.0);
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, 0f64, f64::MAX, 0f64);
+    for p in pts() {
+        (x0, x1, y0, y1) = (x0.min(p.0), x1.max(p.0), y0.min(p.1), y1.max(p.1));
+    }
+    if x1 == 0.0 {
+        return Err(format!("{caption}: no points"));
+    }
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let ymax = sweep.values().flatten().map(|p| p.1).fold(1.0, f64::max) * 1.1;
     let mut c = ChartBuilder::on(&root)
-        .caption("Bandwidth vs message size (veth pair)", ("sans-serif", 20))
+        .caption(caption, ("sans-serif", 20))
         .margin(10)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d((1f64..9e6f64).log_scale(), 0f64..ymax)
+        .build_cartesian_2d(
+            (x0 / 1.5..x1 * 1.5).log_scale(),
+            (y0 / 1.5..y1 * 1.5).log_scale(),
+        )
         .map_err(|e| e.to_string())?;
     c.configure_mesh()
-        .x_desc("message size (bytes)")
-        .y_desc("Gb/s")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .draw()
         .map_err(|e| e.to_string())?;
-    for (i, (name, pts)) in sweep.iter().enumerate() {
+    for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         c.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
             .map_err(|e| e.to_string())?
@@ -358,7 +395,7 @@ fn plot_cdf(path: &Path, cdfs: &BTreeMap<String, Vec<(f64, f64)>>) -> Result<(),
 }
 
 /// `cargo xtask bench [--rounds N] [--secs S] [--no-sweep] [--no-criterion]
-/// [--no-rxe]`.
+/// [--no-rxe] [--no-kv]`.
 pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     let val = |f: &str| args.windows(2).find(|w| w[0] == f).map(|w| w[1].clone());
     let has = |f: &str| args.iter().any(|a| a == f);
@@ -402,7 +439,17 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     }
     if !step(
         "build burst-bench",
-        &mut cargo(root, &["build", "--release", "-p", "burst-bench"]),
+        &mut cargo(
+            root,
+            &[
+                "build",
+                "--release",
+                "-p",
+                "burst-bench",
+                "--features",
+                "libibverbs",
+            ],
+        ),
     ) {
         return ExitCode::FAILURE;
     }
@@ -488,16 +535,22 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             }
         }
     }
-    dropin::veth_teardown();
-    let vm = if has("--no-rxe") {
+    let kv_veth = if has("--no-kv") {
         Vec::new()
     } else {
+        let (s, c) = (&env.server_cpu, &env.client_cpu);
+        kvbench::veth(&env.bin, s, c, rounds, &mut port, &mut errors)
+    };
+    dropin::veth_teardown();
+    let (vm, kv_lab) = if has("--no-rxe") {
+        (Vec::new(), Vec::new())
+    } else {
         println!("xtask: bench RXE vs burst between the two lab VMs ({rounds} rounds)");
-        match rxe_pair(root, rounds) {
+        match rxe_pair(root, &env.bin, rounds) {
             Ok(v) => v,
             Err(e) => {
                 errors.push(format!("RXE pair: {e}"));
-                Vec::new()
+                (Vec::new(), Vec::new())
             }
         }
     };
@@ -562,6 +615,7 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             "commands": "ib_write_bw -F -s 65536 -n 200 --report_gbits (Gb/s, average); ib_send_lat -F -s 2 -n 500 (typical, us); RXE: -d rxe0; burst: -d burst0 with BURST_ADDR and LD_LIBRARY_PATH=target/dropin, rdma_rxe unloaded",
             "figures": vm_json,
         },
+        "kv": {"veth": kv_veth, "rxe_vm_pair": kv_lab},
         "criterion_ns": criterion(root),
         "errors": errors,
     });
@@ -576,8 +630,10 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     let docs = root.join("docs");
     let plots = docs.join("plots");
     let _ = std::fs::create_dir_all(&plots);
-    if let Err(e) = plot_bw(&plots.join("bw-vs-size.svg"), &sweep) {
-        errors.push(format!("plot: {e}"));
+    if !sweep.is_empty() {
+        if let Err(e) = plot_bw(&plots.join("bw-vs-size.svg"), &sweep) {
+            errors.push(format!("plot: {e}"));
+        }
     }
     let mut cdfs = BTreeMap::new();
     // The last round's distribution of each transport in each mode, each
@@ -714,6 +770,7 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     md.push_str(
         "![bandwidth vs size](plots/bw-vs-size.svg)\n\n![latency CDF](plots/latency-cdf.svg)\n\n",
     );
+    kvbench::report(&mut md, &kv_veth, &kv_lab, &plots, &mut errors);
     md.push_str("## burst's other tests (veth pair, same run)\n\n| test | size | result (median, min-max) | p99 |\n|---|---|---|---|\n");
     for test in [
         "write_lat",

@@ -7,6 +7,7 @@ mod congestion;
 mod daemon;
 mod dataplanes;
 mod dropin;
+mod kvbench;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -476,7 +477,9 @@ fn test(args: &[String]) -> ExitCode {
             // (Its build failing says what to install when this cannot.)
             let _ = ensure_debs(&["gcc", "libibverbs-dev"]);
             runs.extend(dropin::conformance(&root, &dir));
-            dropin::summary("dropin (loopback)", &runs) && exports
+            let ok = dropin::summary("dropin (loopback)", &runs) && exports;
+            results.push(("burst-xfer over libibverbs", xfer_over_dropin(&root, &dir)));
+            ok
         }
         None => false,
     };
@@ -1078,6 +1081,67 @@ fn dropin_loopback(dir: &Path, cases: &[dropin::Case]) -> Vec<dropin::Outcome> {
         "burst<->burst loopback",
         22000,
     )
+}
+
+/// burst-xfer's libibverbs sessions on the drop-in (`dir`): its tests
+/// (two sessions on one device, a peer that goes away, against a
+/// burst-verbs session) and the KV workload through them, every block
+/// checked.
+fn xfer_over_dropin(root: &Path, dir: &Path) -> bool {
+    let on_dropin = |c: &mut Command| {
+        c.env("LD_LIBRARY_PATH", dir)
+            .env("BURST_ADDR", "127.0.145.1")
+            .env("BURST_XFER_IBV_DEV", "burst0")
+            .env("BURST_XFER_IBV_GID", "0");
+    };
+    let mut test = cargo(
+        root,
+        &[
+            "test",
+            "--release",
+            "-p",
+            "burst-xfer",
+            "--features",
+            "libibverbs",
+            "--test",
+            "ibv",
+        ],
+    );
+    on_dropin(&mut test);
+    let mut kv = cargo(
+        root,
+        &[
+            "run",
+            "--release",
+            "-q",
+            "-p",
+            "burst-bench",
+            "--features",
+            "libibverbs",
+            "--",
+            "kv",
+            "--transport",
+            "verbs",
+            "--ibv-dev",
+            "burst0",
+            "--gid-index",
+            "0",
+            "--tokens",
+            "128",
+            "--concurrency",
+            "1,2",
+            "--qps",
+            "1,3",
+            "--requests",
+            "4",
+            "--pool-gib",
+            "0.25",
+            "--verify",
+        ],
+    );
+    on_dropin(&mut kv);
+    step("burst-xfer over libibverbs (drop-in)", &mut test)
+        & step("kv through libibverbs (drop-in, verified)", &mut kv)
 }
 
 /// The drop-in scenarios against RXE: both roles, MTU 1024 and 4096.

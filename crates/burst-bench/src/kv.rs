@@ -72,8 +72,8 @@ pub struct KvCli {
     #[arg(long, value_delimiter = ',', default_values_t = ["both".to_string()])]
     transport: Vec<String>,
     /// This process's part: `both` (the two ends in this process),
-    /// `server` (the receiver, serving points until killed) or `client`
-    /// (the sender, which runs the sweep against `--peer`).
+    /// `server` (the receiver: serves one client's points, then exits) or
+    /// `client` (the sender, which runs the sweep against `--control`).
     #[arg(long, default_value = "both")]
     role: String,
     /// server: the control address to listen on; client: the server's.
@@ -664,21 +664,17 @@ fn client_point(
     drive(kind.name(), cli, p, a, &src, recv)
 }
 
-/// `--role server`: serves the points clients ask for, one control
-/// connection at a time, until killed.
+/// `--role server`: serves the points one client asks for, then exits
+/// when it hangs up (as perftest's servers do).
 fn serve(cli: &KvCli, stacks: &mut Stacks) -> Result<(), String> {
     let l = TcpListener::bind(cli.control).map_err(err("control listen"))?;
     eprintln!("burst-bench kv: serving on {}", cli.control);
-    loop {
-        let (mut c, from) = l.accept().map_err(err("control accept"))?;
-        let _ = c.set_nodelay(true);
-        while let Ok(ask) = recv_frame(&mut c) {
-            if let Err(e) = serve_point(cli, stacks, &mut c, &ask) {
-                eprintln!("burst-bench kv: {from}: {e}");
-                break;
-            }
-        }
+    let (mut c, _) = l.accept().map_err(err("control accept"))?;
+    let _ = c.set_nodelay(true);
+    while let Ok(ask) = recv_frame(&mut c) {
+        serve_point(cli, stacks, &mut c, &ask)?;
     }
+    Ok(())
 }
 
 fn serve_point(
