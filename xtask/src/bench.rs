@@ -535,6 +535,18 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             }
         }
     }
+    // What an idle device costs: two engines with connected QPs, nothing
+    // to do for 10 s (loopback; the process's CPU time).
+    println!("xtask: bench idle device CPU (10 s)");
+    let idle: Option<Value> = Command::new(&env.bin)
+        .args(["idle", "--secs", "10", "--json"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_slice(&o.stdout).ok());
+    if idle.is_none() {
+        errors.push("idle: burst-bench idle failed".into());
+    }
     let kv_veth = if has("--no-kv") {
         Vec::new()
     } else {
@@ -616,6 +628,7 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             "figures": vm_json,
         },
         "kv": {"veth": kv_veth, "rxe_vm_pair": kv_lab},
+        "idle": idle,
         "criterion_ns": criterion(root),
         "errors": errors,
     });
@@ -733,6 +746,47 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             ["burst", "raw-udp", "tcp"]
                 .map(|t| format!("{:.2}", m(&format!("{test} {t} cores"))))
                 .join(" / "),
+        ));
+    }
+    if let Some(i) = &idle {
+        let (cpu, secs) = (
+            i["cpu_secs"].as_f64().unwrap_or(0.0),
+            i["secs"].as_f64().unwrap_or(1.0),
+        );
+        md.push_str(&format!(
+            "| Idle device: CPU over {secs:.0} s, two engines with {} connected QPs (`burst-bench idle --secs 10`) | {cpu:.4} s ({:.3}% of a core) | | | | | ~0 | |\n",
+            i["qps"],
+            100.0 * cpu / secs.max(1e-9)
+        ));
+    }
+    // Tails: any latency run whose p99.9 is over 20x its p50 (something
+    // slept on the data path, or the machine took the core away).
+    let tails: Vec<String> = results
+        .iter()
+        .filter(|x| {
+            let (p50, p999) = (x["p50"].as_f64(), x["p999"].as_f64());
+            matches!((p50, p999), (Some(a), Some(b)) if a > 0.0 && b > 20.0 * a)
+        })
+        .map(|x| {
+            format!(
+                "{} over {} round {}{}: p50 {:.2} us, p99.9 {:.2} us",
+                x["test"].as_str().unwrap_or("?"),
+                x["transport"].as_str().unwrap_or("?"),
+                x["round"],
+                if x["events"].as_bool().unwrap_or(false) {
+                    " (-e)"
+                } else {
+                    ""
+                },
+                x["p50"].as_f64().unwrap_or(0.0),
+                x["p999"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    if !tails.is_empty() {
+        md.push_str(&format!(
+            "\n**Tails over 20x the median (p99.9 > 20 x p50):** {}.\n",
+            tails.join("; ")
         ));
     }
     if !suspect.is_empty() {

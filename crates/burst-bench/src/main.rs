@@ -14,8 +14,10 @@
 //! burst-bench read_bw --server --local 198.18.0.101          # server role
 //! burst-bench read_bw --local 198.18.0.102 198.18.0.101      # client role
 //! burst-bench kv --tokens 4096 --verify         # KV-cache transfer, burst vs TCP
+//! burst-bench idle --secs 10                    # CPU of two idle engines
 //! ```
 
+mod idle;
 mod kv;
 mod rawudp;
 mod rdma;
@@ -737,15 +739,18 @@ fn run(cli: &Cli) -> Result<(), String> {
 }
 
 fn main() -> std::process::ExitCode {
-    if std::env::args().nth(1).as_deref() == Some("kv") {
+    type Sub = fn(Box<dyn Iterator<Item = String>>) -> Result<(), String>;
+    let subs: [(&str, Sub); 2] = [("kv", |a| kv::main(a)), ("idle", |a| idle::main(a))];
+    let first = std::env::args().nth(1);
+    if let Some((name, sub)) = subs.iter().find(|(n, _)| first.as_deref() == Some(*n)) {
         let args = std::env::args()
             .enumerate()
             .filter(|(i, _)| *i != 1)
             .map(|(_, a)| a);
-        return match kv::main(args) {
+        return match sub(Box::new(args)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("burst-bench kv: {e}");
+                eprintln!("burst-bench {name}: {e}");
                 std::process::ExitCode::FAILURE
             }
         };

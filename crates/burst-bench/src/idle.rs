@@ -1,0 +1,92 @@
+//! `burst-bench idle`: the CPU an idle device costs. Two embedded engines
+//! on loopback with connected RC QPs (a burst-xfer session of `--qps`),
+//! one batch moved to warm them up, then nothing for `--secs`: the
+//! process's CPU time over that span is what the engines spend waiting.
+
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use burst_verbs::engine::Engine;
+use burst_verbs::Mtu;
+use burst_xfer::{Op, Pool, RdmaSession, Segment, SessionOptions, Transfer};
+use clap::Parser;
+
+use crate::report::cpu_now;
+use crate::{LOOP_A, LOOP_B};
+
+/// The idle-CPU measurement.
+#[derive(Parser, Debug)]
+#[command(name = "burst-bench idle")]
+pub struct IdleCli {
+    /// Seconds of idleness measured.
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    /// Connected RC QPs between the two engines.
+    #[arg(long, default_value_t = 4)]
+    qps: usize,
+    /// One JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `burst-bench idle ...`.
+pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
+    let cli = IdleCli::parse_from(args);
+    let err = |what: &'static str| move |e: burst_xfer::XferError| format!("{what}: {e}");
+    let start = |ip| {
+        Engine::start_config(&crate::rdma::device_config(ip, Mtu::Mtu4096)?)
+            .map_err(|e| format!("engine: {e}"))
+    };
+    let (ea, eb) = (start(LOOP_A)?, start(LOOP_B)?);
+    let (ca, cb) = (ea.context(), eb.context());
+    let o = SessionOptions {
+        qps: cli.qps,
+        ..SessionOptions::default()
+    };
+    let pa = Arc::new(Pool::registered(&ca, 1 << 20).map_err(err("pool"))?);
+    let pb = Arc::new(Pool::registered(&cb, 1 << 20).map_err(err("pool"))?);
+    let (to_b, from_a) = mpsc::channel();
+    let (to_a, from_b) = mpsc::channel();
+    let side_b = std::thread::spawn(move || {
+        RdmaSession::connect(&cb, pb, &o, |mine| {
+            let _ = to_a.send(mine.clone());
+            from_a.recv().map_err(std::io::Error::other)
+        })
+    });
+    let mut a = RdmaSession::connect(&ca, pa, &o, |mine| {
+        let _ = to_b.send(mine.clone());
+        from_b.recv().map_err(std::io::Error::other)
+    })
+    .map_err(err("session"))?;
+    let mut b = side_b
+        .join()
+        .map_err(|_| "session thread panicked".to_string())?
+        .map_err(err("session"))?;
+    let t = Duration::from_secs(10);
+    let seg = Segment {
+        local: 0,
+        remote: 0,
+        len: 64 << 10,
+    };
+    let id = a.submit(Op::Write, &[seg]).map_err(err("submit"))?;
+    a.wait(id, t).map_err(err("wait"))?;
+    b.wait_landed(t).map_err(err("landing"))?;
+    // Let the last ACKs and any spinning after them end, then measure.
+    std::thread::sleep(Duration::from_millis(100));
+    let (t0, cpu0) = (Instant::now(), cpu_now());
+    std::thread::sleep(Duration::from_secs_f64(cli.secs));
+    let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_now() - cpu0);
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::json!({"test": "idle", "engines": 2, "qps": cli.qps, "secs": secs, "cpu_secs": cpu})
+        );
+    } else {
+        println!(
+            "burst-bench idle: two engines, {} connected RC QPs, idle {secs:.1} s: {cpu:.4} CPU s ({:.3}% of a core)",
+            cli.qps,
+            100.0 * cpu / secs
+        );
+    }
+    Ok(())
+}
