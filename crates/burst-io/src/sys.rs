@@ -334,9 +334,7 @@ pub(crate) fn wait_any(fds: &[std::os::fd::RawFd], timeout: std::time::Duration)
             revents: 0,
         })
         .collect();
-    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: live pollfds, and their count.
-    let rc = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    let rc = ppoll(&mut p, timeout);
     if rc < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -346,19 +344,41 @@ pub(crate) fn wait_any(fds: &[std::os::fd::RawFd], timeout: std::time::Duration)
     Ok(())
 }
 
+/// `ppoll(2)` with `timeout` to the nanosecond (poll(2)'s milliseconds
+/// would turn a transport timer 300 us away into a busy loop or a 1 ms
+/// oversleep); [`std::time::Duration::MAX`] waits without a limit.
+fn ppoll(p: &mut [libc::pollfd], timeout: std::time::Duration) -> libc::c_int {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    let limit = if timeout == std::time::Duration::MAX {
+        std::ptr::null()
+    } else {
+        &ts as *const libc::timespec
+    };
+    // SAFETY: live pollfds and their count; `limit` is null or points at a
+    // timespec that outlives the call; no signal mask is passed.
+    unsafe {
+        libc::ppoll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            limit,
+            std::ptr::null(),
+        )
+    }
+}
+
 pub(crate) fn wait_readable(
     fd: std::os::fd::RawFd,
     timeout: std::time::Duration,
 ) -> io::Result<bool> {
-    let mut p = libc::pollfd {
+    let mut p = [libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: one live pollfd, and its count.
-    let rc = unsafe { libc::poll(&mut p, 1, ms) };
-    match rc {
+    }];
+    match ppoll(&mut p, timeout) {
         rc if rc < 0 => {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -368,7 +388,7 @@ pub(crate) fn wait_readable(
             }
         }
         0 => Ok(false),
-        _ => Ok(p.revents & libc::POLLIN != 0),
+        _ => Ok(p[0].revents & libc::POLLIN != 0),
     }
 }
 

@@ -629,14 +629,17 @@ impl<P: Port> Device<P> {
         self.clock.now()
     }
 
-    /// The earliest transport timer of any QP (device-clock ns): when
-    /// [`Device::progress_at`] must next run if no packet comes first.
+    /// The earliest timer of the device (device-clock ns): a QP's
+    /// transport timer, the pacer's next release, or the next look at the
+    /// link it follows; when [`Device::progress_at`] must next run if no
+    /// packet comes first.
     pub fn next_timeout(&self) -> Option<u64> {
         self.qps
             .iter()
             .flatten()
             .filter_map(|s| s.qp.poll_timeout())
             .chain(self.cc.pace_wakeup())
+            .chain(self.link.as_ref().map(|l| l.next_ns))
             .min()
     }
 

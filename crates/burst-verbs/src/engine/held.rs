@@ -31,6 +31,11 @@ impl Held {
     /// Completions one CQ may hold (twice a QP's deepest queue).
     const LIMIT: usize = 2 * crate::MAX_QP_WR as usize;
 
+    /// Nothing held and no QP left for later.
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_cq.is_empty() && self.paused.is_empty()
+    }
+
     /// Whether QP rings `r` must wait: a CQ of theirs holds completions.
     pub(super) fn blocks(&self, r: &QpRings) -> bool {
         !self.by_cq.is_empty()

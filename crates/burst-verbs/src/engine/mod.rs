@@ -437,6 +437,10 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.ctx.shared.stop.store(true, Ordering::Release);
+        // Idle lanes wait in the kernel without a limit: wake them to stop.
+        for lane in 0..self.ctx.shared.cores.len() {
+            self.ctx.shared.wake.wake(lane);
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

@@ -203,6 +203,15 @@ impl Wake {
         self.seg.word(lane * 64)
     }
 
+    /// Wakes the lane whether it sleeps or not (the engine stopping).
+    pub(super) fn wake(&self, lane: usize) {
+        if let WakeSide::Engine { local, .. } = &self.side {
+            if let Some(fd) = local.get(lane) {
+                fd.signal();
+            }
+        }
+    }
+
     /// After a doorbell: wakes the lane if it sleeps.
     pub(super) fn nudge(&self, lane: usize) {
         // Pairs with the engine's fence between setting the word and its
