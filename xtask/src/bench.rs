@@ -25,7 +25,8 @@ struct Env {
 fn run_pair(env: &Env, test: &str, args: &[&str], port: u16) -> Result<Vec<Value>, String> {
     let p = port.to_string();
     let bin = env.bin.to_string_lossy().into_owned();
-    let mut server = Command::new("timeout")
+    let mut server = Command::new("timeout");
+    server
         .args([
             "300",
             "ip",
@@ -38,20 +39,8 @@ fn run_pair(env: &Env, test: &str, args: &[&str], port: u16) -> Result<Vec<Value
             &bin,
             test,
         ])
-        .args(["--server", "--local", "198.18.0.101", "-p", &p])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("server: {e}"))?;
-    // Wait for the out-of-band listener.
-    if !dropin::wait_listen(Some("burstbb1"), port, Duration::from_secs(10)) {
-        // SIGTERM to `timeout` reaches burst-bench too (SIGKILL would not).
-        let _ = Command::new("kill")
-            .args(["-TERM", &server.id().to_string()])
-            .status();
-        let _ = server.wait();
-        return Err("the server never listened".into());
-    }
+        .args(["--server", "--local", "198.18.0.101", "-p", &p]);
+    let mut server = listening(server, "burstbb1", port)?;
     let out = Command::new("timeout")
         .args([
             "300",
@@ -87,6 +76,29 @@ fn run_pair(env: &Env, test: &str, args: &[&str], port: u16) -> Result<Vec<Value
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect())
+}
+
+/// Starts `server` (a `timeout ... ip netns exec NS ...` command) and waits
+/// until it listens on TCP `port` in `ns`; stopped again if it never does.
+pub(crate) fn listening(
+    mut server: Command,
+    ns: &str,
+    port: u16,
+) -> Result<std::process::Child, String> {
+    let mut child = server
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("server: {e}"))?;
+    if !dropin::wait_listen(Some(ns), port, Duration::from_secs(10)) {
+        // SIGTERM to `timeout` reaches the server too (SIGKILL would not).
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+        return Err("the server never listened".into());
+    }
+    Ok(child)
 }
 
 fn machine() -> Value {

@@ -5,12 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use serde_json::{json, Value};
 
-use crate::dropin::{self, median};
+use crate::dropin::median;
 
 /// The veth sweeps: (what, client arguments). The model is Llama-3-8B's
 /// geometry (32 layers, 32 KiB blocks) unless the block size says else.
@@ -77,21 +76,11 @@ fn veth_pair(
         ]);
         c
     };
-    let mut server = netns("burstbb1", server_cpu)
+    let mut server = netns("burstbb1", server_cpu);
+    server
         .args(["--role", "server", "--control", &control])
-        .args(["--addr", "198.18.0.101", "--pool-gib", VETH_POOL_GIB])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("server: {e}"))?;
-    if !dropin::wait_listen(Some("burstbb1"), port, Duration::from_secs(10)) {
-        // SIGTERM to `timeout` reaches burst-bench too.
-        let _ = Command::new("kill")
-            .args(["-TERM", &server.id().to_string()])
-            .status();
-        let _ = server.wait();
-        return Err("the server never listened".into());
-    }
+        .args(["--addr", "198.18.0.101", "--pool-gib", VETH_POOL_GIB]);
+    let mut server = crate::bench::listening(server, "burstbb1", port)?;
     let out = netns("burstbb2", client_cpu)
         .args(["--role", "client", "--control", &control])
         .args(["--addr", "198.18.0.102", "--pool-gib", VETH_POOL_GIB])

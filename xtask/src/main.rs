@@ -577,27 +577,9 @@ fn test(args: &[String]) -> ExitCode {
     // of every request checked at the receiver.
     let mut kv = cargo(
         &root,
-        &[
-            "run",
-            "--release",
-            "-q",
-            "-p",
-            "burst-bench",
-            "--",
-            "kv",
-            "--tokens",
-            "128",
-            "--concurrency",
-            "1,2",
-            "--qps",
-            "1,3",
-            "--requests",
-            "4",
-            "--pool-gib",
-            "0.25",
-            "--verify",
-        ],
+        &["run", "--release", "-q", "-p", "burst-bench", "--", "kv"],
     );
+    kv.args(KV_SMALL.split_whitespace());
     results.push((
         "kv (burst-xfer, burst and TCP, verified)",
         step("kv", &mut kv),
@@ -1083,6 +1065,11 @@ fn dropin_loopback(dir: &Path, cases: &[dropin::Case]) -> Vec<dropin::Outcome> {
     )
 }
 
+/// The small KV request `cargo xtask test` runs on each stack: every block
+/// of every request checked at the receiver.
+const KV_SMALL: &str =
+    "--tokens 128 --concurrency 1,2 --qps 1,3 --requests 4 --pool-gib 0.25 --verify";
+
 /// burst-xfer's libibverbs sessions on the drop-in (`dir`): its tests
 /// (two sessions on one device, a peer that goes away, against a
 /// burst-verbs session) and the KV workload through them, every block
@@ -1126,19 +1113,9 @@ fn xfer_over_dropin(root: &Path, dir: &Path) -> bool {
             "burst0",
             "--gid-index",
             "0",
-            "--tokens",
-            "128",
-            "--concurrency",
-            "1,2",
-            "--qps",
-            "1,3",
-            "--requests",
-            "4",
-            "--pool-gib",
-            "0.25",
-            "--verify",
         ],
     );
+    kv.args(KV_SMALL.split_whitespace());
     on_dropin(&mut kv);
     step("burst-xfer over libibverbs (drop-in)", &mut test)
         & step("kv through libibverbs (drop-in, verified)", &mut kv)

@@ -418,63 +418,76 @@ fn pool_bytes(cli: &KvCli) -> usize {
     (cli.pool_gib * (1u64 << 30) as f64) as usize
 }
 
-/// A session of `kind` over `pool`, its endpoint exchanged by `exchange`
-/// (TCP: `tcp` makes the connections).
-fn session(
-    kind: Kind,
-    stacks: &mut Stacks,
-    peer: bool,
-    pool: Arc<Pool>,
-    o: &SessionOptions,
-    exchange: impl FnOnce(&Endpoint) -> std::io::Result<Endpoint>,
-    tcp: impl FnOnce(Arc<Pool>) -> Result<TcpSession, XferError>,
-) -> Result<Box<dyn Transfer + Send>, String> {
-    Ok(match kind {
-        Kind::Burst => {
-            let ctx = stacks.engine(peer)?;
-            Box::new(RdmaSession::connect(&ctx, pool, o, exchange).map_err(err("session"))?)
-        }
-        Kind::Tcp => Box::new(tcp(pool).map_err(err("session"))?),
-        #[cfg(feature = "libibverbs")]
-        Kind::Verbs => {
-            let dev = stacks.ibv()?;
-            Box::new(
-                burst_xfer::IbvSession::connect(&dev, pool, o, exchange).map_err(err("session"))?,
-            )
-        }
-        #[cfg(not(feature = "libibverbs"))]
-        Kind::Verbs => return Err("verbs: built without feature libibverbs".into()),
-    })
+/// One side's stack for a point: its engine's context, its Verbs device,
+/// or kernel TCP.
+#[derive(Clone)]
+enum Side {
+    Burst(burst_verbs::engine::Context),
+    Tcp,
+    #[cfg(feature = "libibverbs")]
+    Verbs(Arc<burst_xfer::IbvDevice>),
 }
 
-/// A pool for `kind` (burst: registered on the engine's context).
-fn pool(kind: Kind, stacks: &mut Stacks, peer: bool, len: usize) -> Result<Arc<Pool>, String> {
-    Ok(Arc::new(
-        match kind {
-            Kind::Burst => Pool::registered(&stacks.engine(peer)?, len),
-            Kind::Tcp | Kind::Verbs => Pool::new(len),
-        }
-        .map_err(err("pool"))?,
-    ))
+impl Stacks {
+    /// This process's side of `kind` (`peer`: the receiver's, in process).
+    fn side(&mut self, kind: Kind, peer: bool) -> Result<Side, String> {
+        Ok(match kind {
+            Kind::Burst => Side::Burst(self.engine(peer)?),
+            Kind::Tcp => Side::Tcp,
+            #[cfg(feature = "libibverbs")]
+            Kind::Verbs => Side::Verbs(self.ibv()?),
+            #[cfg(not(feature = "libibverbs"))]
+            Kind::Verbs => return Err("verbs: built without feature libibverbs".into()),
+        })
+    }
+}
+
+impl Side {
+    /// A session over `pool`, its endpoint exchanged by `exchange` (TCP:
+    /// `tcp` makes the connections).
+    fn session(
+        &self,
+        pool: Arc<Pool>,
+        o: &SessionOptions,
+        exchange: impl FnOnce(&Endpoint) -> std::io::Result<Endpoint>,
+        tcp: impl FnOnce(Arc<Pool>) -> Result<TcpSession, XferError>,
+    ) -> Result<Box<dyn Transfer + Send>, String> {
+        let s: Box<dyn Transfer + Send> = match self {
+            Side::Burst(ctx) => {
+                Box::new(RdmaSession::connect(ctx, pool, o, exchange).map_err(err("session"))?)
+            }
+            Side::Tcp => Box::new(tcp(pool).map_err(err("session"))?),
+            #[cfg(feature = "libibverbs")]
+            Side::Verbs(dev) => Box::new(
+                burst_xfer::IbvSession::connect(dev, pool, o, exchange).map_err(err("session"))?,
+            ),
+        };
+        Ok(s)
+    }
+
+    /// A pool of `len` bytes (burst: registered on the engine's context).
+    fn pool(&self, len: usize) -> Result<Arc<Pool>, String> {
+        let p = match self {
+            Side::Burst(ctx) => Pool::registered(ctx, len),
+            _ => Pool::new(len),
+        };
+        Ok(Arc::new(p.map_err(err("pool"))?))
+    }
+}
+
+/// TCP has no endpoint exchange: its connections are made apart.
+fn no_tcp(_: Arc<Pool>) -> Result<TcpSession, XferError> {
+    Err(XferError::Unsupported("tcp"))
 }
 
 /// Both ends of `kind` in this process.
 fn local_point(cli: &KvCli, p: &Point, kind: Kind, stacks: &mut Stacks) -> Result<KvPoint, String> {
     let blocks = cli.layers * 2 * p.tokens.div_ceil(16);
     let sources = if cli.verify { p.concurrency } else { 1 };
-    let src = pool(kind, stacks, false, sources * blocks * p.block)?;
-    let dst = pool(kind, stacks, true, pool_bytes(cli))?;
+    let (sa, sb) = (stacks.side(kind, false)?, stacks.side(kind, true)?);
+    let src = sa.pool(sources * blocks * p.block)?;
+    let dst = sb.pool(pool_bytes(cli))?;
     let o = options(cli, p, stacks.mtu);
-    let (to_b, from_a) = mpsc::channel();
-    let (to_a, from_b) = mpsc::channel();
-    let exchange_a = |mine: &Endpoint| {
-        let _ = to_b.send(mine.clone());
-        from_b.recv().map_err(std::io::Error::other)
-    };
-    let exchange_b = move |mine: &Endpoint| {
-        let _ = to_a.send(mine.clone());
-        from_a.recv().map_err(std::io::Error::other)
-    };
     let (a, b) = if kind == Kind::Tcp {
         let l = TcpListener::bind(SocketAddr::new(stacks.peer_addr, 0)).map_err(err("listen"))?;
         let at = l.local_addr().map_err(err("listen"))?;
@@ -491,49 +504,25 @@ fn local_point(cli: &KvCli, p: &Point, kind: Kind, stacks: &mut Stacks) -> Resul
         )
     } else {
         // Both sides' setup blocks on the exchange: the receiver's on a
-        // thread. Its stack (engine or device) is made here first.
-        let mut theirs = Stacks {
-            addr: stacks.peer_addr,
-            peer_addr: stacks.peer_addr,
-            mtu: stacks.mtu,
-            engine: None,
-            peer_engine: None,
-            #[cfg(feature = "libibverbs")]
-            ibv_dev: None,
-            #[cfg(feature = "libibverbs")]
-            gid_index: stacks.gid_index,
-            #[cfg(feature = "libibverbs")]
-            ibv: None,
-        };
-        match kind {
-            Kind::Burst => theirs.engine = stacks.peer_engine.take(),
-            #[cfg(feature = "libibverbs")]
-            Kind::Verbs => theirs.ibv = Some(stacks.ibv()?),
-            _ => {}
-        }
-        let (cli2, dst2, p2) = (cli.clone(), Arc::clone(&dst), *p);
+        // thread, the endpoints through channels.
+        let (to_b, from_a) = mpsc::channel();
+        let (to_a, from_b) = mpsc::channel();
+        let dst2 = Arc::clone(&dst);
         let side_b = std::thread::spawn(move || {
-            let o = options(&cli2, &p2, theirs.mtu);
-            let r = session(kind, &mut theirs, false, dst2, &o, exchange_b, |_| {
-                Err(XferError::Unsupported("tcp"))
-            });
-            (r, theirs.engine.take())
+            let exchange = move |mine: &Endpoint| {
+                let _ = to_a.send(mine.clone());
+                from_a.recv().map_err(std::io::Error::other)
+            };
+            sb.session(dst2, &o, exchange, no_tcp)
         });
-        let a = session(
-            kind,
-            stacks,
-            false,
-            Arc::clone(&src),
-            &o,
-            exchange_a,
-            |_| Err(XferError::Unsupported("tcp")),
-        );
-        let (b, engine) = side_b
+        let exchange = |mine: &Endpoint| {
+            let _ = to_b.send(mine.clone());
+            from_b.recv().map_err(std::io::Error::other)
+        };
+        let a = sa.session(Arc::clone(&src), &o, exchange, no_tcp);
+        let b = side_b
             .join()
             .map_err(|_| "session thread panicked".to_string())?;
-        if kind == Kind::Burst {
-            stacks.peer_engine = engine;
-        }
         (a?, b?)
     };
     drive(kind.name(), cli, p, a, &src, local_receiver(b, dst))
@@ -604,27 +593,23 @@ fn client_point(
             .map_err(err("control"))?
             .try_into()
             .map_err(|_| "control: a malformed pool size")?,
-    ) as usize;
+    );
+    // The free-slot list is sized by it: no larger than this side was
+    // told the receiver's pool is (a server cannot make it allocate more).
+    let dst_len = dst_len.min(pool_bytes(cli) as u64) as usize;
     let blocks = cli.layers * 2 * p.tokens.div_ceil(16);
-    let src = pool(kind, stacks, false, blocks * p.block)?;
+    let side = stacks.side(kind, false)?;
+    let src = side.pool(blocks * p.block)?;
     let o = options(cli, p, stacks.mtu);
     let server = control.peer_addr().map_err(err("control"))?.ip();
-    let a = session(
-        kind,
-        stacks,
-        false,
-        Arc::clone(&src),
-        &o,
-        exchange_over(control, true),
-        |pool| {
-            let mut c = control
-                .try_clone()
-                .map_err(|e| XferError::Setup(e.to_string()))?;
-            let port = recv_frame(&mut c).map_err(|e| XferError::Setup(e.to_string()))?;
-            let port = u16::from_le_bytes(port.try_into().unwrap_or([0, 0]));
-            TcpSession::dial(pool, SocketAddr::new(server, port), p.qps)
-        },
-    )?;
+    let a = side.session(Arc::clone(&src), &o, exchange_over(control, true), |pool| {
+        let mut c = control
+            .try_clone()
+            .map_err(|e| XferError::Setup(e.to_string()))?;
+        let port = recv_frame(&mut c).map_err(|e| XferError::Setup(e.to_string()))?;
+        let port = u16::from_le_bytes(port.try_into().unwrap_or([0, 0]));
+        TcpSession::dial(pool, SocketAddr::new(server, port), p.qps)
+    })?;
     // The server echoes each landing, then its CPU seconds.
     let mut c = control.try_clone().map_err(err("control"))?;
     let (tx, rx) = mpsc::channel();
@@ -690,7 +675,8 @@ fn serve_point(
     if ask.qps == 0 || ask.qps > 1024 || ask.requests > 1 << 20 {
         return Err(format!("a point out of bounds: {ask:?}"));
     }
-    let dst = pool(kind, stacks, false, pool_bytes(cli))?;
+    let side = stacks.side(kind, false)?;
+    let dst = side.pool(pool_bytes(cli))?;
     send_frame(c, &(dst.len() as u64).to_le_bytes()).map_err(err("control"))?;
     let p = Point {
         tokens: 0,
@@ -700,25 +686,17 @@ fn serve_point(
     };
     let o = options(cli, &p, stacks.mtu);
     let addr = c.local_addr().map_err(err("control"))?.ip();
-    let mut b = session(
-        kind,
-        stacks,
-        false,
-        dst,
-        &o,
-        exchange_over(c, false),
-        |pool| {
-            let l = TcpListener::bind(SocketAddr::new(addr, 0))
-                .map_err(|e| XferError::Setup(e.to_string()))?;
-            let port = l
-                .local_addr()
-                .map_err(|e| XferError::Setup(e.to_string()))?
-                .port();
-            let mut c = c.try_clone().map_err(|e| XferError::Setup(e.to_string()))?;
-            send_frame(&mut c, &port.to_le_bytes()).map_err(|e| XferError::Setup(e.to_string()))?;
-            TcpSession::accept(pool, &l, ask.qps)
-        },
-    )?;
+    let mut b = side.session(dst, &o, exchange_over(c, false), |pool| {
+        let l = TcpListener::bind(SocketAddr::new(addr, 0))
+            .map_err(|e| XferError::Setup(e.to_string()))?;
+        let port = l
+            .local_addr()
+            .map_err(|e| XferError::Setup(e.to_string()))?
+            .port();
+        let mut c = c.try_clone().map_err(|e| XferError::Setup(e.to_string()))?;
+        send_frame(&mut c, &port.to_le_bytes()).map_err(|e| XferError::Setup(e.to_string()))?;
+        TcpSession::accept(pool, &l, ask.qps)
+    })?;
     let cpu0 = cpu_now();
     for _ in 0..ask.requests {
         let l = b

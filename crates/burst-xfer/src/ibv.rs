@@ -285,10 +285,8 @@ impl RcQps for IbvQps {
         Ok(())
     }
 
-    fn slot(&self, slot: usize) -> [u8; NOTIFY_LEN] {
-        let mut b = [0u8; NOTIFY_LEN];
-        self.slots.read((slot * NOTIFY_LEN) as u64, &mut b);
-        b
+    fn slots(&self) -> &Pool {
+        &self.slots
     }
 
     fn poll_send(&mut self) -> Option<Done> {

@@ -398,10 +398,8 @@ impl RcQps for BurstQps {
         qp.post_recv(&wr).map_err(|e| e.to_string())
     }
 
-    fn slot(&self, slot: usize) -> [u8; NOTIFY_LEN] {
-        let mut b = [0u8; NOTIFY_LEN];
-        self.slots.read((slot * NOTIFY_LEN) as u64, &mut b);
-        b
+    fn slots(&self) -> &Pool {
+        &self.slots
     }
 
     fn poll_send(&mut self) -> Option<Done> {

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::landing::{Landings, Notify, NOTIFY_LEN};
-use crate::{check, BatchId, Landed, Op, Segment, Transfer, XferError};
+use crate::{check, BatchId, Landed, Op, Pool, Segment, Transfer, XferError};
 
 /// A signalled completion at least this often per QP (the ones between
 /// complete with it: RC completes in order).
@@ -57,8 +57,14 @@ pub(crate) trait RcQps {
     /// Posts notification slot `slot` (of all QPs': `lane * RECV_SLOTS +
     /// n`) as a receive on its QP, with `slot` as the work request ID.
     fn post_slot(&mut self, slot: usize) -> Result<(), String>;
+    /// The notification slots' memory (registered for the QPs' receives).
+    fn slots(&self) -> &Pool;
     /// Slot `slot`'s bytes.
-    fn slot(&self, slot: usize) -> [u8; NOTIFY_LEN];
+    fn slot(&self, slot: usize) -> [u8; NOTIFY_LEN] {
+        let mut b = [0u8; NOTIFY_LEN];
+        self.slots().read((slot * NOTIFY_LEN) as u64, &mut b);
+        b
+    }
     /// The next send completion.
     fn poll_send(&mut self) -> Option<Done>;
     /// The next receive completion (`wr_id`: the slot).

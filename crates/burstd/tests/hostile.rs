@@ -512,7 +512,18 @@ fn burstd_serves_as_its_own_user_with_only_the_capabilities_it_needs() {
     let cfg = std::env::temp_dir().join(format!("burstd-user-{}.toml", std::process::id()));
     std::fs::write(&cfg, "[burstd]\nuser = \"nobody\"\n").unwrap();
     let d = Daemon::start("127.0.86.1", &["--config", cfg.to_str().unwrap()]);
-    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    // burstd drops its privileges once its port and socket are open, a
+    // moment after the socket appears: read its status once it has (or
+    // after 5 s, and the asserts below say what it still holds).
+    let read = || std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut status = read();
+    while !status.lines().any(|l| l.starts_with("Uid:\t65534"))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        status = read();
+    }
     let field = |name: &str| {
         status
             .lines()

@@ -84,12 +84,15 @@ pub(super) fn run(shared: &Shared, lane: usize, ready: &burst_io::Readiness) {
         };
         backoff = MIN_SLEEP;
         let busy = core.step_contained(shared, lane, Round::Full, now);
-        let wait = idle_wait(&core, now);
-        drop(core);
         if busy {
+            drop(core);
             last_work = now;
             continue;
         }
+        // Idle: how long the kernel wait below may last (a walk over the
+        // QPs' timers, so not on busy steps).
+        let wait = idle_wait(&core, now);
+        drop(core);
         let posted = shared.app_posted.load(Ordering::Relaxed);
         let app_around = posted != 0 && now.saturating_sub(posted) < APP_POSTED_NS;
         if !app_around && now.saturating_sub(last_work) < SPIN_NS {
