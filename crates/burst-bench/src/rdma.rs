@@ -322,8 +322,8 @@ impl Side {
         if let Some(w) = cq.poll() {
             return check(w);
         }
-        self.ctx.park();
-        let _ = ch.get_cq_event(Duration::from_millis(100));
+        // Blocks, stepping the device when its port has traffic.
+        let _ = self.ctx.wait_cq_event(ch, Duration::from_millis(100));
         Ok(None)
     }
 }

@@ -409,13 +409,24 @@ unsafe extern "C" fn get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        if let Some(c) = ctx_from(ch.raw.context) {
-            // This thread is about to block: the engine thread drives I/O.
-            c.ctx.park();
-        }
-        // As rdma-core: one read of the channel's fd, which blocks unless
-        // the application made it non-blocking (then EAGAIN).
-        let Some(id) = ch.ch.read_cq_event() else {
+        // As rdma-core: a read of the channel's fd, which blocks unless the
+        // application made it non-blocking (then EAGAIN), and fails with
+        // EINTR when a signal interrupts it.
+        let id = match ctx_from(ch.raw.context) {
+            // Blocking: this thread waits on the device's port too and makes
+            // the completion it waits for itself (one wake-up).
+            Some(c) if !nonblocking(ch.ch.fd()) => {
+                match c.ctx.wait_cq_event(&ch.ch, std::time::Duration::MAX) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                        return -1;
+                    }
+                }
+            }
+            _ => ch.ch.read_cq_event(),
+        };
+        let Some(id) = id else {
             set_errno(libc::EAGAIN);
             return -1;
         };
@@ -444,6 +455,14 @@ unsafe extern "C" fn get_cq_event(
     })
 }
 export!("ibv_get_cq_event", "IBVERBS_1.1", get_cq_event);
+
+/// Whether the application made `fd` non-blocking (`O_NONBLOCK`).
+fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on a descriptor number; no memory is passed (a closed
+    // descriptor returns -1).
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
 
 unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     if cq.is_null() {

@@ -542,7 +542,74 @@ impl Readiness {
     }
 }
 
+/// Blocks until one of `fds` (at most 64) is readable or `timeout` passes
+/// ([`std::time::Duration::MAX`]: no limit); bit `i` of the result:
+/// `fds[i]` is readable. A signal ends the wait with
+/// [`io::ErrorKind::Interrupted`].
+pub fn wait_fds(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    timeout: std::time::Duration,
+) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let mut raw = [-1; 64];
+    let n = fds.len().min(64);
+    for (r, f) in raw.iter_mut().zip(&fds[..n]) {
+        *r = f.as_raw_fd();
+    }
+    sys::wait_which(&raw[..n], timeout)
+}
+
+/// What woke a [`Readiness::wait_with`]: the port, and which of the other
+/// descriptors (bit `i` for `also[i]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// The port has traffic.
+    pub port: bool,
+    /// Bit `i`: `also[i]` is readable.
+    pub also: u64,
+}
+
 impl Readiness {
+    /// Whether the port can be waited on (not a poll-mode port).
+    pub fn waitable(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Blocks until the port (when `port` is true and it can be waited on)
+    /// or one of `also` (at most 63) is readable, or `timeout` passes
+    /// ([`std::time::Duration::MAX`]: no limit); says which woke. A signal
+    /// ends the wait with [`io::ErrorKind::Interrupted`], so that a caller
+    /// blocked for an application (`ibv_get_cq_event`) can report EINTR. A
+    /// poll-mode port asked for naps [`POLL_MODE_NAP`] at most and says
+    /// `port: true` (the caller looks at it).
+    pub fn wait_with(
+        &self,
+        port: bool,
+        also: &[std::os::fd::BorrowedFd<'_>],
+        timeout: std::time::Duration,
+    ) -> io::Result<Woken> {
+        use std::os::fd::AsRawFd;
+        // On the stack: an engine waits once per idle step.
+        let mut fds = [-1; 64];
+        let n = also.len().min(63);
+        for (f, a) in fds.iter_mut().zip(&also[..n]) {
+            *f = a.as_raw_fd();
+        }
+        let (timeout, nap, len) = match (&self.0, port) {
+            (Some(fd), true) => {
+                fds[n] = fd.as_raw_fd();
+                (timeout, false, n + 1)
+            }
+            (None, true) => (timeout.min(POLL_MODE_NAP), true, n),
+            _ => (timeout, false, n),
+        };
+        let ready = sys::wait_which(&fds[..len], timeout)?;
+        Ok(Woken {
+            port: nap || (len > n && ready & (1 << n) != 0),
+            also: ready & ((1u64 << n) - 1),
+        })
+    }
+
     /// [`Readiness::wait`] that also returns when `also` is readable (an
     /// eventfd that wakes an idle engine); a poll-mode port waits on `also`
     /// alone, for a nap at most.

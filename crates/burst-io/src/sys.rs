@@ -344,6 +344,34 @@ pub(crate) fn wait_any(fds: &[std::os::fd::RawFd], timeout: std::time::Duration)
     Ok(())
 }
 
+/// Blocks until one of `fds` (at most 64) is readable or `timeout` passes;
+/// bit `i` of the result: `fds[i]` is readable. A signal is an error
+/// ([`io::ErrorKind::Interrupted`]).
+pub(crate) fn wait_which(
+    fds: &[std::os::fd::RawFd],
+    timeout: std::time::Duration,
+) -> io::Result<u64> {
+    let mut p = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 64];
+    let n = fds.len().min(64);
+    for (q, &fd) in p.iter_mut().zip(&fds[..n]) {
+        q.fd = fd;
+    }
+    if ppoll(&mut p[..n], timeout) < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Readable, or hung up / in error (a read then reports it).
+    let mask = libc::POLLIN | libc::POLLHUP | libc::POLLERR;
+    Ok(p[..n]
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| q.revents & mask != 0)
+        .fold(0, |m, (i, _)| m | 1 << i))
+}
+
 /// `ppoll(2)` with `timeout` to the nanosecond (poll(2)'s milliseconds
 /// would turn a transport timer 300 us away into a busy loop or a 1 ms
 /// oversleep); [`std::time::Duration::MAX`] waits without a limit.

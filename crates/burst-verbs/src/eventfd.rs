@@ -301,3 +301,57 @@ impl std::os::fd::AsFd for WaitSet {
         self.0.as_fd()
     }
 }
+
+/// A one-shot timer on the monotonic clock whose descriptor is readable
+/// once it fired: an engine lane waits on it for the end of a polling
+/// thread's claim, which that thread pushes forward while it polls (one
+/// system call per half claim, no wake-up of the engine).
+#[derive(Debug)]
+pub struct TimerFd(OwnedFd);
+
+impl TimerFd {
+    /// A disarmed, non-blocking, close-on-exec timer.
+    pub fn new() -> io::Result<TimerFd> {
+        // SAFETY: plain syscall with constant arguments; the result is checked.
+        let fd = check(unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        })?;
+        // SAFETY: a fresh descriptor we own.
+        Ok(TimerFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Fires once, `after` from now (re-arming replaces the earlier time).
+    pub fn arm(&self, after: Duration) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                // A zero value would disarm: at least a nanosecond.
+                tv_nsec: (after.subsec_nanos().max(u32::from(after.as_secs() == 0)))
+                    as libc::c_long,
+            },
+        };
+        // SAFETY: a live itimerspec for the call; no old value asked for.
+        let _ =
+            unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    /// Takes the expirations counted so far (never blocks).
+    pub fn drain(&self) {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64; the descriptor is non-blocking.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl std::os::fd::AsFd for TimerFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}

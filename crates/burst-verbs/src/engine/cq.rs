@@ -181,6 +181,71 @@ pub(super) fn deliver(
 }
 
 impl Context {
+    /// `ibv_get_cq_event` on a blocking channel: the next CQ with an event
+    /// on `ch`, waiting up to `timeout` ([`Duration::MAX`]: no limit;
+    /// `Ok(None)` when it passed). A signal ends the wait with
+    /// [`std::io::ErrorKind::Interrupted`] (EINTR, as rdma-core's read of
+    /// the channel).
+    ///
+    /// On a device of one lane with an engine thread, this thread waits on
+    /// the lane's port as well as on the channel and steps the lane when
+    /// packets come: the completion is made by the thread that wants it,
+    /// which wakes once (the engine thread leaves it the port meanwhile,
+    /// and takes doorbells and timers). Elsewhere (several lanes, a daemon
+    /// client) it waits on the channel alone.
+    pub fn wait_cq_event(
+        &self,
+        ch: &CompChannel,
+        timeout: Duration,
+    ) -> std::io::Result<Option<CqId>> {
+        use std::os::fd::AsFd;
+        if let Some(cq) = ch.try_get_cq_event() {
+            return Ok(Some(cq));
+        }
+        let deadline = (timeout != Duration::MAX).then(|| std::time::Instant::now() + timeout);
+        let left = || {
+            deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(std::time::Instant::now())
+            })
+        };
+        let sh = &*self.shared;
+        let lane = match (&sh.drivers[..], self.plane.client_id()) {
+            ([d], None) => d.ready.as_ref().filter(|r| r.waitable()).map(|r| (d, r)),
+            _ => None,
+        };
+        let Some((d, ready)) = lane else {
+            loop {
+                if let Some(cq) = ch.try_get_cq_event() {
+                    return Ok(Some(cq));
+                }
+                let l = left();
+                if l.is_zero() {
+                    return Ok(None);
+                }
+                burst_io::wait_fds(&[ch.fd.as_fd()], l)?;
+            }
+        };
+        d.add_waiter();
+        // Whatever way this returns, the lane is handed back.
+        let _back = Leave(self);
+        loop {
+            let busy = self
+                .step_with(0, Round::Full, Stepper::Waiter, |_| ())
+                .is_some_and(|(b, _)| b);
+            if let Some(cq) = ch.try_get_cq_event() {
+                return Ok(Some(cq));
+            }
+            if busy {
+                continue;
+            }
+            let l = left();
+            if l.is_zero() {
+                return Ok(None);
+            }
+            ready.wait_with(true, &[ch.fd.as_fd()], l)?;
+        }
+    }
+
     /// Creates a completion queue ring of `depth` entries.
     pub fn create_cq(&self, depth: usize) -> CqId {
         self.create_cq_with(depth, None)
@@ -303,5 +368,15 @@ impl Context {
         }
         q.armed().store(1, Ordering::Release);
         Ok(())
+    }
+}
+
+/// A waiter of [`Context::wait_cq_event`] leaving lane 0.
+struct Leave<'a>(&'a Context);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let sh = &*self.0.shared;
+        sh.drivers[0].remove_waiter(sh.clock.now());
     }
 }

@@ -374,9 +374,7 @@ impl Context {
             events,
             stop: AtomicBool::new(false),
             cores: Vec::new(),
-            app_stepped: Default::default(),
-            app_posted: Default::default(),
-            app_stepping: AtomicBool::new(false),
+            drivers: Vec::new(),
             clock: Clock::wall(),
             gsi: None,
         });

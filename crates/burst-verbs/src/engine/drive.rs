@@ -10,6 +10,18 @@ use burst_wire::Qpn;
 use super::*;
 use crate::{Device, FIRST_QPN};
 
+/// Which kind of application thread steps a lane (see `engine::drivers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stepper {
+    /// Polls an empty CQ: it claims the lane.
+    Poller,
+    /// Posts: claims the lane too, and steps to transmit only.
+    Poster,
+    /// Blocked for a completion event, woken by the port: waits for the
+    /// core rather than leave the packets to a thread that may be asleep.
+    Waiter,
+}
+
 impl Context {
     /// Runs a control request on lane 0 (SRQs live there).
     pub(super) fn call<T>(&self, make: impl FnOnce(Sender<T>) -> Control) -> Result<T, PostError> {
@@ -53,19 +65,33 @@ impl Context {
         true
     }
 
-    /// Hands progress back to the engine thread at once (call before the
-    /// thread blocks, e.g. in `ibv_get_cq_event`), instead of after the
-    /// engine notices this thread stopped stepping.
+    /// Hands the data plane back to the engine thread at once: the calling
+    /// thread stops polling (it is about to block elsewhere), so the
+    /// engine should not wait for its claim to end (see
+    /// `engine::drivers`).
     pub fn park(&self) {
-        self.shared.app_stepped.store(0, Ordering::Relaxed);
-        self.shared.app_posted.store(0, Ordering::Relaxed);
+        for (lane, d) in self.shared.drivers.iter().enumerate() {
+            if d.release() {
+                self.shared.wake.wake(lane);
+            }
+        }
     }
 
     /// Steps the data plane on the calling thread if no other thread is
-    /// stepping it; returns whether there was work. Posting and polling
-    /// call this, so an application that busy-polls drives its own I/O.
+    /// stepping it; returns whether there was work. Polling an empty CQ
+    /// calls this, so an application that busy-polls drives its own I/O:
+    /// the thread claims the lanes it steps, and their engine threads leave
+    /// it their ports while it keeps polling.
     pub fn progress(&self) -> bool {
         self.plane.progress(self)
+    }
+
+    /// A daemon client polled an empty CQ: the daemon's lanes learn it
+    /// (see [`Wake::client_polled`]).
+    pub(crate) fn client_polled(&self) {
+        for lane in 0..self.control.len() {
+            self.shared.wake.client_polled(lane);
+        }
     }
 
     /// [`Context::progress`] without the receive: what posting a send does.
@@ -76,49 +102,69 @@ impl Context {
         self.step(Round::Transmit)
     }
 
-    /// Steps every lane this thread can take.
+    /// Steps every lane this thread can take: a transmit round is a
+    /// post's, a full round a poll's.
     pub(super) fn step(&self, round: Round) -> bool {
+        let who = match round {
+            Round::Full => Stepper::Poller,
+            Round::Transmit => Stepper::Poster,
+        };
         let mut busy = false;
         for lane in 0..self.shared.cores.len() {
-            busy |= self.step_with(lane, round, |_| ()).is_some_and(|(b, _)| b);
+            busy |= self
+                .step_with(lane, round, who, |_| ())
+                .is_some_and(|(b, _)| b);
         }
         busy
     }
 
     /// Runs `first` on the core, then a step of `round`, if this thread can
-    /// take the core; `None` if another thread holds it. The inner `None`:
-    /// `first` faulted (contained).
+    /// take the core (a [`Stepper::Waiter`] waits for it); `None` if another
+    /// thread holds it. The inner `None`: `first` faulted (contained).
     pub(super) fn step_with<R>(
         &self,
         lane: usize,
         round: Round,
+        who: Stepper,
         first: impl FnOnce(&mut Core) -> R,
     ) -> Option<(bool, Option<R>)> {
         let sh = &*self.shared;
         if sh.stop.load(Ordering::Acquire) {
             return None;
         }
-        // Recorded even when the engine thread holds the core: the thread
-        // is polling (or posting) all the same.
         let now = sh.clock.now();
-        // Posting counts as driving too: a bandwidth test posts for a while
-        // between polls, and an engine thread stepping meanwhile on the same
-        // core halved its rate (29 -> 8-12 Gb/s over the veth pair).
-        sh.app_stepped.store(now.max(1), Ordering::Relaxed);
-        if round == Round::Transmit {
-            sh.app_posted.store(now.max(1), Ordering::Relaxed);
+        let d = sh.drivers.get(lane);
+        // A poll claims the lane even when another thread holds the core
+        // right now: this thread polls all the same.
+        // A poll or a post claims the lane even when another thread holds
+        // the core right now: this thread drives all the same. (Posts too:
+        // a bandwidth test posts for a while between polls and finds
+        // completions waiting when it polls; an engine thread stepping
+        // meanwhile on the same core halved its rate.)
+        if let (Stepper::Poller | Stepper::Poster, Some(d)) = (who, d) {
+            d.claim(now);
         }
-        let mut core = sh.cores.get(lane)?.try_lock().ok()?;
-        sh.app_stepping.store(true, Ordering::Relaxed);
+        let core = sh.cores.get(lane)?;
+        let mut core = if who == Stepper::Waiter {
+            core.lock().unwrap_or_else(|e| e.into_inner())
+        } else {
+            core.try_lock().ok()?
+        };
         let r = core.contained(sh, first);
         let busy = core.step_contained(sh, lane, round, now);
+        // A post or a waiter's step may arm a transport timer earlier than
+        // the one the engine thread waits for (a poller's own steps run
+        // the timers, and the engine runs none while one polls): wake it
+        // to wait again.
+        if busy && who != Stepper::Poller {
+            if let Some(d) = d {
+                let until = d.timer_wait();
+                if until != 0 && super::lane::idle_until(&core, now) < until {
+                    sh.wake.wake(lane);
+                }
+            }
+        }
         drop(core);
-        // Stamped again at the end: a step may take a while (a 64 KiB send
-        // is ~10 us), and the gap the engine thread measures is the one
-        // between the application's steps.
-        sh.app_stepped
-            .store(sh.clock.now().max(1), Ordering::Relaxed);
-        sh.app_stepping.store(false, Ordering::Relaxed);
         Some((busy, r))
     }
 

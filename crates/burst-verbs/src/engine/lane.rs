@@ -11,6 +11,8 @@ use burst_wire::Qpn;
 use super::*;
 use crate::{contain, Device, SrqId, FIRST_QPN};
 
+use super::drivers::Owner;
+
 /// The data plane: the device and the completions waiting for CQ room.
 pub(super) struct Core {
     pub(super) dev: Option<Device>,
@@ -34,104 +36,143 @@ pub(super) fn bad_input(count: &mut u64, owner: u32, what: &str) {
     }
 }
 
-/// The engine thread: steps the core while no application thread does.
+/// The engine thread of lane `lane`: drives the lane while no application
+/// thread does ([`Owner`]), and otherwise waits in the kernel.
 ///
-/// On a small machine the engine thread shares a core with the application
-/// thread, so it must neither compete while the application drives its own
-/// I/O nor sleep while the application waits on memory that only the engine
-/// writes (perftest's write_lat polls the CQ for a few microseconds, then
-/// spins on memory). So: while an application thread steps (posting or
-/// polling: inside a step, or its last one ended under 3 us ago), it sleeps,
-/// 10 us and a quarter longer each time it finds the application still
-/// driving (up to 1 ms), back to 10 us as soon as it does not; otherwise it
-/// steps; idle, it spins (yielding) for 2 ms after the last work when no
-/// application thread is around (a passive target answers the next request
-/// without a wake-up), and else blocks until a packet, a doorbell or its next
-/// transport timer (the kernel wakes it at once, preempting a spinning
-/// application on the same core): an idle device does not wake at all.
+/// - Nobody else drives: it steps while there is work, then waits on the
+///   port, the doorbells and its next transport timer (an idle device does
+///   not wake at all). A daemon client that polls its CQ cannot step the
+///   lane itself, so while one polls the engine stays awake for it,
+///   yielding the core between steps.
+/// - A thread of this process polls ([`Owner::Polling`]): the engine leaves
+///   it the port, and waits on the doorbells until the claim ends.
+/// - Threads wait for events on the port ([`Owner::Waiting`]): the engine
+///   takes doorbells and timers, not the port.
 ///
-/// Measured over the veth pair (burst-bench, pinned): write_bw 64 KiB as with
-/// the earlier flat 1 ms sleep (same context switches, ~4700 in 2 s), and
-/// write_lat / read_lat / atomic_lat p50 5.2 / 10.8 / 10.8 us with p99.9
-/// under 100 us; perftest's ib_write_lat through the drop-in went from
-/// 1.1 ms (flat sleep) to about 100 us on loopback (four threads, 2 cores).
-pub(super) fn run(shared: &Shared, lane: usize, ready: &burst_io::Readiness) {
-    const SPIN_NS: u64 = 2_000_000;
-    const MIN_SLEEP: Duration = Duration::from_micros(10);
-    const MAX_SLEEP: Duration = Duration::from_millis(1);
+/// No sleep and no back-off: every wait ends on an event (a packet, a
+/// doorbell, the engine's drop) or on a deadline the state gives (a
+/// transport timer, the end of a claim).
+pub(super) fn run(shared: &Shared, lane: usize) {
+    // Transport timers to the microsecond, not the default 50 us slack.
     crate::thread::fine_timer_slack();
-    let mut last_work = 0u64;
-    let mut backoff = MIN_SLEEP;
+    let d = &shared.drivers[lane];
+    let Some(ready) = d.ready.as_ref() else {
+        return;
+    };
+
+    let wake = &shared.wake;
     let mut tokens = Vec::new();
+    let mut clients = ClientPolls::default();
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.clock.now();
-        let stepped = shared.app_stepped.load(Ordering::Relaxed);
-        let driving = shared.app_stepping.load(Ordering::Relaxed)
-            || (stepped != 0 && now.saturating_sub(stepped) < APP_POLLING_NS);
-        let core = if driving {
-            None
-        } else {
-            shared.cores[lane].try_lock().ok()
-        };
-        let Some(mut core) = core else {
-            // An application thread drives (or is in a step, where waiting
-            // on the socket would return at once for packets it is about
-            // to read): sleep, a quarter longer each time it is still
-            // driving, back to the minimum once it is not.
-            std::thread::sleep(backoff);
-            backoff = backoff.mul_f32(1.25).min(MAX_SLEEP);
-            continue;
-        };
-        backoff = MIN_SLEEP;
-        let busy = core.step_contained(shared, lane, Round::Full, now);
-        if busy {
-            drop(core);
-            last_work = now;
-            continue;
-        }
-        // Idle: how long the kernel wait below may last (a walk over the
-        // QPs' timers, so not on busy steps).
-        let wait = idle_wait(&core, now);
-        drop(core);
-        let posted = shared.app_posted.load(Ordering::Relaxed);
-        let app_around = posted != 0 && now.saturating_sub(posted) < APP_POSTED_NS;
-        if !app_around && now.saturating_sub(last_work) < SPIN_NS {
-            std::thread::yield_now();
-        } else {
-            // Say we sleep, then look at the doorbells once more: a client
-            // that rang meanwhile either sees the word (and signals) or its
-            // doorbell is seen here.
-            let wake = &shared.wake;
-            wake.sleeping(lane).store(1, Ordering::Relaxed);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if !shared.bells_pending(lane) && !shared.stop.load(Ordering::Acquire) {
-                if let Some(fd) = wake.wait_fd(lane) {
-                    let _ = ready.wait_or(fd, wait);
+        let owner = d.owner(now);
+        let until = match owner {
+            // The polling thread's steps run the timers.
+            Owner::Polling(end) => end,
+            Owner::Waiting | Owner::Engine => {
+                // Blocks while another thread is inside a step (a futex
+                // wait, woken when it lets go).
+                let mut core = shared.cores[lane].lock().unwrap_or_else(|e| e.into_inner());
+                if core.step_contained(shared, lane, Round::Full, now) {
+                    continue;
                 }
+                // Idle: the walk over the QPs' timers, not on busy steps.
+                let until = idle_until(&core, now);
+                drop(core);
+                if owner == Owner::Engine && clients.polling(wake, lane, now) {
+                    std::thread::yield_now();
+                    continue;
+                }
+                until
             }
-            wake.sleeping(lane).store(0, Ordering::Relaxed);
-            wake.drain(lane, &mut tokens);
+        };
+        let polling = matches!(owner, Owner::Polling(_));
+        d.parking(owner, until);
+        // Say we sleep, then look once more: a thread that rang a doorbell
+        // or changed the lane's owner meanwhile either sees the word (and
+        // signals) or is seen here. While a thread polls, doorbells are
+        // its to take: no signal then.
+        if !polling {
+            wake.sleeping(lane).store(1, Ordering::Relaxed);
         }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let now = shared.clock.now();
+        let same = match (owner, d.owner(now)) {
+            (Owner::Polling(_), Owner::Polling(_)) => true,
+            (a, b) => a == b,
+        };
+        if same && (polling || !shared.bells_pending(lane)) && !shared.stop.load(Ordering::Acquire)
+        {
+            if let (Some(fd), Some(timer)) = (wake.wait_fd(lane), d.timer.as_ref()) {
+                // A claim's end comes by its timer, which the polling
+                // thread keeps pushing forward: no wake-up while it polls.
+                let until = if polling && d.timer_pending(now) {
+                    u64::MAX
+                } else {
+                    until
+                };
+                let timeout = if until == u64::MAX {
+                    Duration::MAX
+                } else {
+                    Duration::from_nanos(until.saturating_sub(now))
+                };
+                let also = [fd, std::os::fd::AsFd::as_fd(timer)];
+                let also = if owner == Owner::Engine {
+                    &also[..1]
+                } else {
+                    &also[..]
+                };
+                let _ = ready.wait_with(owner == Owner::Engine, also, timeout);
+            }
+        }
+        wake.sleeping(lane).store(0, Ordering::Relaxed);
+        d.unparked();
+        if let Some(t) = &d.timer {
+            t.drain();
+        }
+        wake.drain(lane, &mut tokens);
     }
 }
 
-/// How long an idle lane may wait in the kernel for a packet or a
-/// doorbell: until its next transport timer (retransmission, ACK, pacing),
-/// without a limit when it has none ([`Engine`]'s drop wakes it), and at
-/// most [`HELD_RECHECK`] while completions wait for room in a CQ (the
-/// application frees it without ringing).
-fn idle_wait(core: &Core, now: u64) -> Duration {
+/// Whether a daemon client polls its CQs: each empty poll counts in the
+/// lane's word of the wake segment ([`Wake::client_polled`]); the engine
+/// stays awake while the count moved within [`CLIENT_POLL_NS`].
+#[derive(Debug, Default)]
+struct ClientPolls {
+    seen: u32,
+    moved: u64,
+}
+
+/// How long after a daemon client's last empty poll the engine still
+/// steps for it without waiting in the kernel.
+const CLIENT_POLL_NS: u64 = 100_000;
+
+impl ClientPolls {
+    fn polling(&mut self, wake: &Wake, lane: usize, now: u64) -> bool {
+        let n = wake.client_polls(lane);
+        if n != self.seen {
+            self.seen = n;
+            self.moved = now;
+        }
+        self.moved != 0 && now.saturating_sub(self.moved) < CLIENT_POLL_NS
+    }
+}
+
+/// When an idle lane's kernel wait ends (device-clock ns): at its next
+/// transport timer (retransmission, ACK, pacing), never when it has none
+/// ([`Engine`]'s drop wakes it), and at most [`HELD_RECHECK`] away while
+/// completions wait for room in a CQ (the application frees it without
+/// ringing).
+pub(super) fn idle_until(core: &Core, now: u64) -> u64 {
     let timer = core
         .dev
         .as_ref()
         .and_then(Device::next_timeout)
-        .map_or(Duration::MAX, |t| {
-            Duration::from_nanos(t.saturating_sub(now))
-        });
+        .unwrap_or(u64::MAX);
     if core.held.is_empty() {
         timer
     } else {
-        timer.min(HELD_RECHECK)
+        timer.min(now.saturating_add(HELD_RECHECK.as_nanos() as u64))
     }
 }
 

@@ -36,6 +36,7 @@ mod control;
 mod cq;
 mod daemon;
 mod drive;
+mod drivers;
 mod error;
 mod events;
 mod handles;
@@ -54,6 +55,7 @@ pub(crate) use control::*;
 pub(crate) use cq::*;
 pub use cq::{CompChannel, Cq, CqId};
 pub use daemon::{ClientLayout, ClientLink, Owned};
+use drive::Stepper;
 pub use error::{CreateError, PostError};
 use events::*;
 pub use handles::{CompletionQueue, QueuePair, SharedReceiveQueue};
@@ -101,14 +103,8 @@ struct Shared {
     /// One core per lane (engine thread), each with its own device (port
     /// queue, QPs); QPs never move between lanes.
     cores: Vec<std::sync::Mutex<Core>>,
-    /// When an application thread last stepped the core, polling or
-    /// posting (device-clock ns; 0: never).
-    app_stepped: std::sync::atomic::AtomicU64,
-    /// When an application thread last posted (a transmit-only step).
-    app_posted: std::sync::atomic::AtomicU64,
-    /// An application thread is inside a step right now (a long send can
-    /// take 10 us or more: the last stamp then looks old).
-    app_stepping: AtomicBool,
+    /// Who drives each lane now (see [`drivers`]).
+    drivers: Vec<drivers::Drivers>,
     /// The device clock (the device holds a clone).
     clock: Clock,
     /// QP1's queues (the connection manager's MADs); a daemon client has
@@ -133,17 +129,6 @@ impl Shared {
         })
     }
 }
-
-/// An application thread whose last step ended this recently is driving the
-/// core (a polling or posting loop steps about every microsecond): the
-/// engine thread leaves the data plane to it.
-const APP_POLLING_NS: u64 = 3_000;
-
-/// An application thread that posted this recently is alive but may be
-/// spinning elsewhere (perftest's write_lat spins on memory), perhaps on the
-/// engine thread's core: the engine thread then waits for packets in the
-/// kernel instead of spinning, so that both get the core when they need it.
-const APP_POSTED_NS: u64 = 2_000_000;
 
 /// The application's side of an engine: cheap to clone, usable from any thread.
 #[derive(Clone)]
@@ -332,15 +317,18 @@ impl Engine {
             ));
         }
         let addr = ports[0].local_addr().ip();
-        let mut readies = Vec::new();
+        let threaded = o.drive == Drive::Thread;
+        let mut drivers = Vec::new();
         let mut cores = Vec::new();
         let mut controls = Vec::new();
         let mut gid = [0u8; 16];
         let gsi = Arc::new(crate::gsi::Gsi::new()?);
         for (k, port) in ports.into_iter().enumerate() {
-            if o.drive == Drive::Thread {
-                readies.push(port.readiness()?);
-            }
+            drivers.push(drivers::Drivers::new(if threaded {
+                Some(port.readiness()?)
+            } else {
+                None
+            })?);
             let mut dev = Device::with_port(port, o.port_mtu, Arc::clone(&o.mrs));
             dev.set_clock(o.clock.clone());
             dev.set_congestion_control(o.congestion_control);
@@ -385,9 +373,7 @@ impl Engine {
             events: AsyncEvents::new()?,
             stop: AtomicBool::new(false),
             cores,
-            app_stepped: std::sync::atomic::AtomicU64::new(0),
-            app_posted: std::sync::atomic::AtomicU64::new(0),
-            app_stepping: AtomicBool::new(false),
+            drivers,
             clock: o.clock,
             gsi: Some(gsi),
         });
@@ -412,7 +398,7 @@ impl Engine {
             }),
         };
         let mut threads = Vec::new();
-        for (k, ready) in readies.into_iter().enumerate() {
+        for k in (0..lanes).filter(|_| threaded) {
             let shared = Arc::clone(&shared);
             threads.push(
                 std::thread::Builder::new()
@@ -420,7 +406,7 @@ impl Engine {
                     .spawn(move || {
                         let _span = tracing::info_span!("burst-engine", %addr, lane = k).entered();
                         tracing::info!("engine started");
-                        run(&shared, k, &ready);
+                        run(&shared, k);
                         tracing::info!("engine stopped");
                     })?,
             );

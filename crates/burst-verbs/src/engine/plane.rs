@@ -325,12 +325,9 @@ impl ControlPlane for InProcess {
             // Whoever holds the core runs the request at its next step;
             // with the core free, this thread runs it (and only it: a
             // control call moves no packets).
-            match sh.cores[lane].try_lock() {
-                Ok(mut core) => {
-                    core.contained(sh, |c| c.run_control(sh));
-                }
-                Err(_) => std::thread::yield_now(),
-            }
+            // Waits for the core (a futex, not a spin) if a thread steps it.
+            let mut core = sh.cores[lane].lock().unwrap_or_else(|e| e.into_inner());
+            core.contained(sh, |c| c.run_control(sh));
         }
     }
 

@@ -47,7 +47,7 @@ impl Context {
         if wr.inline && wr.inline_data.is_none() {
             self.plane.gather_inline(self, ring.cfg.pd, &mut wr, len)?;
         }
-        match self.step_with(ring.lane, Round::Transmit, |core| {
+        match self.step_with(ring.lane, Round::Transmit, Stepper::Poster, |core| {
             core.post_send_now(ring, wr)
         }) {
             Some((_, Some(r))) => r,

@@ -203,6 +203,20 @@ impl Wake {
         self.seg.word(lane * 64)
     }
 
+    /// A daemon client polled an empty CQ: counted in lane `lane`'s word
+    /// (at byte 8 of its cache line), so that the daemon's engine stays
+    /// awake while the client polls (it cannot step the lane itself).
+    pub(crate) fn client_polled(&self, lane: usize) {
+        if (lane + 1) * 64 <= self.seg.len() {
+            self.seg.word(lane * 64 + 8).fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Lane `lane`'s count of clients' empty polls.
+    pub(super) fn client_polls(&self, lane: usize) -> u32 {
+        self.seg.word(lane * 64 + 8).load(Ordering::Relaxed)
+    }
+
     /// Wakes the lane whether it sleeps or not (the engine stopping).
     pub(super) fn wake(&self, lane: usize) {
         if let WakeSide::Engine { local, .. } = &self.side {

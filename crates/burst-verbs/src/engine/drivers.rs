@@ -1,0 +1,244 @@
+//! Who drives a lane right now: an application thread that polls, threads
+//! blocked for a completion event, or the lane's engine thread.
+//!
+//! One owner at a time, decided by state (see docs/architecture.md, "Who
+//! steps a lane"):
+//! - **Polling**: an application thread of this process that polls an empty
+//!   CQ (or posts) steps the lane itself (receive, process, transmit) and
+//!   *claims* it
+//!   ([`Drivers::claim`]): the engine thread then leaves the port alone and
+//!   waits in the kernel for a doorbell or the end of the claim, so a
+//!   polling thread on a shared core does a whole round trip without a
+//!   context switch. A claim lasts [`CLAIM_NS`] after the thread's last
+//!   empty poll: that is how long a thread that stopped polling (it spins
+//!   on memory, or computes) may leave packets to wait before the engine
+//!   takes the port back.
+//! - **Waiting**: a thread blocked in `ibv_get_cq_event` waits on the port
+//!   as well as on its channel and steps the lane when packets come, so the
+//!   thread that the event is for is the one that wakes (one wake-up per
+//!   side). The engine waits for doorbells and transport timers only.
+//! - **Engine**: no application thread is there; the engine thread steps
+//!   while there is work and otherwise waits in the kernel on the port, the
+//!   doorbells and its next timer.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// How long an application thread's claim on a lane lasts after its last
+/// empty poll or post (device-clock ns): how long a thread that stopped
+/// polling (it spins on memory, or computes) may leave packets waiting
+/// before the engine thread takes the port back. The engine does not wake
+/// to check a claim: the polling thread pushes a timer forward (a system
+/// call per half claim, ~0.5 us every 500 us) that fires only when the
+/// claim lapses.
+pub(super) const CLAIM_NS: u64 = 1_000_000;
+
+/// The drivers of one lane.
+#[derive(Debug)]
+pub(super) struct Drivers {
+    /// Device-clock ns of the last empty poll of an application thread of
+    /// this process that stepped the lane (0: no claim).
+    claim: AtomicU64,
+    /// Threads blocked for a completion event that step the lane when its
+    /// port has traffic.
+    waiters: AtomicU32,
+    /// The engine thread waits without the port, until [`Drivers::until`].
+    excluded: AtomicBool,
+    /// When the engine thread's current wait ends (device-clock ns;
+    /// `u64::MAX`: no limit).
+    until: AtomicU64,
+    /// The port's readiness (lanes with an engine thread).
+    pub(super) ready: Option<burst_io::Readiness>,
+    /// Fires when a claim lapses (lanes with an engine thread).
+    pub(super) timer: Option<crate::eventfd::TimerFd>,
+    /// When [`Drivers::timer`] fires (device-clock ns; 0: disarmed).
+    armed: AtomicU64,
+}
+
+/// What the engine thread of a lane does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// An application thread polls: wait until the claim ends (ns).
+    Polling(u64),
+    /// Threads wait for events and watch the port: take doorbells and
+    /// timers only.
+    Waiting,
+    /// Nobody else: the engine thread drives.
+    Engine,
+}
+
+impl Drivers {
+    /// A lane's drivers; `ready` for a lane with an engine thread (it
+    /// gets a claim timer too).
+    pub(super) fn new(ready: Option<burst_io::Readiness>) -> std::io::Result<Drivers> {
+        let timer = match ready {
+            Some(_) => Some(crate::eventfd::TimerFd::new()?),
+            None => None,
+        };
+        Ok(Drivers {
+            claim: AtomicU64::new(0),
+            waiters: AtomicU32::new(0),
+            excluded: AtomicBool::new(false),
+            until: AtomicU64::new(u64::MAX),
+            ready,
+            timer,
+            armed: AtomicU64::new(0),
+        })
+    }
+
+    /// Keeps the claim timer at least half a claim ahead of `now`.
+    fn push_timer(&self, now: u64) {
+        let Some(t) = &self.timer else {
+            return;
+        };
+        if self.armed.load(Ordering::Acquire) < now.saturating_add(CLAIM_NS / 2) {
+            self.armed
+                .store(now.saturating_add(CLAIM_NS), Ordering::Release);
+            t.arm(std::time::Duration::from_nanos(CLAIM_NS));
+        }
+    }
+
+    /// Whether the claim timer is still to fire at `now` (an engine
+    /// waiting for a claim's end waits on it, without a timeout).
+    pub(super) fn timer_pending(&self, now: u64) -> bool {
+        self.timer.is_some() && self.armed.load(Ordering::Acquire) > now
+    }
+
+    /// Who drives the lane at `now`.
+    pub(super) fn owner(&self, now: u64) -> Owner {
+        let claim = self.claim.load(Ordering::Acquire);
+        if claim != 0 && now < claim.saturating_add(CLAIM_NS) {
+            return Owner::Polling(claim.saturating_add(CLAIM_NS));
+        }
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            return Owner::Waiting;
+        }
+        Owner::Engine
+    }
+
+    /// An application thread polled an empty CQ or posted, and stepped the
+    /// lane: it drives until [`CLAIM_NS`] after now.
+    pub(super) fn claim(&self, now: u64) {
+        self.claim.store(now.max(1), Ordering::Release);
+        self.push_timer(now);
+    }
+
+    /// The thread that polled stops (it is about to block elsewhere):
+    /// returns whether the engine, waiting without the port, must be woken
+    /// to take it back now.
+    pub(super) fn release(&self) -> bool {
+        self.claim.store(0, Ordering::Release);
+        self.excluded.load(Ordering::Acquire)
+    }
+
+    /// A thread starts waiting for an event on the lane's port.
+    pub(super) fn add_waiter(&self) {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A waiting thread returns (with its event, or interrupted): the lane
+    /// is handed back as a claim ([`Drivers::claim`]), since the thread
+    /// polls its CQ next, or comes back to wait; the claim timer wakes the
+    /// engine if it does neither.
+    pub(super) fn remove_waiter(&self, now: u64) {
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        self.claim(now);
+    }
+
+    /// The engine thread is about to wait in the kernel until `until`
+    /// (device-clock ns) for `owner`: with the port (the engine drives) or
+    /// without.
+    pub(super) fn parking(&self, owner: Owner, until: u64) {
+        let timers = !matches!(owner, Owner::Polling(_));
+        self.until
+            .store(if timers { until } else { 0 }, Ordering::Release);
+        self.excluded
+            .store(owner != Owner::Engine, Ordering::Release);
+    }
+
+    /// The engine thread woke.
+    pub(super) fn unparked(&self) {
+        self.excluded.store(false, Ordering::Release);
+        self.until.store(0, Ordering::Release);
+    }
+
+    /// The transport timer the engine thread waits for, when it runs the
+    /// lane's timers while waiting (0: it does not: it is awake, or a
+    /// polling thread runs them).
+    pub(super) fn timer_wait(&self) -> u64 {
+        self.until.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_lasts_its_window_then_the_engine_drives() {
+        let d = Drivers::new(None).unwrap();
+        assert_eq!(d.owner(5), Owner::Engine);
+        d.claim(1_000);
+        assert_eq!(
+            d.owner(1_000 + CLAIM_NS - 1),
+            Owner::Polling(1_000 + CLAIM_NS)
+        );
+        assert_eq!(d.owner(1_000 + CLAIM_NS), Owner::Engine);
+        d.claim(2_000);
+        assert!(!d.release(), "the engine is not waiting without the port");
+        assert_eq!(d.owner(2_001), Owner::Engine);
+    }
+
+    #[test]
+    fn waiters_own_the_port_and_hand_it_back_as_a_claim() {
+        let d = Drivers::new(None).unwrap();
+        d.add_waiter();
+        assert_eq!(d.owner(10), Owner::Waiting);
+        d.parking(Owner::Waiting, u64::MAX);
+        assert_eq!(d.timer_wait(), u64::MAX, "the engine runs the timers");
+        d.remove_waiter(20);
+        assert_eq!(d.owner(21), Owner::Polling(20 + CLAIM_NS));
+        d.parking(Owner::Polling(20 + CLAIM_NS), 20 + CLAIM_NS);
+        assert_eq!(d.timer_wait(), 0, "the polling thread runs the timers");
+        // The thread blocks elsewhere: the engine must take the port now.
+        assert!(d.release());
+        d.unparked();
+        assert_eq!(d.timer_wait(), 0);
+    }
+
+    #[test]
+    fn the_claim_timer_fires_only_after_polling_stops() {
+        let ready = burst_io::Readiness::poll_mode();
+        let d = Drivers::new(Some(ready)).unwrap();
+        let t = d.timer.as_ref().unwrap();
+        let readable = |ms| {
+            burst_io::wait_fds(
+                &[std::os::fd::AsFd::as_fd(t)],
+                std::time::Duration::from_millis(ms),
+            )
+            .unwrap()
+                != 0
+        };
+        let clock = crate::clock::Clock::wall();
+        // Polls for 2 ms (eight claims long): the timer is pushed forward
+        // and never fires meanwhile (unless the machine stalled this thread
+        // for half a claim between two polls: then nothing is asserted).
+        let start = std::time::Instant::now();
+        let (mut fired, mut last, mut gap) = (false, clock.now(), 0);
+        while start.elapsed() < std::time::Duration::from_millis(2) {
+            let now = clock.now();
+            gap = gap.max(now - last);
+            last = now;
+            d.claim(now);
+            fired |= readable(0);
+        }
+        assert!(
+            !fired || gap >= CLAIM_NS / 2,
+            "the timer fired while the thread polled"
+        );
+        assert!(d.timer_pending(clock.now()));
+        // Polling stops: it fires within the claim.
+        assert!(readable(50), "the claim's end never fired");
+        t.drain();
+        assert!(!readable(0));
+    }
+}

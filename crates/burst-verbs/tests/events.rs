@@ -1,0 +1,235 @@
+//! Event-driven completion: a thread blocked in `wait_cq_event` (the
+//! drop-in's `ibv_get_cq_event`) watches the port itself and makes the
+//! completion it waits for; a signal interrupts it with EINTR; once it
+//! returns and its thread stops calling in, the engine thread takes the
+//! port back (a passive target's WRITEs still land).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use burst_mem::{Access, Pd};
+use burst_transport::*;
+use burst_verbs::engine::{CompChannel, Context, CqId, Engine};
+use burst_wire::{Mtu, Qpn};
+
+mod common;
+use common::{connect_rc, poll_n};
+
+/// Two engines on `127.0.146.{x}`/`{x+1}`, an RC pair, a channel on B's CQ.
+struct Pair {
+    a: Context,
+    b: Context,
+    qa: Qpn,
+    qb: Qpn,
+    pa: Pd,
+    pb: Pd,
+    cqa: CqId,
+    cqb: CqId,
+    ch: Arc<CompChannel>,
+    _e: (Engine, Engine),
+}
+
+fn pair(x: u8) -> Pair {
+    let ea = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 146, x)), Mtu::Mtu1024).unwrap();
+    let eb = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 146, x + 1)), Mtu::Mtu1024).unwrap();
+    let (a, b) = (ea.context(), eb.context());
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let ch = b.create_comp_channel().unwrap();
+    let cqa = a.create_cq(64);
+    let cqb = b.create_cq_with(64, Some(Arc::clone(&ch)));
+    let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 64).unwrap();
+    let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 64).unwrap();
+    connect_rc(&a, qa, b.gid(), qb, (5, 9), Mtu::Mtu1024);
+    connect_rc(&b, qb, a.gid(), qa, (9, 5), Mtu::Mtu1024);
+    Pair {
+        a,
+        b,
+        qa,
+        qb,
+        pa,
+        pb,
+        cqa,
+        cqb,
+        ch,
+        _e: (ea, eb),
+    }
+}
+
+/// B's next completion the Verbs way: poll, arm, poll again, block.
+fn next_event_driven(p: &Pair, deadline: Instant) -> WorkCompletion {
+    loop {
+        if let Some(w) = p.b.poll_cq(p.cqb) {
+            return w;
+        }
+        p.b.req_notify_cq(p.cqb).unwrap();
+        if let Some(w) = p.b.poll_cq(p.cqb) {
+            return w;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no completion before the deadline");
+        if let Some(cq) = p.b.wait_cq_event(&p.ch, left).unwrap() {
+            assert_eq!(cq, p.cqb);
+        }
+    }
+}
+
+#[test]
+fn a_blocked_thread_makes_the_completions_it_waits_for() {
+    let p = pair(1);
+    let mut sbuf: Vec<u8> = (0..64u8).collect();
+    let mut rbuf = vec![0u8; 64 * 64];
+    let (pa, pb) = (p.pa, p.pb);
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ks, kr) = unsafe {
+        (
+            p.a.reg_mr(pa, sbuf.as_mut_ptr(), sbuf.len(), Access(1))
+                .unwrap(),
+            p.b.reg_mr(pb, rbuf.as_mut_ptr(), rbuf.len(), Access(1))
+                .unwrap(),
+        )
+    };
+    let recv = |i: u64| RecvWr {
+        wr_id: i,
+        sg_list: [Sge {
+            addr: kr.addr + (i % 64) * 64,
+            length: 64,
+            lkey: kr.lkey,
+        }]
+        .into(),
+    };
+    for i in 0..4 {
+        p.b.post_recv(p.qb, &recv(i)).unwrap();
+    }
+    // 300 messages, one at a time: each wakes the blocked thread, which
+    // steps its device to make the completion.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 0..300u64 {
+        sbuf[0] = i as u8;
+        let wr = SendWr::new(
+            i,
+            SendOp::Send,
+            [Sge {
+                addr: ks.addr,
+                length: 64,
+                lkey: ks.lkey,
+            }],
+        );
+        p.a.post_send(p.qa, &wr).unwrap();
+        let w = next_event_driven(&p, deadline);
+        assert_eq!((w.status, w.wr_id, w.byte_len), (WcStatus::Success, i, 64));
+        p.b.post_recv(p.qb, &recv(i + 4)).unwrap();
+        poll_n(&p.a, p.cqa, 1);
+    }
+    // Nothing pending: a bounded wait says so.
+    p.b.req_notify_cq(p.cqb).unwrap();
+    assert_eq!(
+        p.b.wait_cq_event(&p.ch, Duration::from_millis(50)).unwrap(),
+        None
+    );
+    drop(p);
+    assert_eq!(rbuf[(299 % 64) * 64], 299u16 as u8);
+    assert_eq!(&rbuf[1..64], &(1..64u8).collect::<Vec<_>>()[..]);
+}
+
+extern "C" fn on_signal(_: libc::c_int) {}
+
+#[test]
+fn a_signal_interrupts_a_blocked_wait_with_eintr() {
+    let p = pair(3);
+    // SAFETY: installs a handler that does nothing, without SA_RESTART (as
+    // an application's alarm ending a timed test).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    p.b.req_notify_cq(p.cqb).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let (b, ch, flag) = (p.b.clone(), Arc::clone(&p.ch), Arc::clone(&done));
+    let waiter = std::thread::spawn(move || {
+        let r = b.wait_cq_event(&ch, Duration::MAX);
+        flag.store(true, Ordering::Release);
+        r
+    });
+    let thread = std::os::unix::thread::JoinHandleExt::as_pthread_t(&waiter);
+    // Signals until it returns (the first may come before it blocks).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done.load(Ordering::Acquire) && Instant::now() < deadline {
+        // SAFETY: the thread is alive until joined below.
+        unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = waiter.join().unwrap();
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::Interrupted),
+        "EINTR, as rdma-core's read of the channel"
+    );
+}
+
+#[test]
+fn after_the_waiter_returns_the_engine_takes_the_port_back() {
+    let p = pair(5);
+    let mut target = vec![0u8; 4096];
+    let mut src = vec![0x5au8; 4096];
+    let (pa, pb) = (p.pa, p.pb);
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ks, kt) = unsafe {
+        (
+            p.a.reg_mr(pa, src.as_mut_ptr(), 4096, Access(1)).unwrap(),
+            p.b.reg_mr(pb, target.as_mut_ptr(), 4096, Access(1 | 2))
+                .unwrap(),
+        )
+    };
+    // B blocks for an event that comes from a SEND, then never calls in
+    // again, as a passive target does.
+    p.b.post_recv(
+        p.qb,
+        &RecvWr {
+            wr_id: 1,
+            sg_list: [Sge {
+                addr: kt.addr,
+                length: 64,
+                lkey: kt.lkey,
+            }]
+            .into(),
+        },
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let send = SendWr::new(
+        1,
+        SendOp::Send,
+        [Sge {
+            addr: ks.addr,
+            length: 64,
+            lkey: ks.lkey,
+        }],
+    );
+    p.a.post_send(p.qa, &send).unwrap();
+    assert_eq!(next_event_driven(&p, deadline).status, WcStatus::Success);
+    poll_n(&p.a, p.cqa, 1);
+    // WRITEs into B's memory complete only if B's engine answers them.
+    for i in 0..20u64 {
+        let wr = SendWr::new(
+            10 + i,
+            SendOp::Write {
+                remote_addr: kt.addr + 1024,
+                rkey: kt.rkey,
+            },
+            [Sge {
+                addr: ks.addr,
+                length: 2048,
+                lkey: ks.lkey,
+            }],
+        );
+        p.a.post_send(p.qa, &wr).unwrap();
+        let w = poll_n(&p.a, p.cqa, 1);
+        assert_eq!(w[0].status, WcStatus::Success);
+    }
+    drop(p);
+    assert!(target[1024..3072].iter().all(|&x| x == 0x5a));
+}
