@@ -580,7 +580,7 @@ impl Readiness {
     /// ([`std::time::Duration::MAX`]: no limit); says which woke. A signal
     /// ends the wait with [`io::ErrorKind::Interrupted`], so that a caller
     /// blocked for an application (`ibv_get_cq_event`) can report EINTR. A
-    /// poll-mode port asked for naps [`POLL_MODE_NAP`] at most and says
+    /// poll-mode port asked for naps 50 us at most and says
     /// `port: true` (the caller looks at it).
     pub fn wait_with(
         &self,

@@ -125,10 +125,14 @@ impl CompletionQueue {
     /// `ibv_poll_cq` for one completion (never blocks; steps the data
     /// plane once when the ring is empty).
     pub fn poll(&self) -> Option<WorkCompletion> {
-        self.cq.ring.pop().or_else(|| {
+        let wc = self.cq.ring.pop().or_else(|| {
             self.ctx.progress();
             self.cq.ring.pop()
-        })
+        });
+        if wc.is_some() {
+            self.ctx.took_completion(&self.cq);
+        }
+        wc
     }
 
     /// Completions waiting.

@@ -114,10 +114,51 @@ impl Context {
     #[must_use = "a completion not taken is lost"]
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
         let q = self.cq_ref(cq).ok()?;
-        q.ring.pop().or_else(|| {
-            self.progress();
-            q.ring.pop()
-        })
+        match q.ring.pop() {
+            Some(wc) => {
+                self.took_completion(&q);
+                Some(wc)
+            }
+            None => {
+                self.progress();
+                let wc = q.ring.pop();
+                if wc.is_some() {
+                    self.took_completion(&q);
+                }
+                wc
+            }
+        }
+    }
+
+    /// A poll took a completion from `q`: if that was its last one and no
+    /// QP of the lanes has work outstanding, the polling thread's claims
+    /// end soon ([`drivers::Drivers::shorten`]).
+    pub(super) fn took_completion(&self, q: &Cq) {
+        if !q.ring.is_empty() || self.shared.drivers.iter().all(|d| d.ready.is_none()) {
+            return;
+        }
+        if self.work_outstanding() {
+            return;
+        }
+        let now = self.shared.clock.now();
+        for d in &self.shared.drivers {
+            d.shorten(now);
+        }
+    }
+
+    /// Whether a QP of this handle's owner has posted work not yet retired
+    /// (looks at 64 QPs at most: more than that, it assumes so).
+    fn work_outstanding(&self) -> bool {
+        let rings = self.shared.rings.read().unwrap_or_else(|e| e.into_inner());
+        let mine = rings.iter().flatten().filter(|r| r.owner == self.owner);
+        let mut seen = 0;
+        for r in mine {
+            seen += 1;
+            if seen > 64 || r.words.outstanding() {
+                return true;
+            }
+        }
+        false
     }
 
     /// Takes a completion already in a CQ ring, without stepping the data

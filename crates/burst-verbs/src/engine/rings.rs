@@ -175,6 +175,14 @@ impl QpWords {
         self.word(p).fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Whether WRs posted to either queue are not retired yet.
+    pub(super) fn outstanding(&self) -> bool {
+        let (sp, sr) = (self.word(Self::SEND_POSTED), self.word(Self::SEND_RETIRED));
+        let (rp, rr) = (self.word(Self::RECV_POSTED), self.word(Self::RECV_RETIRED));
+        sp.load(Ordering::Acquire) != sr.load(Ordering::Acquire)
+            || rp.load(Ordering::Acquire) != rr.load(Ordering::Acquire)
+    }
+
     /// The engine: WRs retired so far (send, receive).
     pub(super) fn set_retired(&self, send: u64, recv: u64) {
         for (w, v) in [(Self::SEND_RETIRED, send), (Self::RECV_RETIRED, recv)] {
