@@ -219,6 +219,13 @@ pub trait Port {
     fn counters(&self) -> PortCounters {
         PortCounters::default()
     }
+    /// Pushes packets [`Port::send_burst`] accepted that the link has not
+    /// taken yet; returns whether some still wait. An engine keeps stepping
+    /// while this holds instead of waiting for traffic: nothing would wake
+    /// it for them (AF_XDP in copy mode sends 32 frames per wake-up).
+    fn flush_tx(&mut self) -> bool {
+        false
+    }
     /// Raw mode, for measuring a port alone (burst-bench's ceilings): hand
     /// over every RoCEv2 packet for this address without verifying its
     /// ICRC. Ports that verify nothing ignore it.
@@ -276,6 +283,9 @@ macro_rules! forward_port_control {
         }
         fn counters(&$s) -> $crate::PortCounters {
             $inner.counters()
+        }
+        fn flush_tx(&mut $s) -> bool {
+            $inner.flush_tx()
         }
         fn set_raw(&mut $s, raw: bool) {
             $inner.set_raw(raw)

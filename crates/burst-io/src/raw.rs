@@ -91,6 +91,12 @@ pub trait FrameLink: Send {
             "this link has no readiness handle",
         ))
     }
+    /// Pushes frames [`FrameLink::send`] queued that the link has not
+    /// taken yet (AF_XDP in copy mode takes 32 per wake-up); returns
+    /// whether some are still waiting.
+    fn flush_tx(&mut self) -> bool {
+        false
+    }
 }
 
 /// Where a [`RawPort`] learns its peers' MAC addresses.
@@ -787,6 +793,10 @@ fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut Po
 impl<L: FrameLink> Port for RawPort<L> {
     fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    fn flush_tx(&mut self) -> bool {
+        self.link.flush_tx()
     }
 
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {

@@ -533,6 +533,14 @@ impl FrameLink for XskLink {
         &self.name
     }
 
+    fn flush_tx(&mut self) -> bool {
+        if self.tx.ready() == 0 {
+            return false;
+        }
+        self.kick();
+        self.tx.ready() > 0
+    }
+
     fn mac(&self) -> [u8; 6] {
         self.mac
     }
@@ -558,7 +566,15 @@ impl FrameLink for XskLink {
         let cons = self.rx.consumer().load(Ordering::Relaxed);
         let fprod = self.fill.producer().load(Ordering::Relaxed);
         let mut frames = 0;
+        // Descriptors taken: up to `n`, and no more frames than the caller
+        // has room for (a frame of one descriptor each would otherwise
+        // deliver four times `max`, and the caller dropped the rest).
+        let mut used = 0;
         for i in 0..n {
+            if frames == max && self.partial.is_empty() {
+                break;
+            }
+            used = i + 1;
             // SAFETY: a descriptor the kernel produced.
             let d = unsafe { self.rx.desc_at(cons + i).read() };
             let contd = d.options & libc::XDP_PKT_CONTD != 0;
@@ -591,8 +607,8 @@ impl FrameLink for XskLink {
                     .write(addr & !(CHUNK as u64 - 1))
             };
         }
-        self.rx.consumer().store(cons + n, Ordering::Release);
-        self.fill.producer().store(fprod + n, Ordering::Release);
+        self.rx.consumer().store(cons + used, Ordering::Release);
+        self.fill.producer().store(fprod + used, Ordering::Release);
         Ok(frames)
     }
 

@@ -73,7 +73,10 @@ impl<P: Port> Device<P> {
         let sent = self.transmit(now);
         let received = self.receive(now);
         self.collect_completions();
-        sent + received + fired > 0
+        // Frames the link still holds count as work: nothing else would
+        // wake the engine to push them out.
+        let held = self.port.flush_tx();
+        sent + received + fired > 0 || held
     }
 
     /// Contains a fault of the QP in slot `i`: error state (flushing its
