@@ -560,13 +560,20 @@ pub fn wait_fds(
     fds: &[std::os::fd::BorrowedFd<'_>],
     timeout: std::time::Duration,
 ) -> io::Result<u64> {
-    use std::os::fd::AsRawFd;
     let mut raw = [-1; 64];
-    let n = fds.len().min(64);
+    let n = raw_fds(fds, &mut raw);
+    sys::wait_which(&raw[..n], timeout)
+}
+
+/// The descriptors of `fds` into `raw` (on the stack: an engine waits once
+/// per idle step); how many fit.
+fn raw_fds(fds: &[std::os::fd::BorrowedFd<'_>], raw: &mut [std::os::fd::RawFd]) -> usize {
+    use std::os::fd::AsRawFd;
+    let n = fds.len().min(raw.len());
     for (r, f) in raw.iter_mut().zip(&fds[..n]) {
         *r = f.as_raw_fd();
     }
-    sys::wait_which(&raw[..n], timeout)
+    n
 }
 
 /// What woke a [`Readiness::wait_with`]: the port, and which of the other
@@ -599,12 +606,9 @@ impl Readiness {
         timeout: std::time::Duration,
     ) -> io::Result<Woken> {
         use std::os::fd::AsRawFd;
-        // On the stack: an engine waits once per idle step.
+        // The last slot is the port's.
         let mut fds = [-1; 64];
-        let n = also.len().min(63);
-        for (f, a) in fds.iter_mut().zip(&also[..n]) {
-            *f = a.as_raw_fd();
-        }
+        let n = raw_fds(also, &mut fds[..63]);
         let (timeout, nap, len) = match (&self.0, port) {
             (Some(fd), true) => {
                 fds[n] = fd.as_raw_fd();
