@@ -623,21 +623,6 @@ impl Readiness {
             also: ready & ((1u64 << n) - 1),
         })
     }
-
-    /// [`Readiness::wait`] that also returns when `also` is readable (an
-    /// eventfd that wakes an idle engine); a poll-mode port waits on `also`
-    /// alone, for a nap at most.
-    pub fn wait_or(
-        &self,
-        also: std::os::fd::BorrowedFd<'_>,
-        timeout: std::time::Duration,
-    ) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        match &self.0 {
-            Some(fd) => sys::wait_any(&[fd.as_raw_fd(), also.as_raw_fd()], timeout),
-            None => sys::wait_any(&[also.as_raw_fd()], timeout.min(POLL_MODE_NAP)),
-        }
-    }
 }
 
 /// Socket buffer size asked for (see `sys::set_buffers`).

@@ -323,27 +323,6 @@ fn from_sockaddr(s: &SockAddr) -> SocketAddr {
     }
 }
 
-/// poll(2) for readability.
-/// Blocks until one of `fds` is readable or `timeout` passes.
-pub(crate) fn wait_any(fds: &[std::os::fd::RawFd], timeout: std::time::Duration) -> io::Result<()> {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let rc = ppoll(&mut p, timeout);
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
 /// Blocks until one of `fds` (at most 64) is readable or `timeout` passes;
 /// bit `i` of the result: `fds[i]` is readable. A signal is an error
 /// ([`io::ErrorKind::Interrupted`]).

@@ -1,9 +1,9 @@
 //! Settings of the engine thread (system calls; with `eventfd.rs`, the only
 //! `unsafe` of burst-verbs).
 
-/// Asks the kernel to wake this thread from short sleeps on time: the
-/// default timer slack (50 us) would turn the engine thread's 10 us
-/// back-off into 60 us, during which no thread receives.
+/// Asks the kernel to wake this thread from its waits on time: the
+/// default timer slack (50 us) would make every transport timer and claim
+/// deadline the engine waits for up to 50 us late.
 pub(crate) fn fine_timer_slack() {
     // SAFETY: PR_SET_TIMERSLACK takes an integer argument and affects only
     // the calling thread; no memory is passed.
