@@ -18,7 +18,7 @@
 //! LOCAL_WRITE when the window grants remote write or atomics. A region
 //! with windows bound cannot be deregistered.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use burst_transport::memory::RemoteRegion;

@@ -5,7 +5,8 @@
 //! Crate-internal: the data-plane core calls it around each QP's transmit
 //! and after each packet or timer handled for a QP.
 
-use std::collections::HashMap;
+// Looked up several times per packet; keyed by the QPs' own peers.
+use rustc_hash::FxHashMap as HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use burst_cc::{Algorithm, CcState, CnpGenerator, Controller, Dcqcn, LossWindow, Signal};
@@ -83,7 +84,7 @@ impl Congestion {
     pub fn new(algo: Algorithm) -> Congestion {
         Congestion {
             algo,
-            peers: HashMap::new(),
+            peers: HashMap::default(),
             counters: CongestionCounters::default(),
             cnps: Vec::new(),
             pace_wakeup: None,

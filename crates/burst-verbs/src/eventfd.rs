@@ -305,7 +305,7 @@ impl std::os::fd::AsFd for WaitSet {
 /// A one-shot timer on the monotonic clock whose descriptor is readable
 /// once it fired: an engine lane waits on it for the end of a polling
 /// thread's claim, which that thread pushes forward while it polls (one
-/// system call per half claim, no wake-up of the engine).
+/// system call every few milliseconds, no wake-up of the engine).
 #[derive(Debug)]
 pub struct TimerFd(OwnedFd);
 

@@ -25,12 +25,23 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// How long an application thread's claim on a lane lasts after its last
 /// empty poll or post (device-clock ns): how long a thread that stopped
-/// polling (it spins on memory, or computes) may leave packets waiting
-/// before the engine thread takes the port back. The engine does not wake
-/// to check a claim: the polling thread pushes a timer forward (a system
-/// call per half claim, ~0.5 us every 500 us) that fires only when the
-/// claim lapses.
-pub(super) const CLAIM_NS: u64 = 1_000_000;
+/// polling with work outstanding (it computes, or blocks outside burst)
+/// may leave packets waiting before the engine thread takes the port back
+/// (one that took its last completion gets [`SHORT_CLAIM_NS`]). The engine
+/// does not wake to check a claim: the polling thread pushes a timer
+/// forward, once per [`PUSH_NS`], that fires only when the claim lapses.
+///
+/// Measured in a VM (docs/performance.md, "The claim timer's cost"): a
+/// `timerfd_settime` costs the polling thread 7-15 us (the timer is the
+/// CPU's earliest, so the host reprograms it), and an engine woken on the
+/// polling thread's core costs it 15 us. At 1 ms, pushing every 500 us put
+/// one in 60 round trips of a 64 B ping-pong 8 us late (p99 11.8 us, 4.6
+/// without); waking the engine every 1 ms instead, 17.6.
+pub(super) const CLAIM_NS: u64 = 4_000_000;
+
+/// How often a polling thread pushes the claim timer forward: when less
+/// than `CLAIM_NS - PUSH_NS` of it is left.
+pub(super) const PUSH_NS: u64 = 3_000_000;
 
 /// What is left of a claim once its thread took its last completion with
 /// nothing outstanding ([`Drivers::shorten`]): long enough for a thread
@@ -92,12 +103,12 @@ impl Drivers {
         })
     }
 
-    /// Keeps the claim timer at least half a claim ahead of `now`.
+    /// Keeps the claim timer at least `CLAIM_NS - PUSH_NS` ahead of `now`.
     fn push_timer(&self, now: u64) {
         let Some(t) = &self.timer else {
             return;
         };
-        if self.armed.load(Ordering::Acquire) < now.saturating_add(CLAIM_NS / 2) {
+        if self.armed.load(Ordering::Acquire) < now.saturating_add(CLAIM_NS - PUSH_NS) {
             self.armed
                 .store(now.saturating_add(CLAIM_NS), Ordering::Release);
             t.arm(std::time::Duration::from_nanos(CLAIM_NS));
@@ -262,8 +273,9 @@ mod tests {
         };
         let clock = crate::clock::Clock::wall();
         // Polls for four claims: the timer is pushed forward and never
-        // fires meanwhile (unless the machine stalled this thread for half
-        // a claim anywhere in the loop: then nothing is asserted).
+        // fires meanwhile (unless the machine stalled this thread for
+        // `CLAIM_NS - PUSH_NS` anywhere in the loop: then nothing is
+        // asserted).
         let start = std::time::Instant::now();
         let (mut fired, mut last, mut gap) = (false, clock.now(), 0);
         while start.elapsed() < std::time::Duration::from_nanos(4 * CLAIM_NS) {
@@ -275,7 +287,7 @@ mod tests {
             last = after;
         }
         assert!(
-            !fired || gap >= CLAIM_NS / 2,
+            !fired || gap >= CLAIM_NS - PUSH_NS,
             "the timer fired while the thread polled"
         );
         assert!(d.timer_pending(clock.now()));
