@@ -592,6 +592,18 @@ impl Readiness {
         self.0.is_some()
     }
 
+    /// A [`PortWatch`] over this port (`None` for a poll-mode port, which
+    /// nothing can wait on).
+    pub fn watch(&self) -> io::Result<Option<PortWatch>> {
+        let Some(fd) = &self.0 else {
+            return Ok(None);
+        };
+        Ok(Some(PortWatch {
+            ep: sys::epoll()?,
+            port: fd.try_clone()?,
+        }))
+    }
+
     /// Blocks until the port (when `port` is true and it can be waited on)
     /// or one of `also` (at most 63) is readable, or `timeout` passes
     /// ([`std::time::Duration::MAX`]: no limit); says which woke. A signal
@@ -622,6 +634,51 @@ impl Readiness {
             port: nap || (len > n && ready & (1 << n) != 0),
             also: ready & ((1u64 << n) - 1),
         })
+    }
+}
+
+/// A descriptor that polls readable when a port has traffic *while it is
+/// watched* ([`PortWatch::set`]): an epoll instance that holds the port's
+/// readiness descriptor or not. A thread that waits on it learns of the
+/// port's traffic only while another thread wants it to, and that thread
+/// turns the watch on or off without waking the waiter (unless traffic
+/// already waits).
+///
+/// ```
+/// use burst_io::Port;
+/// use std::os::fd::AsFd;
+/// let port = burst_io::UdpPort::bind("127.0.150.1".parse().unwrap()).unwrap();
+/// let watch = port.readiness().unwrap().watch().unwrap().unwrap();
+/// let peer = std::net::UdpSocket::bind("127.0.150.2:0").unwrap();
+/// peer.send_to(b"x", port.local_addr()).unwrap();
+/// let wait = || burst_io::wait_fds(&[watch.as_fd()], std::time::Duration::from_millis(200)).unwrap();
+/// assert_eq!(wait(), 0, "not watched");
+/// watch.set(true).unwrap();
+/// assert_eq!(wait(), 1, "watched, traffic waits");
+/// watch.set(false).unwrap();
+/// assert_eq!(wait(), 0);
+/// ```
+#[derive(Debug)]
+pub struct PortWatch {
+    ep: std::os::fd::OwnedFd,
+    port: std::os::fd::OwnedFd,
+}
+
+impl PortWatch {
+    /// Watches the port (`true`) or stops (`false`); watching twice, or
+    /// stopping what is not watched, is an error (`EEXIST`, `ENOENT`).
+    pub fn set(&self, on: bool) -> io::Result<()> {
+        if on {
+            sys::epoll_add(&self.ep, &self.port)
+        } else {
+            sys::epoll_del(&self.ep, &self.port)
+        }
+    }
+}
+
+impl std::os::fd::AsFd for PortWatch {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.ep.as_fd()
     }
 }
 

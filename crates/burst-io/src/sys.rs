@@ -84,6 +84,23 @@ pub(crate) fn epoll_add(ep: &impl AsRawFd, fd: &impl AsRawFd) -> io::Result<()> 
     Ok(())
 }
 
+/// Takes `fd` out of epoll instance `ep`.
+pub(crate) fn epoll_del(ep: &impl AsRawFd, fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: both descriptors are live; DEL ignores the event argument.
+    let rc = unsafe {
+        libc::epoll_ctl(
+            ep.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A UDP socket with option `name` of `level` set to 1, bound to `addr`.
 fn bind_with(addr: SocketAddr, level: libc::c_int, name: libc::c_int) -> io::Result<UdpSocket> {
     let family = if addr.is_ipv4() {

@@ -81,17 +81,25 @@ pub(super) fn run(shared: &Shared, lane: usize) {
                 // Idle: the walk over the QPs' timers, not on busy steps.
                 let until = idle_until(&core, now);
                 drop(core);
-                // Nothing can wake the engine for a poll-mode port's
-                // packets (DPDK): it keeps looking, yielding the core, for
-                // POLL_MODE_SPIN_NS after work, then naps between looks.
-                // (A waitable port gets no such spin: tried, a yielding
-                // engine hands a thread that spins on memory on the same
-                // core its whole time slice, and ib_write_lat went from
-                // 48 us back to 2 ms.)
-                let spin = if ready.waitable() {
-                    0
-                } else {
+                // After work the engine keeps looking, yielding the core,
+                // for a while before it waits in the kernel:
+                // - a poll-mode port's packets (DPDK) cannot wake it:
+                //   POLL_MODE_SPIN_NS;
+                // - a passive lane (no application thread polls or posts:
+                //   a READ or WRITE target whose application waits
+                //   elsewhere) would pay a wake-up (20-40 us here) per
+                //   request: PASSIVE_POLL_NS, as SO_BUSY_POLL does for a
+                //   socket.
+                // Not otherwise: a yielding engine hands a thread that
+                // spins on memory on the same core its whole time slice
+                // (ib_write_lat went from 48 us back to 2 ms), and such a
+                // thread posts, so its lane is not passive.
+                let spin = if !ready.waitable() {
                     POLL_MODE_SPIN_NS
+                } else if owner == Owner::Engine && d.passive(now) {
+                    PASSIVE_POLL_NS
+                } else {
+                    0
                 };
                 let hot = now.saturating_sub(last_work) < spin;
                 if owner == Owner::Engine && (hot || clients.polling(wake, lane, now)) {
@@ -131,13 +139,17 @@ pub(super) fn run(shared: &Shared, lane: usize) {
                 } else {
                     Duration::from_nanos(until.saturating_sub(now))
                 };
-                let also = [fd, std::os::fd::AsFd::as_fd(timer)];
-                let also = if owner == Owner::Engine {
-                    &also[..1]
-                } else {
-                    &also[..]
+                use std::os::fd::AsFd;
+                // While a thread polls, the port as far as it is watched:
+                // that thread took its last completion (`Drivers::shorten`).
+                let watch = d.watch.as_ref().filter(|_| polling);
+                let also = [fd, timer.as_fd(), watch.map_or(fd, |w| w.as_fd())];
+                let n = match owner {
+                    Owner::Engine => 1,
+                    _ if watch.is_some() => 3,
+                    _ => 2,
                 };
-                let _ = ready.wait_with(owner == Owner::Engine, also, timeout);
+                let _ = ready.wait_with(owner == Owner::Engine, &also[..n], timeout);
             }
         }
         wake.sleeping(lane).store(0, Ordering::Relaxed);
@@ -163,6 +175,10 @@ struct ClientPolls {
 /// the one timed rule left, for ports without an event (memif's interrupt
 /// mode would remove it).
 const POLL_MODE_SPIN_NS: u64 = 2_000_000;
+
+/// How long a passive lane's engine keeps looking at a waitable port after
+/// work (see `run`): several round trips of a request-response peer.
+const PASSIVE_POLL_NS: u64 = 200_000;
 
 /// How long after a daemon client's last empty poll the engine still
 /// steps for it without waiting in the kernel.
