@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 /// empty poll or post (device-clock ns): how long a thread that stopped
 /// polling with work outstanding (it computes, or blocks outside burst)
 /// may leave packets waiting before the engine thread takes the port back
-/// (one that took its last completion gets [`SHORT_CLAIM_NS`]). The engine
+/// (one that took its last completion hands it over: [`Drivers::shorten`]). The engine
 /// does not wake to check a claim: the polling thread pushes a timer
 /// forward, once per [`PUSH_NS`], that fires only when the claim lapses.
 ///
