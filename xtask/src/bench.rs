@@ -608,6 +608,18 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
                 .collect();
             summary.insert(format!("{key} {t} cores"), cores);
         }
+        // CPU per packet and cores per side at 400 Gb/s (sender, receiver).
+        for (i, side) in ["sender", "receiver"].into_iter().enumerate() {
+            for field in ["ns_per_pkt", "cores_at_400g"] {
+                let v: Vec<f64> = results
+                    .iter()
+                    .filter(|x| x["test"] == "write_bw" && x["transport"] == t)
+                    .filter_map(|x| x[field][i].as_f64())
+                    .filter(|v| *v > 0.0)
+                    .collect();
+                summary.insert(format!("write_bw {t} {field} {side}"), v);
+            }
+        }
     }
     let vm_pick = |stack: &str, test: &str| -> Vec<f64> {
         vm.iter()
@@ -777,6 +789,27 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
                 .join(" / "),
         ));
     }
+    let per_packet = |t: &str| {
+        let g = |f: &str, s: &str| m(&format!("write_bw {t} {f} {s}"));
+        let ns = g("ns_per_pkt", "sender");
+        if ns.is_nan() || ns <= 0.0 {
+            // Records from before burst-bench reported it.
+            return "-".to_string();
+        }
+        format!(
+            "{:.0} / {:.0} ns ({:.1} / {:.1} cores)",
+            g("ns_per_pkt", "sender"),
+            g("ns_per_pkt", "receiver"),
+            g("cores_at_400g", "sender"),
+            g("cores_at_400g", "receiver")
+        )
+    };
+    md.push_str(&format!(
+        "| RDMA WRITE 64 KiB: CPU per 4 KiB packet, sender / receiver (cores each side would need for 400 Gb/s at that cost) | {} | {} | {} | | | <= 330 ns (4 cores a side at 400 Gb/s) | |\n",
+        per_packet("burst"),
+        per_packet("raw-udp"),
+        per_packet("tcp"),
+    ));
     if let Some(i) = &idle {
         let (cpu, secs) = (
             i["cpu_secs"].as_f64().unwrap_or(0.0),

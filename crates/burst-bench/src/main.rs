@@ -447,6 +447,7 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
         Line::Bw(b) => {
             b.cpu_secs = cpu * b.secs / secs.max(1e-9);
             b.client_cpu_secs = mine * b.secs / secs.max(1e-9);
+            per_packet(b, run.p.mtu.bytes());
         }
         Line::Lat(l) => {
             l.secs = secs;
@@ -454,6 +455,20 @@ fn client_run(o: &mut Oob, run: &Run, local: IpAddr, server: IpAddr) -> Result<L
         }
     }
     Ok(line.0)
+}
+
+/// Fills in [`report::Bw::ns_per_pkt`] and [`report::Bw::cores_at_400g`]
+/// from the run's CPU seconds, for packets of `mtu` payload bytes.
+fn per_packet(b: &mut report::Bw, mtu: usize) {
+    let pkts = b.iters as f64 * b.bytes.div_ceil(mtu.max(1)).max(1) as f64;
+    let gb = b.iters as f64 * b.bytes as f64 / 1e9;
+    if pkts == 0.0 || gb == 0.0 {
+        return;
+    }
+    let sides = [b.client_cpu_secs, (b.cpu_secs - b.client_cpu_secs).max(0.0)];
+    b.ns_per_pkt = sides.map(|s| s * 1e9 / pkts);
+    // 400 Gb/s of payload is 50 GB/s.
+    b.cores_at_400g = sides.map(|s| s / gb * 50.0);
 }
 
 /// [`client_run`] without the CPU accounting; also returns the server's
@@ -762,5 +777,39 @@ fn main() -> std::process::ExitCode {
             eprintln!("burst-bench: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_per_packet_splits_the_sides_and_scales_to_400g() {
+        let mut b = report::Bw {
+            test: "write_bw".into(),
+            transport: "burst".into(),
+            bytes: 65536,
+            iters: 1000,
+            gbps: 0.0,
+            mpps: 0.0,
+            secs: 1.0,
+            retransmitted_pkts: 0,
+            retransmits_started: 0,
+            cpu_secs: 2.0,
+            client_cpu_secs: 1.2,
+            ns_per_pkt: [0.0; 2],
+            cores_at_400g: [0.0; 2],
+        };
+        per_packet(&mut b, 4096);
+        // 16 packets a message: 16,000 packets, 65.536 MB.
+        assert!((b.ns_per_pkt[0] - 75_000.0).abs() < 1e-6);
+        assert!((b.ns_per_pkt[1] - 50_000.0).abs() < 1e-6);
+        assert!((b.cores_at_400g[0] - 1.2 / 0.065536 * 50.0).abs() < 1e-9);
+        assert!((b.cores_at_400g[1] - 0.8 / 0.065536 * 50.0).abs() < 1e-9);
+        // A message shorter than the MTU is one packet.
+        b.bytes = 64;
+        per_packet(&mut b, 4096);
+        assert!((b.ns_per_pkt[0] - 1.2e6).abs() < 1e-3);
     }
 }

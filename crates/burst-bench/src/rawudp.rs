@@ -269,6 +269,8 @@ pub fn stream(
             retransmits_started: 0,
             cpu_secs: 0.0,
             client_cpu_secs: 0.0,
+            ns_per_pkt: [0.0; 2],
+            cores_at_400g: [0.0; 2],
         },
         sent_bytes,
     ))

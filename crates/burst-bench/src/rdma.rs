@@ -508,6 +508,8 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         retransmits_started: after.retransmits_started - before.retransmits_started,
         cpu_secs: 0.0,
         client_cpu_secs: 0.0,
+        ns_per_pkt: [0.0; 2],
+        cores_at_400g: [0.0; 2],
     })
 }
 

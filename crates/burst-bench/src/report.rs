@@ -31,6 +31,14 @@ pub struct Bw {
     /// CPU time the client alone used (the sender of write_bw and
     /// send_bw), seconds over the same span as `cpu_secs`.
     pub client_cpu_secs: f64,
+    /// CPU time per packet, nanoseconds, of the client and of the server:
+    /// their CPU seconds over the messages' data packets (a message of
+    /// `bytes` is `bytes / MTU` packets, rounded up; for TCP the same
+    /// nominal count, so the figures compare per byte moved).
+    pub ns_per_pkt: [f64; 2],
+    /// Cores the client and the server would each need at 400 Gb/s of
+    /// payload at this cost (CPU seconds per GB x 50 GB/s).
+    pub cores_at_400g: [f64; 2],
 }
 
 /// One latency result line, in microseconds.
