@@ -206,7 +206,7 @@ impl Drivers {
             return;
         }
         let end = now.saturating_add(SHORT_CLAIM_NS);
-        if claim == 0 || claim.saturating_add(CLAIM_NS) <= end {
+        if claim.saturating_add(CLAIM_NS) <= end {
             return;
         }
         let short = end.saturating_sub(CLAIM_NS).max(1);
