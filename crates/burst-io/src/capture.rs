@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use crossbeam_channel::{Sender, TrySendError};
 
-use crate::{PacketBuf, Port, RxBatch};
+use crate::{PacketBuf, Port, RxBatch, RxMeta, RxVisit};
 
 /// One copied packet: the transport bytes (BTH onwards) and its addresses.
 #[derive(Debug, Clone)]
@@ -93,19 +93,35 @@ impl<P: Port> CapturePort<P> {
     }
 }
 
+/// A received packet as the tap keeps it.
+fn received(local: SocketAddr, at: SystemTime, m: RxMeta, bytes: &[u8]) -> Captured {
+    Captured {
+        at,
+        sent: false,
+        src: m.peer,
+        dst: m.dest.map_or(local, |ip| SocketAddr::new(ip, local.port())),
+        bytes: bytes.to_vec(),
+    }
+}
+
 impl<P: Port> Port for CapturePort<P> {
+    fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> std::io::Result<usize> {
+        let (tap, local) = (&self.tap, self.inner.local_addr());
+        self.inner.recv_frames(max, &mut |meta, bytes| {
+            if tap.is_on() {
+                let at = SystemTime::now();
+                tap.copy(std::iter::once(received(local, at, meta, bytes)));
+            }
+            visit(meta, bytes);
+        })
+    }
+
     fn recv_batch(&mut self, rx: &mut RxBatch) -> std::io::Result<usize> {
         let n = self.inner.recv_batch(rx)?;
         if n > 0 && self.tap.is_on() {
-            let local = self.inner.local_addr();
-            let at = SystemTime::now();
-            self.tap.copy(rx.frames().map(|(m, b)| Captured {
-                at,
-                sent: false,
-                src: m.peer,
-                dst: m.dest.map_or(local, |ip| SocketAddr::new(ip, local.port())),
-                bytes: b.to_vec(),
-            }));
+            let (local, at) = (self.inner.local_addr(), SystemTime::now());
+            self.tap
+                .copy(rx.frames().map(|(m, b)| received(local, at, m, b)));
         }
         Ok(n)
     }

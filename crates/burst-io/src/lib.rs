@@ -103,6 +103,10 @@ impl std::fmt::Debug for PacketBuf {
     }
 }
 
+/// What [`Port::recv_frames`] lends each received packet to: what the
+/// port knows of it, and its bytes (valid only during the call).
+pub type RxVisit<'v> = dyn FnMut(RxMeta, &[u8]) + 'v;
+
 /// What a port knows of a received packet besides its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RxMeta {
@@ -196,9 +200,27 @@ burst_wire::counters! {
 pub trait Port {
     /// The local address packets are sent from and received on.
     fn local_addr(&self) -> SocketAddr;
+    /// Receives a burst without blocking and lends each packet (BTH
+    /// through ICRC) to `visit`, in arrival order, where the port holds it
+    /// (a UDP socket's receive buffer, an AF_XDP UMEM chunk, an mbuf, a
+    /// simulated frame): no copy out of the port. The bytes are valid only
+    /// during the call that shows them. At most `max` frames (datagrams:
+    /// a coalesced one lends all its packets) are taken from the link;
+    /// returns the packets lent.
+    fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize>;
     /// Receives a burst of datagrams into `rx` without blocking (replacing
     /// what it held); returns how many packets (segments) it now holds.
-    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize>;
+    /// Copies what [`Port::recv_frames`] lends where the port does not
+    /// receive into `rx` itself (a UDP socket does).
+    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
+        rx.msgs.clear();
+        let max = rx.bufs.len();
+        self.recv_frames(max, &mut |meta, bytes| {
+            // Refused (too big for a buffer): the caller never sees it.
+            let _ = rx.push(meta, bytes);
+        })?;
+        Ok(rx.count())
+    }
     /// Sets [`PacketBuf::ip_id`] of each packet of `bufs` to the ID it will
     /// carry when sent by [`Port::send_burst`] exactly as it stands, so the
     /// caller can seal the ICRC over it.
@@ -269,7 +291,8 @@ pub trait Port {
 }
 
 /// The methods a port that wraps another passes on unchanged: all but
-/// moving packets (`recv_batch`, `send_burst`, `assign_ip_ids`), which the
+/// moving packets (`recv_frames`, `send_burst`, `assign_ip_ids`, and
+/// `recv_batch` where the inner port receives into a batch itself), which the
 /// wrapper writes itself. `forward_port_control!(self => self.inner)`
 /// inside the wrapper's `impl Port`.
 #[macro_export]
@@ -312,6 +335,9 @@ macro_rules! forward_port_control {
 }
 
 impl<P: Port + ?Sized> Port for Box<P> {
+    fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize> {
+        (**self).recv_frames(max, visit)
+    }
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
         (**self).recv_batch(rx)
     }
@@ -700,6 +726,8 @@ pub struct UdpPort {
     /// Readable when any of the port's sockets is: what [`Port::readiness`]
     /// hands out, so a sleeping engine wakes for a group joined later too.
     epoll: std::os::fd::OwnedFd,
+    /// What [`Port::recv_frames`] receives into and lends from.
+    rx: Option<RxBatch>,
 }
 
 impl UdpPort {
@@ -770,6 +798,7 @@ impl UdpPort {
             groups: Vec::new(),
             addresses: Vec::new(),
             epoll,
+            rx: None,
         })
     }
 
@@ -947,6 +976,20 @@ pub fn seal_all(src: SocketAddr, bufs: &mut [PacketBuf]) -> usize {
 impl Port for UdpPort {
     fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize> {
+        // The socket's datagrams land in the port's own batch and are lent
+        // from there (allocated at the first call: 2 MiB).
+        let mut rx = self.rx.take().unwrap_or_else(|| RxBatch::new(max));
+        let got = self.recv_batch(&mut rx);
+        if got.is_ok() {
+            for (meta, bytes) in rx.frames() {
+                visit(meta, bytes);
+            }
+        }
+        self.rx = Some(rx);
+        got
     }
 
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::io;
 
-use crate::{PacketBuf, Port, RxBatch};
+use crate::{PacketBuf, Port, RxBatch, RxVisit};
 
 /// Wraps a [`Port`] and drops each sent packet with probability 1/`every`
 /// (0: none), at random rather than periodically (a periodic drop can line
@@ -79,6 +79,10 @@ impl<P: Port> LossyPort<P> {
 }
 
 impl<P: Port> Port for LossyPort<P> {
+    fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize> {
+        self.inner.recv_frames(max, visit)
+    }
+
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
         self.inner.recv_batch(rx)
     }

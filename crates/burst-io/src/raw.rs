@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 use burst_wire::frame::{ETH_LEN, UDP_LEN};
 use burst_wire::{IpRepr, RoceFrame, UdpRepr, ROCEV2_PORT};
 
-use crate::{PacketBuf, Port, PortCounters, Readiness, RxBatch, RxMeta};
+use crate::{PacketBuf, Port, PortCounters, Readiness, RxMeta, RxVisit};
 
 /// A link that moves whole Ethernet frames (without FCS): an AF_XDP socket,
 /// a DPDK port queue, or an in-memory pair ([`MemLink`]).
@@ -799,10 +799,9 @@ impl<L: FrameLink> Port for RawPort<L> {
         self.link.flush_tx()
     }
 
-    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
-        rx.msgs.clear();
+    fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize> {
         let (local, mac, raw) = (self.local, self.mac, self.raw);
-        let max = rx.bufs.len();
+        let mut lent = 0;
         // Senders to learn from (once per run of frames from one sender:
         // a burst is mostly one peer's) and neighbour messages to handle
         // (with whether they are only to learn from: copies from a lane).
@@ -823,9 +822,8 @@ impl<L: FrameLink> Port for RawPort<L> {
                             return;
                         }
                     }
-                    if !rx.push(meta, &frame[range]) {
-                        counters.rx_malformed += 1;
-                    }
+                    visit(meta, &frame[range]);
+                    lent += 1;
                     let who = (meta.peer.ip(), smac);
                     if learned.last() != Some(&who) {
                         learned.push(who);
@@ -881,7 +879,7 @@ impl<L: FrameLink> Port for RawPort<L> {
             self.counters.arp_replies += 1;
         }
         self.poll_neighbours()?;
-        Ok(rx.msgs.len())
+        Ok(lent)
     }
 
     fn assign_ip_ids(&self, bufs: &mut [PacketBuf]) {

@@ -9,13 +9,15 @@
 //! calls made, so a failing run replays exactly.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{PacketBuf, Port, RxBatch, RxMsg};
+use crate::{PacketBuf, Port, RxMeta, RxVisit};
 
 /// Faults and limits of a [`SimNet`]. Probabilities are per packet.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -105,6 +107,7 @@ pub struct SimStats {
     pub delivered: u64,
 }
 
+#[derive(Debug)]
 struct Frame {
     at: u64,
     seq: u64,
@@ -149,7 +152,13 @@ struct Inner {
     stats: SimStats,
     rx: HashMap<SocketAddr, Receiver>,
     link_free: HashMap<SocketAddr, u64>,
+    /// Buffers of delivered frames, for the next frames sent (a
+    /// simulation's packets cost no allocation once it runs).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Most buffers [`Inner::spare`] keeps.
+const MAX_SPARE: usize = 1024;
 
 impl Inner {
     /// A counter hashed twice with the seed: the draw for the n-th decision
@@ -211,7 +220,19 @@ impl Inner {
             self.stats.overflowed += 1;
             return;
         }
-        let mut bytes = bytes.to_vec();
+        let mut bytes = match self.spare.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.extend_from_slice(bytes);
+                b
+            }
+            // Room for any frame: a buffer serves every size next time.
+            None => {
+                let mut b = Vec::with_capacity(bytes.len().max(crate::MAX_PACKET));
+                b.extend_from_slice(bytes);
+                b
+            }
+        };
         if self.chance(f.corrupt) && !bytes.is_empty() {
             self.stats.corrupted += 1;
             let i = self.below(bytes.len() as u64) as usize;
@@ -295,8 +316,9 @@ impl SimNet {
             seq: 0,
             faults,
             stats: SimStats::default(),
-            rx: HashMap::new(),
-            link_free: HashMap::new(),
+            rx: HashMap::default(),
+            link_free: HashMap::default(),
+            spare: Vec::new(),
         })))
     }
 
@@ -312,6 +334,7 @@ impl SimNet {
             net: self.clone(),
             addr,
             next_id: AtomicU16::new(0),
+            lent: Vec::new(),
         }
     }
 
@@ -378,6 +401,9 @@ pub struct SimPort {
     net: SimNet,
     addr: SocketAddr,
     next_id: AtomicU16,
+    /// The frames the last [`Port::recv_frames`] lent (their buffers go
+    /// back to the network at the next call).
+    lent: Vec<Frame>,
 }
 
 impl SimPort {
@@ -392,37 +418,43 @@ impl Port for SimPort {
         self.addr
     }
 
-    fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
-        rx.msgs.clear();
-        let mut g = self.net.lock();
-        let (now, hide, max) = (g.now, g.faults.hide_ip_id, rx.bufs.len());
-        let mut got = 0;
-        while rx.msgs.len() < max {
-            let r = g.rx.get_mut(&self.addr).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotConnected, "port removed from its SimNet")
-            })?;
-            if r.queue.peek().is_none_or(|Reverse(f)| f.at > now) {
-                break;
+    fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize> {
+        let mut lent = std::mem::take(&mut self.lent);
+        let hide = {
+            let mut g = self.net.lock();
+            let room = MAX_SPARE.saturating_sub(g.spare.len());
+            g.spare.extend(lent.drain(..).map(|f| f.bytes).take(room));
+            lent.clear();
+            let now = g.now;
+            while lent.len() < max {
+                let r = g.rx.get_mut(&self.addr).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotConnected, "port removed from its SimNet")
+                })?;
+                if r.queue.peek().is_none_or(|Reverse(f)| f.at > now) {
+                    break;
+                }
+                let Some(Reverse(f)) = r.queue.pop() else {
+                    break;
+                };
+                lent.push(f);
             }
-            let Some(Reverse(f)) = r.queue.pop() else {
-                break;
-            };
-            let i = rx.msgs.len();
-            let len = f.bytes.len().min(rx.bufs[i].len());
-            rx.bufs[i][..len].copy_from_slice(&f.bytes[..len]);
-            rx.msgs.push(RxMsg {
-                len,
-                seg: len.max(1),
+            g.stats.delivered += lent.len() as u64;
+            g.faults.hide_ip_id
+        };
+        // Lent outside the lock: the visitor may send on this network.
+        for f in &lent {
+            let meta = RxMeta {
                 peer: f.src,
                 ip_id: (!hide).then_some(f.ip_id),
                 ecn: f.ecn,
                 icrc_verified: false,
                 dest: None,
-            });
-            got += 1;
+            };
+            visit(meta, &f.bytes);
         }
-        g.stats.delivered += got as u64;
-        Ok(got)
+        let n = lent.len();
+        self.lent = lent;
+        Ok(n)
     }
 
     fn assign_ip_ids(&self, bufs: &mut [PacketBuf]) {

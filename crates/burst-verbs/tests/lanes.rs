@@ -162,8 +162,12 @@ impl burst_io::Port for Recording {
     fn local_addr(&self) -> std::net::SocketAddr {
         self.inner.local_addr()
     }
-    fn recv_batch(&mut self, rx: &mut burst_io::RxBatch) -> std::io::Result<usize> {
-        self.inner.recv_batch(rx)
+    fn recv_frames(
+        &mut self,
+        max: usize,
+        visit: &mut burst_io::RxVisit<'_>,
+    ) -> std::io::Result<usize> {
+        self.inner.recv_frames(max, visit)
     }
     fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
         self.inner.assign_ip_ids(bufs)

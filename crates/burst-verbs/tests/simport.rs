@@ -238,12 +238,16 @@ impl burst_io::Port for FaultyPort {
     fn local_addr(&self) -> SocketAddr {
         self.inner.local_addr()
     }
-    fn recv_batch(&mut self, rx: &mut burst_io::RxBatch) -> std::io::Result<usize> {
+    fn recv_frames(
+        &mut self,
+        max: usize,
+        visit: &mut burst_io::RxVisit<'_>,
+    ) -> std::io::Result<usize> {
         assert!(
             !self.armed.load(Ordering::Relaxed),
             "fault injected in the port"
         );
-        self.inner.recv_batch(rx)
+        self.inner.recv_frames(max, visit)
     }
     fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
         self.inner.assign_ip_ids(bufs)

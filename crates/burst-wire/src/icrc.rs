@@ -13,6 +13,8 @@
 //! next to the prefix), and a long payload is never copied.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::bth::BTH_LEN;
@@ -244,12 +246,15 @@ struct PeerIds {
 /// the 16-bit check. Both tables are bounded.
 #[derive(Debug, Default)]
 pub struct Checker {
-    bases: HashMap<usize, IdBasis>,
+    /// By ICRC input length (lengths are at most 64 Ki and the map is
+    /// bounded, so a fast hash cannot be pushed into long probe chains).
+    bases: FxHashMap<usize, IdBasis>,
+    /// Peers other than `last`.
     peers: HashMap<SocketAddr, PeerIds>,
-    /// The last peer noted that has nothing left to learn from an ID of 0
-    /// (it passed [`PEER_LEARN`] zeros): its packets skip the table, a hash
-    /// per packet that showed in profiles.
-    learned: Option<SocketAddr>,
+    /// The peer of the last packet, kept out of `peers`: a burst of packets
+    /// comes from one peer, and a hash per packet showed in profiles (the
+    /// map's keys are the network's to choose, so it keeps SipHash).
+    last: Option<(SocketAddr, PeerIds)>,
 }
 
 impl Checker {
@@ -305,7 +310,7 @@ impl Checker {
         let Some(id) = basis.solve(stored ^ c0) else {
             return Check::Bad;
         };
-        let p = self.peers.get(&src).copied().unwrap_or_default();
+        let p = *self.peer(src);
         if p.zeros >= PEER_LEARN && p.max_id < GSO_ID_RANGE && id >= GSO_ID_RANGE {
             return Check::Bad;
         }
@@ -314,26 +319,33 @@ impl Checker {
     }
 
     fn note(&mut self, src: SocketAddr, id: u16) {
-        // Past PEER_LEARN zeros another 0 changes neither what is checked
-        // (`zeros >= PEER_LEARN`) nor `max_id`.
-        if id == 0 && self.learned == Some(src) {
-            return;
-        }
-        if self.peers.len() >= MAX_TRACKED_PEERS && !self.peers.contains_key(&src) {
-            self.peers.clear();
-            self.learned = None;
-        }
-        let p = self.peers.entry(src).or_default();
+        let p = self.peer(src);
         p.zeros = p.zeros.saturating_add(u32::from(id == 0));
         p.max_id = p.max_id.max(id);
-        if p.zeros >= PEER_LEARN {
-            self.learned = Some(src);
+    }
+
+    /// What is known of `src`, made the `last` peer.
+    fn peer(&mut self, src: SocketAddr) -> &mut PeerIds {
+        if let Some((a, p)) = self.last.take_if(|(a, _)| *a != src) {
+            // With `last` the total stays within the bound.
+            if self.peers.len() + 1 >= MAX_TRACKED_PEERS {
+                self.peers.clear();
+            }
+            self.peers.insert(a, p);
         }
+        let peers = &mut self.peers;
+        &mut self
+            .last
+            .get_or_insert_with(|| (src, peers.remove(&src).unwrap_or_default()))
+            .1
     }
 
     /// Lengths and peers currently cached (both bounded).
     pub fn cached(&self) -> (usize, usize) {
-        (self.bases.len(), self.peers.len())
+        (
+            self.bases.len(),
+            self.peers.len() + usize::from(self.last.is_some()),
+        )
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use burst_io::{IcrcCheck, PayloadCrc, Port, MAX_GSO_SEGMENTS};
+use burst_io::{IcrcCheck, PayloadCrc, Port, RxMeta, MAX_GSO_SEGMENTS};
 use burst_transport::{Qp, QpAttr, QpState, Srq};
 use burst_wire::{IbPacket, Qpn};
 
@@ -194,26 +194,31 @@ impl<P: Port> Device<P> {
     }
 
     /// Returns the packets received.
+    ///
+    /// The port lends its frames ([`Port::recv_frames`]): each is checked,
+    /// demultiplexed and placed where the port holds it, with no copy into
+    /// a batch of the device's. An offloading copier is the exception: its
+    /// placements finish after the frame's call returns, so the frames are
+    /// first received into the device's batch, whose buffers stay until
+    /// the drain.
     pub(super) fn receive(&mut self, now: u64) -> usize {
-        let n = match self.port.recv_batch(&mut self.rx) {
-            Ok(n) => n,
-            Err(_) => return 0,
-        };
-        if n > 0 {
-            self.last_rx = now;
-        }
         let local = self.port.local_addr();
-        // SAFETY: the batch's buffers are not touched again before the
-        // drain below (the next receive reuses them).
-        unsafe { self.copier.defer_from(self.rx.buffers()) };
-        let mut mem = self.mrs.memory_through(&mut self.copier);
         let mut faulted: Vec<(usize, String)> = Vec::new();
-        for (meta, bytes) in self.rx.frames() {
+        let (icrc, counters, gsi, mcast) =
+            (&mut self.icrc, &mut self.counters, &self.gsi, &self.mcast);
+        let (qps, srqs, cc, lane, panic_for) = (
+            &mut self.qps,
+            &mut self.srqs,
+            &mut self.cc,
+            self.lane,
+            self.panic_for,
+        );
+        let mut frame = |mem: &mut burst_mem::TableMemory<'_>, meta: RxMeta, bytes: &[u8]| {
             let peer = meta.peer;
-            self.counters.rcvd_pkts += 1;
+            counters.rcvd_pkts += 1;
             let Ok(pkt) = IbPacket::new_checked(bytes) else {
-                self.counters.malformed += 1;
-                continue;
+                counters.malformed += 1;
+                return;
             };
             // A datagram to a multicast group or to another of the device's
             // GIDs: its ICRC covers that address.
@@ -224,80 +229,94 @@ impl<P: Port> Device<P> {
                 // Checked by the port over the headers as received.
                 IcrcCheck::Ok
             } else {
-                self.icrc.check(peer, local, bytes, meta.ip_id)
+                icrc.check(peer, local, bytes, meta.ip_id)
             };
             match check {
-                IcrcCheck::Ok => self.counters.icrc_verified += 1,
-                IcrcCheck::OkWithId(_) => self.counters.icrc_id_solved += 1,
-                IcrcCheck::Unverifiable => self.counters.icrc_unverified += 1,
+                IcrcCheck::Ok => counters.icrc_verified += 1,
+                IcrcCheck::OkWithId(_) => counters.icrc_id_solved += 1,
+                IcrcCheck::Unverifiable => counters.icrc_unverified += 1,
                 IcrcCheck::Bad => {
-                    self.counters.icrc_errors += 1;
-                    continue;
+                    counters.icrc_errors += 1;
+                    return;
                 }
             }
             let qpn = pkt.bth().dest_qp();
             if qpn.value() == crate::gsi::GSI_QPN {
-                match &self.gsi {
+                match &gsi {
                     Some(gsi) => gsi.receive(peer.ip(), &pkt),
-                    None => self.counters.no_qp += 1,
+                    None => counters.no_qp += 1,
                 }
-                continue;
+                return;
             }
             // QPN 0xFFFFFF to a group: a copy for every QP attached to it
             // (each checks its Q_Key); to our own address it names no QP.
             let targets: &[Qpn] = match meta.dest {
-                Some(g) if g.is_multicast() && qpn.value() == MULTICAST_QPN => self
-                    .mcast
-                    .get(&burst_wire::gid_of(g))
-                    .map_or(&[], Vec::as_slice),
+                Some(g) if g.is_multicast() && qpn.value() == MULTICAST_QPN => {
+                    mcast.get(&burst_wire::gid_of(g)).map_or(&[], Vec::as_slice)
+                }
                 Some(g) if g.is_multicast() => &[],
                 _ if qpn.value() == MULTICAST_QPN => &[],
                 _ => std::slice::from_ref(&qpn),
             };
             if targets.is_empty() {
-                self.counters.no_qp += 1;
-                continue;
+                counters.no_qp += 1;
+                return;
             }
             for &qpn in targets {
-                let Ok(i) = qp_index_in(&self.qps, self.lane, qpn) else {
-                    self.counters.no_qp += 1;
+                let Ok(i) = qp_index_in(qps, lane, qpn) else {
+                    counters.no_qp += 1;
                     continue;
                 };
-                let Some(s) = self.qps[i].as_mut() else {
+                let Some(s) = qps[i].as_mut() else {
                     continue;
                 };
                 if pkt.info().transport == burst_wire::Transport::Cnp {
                     // Congestion notification: for the controllers, not the QP.
-                    self.cc.on_cnp(&mut s.flow, now);
+                    cc.on_cnp(&mut s.flow, now);
                     continue;
                 }
                 if meta.ecn == ECN_CE {
-                    self.cc.on_ce(&mut s.flow, now);
+                    cc.on_ce(&mut s.flow, now);
                 }
                 // Only UD receives carry a GRH area: don't build it for RC/UC.
                 let grh = (pkt.info().transport == burst_wire::Transport::Ud)
                     .then(|| burst_wire::ud_grh_for(peer.ip(), local.ip(), bytes.len()))
                     .flatten();
-                let srq = s
-                    .srq
-                    .and_then(|i| self.srqs.get_mut(i))
-                    .and_then(Option::as_mut);
-                let inject = self.panic_for == Some(qpn);
+                let srq = s.srq.and_then(|i| srqs.get_mut(i)).and_then(Option::as_mut);
+                let inject = panic_for == Some(qpn);
                 let handled = contain(|| {
                     assert!(!inject, "fault injected for QP {qpn}");
                     match srq {
-                        Some(srq) => {
-                            s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), &mut mem, srq)
-                        }
-                        None => s.qp.handle_packet(now, &pkt, grh.as_ref(), &mut mem),
+                        Some(srq) => s.qp.handle_packet_srq(now, &pkt, grh.as_ref(), mem, srq),
+                        None => s.qp.handle_packet(now, &pkt, grh.as_ref(), mem),
                     }
                 });
                 if let Err(msg) = handled {
                     faulted.push((i, msg));
                 } else {
-                    let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
+                    let _ = cc.account(&mut s.flow, &mut s.qp, now);
                 }
             }
+        };
+        let n = if self.copier.offloads() {
+            let rx = self.rx.get_or_insert_with(|| RxBatch::new(BURST));
+            let n = self.port.recv_batch(rx).unwrap_or(0);
+            // SAFETY: the batch's buffers are not touched again before the
+            // drain below (the next receive reuses them).
+            unsafe { self.copier.defer_from(rx.buffers()) };
+            let mut mem = self.mrs.memory_through(&mut self.copier);
+            for (meta, bytes) in rx.frames() {
+                frame(&mut mem, meta, bytes);
+            }
+            n
+        } else {
+            let mut mem = self.mrs.memory_through(&mut self.copier);
+            self.port
+                .recv_frames(BURST, &mut |meta, bytes| frame(&mut mem, meta, bytes))
+                .unwrap_or(0)
+        };
+        if n > 0 {
+            self.last_rx = now;
         }
         // Every placement lands before anything it precedes is seen: the
         // completions collected next, the ACKs sent next.

@@ -106,7 +106,8 @@ pub(crate) struct Device<P: Port = AnyPort> {
     link: Option<LinkWatch>,
     /// Multicast groups (MGID) and the UD QPs attached to each.
     mcast: std::collections::HashMap<[u8; 16], Vec<Qpn>>,
-    rx: RxBatch,
+    /// Receive buffers for an offloading copier only ([`Device::receive`]).
+    rx: Option<RxBatch>,
     tx: Vec<PacketBuf>,
     /// How payload moves between packets and memory (fused CPU gathers,
     /// or an offload backend drained before what the copies precede).
@@ -193,7 +194,7 @@ impl<P: Port> Device<P> {
             destroyed: burst_transport::Counters::default(),
             ahs: Vec::new(),
             mcast: Default::default(),
-            rx: RxBatch::new(BURST),
+            rx: None,
             // A round sends up to a full GSO run per QP burst.
             tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
             copier: burst_mem::Copier::default(),
