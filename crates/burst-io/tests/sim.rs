@@ -141,3 +141,35 @@ fn the_lossy_wrapper_drops_a_share_and_keeps_ids_consistent() {
     none.send_burst(&bufs(100, b.local_addr())).unwrap();
     assert_eq!(none.dropped(), 0);
 }
+
+#[test]
+fn lent_frames_come_in_order_and_a_batch_takes_no_more_than_it_holds() {
+    let net = SimNet::new(1, SimFaults::default());
+    let (mut a, mut b) = (net.port(addr(1)), net.port(addr(2)));
+    a.send_burst(&bufs(6, addr(2))).unwrap();
+    net.advance(1_000_000);
+    // At most `max` frames a call, lent in the order sent.
+    let mut lent = Vec::new();
+    let n = b
+        .recv_frames(3, &mut |m, bytes| {
+            lent.push((m.peer, seq(bytes), bytes.len()))
+        })
+        .unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(
+        lent,
+        [(addr(1), 0, 100), (addr(1), 1, 100), (addr(1), 2, 100)]
+    );
+    // A copying batch of two takes two of the three left, then the last.
+    let mut rx = RxBatch::new(2);
+    assert_eq!(b.recv_batch(&mut rx).unwrap(), 2);
+    let got: Vec<u32> = rx.frames().map(|(_, b)| seq(b)).collect();
+    assert_eq!(got, [3, 4]);
+    assert_eq!(b.recv_batch(&mut rx).unwrap(), 1);
+    assert_eq!(rx.frames().map(|(_, b)| seq(b)).collect::<Vec<_>>(), [5]);
+    assert_eq!(
+        b.recv_frames(32, &mut |_, _| panic!("nothing left"))
+            .unwrap(),
+        0
+    );
+}
