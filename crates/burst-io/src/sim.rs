@@ -423,8 +423,8 @@ impl Port for SimPort {
         let hide = {
             let mut g = self.net.lock();
             let room = MAX_SPARE.saturating_sub(g.spare.len());
+            // Past the room, the rest of the drain is dropped (freed).
             g.spare.extend(lent.drain(..).map(|f| f.bytes).take(room));
-            lent.clear();
             let now = g.now;
             while lent.len() < max {
                 let r = g.rx.get_mut(&self.addr).ok_or_else(|| {
