@@ -229,6 +229,15 @@ pub trait Port {
     /// a whole number of GSO runs (see [`gso_run`]), so that a caller may
     /// retry from there.
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize>;
+    /// [`Port::send_burst`] that may take the storage of the packets it
+    /// sends and leave other storage in its place (a simulated network
+    /// queues the buffer itself instead of copying it): the packets taken
+    /// (the first `n`, `n` returned) hold unspecified bytes afterwards and
+    /// the rest are unchanged. The data plane builds every packet anew in
+    /// its buffer, so it sends this way; by default it is `send_burst`.
+    fn send_frames(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
+        self.send_burst(bufs)
+    }
     /// A handle that waits for this port's traffic from another thread, for
     /// ports backed by a file descriptor.
     fn readiness(&self) -> io::Result<Readiness> {
@@ -292,7 +301,8 @@ pub trait Port {
 
 /// The methods a port that wraps another passes on unchanged: all but
 /// moving packets (`recv_frames`, `send_burst`, `assign_ip_ids`, and
-/// `recv_batch` where the inner port receives into a batch itself), which the
+/// `recv_batch` or `send_frames` where the inner port receives into a batch
+/// or takes buffers itself), which the
 /// wrapper writes itself. `forward_port_control!(self => self.inner)`
 /// inside the wrapper's `impl Port`.
 #[macro_export]
@@ -346,6 +356,9 @@ impl<P: Port + ?Sized> Port for Box<P> {
     }
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
         (**self).send_burst(bufs)
+    }
+    fn send_frames(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
+        (**self).send_frames(bufs)
     }
     forward_port_control!(self => (**self));
 }

@@ -17,7 +17,22 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::{PacketBuf, Port, RxMeta, RxVisit};
+use crate::{PacketBuf, Port, RxMeta, RxVisit, MAX_PACKET};
+
+/// A frame's storage: a packet buffer's own, so that a port may queue the
+/// buffer it is given ([`Port::send_frames`]) instead of copying it.
+type Storage = Box<[u8; MAX_PACKET]>;
+
+fn fresh() -> Storage {
+    Box::new([0; MAX_PACKET])
+}
+
+/// What [`Inner::send`] is given: bytes to copy, or a packet buffer whose
+/// storage the network takes (leaving a spare one in its place).
+enum Bytes<'a> {
+    Copy(&'a [u8]),
+    Take(&'a mut PacketBuf),
+}
 
 /// Faults and limits of a [`SimNet`]. Probabilities are per packet.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -112,7 +127,8 @@ struct Frame {
     at: u64,
     seq: u64,
     src: SocketAddr,
-    bytes: Vec<u8>,
+    bytes: Storage,
+    len: usize,
     ip_id: u16,
     ecn: u8,
 }
@@ -154,7 +170,7 @@ struct Inner {
     link_free: HashMap<SocketAddr, u64>,
     /// Buffers of delivered frames, for the next frames sent (a
     /// simulation's packets cost no allocation once it runs).
-    spare: Vec<Vec<u8>>,
+    spare: Vec<Storage>,
 }
 
 /// Most buffers [`Inner::spare`] keeps.
@@ -194,8 +210,17 @@ impl Inner {
                 .is_some_and(|&t| t > self.now + f.tx_queue_ns)
     }
 
-    fn send(&mut self, src: SocketAddr, dst: SocketAddr, bytes: &[u8], ip_id: u16) {
+    fn send(&mut self, src: SocketAddr, dst: SocketAddr, given: Bytes<'_>, ip_id: u16) {
         self.stats.sent += 1;
+        let len = match &given {
+            Bytes::Copy(b) => b.len(),
+            Bytes::Take(p) => p.len,
+        };
+        if len > MAX_PACKET {
+            // No link carries it (a caller's bad length): gone.
+            self.stats.lost += 1;
+            return;
+        }
         let f = self.faults;
         // Serialisation on the sender's link.
         let depart = match f.link_gbps {
@@ -203,7 +228,7 @@ impl Inner {
             g => {
                 let free = self.link_free.entry(src).or_insert(0);
                 let d = (*free).max(self.now);
-                *free = d + (bytes.len() as u64 * 8).div_ceil(g);
+                *free = d + (len as u64 * 8).div_ceil(g);
                 d
             }
         };
@@ -220,22 +245,18 @@ impl Inner {
             self.stats.overflowed += 1;
             return;
         }
-        let mut bytes = match self.spare.pop() {
-            Some(mut b) => {
-                b.clear();
-                b.extend_from_slice(bytes);
-                b
+        let spare = self.spare.pop().unwrap_or_else(fresh);
+        let mut bytes = match given {
+            Bytes::Copy(b) => {
+                let mut s = spare;
+                s[..len].copy_from_slice(b);
+                s
             }
-            // Room for any frame: a buffer serves every size next time.
-            None => {
-                let mut b = Vec::with_capacity(bytes.len().max(crate::MAX_PACKET));
-                b.extend_from_slice(bytes);
-                b
-            }
+            Bytes::Take(p) => std::mem::replace(&mut p.data, spare),
         };
-        if self.chance(f.corrupt) && !bytes.is_empty() {
+        if self.chance(f.corrupt) && len > 0 {
             self.stats.corrupted += 1;
-            let i = self.below(bytes.len() as u64) as usize;
+            let i = self.below(len as u64) as usize;
             bytes[i] ^= 1 << self.below(8);
         }
         let mark = f.ecn_threshold > 0
@@ -252,6 +273,7 @@ impl Inner {
         } else {
             0
         };
+        let mut bytes = Some(bytes);
         let copies = if self.chance(f.dup) {
             self.stats.duplicated += 1;
             2
@@ -271,22 +293,28 @@ impl Inner {
             if !reorder {
                 let service = match f.rx_gbps {
                     0 => 1,
-                    g => (bytes.len() as u64 * 8).div_ceil(g),
+                    g => (len as u64 * 8).div_ceil(g),
                 };
                 at = at.max(r.fifo + service);
                 r.fifo = at;
             }
-            // The last copy takes the bytes; a duplicate gets a clone.
-            let bytes = if c + 1 == copies {
-                std::mem::take(&mut bytes)
-            } else {
-                bytes.clone()
+            // The last copy takes the bytes; a duplicate gets a copy.
+            let bytes = match bytes.take() {
+                Some(b) if c + 1 == copies => b,
+                Some(b) => {
+                    let mut d = self.spare.pop().unwrap_or_else(fresh);
+                    d[..len].copy_from_slice(&b[..len]);
+                    bytes = Some(b);
+                    d
+                }
+                None => return,
             };
             r.queue.push(Reverse(Frame {
                 at,
                 seq,
                 src,
                 bytes,
+                len,
                 ip_id,
                 ecn,
             }));
@@ -450,7 +478,7 @@ impl Port for SimPort {
                 icrc_verified: false,
                 dest: None,
             };
-            visit(meta, &f.bytes);
+            visit(meta, &f.bytes[..f.len]);
         }
         let n = lent.len();
         self.lent = lent;
@@ -469,7 +497,19 @@ impl Port for SimPort {
             if g.tx_full(self.addr) {
                 return Ok(i);
             }
-            g.send(self.addr, b.peer, b.bytes(), b.ip_id);
+            g.send(self.addr, b.peer, Bytes::Copy(b.bytes()), b.ip_id);
+        }
+        Ok(bufs.len())
+    }
+
+    fn send_frames(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
+        let mut g = self.net.lock();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            if g.tx_full(self.addr) {
+                return Ok(i);
+            }
+            let (peer, id) = (b.peer, b.ip_id);
+            g.send(self.addr, peer, Bytes::Take(b), id);
         }
         Ok(bufs.len())
     }

@@ -173,3 +173,51 @@ fn lent_frames_come_in_order_and_a_batch_takes_no_more_than_it_holds() {
         0
     );
 }
+
+#[test]
+fn frames_sent_by_taking_arrive_in_the_senders_own_buffers() {
+    let net = SimNet::new(1, SimFaults::default());
+    let (mut a, mut b) = (net.port(addr(1)), net.port(addr(2)));
+    let mut out = bufs(4, addr(2));
+    let storage: Vec<*const u8> = out.iter().map(|p| p.data.as_ptr()).collect();
+    a.assign_ip_ids(&mut out);
+    assert_eq!(a.send_frames(&mut out).unwrap(), 4);
+    // The port took each buffer's storage and left another in its place.
+    for (p, s) in out.iter().zip(&storage) {
+        assert_ne!(p.data.as_ptr(), *s);
+    }
+    net.advance(1_000_000);
+    let mut got = Vec::new();
+    b.recv_frames(32, &mut |m, bytes| {
+        got.push((m.ip_id, seq(bytes), bytes.len(), bytes.as_ptr()))
+    })
+    .unwrap();
+    let want: Vec<_> = (0..4u32)
+        .map(|i| (Some(i as u16), i, 100, storage[i as usize]))
+        .collect();
+    assert_eq!(
+        got, want,
+        "no copy between the sender's buffer and the receiver"
+    );
+}
+
+#[test]
+fn a_full_link_takes_no_buffer_it_does_not_send() {
+    let faults = SimFaults {
+        link_gbps: 1,
+        tx_queue_ns: 1_000,
+        ..SimFaults::default()
+    };
+    let net = SimNet::new(1, faults);
+    let (mut a, mut b) = (net.port(addr(1)), net.port(addr(2)));
+    let mut out = bufs(8, addr(2));
+    let storage: Vec<*const u8> = out.iter().map(|p| p.data.as_ptr()).collect();
+    let took = a.send_frames(&mut out).unwrap();
+    assert!(took > 0 && took < 8, "took {took} of 8");
+    for (i, p) in out.iter().enumerate().skip(took) {
+        assert_eq!(p.data.as_ptr(), storage[i], "packet {i} kept its buffer");
+        assert_eq!(seq(p.bytes()), i as u32, "and its bytes");
+    }
+    net.advance(10_000_000);
+    assert_eq!(drain(&mut b).len(), took);
+}

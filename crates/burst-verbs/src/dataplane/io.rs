@@ -456,7 +456,9 @@ impl<P: Port> Device<P> {
     /// refused at the front of `tx` for the next round (the port takes
     /// whole GSO runs, so the IDs of the rest stay right).
     pub(super) fn send_held(&mut self, n: usize) -> usize {
-        let took = match self.port.send_burst(&self.tx[..n]) {
+        // The port may take the buffers it sends (the SimPort queues them):
+        // every packet is built anew in whatever buffer is here next round.
+        let took = match self.port.send_frames(&mut self.tx[..n]) {
             Ok(k) => k.min(n),
             Err(e) => {
                 // Not a full queue: the transport retransmits what is lost.
