@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod capture;
+mod control;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 #[cfg(feature = "dpdk")]
@@ -168,6 +169,12 @@ burst_wire::counters! {
         pub arp_requests: u64,
         /// ARP replies (IPv6: neighbour advertisements) sent.
         pub arp_replies: u64,
+        /// ICMP echo replies sent (ports that own their link answer a
+        /// peer's `ping`).
+        pub echo_replies: u64,
+        /// Control frames (ARP, NDP, echo replies) not queued: too many
+        /// waited for the link.
+        pub control_dropped: u64,
         /// Frames the kernel-side steering (AF_XDP's XDP program) handed to
         /// the default lane because no lane had claimed their QPN.
         pub steered_unknown_qpn: u64,

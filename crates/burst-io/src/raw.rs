@@ -48,13 +48,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burst_wire::frame::{ETH_LEN, UDP_LEN};
 use burst_wire::{IpRepr, RoceFrame, UdpRepr, ROCEV2_PORT};
 
+use crate::control::{self, Control, Neigh};
 use crate::{PacketBuf, Port, PortCounters, Readiness, RxMeta, RxVisit};
 
 /// A link that moves whole Ethernet frames (without FCS): an AF_XDP socket,
@@ -128,7 +129,12 @@ const REFRESH_EVERY: Duration = Duration::from_secs(10);
 const ETHERTYPE_ARP: u16 = 0x0806;
 const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
-const ARP_LEN: usize = 28;
+/// IP protocol numbers of ICMP and ICMPv6.
+const IP_PROTO_ICMP: u8 = 1;
+const IP_PROTO_ICMPV6: u8 = 58;
+/// Control frames queued for the link at most (answers to a flood of
+/// requests beyond it are dropped).
+const MAX_CONTROL: usize = 256;
 /// ECT(0): RoCEv2 senders mark their packets ECN-capable (DCQCN).
 const ECT0: u8 = 0b10;
 
@@ -375,12 +381,12 @@ impl<L: FrameLink> RawPort<L> {
                 }
                 match (ip, self.local.ip()) {
                     (IpAddr::V4(target), IpAddr::V4(me)) => {
-                        self.control
-                            .push(arp(1, self.mac, me, [0xff; 6], [0; 6], target));
+                        let f = control::arp(false, self.mac, me, [0xff; 6], [0; 6], target);
+                        self.queue_control(f);
                         self.counters.arp_requests += 1;
                     }
                     (IpAddr::V6(target), IpAddr::V6(me)) => {
-                        self.control.push(ndp_solicit(self.mac, me, target));
+                        self.queue_control(control::ndp_solicit(self.mac, me, target));
                         self.counters.arp_requests += 1;
                     }
                     // A peer of the other family: nothing to ask.
@@ -439,6 +445,17 @@ impl<L: FrameLink> RawPort<L> {
         self.counters.tx_unresolved += expired;
         self.flush_control()?;
         self.flush_held()
+    }
+
+    /// Queues a control frame for the link; refuses it (counted) when
+    /// [`MAX_CONTROL`] wait already.
+    fn queue_control(&mut self, frame: Vec<u8>) -> bool {
+        if self.control.len() >= MAX_CONTROL {
+            self.counters.control_dropped += 1;
+            return false;
+        }
+        self.control.push(frame);
+        true
     }
 
     fn flush_control(&mut self) -> io::Result<()> {
@@ -532,211 +549,33 @@ fn write_frame(
     len
 }
 
-/// An ARP frame (`op` 1 request, 2 reply).
-fn arp(
-    op: u16,
-    smac: [u8; 6],
-    sip: Ipv4Addr,
-    dmac: [u8; 6],
-    tmac: [u8; 6],
-    tip: Ipv4Addr,
-) -> Vec<u8> {
-    let mut f = vec![0u8; ETH_LEN + ARP_LEN];
-    f[0..6].copy_from_slice(&dmac);
-    f[6..12].copy_from_slice(&smac);
-    f[12..14].copy_from_slice(&ETHERTYPE_ARP.to_be_bytes());
-    let a = &mut f[ETH_LEN..];
-    a[0..2].copy_from_slice(&1u16.to_be_bytes()); // Ethernet
-    a[2..4].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-    a[4] = 6;
-    a[5] = 4;
-    a[6..8].copy_from_slice(&op.to_be_bytes());
-    a[8..14].copy_from_slice(&smac);
-    a[14..18].copy_from_slice(&sip.octets());
-    a[18..24].copy_from_slice(&tmac);
-    a[24..28].copy_from_slice(&tip.octets());
-    f
-}
-
-const ICMPV6: u8 = 58;
-const NDP_SOLICIT: u8 = 135;
-const NDP_ADVERT: u8 = 136;
-const IPV6_LEN: usize = 40;
-/// An NS or NA with one link-layer address option.
-const NDP_LEN: usize = 32;
-
-/// The ICMPv6 checksum of `msg` (checksum field zero) from `src` to `dst`.
-fn icmpv6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, msg: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut add = |b: &[u8]| {
-        for c in b.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-        }
-    };
-    add(&src.octets());
-    add(&dst.octets());
-    add(&(msg.len() as u32).to_be_bytes());
-    add(&[0, 0, 0, ICMPV6]);
-    add(msg);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// An NDP frame (RFC 4861): a neighbour solicitation (135, with our MAC as
-/// source link-layer option) or advertisement (136, solicited + override,
-/// our MAC as target link-layer option).
-fn ndp(
-    kind: u8,
-    smac: [u8; 6],
-    src: Ipv6Addr,
-    dmac: [u8; 6],
-    dst: Ipv6Addr,
-    target: Ipv6Addr,
-) -> Vec<u8> {
-    let mut f = vec![0u8; ETH_LEN + IPV6_LEN + NDP_LEN];
-    f[0..6].copy_from_slice(&dmac);
-    f[6..12].copy_from_slice(&smac);
-    f[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
-    let ip = &mut f[ETH_LEN..ETH_LEN + IPV6_LEN];
-    ip[0] = 0x60;
-    ip[4..6].copy_from_slice(&(NDP_LEN as u16).to_be_bytes());
-    ip[6] = ICMPV6;
-    ip[7] = 255; // hop limit: NDP requires 255
-    ip[8..24].copy_from_slice(&src.octets());
-    ip[24..40].copy_from_slice(&dst.octets());
-    let m = &mut f[ETH_LEN + IPV6_LEN..];
-    m[0] = kind;
-    if kind == NDP_ADVERT {
-        m[4] = 0x60; // solicited, override
-    }
-    m[8..24].copy_from_slice(&target.octets());
-    m[24] = if kind == NDP_SOLICIT { 1 } else { 2 };
-    m[25] = 1; // 8 bytes
-    m[26..32].copy_from_slice(&smac);
-    let c = icmpv6_checksum(&src, &dst, m);
-    m[2..4].copy_from_slice(&c.to_be_bytes());
-    f
-}
-
-/// A solicitation for `target` to its solicited-node multicast address.
-fn ndp_solicit(smac: [u8; 6], src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
-    let t = target.octets();
-    let group = Ipv6Addr::new(
-        0xff02,
-        0,
-        0,
-        0,
-        0,
-        1,
-        0xff00 | u16::from(t[13]),
-        u16::from_be_bytes([t[14], t[15]]),
-    );
-    let dmac = [0x33, 0x33, 0xff, t[13], t[14], t[15]];
-    ndp(NDP_SOLICIT, smac, src, dmac, group, target)
-}
-
-/// A neighbour message (ARP or NDP) received.
-#[derive(Debug, Clone, Copy)]
-struct Neigh {
-    /// The address whose MAC the message tells.
-    who: IpAddr,
-    /// That MAC.
-    mac: [u8; 6],
-    /// For a request/solicitation: the address asked about.
-    asked: Option<IpAddr>,
-}
-
 /// What a received frame is.
 enum Rx {
     /// A RoCEv2 packet for us: meta, and where the transport packet lies.
     Roce(RxMeta, std::ops::Range<usize>, [u8; 6]),
     /// ARP or IPv6 neighbour discovery.
     Neigh(Neigh),
+    /// An echo request to us: the reply.
+    Echo(Vec<u8>),
     /// Dropped; the counter was bumped.
     Dropped,
 }
 
-/// A valid NS or NA (RFC 4861 7.1.1/7.1.2: hop limit 255, code 0, the
-/// checksum, a non-multicast target), as a [`Neigh`].
-fn parse_ndp(frame: &[u8]) -> Option<Neigh> {
-    let ip = frame.get(ETH_LEN..ETH_LEN + IPV6_LEN)?;
-    if ip[0] >> 4 != 6 || ip[6] != ICMPV6 || ip[7] != 255 {
-        return None;
-    }
-    let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-    let m = frame.get(ETH_LEN + IPV6_LEN..ETH_LEN + IPV6_LEN + plen)?;
-    if m.len() < 24 || !(m[0] == NDP_SOLICIT || m[0] == NDP_ADVERT) || m[1] != 0 {
-        return None;
-    }
-    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).ok()?);
-    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).ok()?);
-    let mut zeroed = m.to_vec();
-    zeroed[2..4].fill(0);
-    if icmpv6_checksum(&src, &dst, &zeroed) != u16::from_be_bytes([m[2], m[3]]) {
-        return None;
-    }
-    let target = Ipv6Addr::from(<[u8; 16]>::try_from(&m[8..24]).ok()?);
-    if target.is_multicast() {
-        return None;
-    }
-    // The link-layer address option (source in an NS, target in an NA),
-    // else the Ethernet source.
-    let want = if m[0] == NDP_SOLICIT { 1 } else { 2 };
-    let mut mac: [u8; 6] = frame[6..12].try_into().ok()?;
-    let mut at = 24;
-    while at + 2 <= m.len() {
-        let len = usize::from(m[at + 1]) * 8;
-        if len == 0 || at + len > m.len() {
-            break;
-        }
-        if m[at] == want && len == 8 {
-            mac = m[at + 2..at + 8].try_into().ok()?;
-        }
-        at += len;
-    }
-    Some(if m[0] == NDP_SOLICIT {
-        if src.is_unspecified() {
-            return None; // duplicate address detection: not ours to answer
-        }
-        Neigh {
-            who: src.into(),
-            mac,
-            asked: Some(target.into()),
-        }
-    } else {
-        Neigh {
-            who: target.into(),
-            mac,
-            asked: None,
-        }
-    })
-}
-
 fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut PortCounters) -> Rx {
-    if frame.len() >= ETH_LEN + ARP_LEN
-        && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_ARP
-    {
-        let a = &frame[ETH_LEN..];
-        if a[0..2] == [0, 1] && a[2..4] == [8, 0] && a[4] == 6 && a[5] == 4 {
-            let op = u16::from_be_bytes([a[6], a[7]]);
-            let smac: [u8; 6] = a[8..14].try_into().expect("6 bytes");
-            let sip = Ipv4Addr::new(a[14], a[15], a[16], a[17]);
-            let tip = Ipv4Addr::new(a[24], a[25], a[26], a[27]);
-            return Rx::Neigh(Neigh {
-                who: sip.into(),
-                mac: smac,
-                asked: (op == 1).then_some(tip.into()),
-            });
-        }
-    }
-    if frame.len() > ETH_LEN + 6
-        && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_IPV6
-        && frame[ETH_LEN + 6] == ICMPV6
-    {
-        if let Some(n) = parse_ndp(frame) {
-            return Rx::Neigh(n);
+    // Control frames (ARP, ICMP) are told apart by a byte or two before
+    // anything is parsed: RoCE frames go straight on.
+    let ethertype = frame.get(12..14).map(|t| u16::from_be_bytes([t[0], t[1]]));
+    let control = match ethertype {
+        Some(ETHERTYPE_ARP) => true,
+        Some(ETHERTYPE_IPV4) => frame.get(ETH_LEN + 9) == Some(&IP_PROTO_ICMP),
+        Some(ETHERTYPE_IPV6) => frame.get(ETH_LEN + 6) == Some(&IP_PROTO_ICMPV6),
+        _ => false,
+    };
+    if control {
+        match control::parse(frame, local.ip(), mac) {
+            Some(Control::Neigh(n)) => return Rx::Neigh(n),
+            Some(Control::Echo(reply)) => return Rx::Echo(reply),
+            None => {}
         }
     }
     let dst_mac = frame.get(0..6).unwrap_or(&[]);
@@ -807,6 +646,7 @@ impl<L: FrameLink> Port for RawPort<L> {
         // (with whether they are only to learn from: copies from a lane).
         let mut learned = std::mem::take(&mut self.learned);
         let mut neighs: Vec<(Neigh, bool)> = Vec::new();
+        let mut echoes: Vec<Vec<u8>> = Vec::new();
         let counters = &mut self.counters;
         let lanes = &self.lanes;
         let mut take = |frame: &[u8], handed: Option<bool>| {
@@ -836,6 +676,8 @@ impl<L: FrameLink> Port for RawPort<L> {
                     }
                     neighs.push((n, handed.unwrap_or(false)));
                 }
+                // Answered by the port that owns its link, below.
+                Rx::Echo(reply) => echoes.push(reply),
                 Rx::Dropped => {}
             }
         };
@@ -856,6 +698,13 @@ impl<L: FrameLink> Port for RawPort<L> {
         }
         learned.clear();
         self.learned = learned;
+        if self.resolution == Resolution::Own {
+            for reply in echoes {
+                if self.queue_control(reply) {
+                    self.counters.echo_replies += 1;
+                }
+            }
+        }
         for (n, learn_only) in neighs {
             self.counters.arp_received += 1;
             if self.resolution != Resolution::Own {
@@ -871,12 +720,17 @@ impl<L: FrameLink> Port for RawPort<L> {
                 continue;
             }
             let reply = match (me, n.who) {
-                (IpAddr::V4(me), IpAddr::V4(who)) => arp(2, self.mac, me, n.mac, n.mac, who),
-                (IpAddr::V6(me), IpAddr::V6(who)) => ndp(NDP_ADVERT, self.mac, me, n.mac, who, me),
+                (IpAddr::V4(me), IpAddr::V4(who)) => {
+                    control::arp(true, self.mac, me, n.mac, n.mac, who)
+                }
+                (IpAddr::V6(me), IpAddr::V6(who)) => {
+                    control::ndp(true, self.mac, me, n.mac, who, me)
+                }
                 _ => continue,
             };
-            self.control.push(reply);
-            self.counters.arp_replies += 1;
+            if self.queue_control(reply) {
+                self.counters.arp_replies += 1;
+            }
         }
         self.poll_neighbours()?;
         Ok(lent)

@@ -347,3 +347,61 @@ fn a_lane_hands_frames_for_another_lanes_qp_over_and_shares_arp() {
         (Some(MAC_B), Some(MAC_B))
     );
 }
+
+/// An ICMP echo request from B to `to`, as `ping` sends it.
+fn ping(to: Ipv4Addr, seq: u16) -> Vec<u8> {
+    let mut f = Vec::new();
+    etherparse::PacketBuilder::ethernet2(MAC_B, MAC_A)
+        .ipv4(B.octets(), to.octets(), 64)
+        .icmpv4_echo_request(0x77, seq)
+        .write(&mut f, &[0xab; 56])
+        .unwrap();
+    f
+}
+
+#[test]
+fn a_port_that_owns_its_link_answers_ping_and_a_flood_of_them_is_bounded() {
+    let (mut a, b) = port_a();
+    b.inject(&ping(A, 1));
+    b.inject(&ping(Ipv4Addr::new(198, 18, 0, 9), 2)); // not ours
+    let mut rx = RxBatch::default();
+    assert_eq!(a.recv_batch(&mut rx).unwrap(), 0, "no RoCE packet");
+    let replies = b.take_received();
+    assert_eq!(replies.len(), 1, "one reply, to the ping for our address");
+    let p = etherparse::SlicedPacket::from_ethernet(&replies[0]).unwrap();
+    let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else {
+        panic!("not IPv4")
+    };
+    assert_eq!(
+        (ip.header().source_addr(), ip.header().destination_addr()),
+        (A, B)
+    );
+    let Some(etherparse::TransportSlice::Icmpv4(icmp)) = &p.transport else {
+        panic!("not ICMP")
+    };
+    assert!(matches!(
+        icmp.icmp_type(),
+        etherparse::Icmpv4Type::EchoReply(h) if (h.id, h.seq) == (0x77, 1)
+    ));
+    assert_eq!(icmp.payload(), &[0xab; 56][..]);
+    assert_eq!(a.counters().echo_replies, 1);
+
+    // A link that takes nothing: replies queue up to a bound, the rest are
+    // dropped and counted.
+    let (mut la, lb) = MemLink::pair(MAC_A, MAC_B);
+    la.room = 0;
+    let mut a = RawPort::new(la, A.into(), Resolution::Own);
+    for round in 0..3u16 {
+        for i in 0..200 {
+            lb.inject(&ping(A, round * 200 + i));
+        }
+        let mut rx = RxBatch::default();
+        for _ in 0..200 {
+            assert_eq!(a.recv_batch(&mut rx).unwrap(), 0);
+        }
+    }
+    let c = a.counters();
+    assert_eq!(c.echo_replies + c.control_dropped, 600, "{c:?}");
+    assert_eq!(c.echo_replies, 256, "{c:?}");
+    assert!(lb.take_received().is_empty());
+}
