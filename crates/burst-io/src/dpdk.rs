@@ -564,6 +564,84 @@ impl FrameLink for DpdkLink {
     fn readiness(&self) -> io::Result<Readiness> {
         Ok(Readiness::poll_mode())
     }
+
+    unsafe fn lend(
+        &mut self,
+        n: usize,
+        lent: &mut dyn FnMut(std::ptr::NonNull<u8>, usize, usize),
+    ) -> usize {
+        // Only mbufs that hold a whole packet after a header's headroom.
+        if self.room < crate::MAX_PACKET
+            || (sys::RTE_PKTMBUF_HEADROOM as usize) < crate::FRAME_HEADROOM
+        {
+            return 0;
+        }
+        register_thread();
+        let mut given = 0;
+        while given < n {
+            let k = (n - given).min(BURST);
+            let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+            // SAFETY: our pool and room for `k` pointers.
+            if unsafe { sys::rte_pktmbuf_alloc_bulk(self.pool, pkts.as_mut_ptr(), k as u32) } != 0 {
+                break; // pool empty: fewer lent, the rest copy
+            }
+            for &m in &pkts[..k] {
+                // SAFETY: a fresh mbuf: `buf_len - data_off` bytes at
+                // `buf_addr + data_off`, after `data_off` (the pool's
+                // headroom, checked above) bytes of its own. Its memory is
+                // the pool's, which lives until the process exits.
+                let (ptr, cap) = unsafe {
+                    let cap = usize::from((*m).buf_len - (*m).data_off);
+                    let base = ((*m).buf_addr as *mut u8).add(usize::from((*m).data_off));
+                    (std::ptr::NonNull::new_unchecked(base), cap)
+                };
+                lent(ptr, cap, m as usize);
+            }
+            given += k;
+        }
+        given
+    }
+
+    unsafe fn send_lent(&mut self, frames: &[(usize, usize, usize)]) -> io::Result<usize> {
+        register_thread();
+        let mut done = 0;
+        while done < frames.len() {
+            let k = (frames.len() - done).min(BURST);
+            let mut pkts = [std::ptr::null_mut::<sys::rte_mbuf>(); BURST];
+            for (i, &(handle, headers, len)) in frames[done..done + k].iter().enumerate() {
+                let m = handle as *mut sys::rte_mbuf;
+                // SAFETY: the caller's contract: an mbuf `lend` gave, built
+                // in place, its headers within the headroom.
+                unsafe {
+                    (*m).data_off -= headers as u16;
+                    (*m).data_len = len as u16;
+                    (*m).pkt_len = len as u32;
+                }
+                pkts[i] = m;
+            }
+            // SAFETY: `k` live, filled mbufs; the device takes ownership of
+            // those it accepts.
+            let took = usize::from(unsafe {
+                sys::rte_eth_tx_burst(self.port, self.queue, pkts.as_mut_ptr(), k as u16)
+            });
+            if took < k {
+                // The rest stay lent, as they were lent.
+                for (i, &(_, headers, _)) in frames[done + took..done + k].iter().enumerate() {
+                    // SAFETY: still ours (not taken).
+                    unsafe { (*pkts[took + i]).data_off += headers as u16 };
+                }
+                return Ok(done + took);
+            }
+            done += k;
+        }
+        Ok(done)
+    }
+
+    unsafe fn reclaim(&mut self, handle: usize) {
+        register_thread();
+        // SAFETY: the caller's contract: an mbuf `lend` gave, given back once.
+        unsafe { sys::rte_pktmbuf_free(handle as *mut sys::rte_mbuf) };
+    }
 }
 
 /// Puts `frame` into `head` and as many mbufs chained after it as needed.

@@ -42,10 +42,139 @@ pub const MAX_GSO_BYTES: usize = 65535 - 20 - 8;
 /// Size of a receive buffer of an [`RxBatch`]: one coalesced (GRO) datagram.
 pub const RX_BUF: usize = 65536;
 
+/// Bytes a port's link needs before a lent frame's transport bytes for
+/// its own headers (Ethernet, IPv6 and UDP: 62, rounded up).
+pub const FRAME_HEADROOM: usize = 64;
+
+/// A frame of a port's own (a DPDK mbuf) lent to a [`PacketBuf`] so that
+/// the core builds its packet where the port sends it from
+/// ([`Port::lend_frames`]); the port takes it back when it sends the packet
+/// ([`Port::send_frames`]) or reclaims it ([`Port::reclaim_frames`]).
+#[derive(Debug)]
+pub struct LentFrame {
+    ptr: std::ptr::NonNull<u8>,
+    cap: usize,
+    lender: u64,
+    handle: usize,
+}
+
+// SAFETY: a lent frame is memory only its holder touches until the lender
+// takes it back (the contract of `LentFrame::new`); moving it to another
+// thread moves that exclusive right with it.
+unsafe impl Send for LentFrame {}
+
+impl LentFrame {
+    /// A frame of `cap` bytes at `ptr`, with [`FRAME_HEADROOM`] bytes of
+    /// the lender's before it, lent by port `lender` under its `handle`.
+    ///
+    /// # Safety
+    /// `ptr - FRAME_HEADROOM .. ptr + cap` must be valid for reads and
+    /// writes, used by nobody but the holder of this value until the
+    /// lender takes it back, and never freed while lent (a frame that is
+    /// never taken back is leaked, not freed).
+    pub unsafe fn new(ptr: std::ptr::NonNull<u8>, cap: usize, lender: u64, handle: usize) -> Self {
+        LentFrame {
+            ptr,
+            cap,
+            lender,
+            handle,
+        }
+    }
+    /// The port that lent it.
+    pub fn lender(&self) -> u64 {
+        self.lender
+    }
+    /// The lender's name for it.
+    pub fn handle(&self) -> usize {
+        self.handle
+    }
+    /// Where the packet's transport bytes start.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// The headroom before the transport bytes, for the lender's headers.
+    pub fn headroom(&mut self) -> &mut [u8; FRAME_HEADROOM] {
+        // SAFETY: `new`'s contract: the headroom is ours while lent.
+        unsafe {
+            &mut *self
+                .ptr
+                .as_ptr()
+                .sub(FRAME_HEADROOM)
+                .cast::<[u8; FRAME_HEADROOM]>()
+        }
+    }
+}
+
+/// A packet buffer's storage: its own, or a frame a port lent it
+/// ([`LentFrame`]); either way at least [`MAX_PACKET`] bytes, read and
+/// written as a slice.
+pub struct FrameData {
+    own: Box<[u8; MAX_PACKET]>,
+    lent: Option<LentFrame>,
+}
+
+impl FrameData {
+    fn new() -> FrameData {
+        FrameData {
+            own: Box::new([0; MAX_PACKET]),
+            lent: None,
+        }
+    }
+    /// The frame a port lent, if any.
+    pub fn lent(&self) -> Option<&LentFrame> {
+        self.lent.as_ref()
+    }
+    /// Lends `frame` (at least [`MAX_PACKET`] bytes) to this buffer; the
+    /// buffer reads and writes it from now on. Returns the frame it held.
+    pub fn lend(&mut self, frame: LentFrame) -> Option<LentFrame> {
+        debug_assert!(frame.cap >= MAX_PACKET);
+        self.lent.replace(frame)
+    }
+    /// Gives the lent frame back (to its lender); the buffer's own
+    /// storage serves again.
+    pub fn take_lent(&mut self) -> Option<LentFrame> {
+        self.lent.take()
+    }
+    /// The buffer's own storage (a port that queues buffers swaps it).
+    pub(crate) fn own_mut(&mut self) -> &mut Box<[u8; MAX_PACKET]> {
+        &mut self.own
+    }
+}
+
+impl std::ops::Deref for FrameData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.lent {
+            // SAFETY: `LentFrame::new`'s contract: `cap` bytes ours.
+            Some(l) => unsafe { std::slice::from_raw_parts(l.ptr.as_ptr(), l.cap) },
+            None => &self.own[..],
+        }
+    }
+}
+
+impl std::ops::DerefMut for FrameData {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.lent {
+            // SAFETY: as in `deref`, and `&mut self` makes it exclusive.
+            Some(l) => unsafe { std::slice::from_raw_parts_mut(l.ptr.as_ptr(), l.cap) },
+            None => &mut self.own[..],
+        }
+    }
+}
+
+impl std::fmt::Debug for FrameData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.lent {
+            Some(l) => write!(f, "FrameData(lent by {} as {})", l.lender, l.handle),
+            None => f.write_str("FrameData(own)"),
+        }
+    }
+}
+
 /// A packet buffer of a port's pool.
 pub struct PacketBuf {
-    /// Storage.
-    pub data: Box<[u8; MAX_PACKET]>,
+    /// Storage: the buffer's own, or a frame a port lent it.
+    pub data: FrameData,
     /// Bytes used.
     pub len: usize,
     /// Peer address (source on receive, destination on send).
@@ -78,7 +207,7 @@ impl PacketBuf {
     /// An empty buffer.
     pub fn new() -> PacketBuf {
         PacketBuf {
-            data: Box::new([0; MAX_PACKET]),
+            data: FrameData::new(),
             len: 0,
             peer: SocketAddr::from(([0, 0, 0, 0], 0)),
             src: None,
@@ -245,6 +374,19 @@ pub trait Port {
     fn send_frames(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
         self.send_burst(bufs)
     }
+    /// Lends frames of the port's own (mbufs) to the buffers of `bufs` that
+    /// hold none, where the port can: the caller builds its packets there
+    /// and [`Port::send_frames`] sends them with no copy. A buffer keeps
+    /// its frame until it is sent (or reclaimed). Ports that do not lend
+    /// ignore it.
+    fn lend_frames(&mut self, bufs: &mut [PacketBuf]) {
+        let _ = bufs;
+    }
+    /// Takes back the frames this port lent to `bufs` (their owner is
+    /// going away): a frame never taken back is leaked from the port's pool.
+    fn reclaim_frames(&mut self, bufs: &mut [PacketBuf]) {
+        let _ = bufs;
+    }
     /// A handle that waits for this port's traffic from another thread, for
     /// ports backed by a file descriptor.
     fn readiness(&self) -> io::Result<Readiness> {
@@ -366,6 +508,12 @@ impl<P: Port + ?Sized> Port for Box<P> {
     }
     fn send_frames(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
         (**self).send_frames(bufs)
+    }
+    fn lend_frames(&mut self, bufs: &mut [PacketBuf]) {
+        (**self).lend_frames(bufs)
+    }
+    fn reclaim_frames(&mut self, bufs: &mut [PacketBuf]) {
+        (**self).reclaim_frames(bufs)
     }
     forward_port_control!(self => (**self));
 }

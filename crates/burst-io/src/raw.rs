@@ -49,6 +49,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,7 +58,7 @@ use burst_wire::frame::{ETH_LEN, UDP_LEN};
 use burst_wire::{IpRepr, RoceFrame, UdpRepr, ROCEV2_PORT};
 
 use crate::control::{self, Control, Neigh};
-use crate::{PacketBuf, Port, PortCounters, Readiness, RxMeta, RxVisit};
+use crate::{LentFrame, PacketBuf, Port, PortCounters, Readiness, RxMeta, RxVisit, FRAME_HEADROOM};
 
 /// A link that moves whole Ethernet frames (without FCS): an AF_XDP socket,
 /// a DPDK port queue, or an in-memory pair ([`MemLink`]).
@@ -76,6 +78,39 @@ pub trait FrameLink: Send {
         n: usize,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
     ) -> io::Result<usize>;
+    /// Lends up to `n` frames of the link's own for packets to be built in
+    /// place, calling `lent(ptr, cap, handle)` for each: `cap` bytes at
+    /// `ptr` (at least [`crate::MAX_PACKET`]) with [`FRAME_HEADROOM`]
+    /// writable bytes before them for the headers. Returns how many; links
+    /// that do not lend (the default) return 0.
+    ///
+    /// # Safety
+    /// An implementation must lend memory valid as [`LentFrame::new`]
+    /// requires; the caller must pass each handle back exactly once, to
+    /// [`FrameLink::send_lent`] or [`FrameLink::reclaim`].
+    unsafe fn lend(&mut self, n: usize, lent: &mut dyn FnMut(NonNull<u8>, usize, usize)) -> usize {
+        let _ = (n, lent);
+        0
+    }
+    /// Sends lent frames, each `(handle, headers, len)`: its frame starts
+    /// `headers` bytes before the lent pointer and is `len` bytes long.
+    /// Returns how many it took (a prefix); the rest stay lent.
+    ///
+    /// # Safety
+    /// Each handle must be one [`FrameLink::lend`] gave and not yet passed
+    /// back, with `headers <= FRAME_HEADROOM` and `len - headers` at most
+    /// the frame's `cap`.
+    unsafe fn send_lent(&mut self, frames: &[(usize, usize, usize)]) -> io::Result<usize> {
+        let _ = frames;
+        Ok(0)
+    }
+    /// Takes back a lent frame unused.
+    ///
+    /// # Safety
+    /// As for [`FrameLink::send_lent`].
+    unsafe fn reclaim(&mut self, handle: usize) {
+        let _ = handle;
+    }
     /// QP `qpn` belongs to lane `lane` (links that steer in the kernel).
     fn steer_qp(&mut self, _qpn: u32, _lane: u32) {}
     /// QP `qpn` is gone.
@@ -175,7 +210,17 @@ pub struct RawPort<L> {
     learned: Vec<(IpAddr, [u8; 6])>,
     /// This port as one lane of several sharing a link ([`Lanes`]).
     lanes: Option<Lanes>,
+    /// This port's name on the frames it lends ([`LentFrame::lender`]).
+    lender: u64,
+    /// The link lends frames (it did the last time it was asked).
+    lends: bool,
+    /// Scratch: the lent frames of a send burst, and which packet each is.
+    lent_tx: Vec<(usize, usize, usize)>,
+    lent_of: Vec<usize>,
 }
+
+/// Names of ports that lend frames: a frame goes back only to its lender.
+static LENDERS: AtomicU64 = AtomicU64::new(1);
 
 /// A frame one lane received for another.
 struct Handed {
@@ -272,6 +317,10 @@ impl<L: FrameLink> RawPort<L> {
             raw: false,
             learned: Vec::new(),
             lanes: None,
+            lender: LENDERS.fetch_add(1, Ordering::Relaxed),
+            lends: true,
+            lent_tx: Vec::new(),
+            lent_of: Vec::new(),
         }
     }
 
@@ -502,16 +551,19 @@ impl<L: FrameLink> RawPort<L> {
     }
 }
 
-/// Writes the frame of transport packet `ib` from `src` to `dst` into `buf`;
-/// returns its length, or 0 when `buf` is too small or the families differ.
-fn write_frame(
+/// Writes the Ethernet, IP and UDP headers of a transport packet of
+/// `ib_len` bytes from `src` to `dst` at the start of `buf`; returns their
+/// length (where the transport bytes go), or 0 when `buf` is too small or
+/// the families differ. burst-wire's own emitter, not etherparse's
+/// builder: once per packet on the hot path, in place, UDP checksum 0.
+fn write_headers(
     buf: &mut [u8],
     smac: [u8; 6],
     dmac: [u8; 6],
     src: SocketAddr,
     dst: SocketAddr,
     ip_id: u16,
-    ib: &[u8],
+    ib_len: usize,
 ) -> usize {
     let mut ip = match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::v4(s, d),
@@ -535,18 +587,36 @@ fn write_frame(
         checksum: 0,
     };
     let at = ETH_LEN + ip.header_len() + UDP_LEN;
-    let len = at + ib.len();
-    if buf.len() < len {
+    if buf.len() < at {
         return 0;
     }
     buf[0..6].copy_from_slice(&dmac);
     buf[6..12].copy_from_slice(&smac);
     buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
-    if burst_wire::emit_ip_udp(&ip, &udp, UDP_LEN + ib.len(), &mut buf[ETH_LEN..at]).is_err() {
+    if burst_wire::emit_ip_udp(&ip, &udp, UDP_LEN + ib_len, &mut buf[ETH_LEN..at]).is_err() {
         return 0;
     }
-    buf[at..len].copy_from_slice(ib);
-    len
+    at
+}
+
+/// Writes the frame of transport packet `ib` from `src` to `dst` into `buf`;
+/// returns its length, or 0 when `buf` is too small or the families differ.
+fn write_frame(
+    buf: &mut [u8],
+    smac: [u8; 6],
+    dmac: [u8; 6],
+    src: SocketAddr,
+    dst: SocketAddr,
+    ip_id: u16,
+    ib: &[u8],
+) -> usize {
+    let len = FRAME_HEADROOM.min(buf.len());
+    let at = write_headers(&mut buf[..len], smac, dmac, src, dst, ip_id, ib.len());
+    if at == 0 || buf.len() < at + ib.len() {
+        return 0;
+    }
+    buf[at..at + ib.len()].copy_from_slice(ib);
+    at + ib.len()
 }
 
 /// What a received frame is.
@@ -627,6 +697,86 @@ fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut Po
     };
     let smac = f.eth.map_or([0; 6], |e| e.src);
     Rx::Roce(meta, start..start + ib.len(), smac)
+}
+
+impl<L: FrameLink> RawPort<L> {
+    /// Looks up the peers' MACs of a send burst: fills `ready` (packets
+    /// that can go now, in order) and `macs`; holds the others for their
+    /// peer's resolution (copied) and sends the control frames waiting.
+    fn resolve_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<()> {
+        // The clock only matters when a peer must be resolved.
+        let mut now: Option<Instant> = None;
+        self.macs.clear();
+        self.ready.clear();
+        // A burst mostly goes to one peer: look its MAC up once.
+        let mut last: Option<(IpAddr, [u8; 6])> = None;
+        for (i, b) in bufs.iter().enumerate() {
+            let ip = b.peer.ip();
+            let mac = match last {
+                Some((l, m)) if l == ip => Some(m),
+                _ => match self.neighbour(ip) {
+                    Some(m) => Some(m),
+                    None => self.lookup(ip, *now.get_or_insert_with(Instant::now)),
+                },
+            };
+            if let Some(m) = mac {
+                last = Some((ip, m));
+            }
+            match mac {
+                Some(m) => {
+                    self.ready.push(i);
+                    self.macs.push(m);
+                }
+                None => {
+                    let n = self
+                        .neighbours
+                        .get_mut(&b.peer.ip())
+                        .expect("lookup made it");
+                    if n.held.len() < HELD_PER_PEER {
+                        n.held.push_back(Held {
+                            peer: b.peer,
+                            ip_id: b.ip_id,
+                            bytes: b.bytes().to_vec(),
+                        });
+                        self.counters.tx_held += 1;
+                    } else {
+                        self.counters.tx_unresolved += 1;
+                    }
+                }
+            }
+        }
+        self.flush_control()
+    }
+
+    /// Sends the `ready` packets of `bufs`, copying each into a frame of
+    /// the link's; returns as [`Port::send_burst`] does.
+    fn send_ready(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
+        let (src, smac) = (self.local, self.mac);
+        let (ready, macs) = (&self.ready, &self.macs);
+        let mut bad = 0;
+        let took = if ready.is_empty() {
+            0
+        } else {
+            self.link.send(ready.len(), &mut |k, buf| {
+                let b = &bufs[ready[k]];
+                let n = write_frame(buf, smac, macs[k], src, b.peer, b.ip_id, b.bytes());
+                if n == 0 {
+                    bad += 1;
+                }
+                n
+            })?
+        };
+        self.counters.tx_frames += (took - bad.min(took)) as u64;
+        self.counters.tx_errors += bad as u64;
+        if took < self.ready.len() {
+            // The link is full: report the packets before the first one it
+            // did not take, so the caller keeps the rest in order (held
+            // packets after it are held again when retried: a duplicate the
+            // transport discards).
+            return Ok(self.ready[took]);
+        }
+        Ok(bufs.len())
+    }
 }
 
 impl<L: FrameLink> Port for RawPort<L> {
@@ -746,76 +896,89 @@ impl<L: FrameLink> Port for RawPort<L> {
     }
 
     fn send_burst(&mut self, bufs: &[PacketBuf]) -> io::Result<usize> {
-        // The clock only matters when a peer must be resolved.
-        let mut now: Option<Instant> = None;
-        self.macs.clear();
-        self.ready.clear();
-        let mut held = 0;
-        // A burst mostly goes to one peer: look its MAC up once.
-        let mut last: Option<(IpAddr, [u8; 6])> = None;
-        for (i, b) in bufs.iter().enumerate() {
-            let ip = b.peer.ip();
-            let mac = match last {
-                Some((l, m)) if l == ip => Some(m),
-                _ => match self.neighbour(ip) {
-                    Some(m) => Some(m),
-                    None => self.lookup(ip, *now.get_or_insert_with(Instant::now)),
-                },
-            };
-            if let Some(m) = mac {
-                last = Some((ip, m));
-            }
-            match mac {
-                Some(m) => {
-                    self.ready.push(i);
-                    self.macs.push(m);
-                }
-                None => {
-                    let n = self
-                        .neighbours
-                        .get_mut(&b.peer.ip())
-                        .expect("lookup made it");
-                    if n.held.len() < HELD_PER_PEER {
-                        n.held.push_back(Held {
-                            peer: b.peer,
-                            ip_id: b.ip_id,
-                            bytes: b.bytes().to_vec(),
-                        });
-                        self.counters.tx_held += 1;
-                    } else {
-                        self.counters.tx_unresolved += 1;
-                    }
-                    held += 1;
-                }
-            }
+        self.resolve_burst(bufs)?;
+        self.send_ready(bufs)
+    }
+
+    fn send_frames(&mut self, bufs: &mut [PacketBuf]) -> io::Result<usize> {
+        let mine = |b: &PacketBuf| b.data.lent().is_some_and(|l| l.lender() == self.lender);
+        if !bufs.iter().all(mine) {
+            return self.send_burst(bufs);
         }
-        self.flush_control()?;
+        self.resolve_burst(bufs)?;
         let (src, smac) = (self.local, self.mac);
-        let (ready, macs) = (&self.ready, &self.macs);
+        self.lent_tx.clear();
+        self.lent_of.clear();
         let mut bad = 0;
-        let took = if ready.is_empty() {
-            0
-        } else {
-            self.link.send(ready.len(), &mut |k, buf| {
-                let b = &bufs[ready[k]];
-                let n = write_frame(buf, smac, macs[k], src, b.peer, b.ip_id, b.bytes());
-                if n == 0 {
-                    bad += 1;
-                }
-                n
-            })?
-        };
-        self.counters.tx_frames += (took - bad.min(took)) as u64;
-        self.counters.tx_errors += bad as u64;
-        if took < self.ready.len() {
-            // The link is full: report the packets before the first one it
-            // did not take, so the caller keeps the rest in order (held
-            // packets after it are held again when retried: a duplicate the
-            // transport discards).
-            return Ok(self.ready[took]);
+        for (k, &i) in self.ready.iter().enumerate() {
+            let b = &mut bufs[i];
+            let (peer, id, len) = (b.peer, b.ip_id, b.len);
+            let l = b.data.lent.as_mut().expect("checked above");
+            let head = l.headroom();
+            let at = write_headers(head, smac, self.macs[k], src, peer, id, len);
+            if at == 0 {
+                bad += 1;
+                continue;
+            }
+            // The headers end where the transport bytes start.
+            head.copy_within(..at, FRAME_HEADROOM - at);
+            self.lent_tx.push((l.handle(), at, at + len));
+            self.lent_of.push(i);
         }
-        let _ = held;
+        // SAFETY: handles this link lent (checked by lender), each once,
+        // with headers that fit the headroom.
+        let took = unsafe { self.link.send_lent(&self.lent_tx)? };
+        for &i in &self.lent_of[..took] {
+            // The link owns the frame now.
+            let _ = bufs[i].data.take_lent();
+        }
+        self.counters.tx_frames += took as u64;
+        self.counters.tx_errors += bad as u64;
+        if took < self.lent_of.len() {
+            return Ok(self.lent_of[took]);
+        }
         Ok(bufs.len())
+    }
+
+    fn lend_frames(&mut self, bufs: &mut [PacketBuf]) {
+        if !self.lends {
+            return;
+        }
+        let want = bufs.iter().filter(|b| b.data.lent().is_none()).count();
+        if want == 0 {
+            return;
+        }
+        let lender = self.lender;
+        let mut empty = bufs.iter_mut().filter(|b| b.data.lent().is_none());
+        let mut refused = Vec::new();
+        // SAFETY: the link's frames are valid as LentFrame::new requires
+        // (FrameLink::lend's contract); each goes to one buffer, which
+        // gives it back through send_frames or reclaim_frames.
+        let got = unsafe {
+            self.link
+                .lend(want, &mut |ptr, cap, handle| match empty.next() {
+                    Some(b) if cap >= crate::MAX_PACKET => {
+                        b.data.lend(LentFrame::new(ptr, cap, lender, handle));
+                    }
+                    _ => refused.push(handle),
+                })
+        };
+        for h in refused {
+            // SAFETY: lent just now and given to nobody.
+            unsafe { self.link.reclaim(h) };
+        }
+        // A link that lends nothing is not asked again.
+        self.lends = got > 0 || want == 0;
+    }
+
+    fn reclaim_frames(&mut self, bufs: &mut [PacketBuf]) {
+        for b in bufs {
+            if b.data.lent().is_some_and(|l| l.lender() == self.lender) {
+                let l = b.data.take_lent().expect("checked");
+                // SAFETY: lent by this port's link, given back once.
+                unsafe { self.link.reclaim(l.handle()) };
+            }
+        }
     }
 
     fn readiness(&self) -> io::Result<Readiness> {
@@ -850,7 +1013,15 @@ pub struct MemLink {
     rx: Arc<Mutex<VecDeque<Vec<u8>>>>,
     /// Frames the link takes per send call (a full ring takes fewer).
     pub room: usize,
+    /// Lends frames to build packets in ([`FrameLink::lend`]), as a DPDK
+    /// link does; off by default.
+    pub lends: bool,
+    /// Frames lent and not yet given back.
+    pub lent: usize,
 }
+
+/// A frame a [`MemLink`] lends: headroom, then room for a packet.
+type MemFrame = [u8; FRAME_HEADROOM + crate::MAX_PACKET];
 
 impl MemLink {
     /// Two links joined to each other, with these MACs.
@@ -862,6 +1033,8 @@ impl MemLink {
             tx: Arc::clone(&x),
             rx: Arc::clone(&y),
             room: usize::MAX,
+            lends: false,
+            lent: 0,
         };
         let lb = MemLink {
             name: "mem1".into(),
@@ -869,6 +1042,8 @@ impl MemLink {
             tx: y,
             rx: x,
             room: usize::MAX,
+            lends: false,
+            lent: 0,
         };
         (la, lb)
     }
@@ -921,5 +1096,39 @@ impl FrameLink for MemLink {
             }
         }
         Ok(n)
+    }
+    unsafe fn lend(&mut self, n: usize, lent: &mut dyn FnMut(NonNull<u8>, usize, usize)) -> usize {
+        if !self.lends {
+            return 0;
+        }
+        for _ in 0..n {
+            // The handle is the frame's own address (a leaked box until it
+            // comes back).
+            let frame = Box::into_raw(Box::new([0u8; FRAME_HEADROOM + crate::MAX_PACKET]));
+            // SAFETY: a live allocation of headroom + MAX_PACKET bytes.
+            let ptr = unsafe { NonNull::new_unchecked(frame.cast::<u8>().add(FRAME_HEADROOM)) };
+            self.lent += 1;
+            lent(ptr, crate::MAX_PACKET, frame.expose_provenance());
+        }
+        n
+    }
+    unsafe fn send_lent(&mut self, frames: &[(usize, usize, usize)]) -> io::Result<usize> {
+        let n = frames.len().min(self.room);
+        let mut q = self.tx.lock().expect("not poisoned");
+        for &(handle, headers, len) in &frames[..n] {
+            // SAFETY: the caller's contract: a frame `lend` leaked, given
+            // back once; its headers start `headers` before the packet.
+            let frame =
+                unsafe { Box::from_raw(std::ptr::with_exposed_provenance_mut::<MemFrame>(handle)) };
+            let start = FRAME_HEADROOM - headers;
+            q.push_back(frame[start..start + len].to_vec());
+            self.lent -= 1;
+        }
+        Ok(n)
+    }
+    unsafe fn reclaim(&mut self, handle: usize) {
+        // SAFETY: as in `send_lent`.
+        drop(unsafe { Box::from_raw(std::ptr::with_exposed_provenance_mut::<MemFrame>(handle)) });
+        self.lent -= 1;
     }
 }

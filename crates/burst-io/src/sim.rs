@@ -252,7 +252,13 @@ impl Inner {
                 s[..len].copy_from_slice(b);
                 s
             }
-            Bytes::Take(p) => std::mem::replace(&mut p.data, spare),
+            // A frame another port lent stays with its buffer: copied.
+            Bytes::Take(p) if p.data.lent().is_some() => {
+                let mut s = spare;
+                s[..len].copy_from_slice(&p.data[..len]);
+                s
+            }
+            Bytes::Take(p) => std::mem::replace(p.data.own_mut(), spare),
         };
         if self.chance(f.corrupt) && len > 0 {
             self.stats.corrupted += 1;

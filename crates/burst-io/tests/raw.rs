@@ -405,3 +405,51 @@ fn a_port_that_owns_its_link_answers_ping_and_a_flood_of_them_is_bounded() {
     assert_eq!(c.echo_replies, 256, "{c:?}");
     assert!(lb.take_received().is_empty());
 }
+
+#[test]
+fn packets_built_in_lent_frames_leave_in_them_and_unsent_frames_go_back() {
+    let (mut la, b) = MemLink::pair(MAC_A, MAC_B);
+    la.lends = true;
+    la.room = 2;
+    let mut a = RawPort::new(la, A.into(), Resolution::Own);
+    a.set_neighbour(B.into(), MAC_B);
+    let mut bufs: Vec<PacketBuf> = (0..3).map(|_| PacketBuf::new()).collect();
+    a.lend_frames(&mut bufs);
+    assert!(bufs.iter().all(|p| p.data.lent().is_some()));
+    assert_eq!(a.link().lent, 3);
+    // Built in place, as the data plane does.
+    for (i, p) in bufs.iter_mut().enumerate() {
+        let q = packet(sa(A), sa(B), 100 + i, 0);
+        p.data[..q.len].copy_from_slice(q.bytes());
+        (p.len, p.peer) = (q.len, q.peer);
+    }
+    let lent_at: Vec<*const u8> = bufs.iter().map(|p| p.data.as_ptr()).collect();
+    a.assign_ip_ids(&mut bufs);
+    assert_eq!(burst_io::seal_all(sa(A), &mut bufs), 3);
+    // The link takes two: they leave in their frames; the third keeps its.
+    assert_eq!(a.send_frames(&mut bufs).unwrap(), 2);
+    assert!(bufs[..2].iter().all(|p| p.data.lent().is_none()));
+    assert_eq!(bufs[2].data.as_ptr(), lent_at[2]);
+    assert_eq!(a.link().lent, 1);
+    let sent = b.take_received();
+    assert_eq!(sent.len(), 2);
+    for (i, f) in sent.iter().enumerate() {
+        let r = burst_wire::parse_verified(f).expect("a valid RoCEv2 frame, ICRC included");
+        assert_eq!((r.eth.unwrap().src, r.eth.unwrap().dst), (MAC_A, MAC_B));
+        assert_eq!(r.ib.payload().len(), 100 + i);
+    }
+    assert_eq!(a.counters().tx_frames, 2);
+    // Lending again fills only the buffers without a frame.
+    a.lend_frames(&mut bufs);
+    assert_eq!(a.link().lent, 3);
+    assert_eq!(bufs[2].data.as_ptr(), lent_at[2]);
+    // A buffer holding another port's frame, or none, is copied instead.
+    let mut own = vec![packet(sa(A), sa(B), 10, 0)];
+    a.assign_ip_ids(&mut own);
+    burst_io::seal_all(sa(A), &mut own);
+    assert_eq!(a.send_frames(&mut own).unwrap(), 1);
+    assert_eq!(b.take_received().len(), 1);
+    a.reclaim_frames(&mut bufs);
+    assert!(bufs.iter().all(|p| p.data.lent().is_none()));
+    assert_eq!(a.link().lent, 0, "every frame went back");
+}

@@ -336,6 +336,9 @@ impl<P: Port> Device<P> {
                 return sent;
             }
         }
+        // Packets are built where the port sends them from, where it lends
+        // its frames (DPDK mbufs); a buffer keeps its frame until it is sent.
+        self.port.lend_frames(&mut self.tx);
         // SAFETY: the send buffers past the held ones are filled here and
         // read only after the drain below (sealing).
         unsafe {

@@ -697,6 +697,8 @@ impl<P: Port> Drop for Device<P> {
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
         }
+        // The port's frames the send buffers still hold go back to it.
+        self.port.reclaim_frames(&mut self.tx);
         // What RXE shows in its hw_counters, once, for whoever asks
         // (BURST_LOG=info): how the device's traffic went.
         let c = self.counters();
