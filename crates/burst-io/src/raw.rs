@@ -78,6 +78,28 @@ pub trait FrameLink: Send {
         n: usize,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> usize,
     ) -> io::Result<usize>;
+    /// [`FrameLink::send`] for frames given in two parts, copied straight
+    /// into the link's buffers: `parts(i, head)` writes frame `i`'s headers
+    /// into `head` and returns their length (0: skip the frame) and the
+    /// transport bytes that follow them. A link whose frames span several
+    /// buffers (AF_XDP multi-buffer) copies each part once, with no
+    /// contiguous frame built first.
+    fn send_parts<'a>(
+        &mut self,
+        n: usize,
+        parts: &mut dyn FnMut(usize, &mut [u8; FRAME_HEADROOM]) -> (usize, &'a [u8]),
+    ) -> io::Result<usize> {
+        let mut head = [0u8; FRAME_HEADROOM];
+        self.send(n, &mut |i, buf| {
+            let (h, ib) = parts(i, &mut head);
+            if h == 0 || buf.len() < h + ib.len() {
+                return 0;
+            }
+            buf[..h].copy_from_slice(&head[..h]);
+            buf[h..h + ib.len()].copy_from_slice(ib);
+            h + ib.len()
+        })
+    }
     /// Lends up to `n` frames of the link's own for packets to be built in
     /// place, calling `lent(ptr, cap, handle)` for each: `cap` bytes at
     /// `ptr` (at least [`crate::MAX_PACKET`]) with [`FRAME_HEADROOM`]
@@ -757,13 +779,13 @@ impl<L: FrameLink> RawPort<L> {
         let took = if ready.is_empty() {
             0
         } else {
-            self.link.send(ready.len(), &mut |k, buf| {
+            self.link.send_parts(ready.len(), &mut |k, head| {
                 let b = &bufs[ready[k]];
-                let n = write_frame(buf, smac, macs[k], src, b.peer, b.ip_id, b.bytes());
-                if n == 0 {
+                let h = write_headers(head, smac, macs[k], src, b.peer, b.ip_id, b.len);
+                if h == 0 {
                     bad += 1;
                 }
-                n
+                (h, b.bytes())
             })?
         };
         self.counters.tx_frames += (took - bad.min(took)) as u64;

@@ -489,6 +489,26 @@ impl XskLink {
         unsafe { std::slice::from_raw_parts_mut(self.umem.as_ptr().add(at), len) }
     }
 
+    /// Hands the `used` descriptors written from `prod` on to the kernel.
+    fn publish(&mut self, prod: u32, used: u32) {
+        if used > 0 {
+            self.tx.producer().store(prod + used, Ordering::Release);
+        }
+        // Copy mode sends at most 32 descriptors per wake-up: kick until the
+        // kernel has taken what we produced (bounded), or once when it asks.
+        if used > 0 || self.tx.ready() > 0 {
+            for _ in 0..(used / 32 + 2) {
+                if !self.tx.needs_wakeup() && self.zero_copy {
+                    break;
+                }
+                self.kick();
+                if self.tx.ready() == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
     /// Takes transmit frames back from the completion ring.
     fn reclaim(&mut self) {
         let n = self.comp.ready();
@@ -670,22 +690,60 @@ impl FrameLink for XskLink {
             let _ = len;
             sent += 1;
         }
-        if used > 0 {
-            self.tx.producer().store(prod + used, Ordering::Release);
-        }
-        // Copy mode sends at most 32 descriptors per wake-up: kick until the
-        // kernel has taken what we produced (bounded), or once when it asks.
-        if used > 0 || self.tx.ready() > 0 {
-            for _ in 0..(used / 32 + 2) {
-                if !self.tx.needs_wakeup() && self.zero_copy {
-                    break;
+        self.publish(prod, used);
+        Ok(sent)
+    }
+
+    fn send_parts<'a>(
+        &mut self,
+        n: usize,
+        parts: &mut dyn FnMut(usize, &mut [u8; crate::FRAME_HEADROOM]) -> (usize, &'a [u8]),
+    ) -> io::Result<usize> {
+        self.reclaim();
+        let prod = self.tx.producer().load(Ordering::Relaxed);
+        let mut used = 0u32;
+        let mut sent = 0;
+        let mut head = [0u8; crate::FRAME_HEADROOM];
+        // Room for the largest frame this link carries in chunks.
+        let most = if self.sg {
+            (crate::FRAME_HEADROOM + crate::MAX_PACKET).div_ceil(CHUNK)
+        } else {
+            1
+        };
+        for i in 0..n {
+            if self.free_tx.len() < most || (self.tx.free() - used) < most as u32 {
+                break;
+            }
+            sent += 1;
+            let (h, ib) = parts(i, &mut head);
+            let len = h + ib.len();
+            if h == 0 || len > most * CHUNK {
+                continue; // skipped (counted by the caller)
+            }
+            // Headers, then the transport bytes, straight into the chunks.
+            let mut at = 0;
+            while at < len {
+                let part = (len - at).min(CHUNK);
+                let a = self.free_tx.pop().expect("room checked");
+                let dst = self.frame(a, part);
+                let from_head = h.saturating_sub(at).min(part);
+                if from_head > 0 {
+                    dst[..from_head].copy_from_slice(&head[at..at + from_head]);
                 }
-                self.kick();
-                if self.tx.ready() == 0 {
-                    break;
-                }
+                let ib_at = (at + from_head) - h;
+                dst[from_head..].copy_from_slice(&ib[ib_at..ib_at + part - from_head]);
+                at += part;
+                let d = libc::xdp_desc {
+                    addr: a,
+                    len: part as u32,
+                    options: if at < len { libc::XDP_PKT_CONTD } else { 0 },
+                };
+                // SAFETY: a free tx slot (room checked).
+                unsafe { self.tx.desc_at(prod + used).write(d) };
+                used += 1;
             }
         }
+        self.publish(prod, used);
         Ok(sent)
     }
 
