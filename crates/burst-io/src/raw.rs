@@ -60,6 +60,11 @@ use burst_wire::{IpRepr, RoceFrame, UdpRepr, ROCEV2_PORT};
 use crate::control::{self, Control, Neigh};
 use crate::{LentFrame, PacketBuf, Port, PortCounters, Readiness, RxMeta, RxVisit, FRAME_HEADROOM};
 
+/// What [`FrameLink::send_parts`] asks for each frame: its headers written
+/// into the headroom given (their length returned; 0 skips the frame), and
+/// the transport bytes that follow them.
+pub type FrameParts<'a, 'f> = dyn FnMut(usize, &mut [u8; FRAME_HEADROOM]) -> (usize, &'a [u8]) + 'f;
+
 /// A link that moves whole Ethernet frames (without FCS): an AF_XDP socket,
 /// a DPDK port queue, or an in-memory pair ([`MemLink`]).
 pub trait FrameLink: Send {
@@ -84,11 +89,7 @@ pub trait FrameLink: Send {
     /// transport bytes that follow them. A link whose frames span several
     /// buffers (AF_XDP multi-buffer) copies each part once, with no
     /// contiguous frame built first.
-    fn send_parts<'a>(
-        &mut self,
-        n: usize,
-        parts: &mut dyn FnMut(usize, &mut [u8; FRAME_HEADROOM]) -> (usize, &'a [u8]),
-    ) -> io::Result<usize> {
+    fn send_parts<'a>(&mut self, n: usize, parts: &mut FrameParts<'a, '_>) -> io::Result<usize> {
         let mut head = [0u8; FRAME_HEADROOM];
         self.send(n, &mut |i, buf| {
             let (h, ib) = parts(i, &mut head);

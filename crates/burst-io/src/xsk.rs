@@ -697,7 +697,7 @@ impl FrameLink for XskLink {
     fn send_parts<'a>(
         &mut self,
         n: usize,
-        parts: &mut dyn FnMut(usize, &mut [u8; crate::FRAME_HEADROOM]) -> (usize, &'a [u8]),
+        parts: &mut crate::raw::FrameParts<'a, '_>,
     ) -> io::Result<usize> {
         self.reclaim();
         let prod = self.tx.producer().load(Ordering::Relaxed);
