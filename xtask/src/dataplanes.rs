@@ -264,6 +264,115 @@ fn tool_numbers(out: &str) -> Option<String> {
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
+/// Three ICMP echo requests from the kernel (a raw socket) to `argv[1]`;
+/// exits 0 when all three are answered with their identifier, sequence
+/// and data.
+const PING: &str = r#"
+import socket, struct, sys
+def csum(b):
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff); s += s >> 16
+    return ~s & 0xffff
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+s.settimeout(1.0)
+ok = 0
+for seq in (1, 2, 3):
+    data = b'burst-ping' * 5
+    req = struct.pack('!BBHHH', 8, 0, 0, 0x4242, seq) + data
+    req = req[:2] + struct.pack('!H', csum(req)) + req[4:]
+    s.sendto(req, (sys.argv[1], 0))
+    try:
+        while True:
+            r, _ = s.recvfrom(2048)
+            ihl = (r[0] & 15) * 4
+            t, _, _, i, q = struct.unpack('!BBHHH', r[ihl:ihl + 8])
+            if (t, i, q) == (0, 0x4242, seq) and r[ihl + 8:] == data:
+                ok += 1
+                break
+    except socket.timeout:
+        pass
+print('%d/3 echo replies' % ok)
+sys.exit(0 if ok == 3 else 1)
+"#;
+
+/// A peer pings burst's own address on a DPDK link while burst-bench runs
+/// over it: the kernel beside it resolves the address by ARP and gets its
+/// echo replies from burst (no kernel owns that address).
+fn ping_during_a_run(pc: &PortCase, bench: &str) -> Outcome {
+    let argv = |w: &Way, server: bool| {
+        let mut a = vec![bench.to_string(), "write_bw".into()];
+        if server {
+            a.push("--server".into());
+        }
+        a.extend(["--local", w.addr, "--oob", w.oob, "-p", "19680"].map(String::from));
+        if !server {
+            a.extend(["-s", "65536", "-D", "8", pc.server.addr].map(String::from));
+        }
+        a
+    };
+    let mut server = command(&pc.server, &argv(&pc.server, true));
+    let mut client = command(&pc.client, &argv(&pc.client, false));
+    let name = format!(
+        "{}: a peer's ping answered by burst during write_bw",
+        pc.name
+    );
+    let fail = |why: String| Outcome {
+        name: name.clone(),
+        ok: false,
+        numbers: None,
+        why,
+    };
+    let Ok(s) = server.spawn() else {
+        return fail("server did not start".into());
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let Ok(c) = client.spawn() else {
+        return fail("client did not start".into());
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let mut ping = Command::new("timeout");
+    ping.arg("20");
+    if let Some(ns) = pc.client.ns {
+        ping.args(["ip", "netns", "exec", ns]);
+    }
+    ping.args(["python3", "-c", PING, pc.server.addr]);
+    let (pok, pout) = match ping.output() {
+        Ok(o) => (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+        ),
+        Err(e) => (false, e.to_string()),
+    };
+    let (cok, cout) = output(c);
+    let (sok, sout) = output(s);
+    let ok = pok && cok && sok;
+    let o = Outcome {
+        name,
+        ok,
+        numbers: Some(pout.trim().to_string()),
+        why: if ok {
+            String::new()
+        } else {
+            format!(
+                "ping: {} / client: {} / server: {}",
+                pout.trim(),
+                tail(&cout),
+                tail(&sout)
+            )
+        },
+    };
+    println!(
+        "xtask: {} {}  [{}]",
+        if o.ok { "ok    " } else { "FAILED" },
+        o.name,
+        pout.trim()
+    );
+    if !o.ok {
+        println!("xtask:        {}", o.why);
+    }
+    o
+}
+
 const TESTS: [&str; 8] = [
     "write_bw",
     "read_bw",
@@ -375,6 +484,9 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
                 c,
                 bench_numbers,
             ));
+        }
+        if pc.name.contains("af_packet") {
+            out.push(ping_during_a_run(&pc, &bench));
         }
         // The unmodified tools on the drop-in.
         let libdir = lib.to_string_lossy().to_string();
