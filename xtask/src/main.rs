@@ -430,11 +430,13 @@ fn test(args: &[String]) -> ExitCode {
             ),
         ),
     ));
-    // The data plane's copies on a DPDK DMA device (dma_skeleton).
+    // The data plane's copies on a DPDK DMA device (dma_skeleton), and no
+    // allocation per packet over DPDK memif (lent mbufs).
     results.push((
-        "copy backends with dmadev (burst-verbs --features dpdk --test copy)",
+        "DPDK in the data plane: dmadev copies, no allocation per packet over memif \
+         (burst-verbs --features dpdk --test copy --test alloc)",
         debs && step(
-            "test burst-verbs copy backends with dmadev",
+            "test burst-verbs with dpdk: copy backends with dmadev, allocations over memif",
             &mut cargo(
                 &root,
                 &[
@@ -445,6 +447,8 @@ fn test(args: &[String]) -> ExitCode {
                     "dpdk",
                     "--test",
                     "copy",
+                    "--test",
+                    "alloc",
                 ],
             ),
         ),

@@ -260,3 +260,43 @@ fn the_data_path_allocates_nothing_per_packet_over_udp_sockets() {
     let mut p = pair((port("127.0.152.1"), port("127.0.152.2")), None);
     p.check("UdpPort");
 }
+
+/// DPDK (feature `dpdk`; the EAL needs root): two memif devices of one
+/// process joined through one socket, server and client, burst building
+/// its packets in the mbufs the port lends. Skipped where the EAL or memif
+/// cannot start.
+#[cfg(feature = "dpdk")]
+#[test]
+fn the_data_path_allocates_nothing_per_packet_over_dpdk_memif() {
+    use burst_io::dpdk::{open_port, DpdkConfig};
+    let pid = std::process::id();
+    let sock = format!("/tmp/burst-alloctest-{pid}.sock");
+    let memif = |n: u8, role: &str| {
+        format!("--vdev=net_memif{n},role={role},socket={sock},socket-abstract=no,bsize=9216")
+    };
+    let eal = format!(
+        "--file-prefix=burst-alloctest-{pid} {} {}",
+        memif(0, "server"),
+        memif(1, "client")
+    );
+    let open = |dev: &str, ip: &str| {
+        open_port(
+            &DpdkConfig::parse(&format!("{eal} device={dev}")),
+            ip.parse().unwrap(),
+        )
+    };
+    let (a, b) = match (
+        open("net_memif0", "198.18.0.1"),
+        open("net_memif1", "198.18.0.2"),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            eprintln!("SKIPPED: no DPDK memif here: {:?} {:?}", a.err(), b.err());
+            return;
+        }
+    };
+    let mut p = pair((Box::new(a), Box::new(b)), None);
+    p.check("DPDK memif");
+    drop(p);
+    let _ = std::fs::remove_file(sock);
+}
