@@ -431,12 +431,12 @@ fn test(args: &[String]) -> ExitCode {
         ),
     ));
     // The data plane's copies on a DPDK DMA device (dma_skeleton), and no
-    // allocation per packet over DPDK memif (lent mbufs).
+    // allocation per packet over DPDK memif (lent mbufs) and AF_XDP.
     results.push((
-        "DPDK in the data plane: dmadev copies, no allocation per packet over memif \
-         (burst-verbs --features dpdk --test copy --test alloc)",
+        "kernel-bypass ports in the data plane: dmadev copies, no allocation per packet \
+         over memif and AF_XDP (burst-verbs --features dpdk,af-xdp --test copy --test alloc)",
         debs && step(
-            "test burst-verbs with dpdk: copy backends with dmadev, allocations over memif",
+            "test burst-verbs with dpdk and af-xdp: dmadev copies, allocations per port",
             &mut cargo(
                 &root,
                 &[
@@ -444,7 +444,7 @@ fn test(args: &[String]) -> ExitCode {
                     "-p",
                     "burst-verbs",
                     "--features",
-                    "dpdk",
+                    "dpdk,af-xdp",
                     "--test",
                     "copy",
                     "--test",

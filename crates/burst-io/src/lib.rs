@@ -8,6 +8,7 @@ pub mod dpdk;
 pub mod dpdk_dma;
 mod lossy;
 mod neigh;
+pub mod netdev;
 pub mod raw;
 mod sim;
 mod sys;

@@ -215,22 +215,14 @@ fn set_opt<T>(fd: &OwnedFd, name: libc::c_int, v: &T, iface: &str, what: &str) -
     Ok(())
 }
 
-/// The MAC address of `iface` (from sysfs).
+/// The MAC address of `iface` (asked of the kernel: [`crate::netdev::mac`]).
 pub fn interface_mac(iface: &str) -> io::Result<[u8; 6]> {
-    let s = std::fs::read_to_string(format!("/sys/class/net/{iface}/address"))?;
-    let mut mac = [0u8; 6];
-    let parts: Vec<&str> = s.trim().split(':').collect();
-    if parts.len() != 6 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad MAC {s:?}"),
-        ));
-    }
-    for (m, p) in mac.iter_mut().zip(parts) {
-        *m = u8::from_str_radix(p, 16)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad MAC"))?;
-    }
-    Ok(mac)
+    crate::netdev::mac(iface).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("burst-io: interface {iface:?}: no such interface or no MAC"),
+        )
+    })
 }
 
 /// The index of `iface`, or an error naming it.

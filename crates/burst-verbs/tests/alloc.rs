@@ -1,6 +1,7 @@
 //! No allocation per packet: a counting global allocator around two
 //! engines driven by the test's own thread (`Drive::Caller`), over the
-//! in-memory port and over UDP sockets on loopback. After a warm-up (rings,
+//! in-memory port, UDP sockets on loopback, and (features `dpdk`,
+//! `af-xdp`, as root) DPDK memif and AF_XDP on a veth pair. After a warm-up (rings,
 //! buffers, tables and the ports' pools reach their working size), a run of
 //! RDMA WRITEs and of SEND/RECV messages — posting, segmenting, gathering,
 //! sealing, sending, receiving, checking the ICRC, placing, ACKing and
@@ -191,6 +192,12 @@ impl Pair {
     }
 
     fn check(&mut self, what: &str) {
+        self.check_at_most(what, 0);
+    }
+
+    /// [`Pair::check`], allowing `most` allocations per run of 64 messages
+    /// (1,024 packets) for a port that does some work on a timer.
+    fn check_at_most(&mut self, what: &str, most: u64) {
         let write = SendWr::new(
             1,
             SendOp::Write {
@@ -231,13 +238,21 @@ impl Pair {
                 self.write(&write);
             }
         });
-        assert_eq!(n, 0, "{what}: 64 WRITEs of 16 packets allocated {n} times");
+        eprintln!("{what}: 64 WRITEs of 16 packets: {n} allocations");
+        assert!(
+            n <= most,
+            "{what}: 64 WRITEs of 16 packets allocated {n} times"
+        );
         let n = allocations(|| {
             for _ in 0..64 {
                 self.send(&send, &recv);
             }
         });
-        assert_eq!(n, 0, "{what}: 64 SENDs of 16 packets allocated {n} times");
+        eprintln!("{what}: 64 SENDs of 16 packets: {n} allocations");
+        assert!(
+            n <= most,
+            "{what}: 64 SENDs of 16 packets allocated {n} times"
+        );
     }
 }
 
@@ -299,4 +314,73 @@ fn the_data_path_allocates_nothing_per_packet_over_dpdk_memif() {
     p.check("DPDK memif");
     drop(p);
     let _ = std::fs::remove_file(sock);
+}
+
+/// AF_XDP (feature `af-xdp`; needs root): the two ends of a veth pair in a
+/// network namespace of the test's own, an XSK on each. The port asks the
+/// kernel's neighbour table again every 10 s (netlink, which allocates):
+/// a handful of allocations in a run of 2,048 packets may be that, so the
+/// bound is "fewer than one per 64 packets", not 0.
+#[cfg(feature = "af-xdp")]
+#[test]
+fn the_data_path_allocates_nothing_per_packet_over_af_xdp() {
+    // Namespaces are per thread: the engines are driven by this one.
+    std::thread::spawn(af_xdp_in_own_namespace)
+        .join()
+        .expect("test thread");
+}
+
+#[cfg(feature = "af-xdp")]
+fn af_xdp_in_own_namespace() {
+    use burst_io::xsk::{open_port, XskConfig};
+    // SAFETY: unshare(2) of this thread's network namespace only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        eprintln!("SKIPPED: no network namespace of our own (root?)");
+        return;
+    }
+    let ip = |args: &str| {
+        std::process::Command::new("ip")
+            .args(args.split_whitespace())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let set_up = ip("link set lo up")
+        && ip("link add balloc0 type veth peer name balloc1")
+        && ip("addr add 198.18.0.153/24 dev balloc0")
+        && ip("addr add 198.18.0.154/24 dev balloc1")
+        && ip("link set balloc0 mtu 9000 up")
+        && ip("link set balloc1 mtu 9000 up");
+    // Both addresses are this namespace's own, so the kernel would route
+    // between them through loopback and never resolve them on the veths:
+    // permanent neighbour entries, as the port reads them from the kernel.
+    let mac = |i: &str| {
+        let m = burst_io::netdev::mac(i).expect("a veth has a MAC");
+        m.map(|b| format!("{b:02x}")).join(":")
+    };
+    let set_up = set_up
+        && ip(&format!(
+            "neigh replace 198.18.0.154 lladdr {} dev balloc0 nud permanent",
+            mac("balloc1")
+        ))
+        && ip(&format!(
+            "neigh replace 198.18.0.153 lladdr {} dev balloc1 nud permanent",
+            mac("balloc0")
+        ));
+    if !set_up {
+        eprintln!("SKIPPED: cannot set a veth pair up (no `ip`?)");
+        return;
+    }
+    let open = |iface: &str, a: &str| open_port(&XskConfig::new(iface), a.parse().unwrap());
+    let (a, b) = match (
+        open("balloc0", "198.18.0.153"),
+        open("balloc1", "198.18.0.154"),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            eprintln!("SKIPPED: no AF_XDP here: {:?} {:?}", a.err(), b.err());
+            return;
+        }
+    };
+    let mut p = pair((Box::new(a), Box::new(b)), None);
+    p.check_at_most("AF_XDP", 32);
 }
