@@ -69,10 +69,11 @@ impl LentFrame {
     /// the lender's before it, lent by port `lender` under its `handle`.
     ///
     /// # Safety
-    /// `ptr - FRAME_HEADROOM .. ptr + cap` must be valid for reads and
-    /// writes, used by nobody but the holder of this value until the
-    /// lender takes it back, and never freed while lent (a frame that is
-    /// never taken back is leaked, not freed).
+    /// `cap` must be at least [`MAX_PACKET`] (a buffer holding the frame
+    /// is sliced up to that), and `ptr - FRAME_HEADROOM .. ptr + cap` valid
+    /// for reads and writes, used by nobody but the holder of this value
+    /// until the lender takes it back, and never freed while lent (a frame
+    /// that is never taken back is leaked, not freed).
     pub unsafe fn new(ptr: std::ptr::NonNull<u8>, cap: usize, lender: u64, handle: usize) -> Self {
         LentFrame {
             ptr,
