@@ -481,6 +481,22 @@ impl XskLink {
         unsafe { std::slice::from_raw_parts_mut(self.umem.as_ptr().add(at), len) }
     }
 
+    /// Writes the transmit descriptor of chunk `addr` (`len` bytes, more
+    /// of the frame to come when `more`) at `prod + used`; counts it.
+    ///
+    /// # Safety
+    /// The slot `prod + used` must be free (the caller checked the room).
+    unsafe fn push_tx(&mut self, prod: u32, used: &mut u32, addr: u64, len: usize, more: bool) {
+        let d = libc::xdp_desc {
+            addr,
+            len: len as u32,
+            options: if more { libc::XDP_PKT_CONTD } else { 0 },
+        };
+        // SAFETY: the caller's contract: a free tx slot.
+        unsafe { self.tx.desc_at(prod + *used).write(d) };
+        *used += 1;
+    }
+
     /// Hands the `used` descriptors written from `prod` on to the kernel.
     fn publish(&mut self, prod: u32, used: u32) {
         if used > 0 {
@@ -652,14 +668,8 @@ impl FrameLink for XskLink {
                     let a = self.free_tx.pop().expect("room checked");
                     self.frame(a, part).copy_from_slice(&scratch[at..at + part]);
                     at += part;
-                    let d = libc::xdp_desc {
-                        addr: a,
-                        len: part as u32,
-                        options: if at < len { libc::XDP_PKT_CONTD } else { 0 },
-                    };
-                    // SAFETY: a free tx slot (room checked).
-                    unsafe { self.tx.desc_at(prod + used).write(d) };
-                    used += 1;
+                    // SAFETY: room checked for the frame's chunks.
+                    unsafe { self.push_tx(prod, &mut used, a, part, at < len) };
                 }
                 len
             } else {
@@ -668,14 +678,8 @@ impl FrameLink for XskLink {
                 if len == 0 {
                     self.free_tx.push(a);
                 } else {
-                    let d = libc::xdp_desc {
-                        addr: a,
-                        len: len as u32,
-                        options: 0,
-                    };
                     // SAFETY: a free tx slot (room checked).
-                    unsafe { self.tx.desc_at(prod + used).write(d) };
-                    used += 1;
+                    unsafe { self.push_tx(prod, &mut used, a, len, false) };
                 }
                 len
             };
@@ -725,14 +729,8 @@ impl FrameLink for XskLink {
                 let ib_at = (at + from_head) - h;
                 dst[from_head..].copy_from_slice(&ib[ib_at..ib_at + part - from_head]);
                 at += part;
-                let d = libc::xdp_desc {
-                    addr: a,
-                    len: part as u32,
-                    options: if at < len { libc::XDP_PKT_CONTD } else { 0 },
-                };
-                // SAFETY: a free tx slot (room checked).
-                unsafe { self.tx.desc_at(prod + used).write(d) };
-                used += 1;
+                // SAFETY: room checked for the frame's chunks.
+                unsafe { self.push_tx(prod, &mut used, a, part, at < len) };
             }
         }
         self.publish(prod, used);
