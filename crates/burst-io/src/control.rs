@@ -46,9 +46,10 @@ pub(crate) enum Control {
 }
 
 /// What `frame` is, when it is a control frame this port handles: an ARP
-/// message, a valid NS or NA, or an echo request to `local` (the reply is
-/// built here, from `mac`). `None` for everything else.
-pub(crate) fn parse(frame: &[u8], local: IpAddr, mac: [u8; 6]) -> Option<Control> {
+/// message, a valid NS or NA, or (when `echo`: the port answers them) an
+/// echo request to `local` (the reply is built here, from `mac`). `None`
+/// for everything else.
+pub(crate) fn parse(frame: &[u8], local: IpAddr, mac: [u8; 6], echo: bool) -> Option<Control> {
     let p = SlicedPacket::from_ethernet(frame).ok()?;
     let Some(LinkSlice::Ethernet2(eth)) = &p.link else {
         return None;
@@ -64,7 +65,7 @@ pub(crate) fn parse(frame: &[u8], local: IpAddr, mac: [u8; 6]) -> Option<Control
                     .then(|| IpAddr::from(a.target_ipv4_addr())),
             }))
         }
-        (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Icmpv4(icmp))) => {
+        (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Icmpv4(icmp))) if echo => {
             let h = ip.header();
             if IpAddr::V4(h.destination_addr()) != local || h.is_fragmenting_payload() {
                 return None;
@@ -90,11 +91,11 @@ pub(crate) fn parse(frame: &[u8], local: IpAddr, mac: [u8; 6]) -> Option<Control
                 return None;
             }
             match icmp.icmp_type() {
-                Icmpv6Type::EchoRequest(echo) if IpAddr::V6(dst) == local => {
+                Icmpv6Type::EchoRequest(req) if echo && IpAddr::V6(dst) == local => {
                     let mut f = Vec::new();
                     PacketBuilder::ethernet2(mac, peer_mac)
                         .ipv6(dst.octets(), src.octets(), HOP_LIMIT)
-                        .icmpv6_echo_reply(echo.id, echo.seq)
+                        .icmpv6_echo_reply(req.id, req.seq)
                         .write(&mut f, icmp.payload())
                         .ok()?;
                     Some(Control::Echo(f))
@@ -257,6 +258,11 @@ mod tests {
     const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
     const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 
+    /// [`parse`] for a port that answers echo requests.
+    fn parse_own(frame: &[u8], local: IpAddr, mac: [u8; 6]) -> Option<Control> {
+        parse(frame, local, mac, true)
+    }
+
     fn v6(last: u16) -> Ipv6Addr {
         Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, last)
     }
@@ -271,14 +277,14 @@ mod tests {
             mac: A,
             asked: Some(b.into()),
         };
-        assert_eq!(parse(&req, b.into(), B), Some(Control::Neigh(want)));
+        assert_eq!(parse_own(&req, b.into(), B), Some(Control::Neigh(want)));
         let rep = arp(true, B, b, A, A, a);
         let want = Neigh {
             who: b.into(),
             mac: B,
             asked: None,
         };
-        assert_eq!(parse(&rep, a.into(), A), Some(Control::Neigh(want)));
+        assert_eq!(parse_own(&rep, a.into(), A), Some(Control::Neigh(want)));
     }
 
     #[test]
@@ -289,22 +295,22 @@ mod tests {
             mac: A,
             asked: Some(v6(2).into()),
         };
-        assert_eq!(parse(&ns, v6(2).into(), B), Some(Control::Neigh(want)));
+        assert_eq!(parse_own(&ns, v6(2).into(), B), Some(Control::Neigh(want)));
         let na = ndp(true, B, v6(2), A, v6(1), v6(2));
         let want = Neigh {
             who: v6(2).into(),
             mac: B,
             asked: None,
         };
-        assert_eq!(parse(&na, v6(1).into(), A), Some(Control::Neigh(want)));
+        assert_eq!(parse_own(&na, v6(1).into(), A), Some(Control::Neigh(want)));
         // A flipped bit fails the checksum; a hop limit below 255 is
         // from off the link.
         let mut bad = na.clone();
         *bad.last_mut().unwrap() ^= 1;
-        assert_eq!(parse(&bad, v6(1).into(), A), None);
+        assert_eq!(parse_own(&bad, v6(1).into(), A), None);
         let mut routed = na;
         routed[14 + 7] = 254;
-        assert_eq!(parse(&routed, v6(1).into(), A), None);
+        assert_eq!(parse_own(&routed, v6(1).into(), A), None);
     }
 
     #[test]
@@ -316,7 +322,7 @@ mod tests {
             .icmpv4_echo_request(7, 9)
             .write(&mut req, b"ping data")
             .unwrap();
-        let Some(Control::Echo(reply)) = parse(&req, Ipv4Addr::from(b).into(), B) else {
+        let Some(Control::Echo(reply)) = parse_own(&req, Ipv4Addr::from(b).into(), B) else {
             panic!("no reply");
         };
         let p = SlicedPacket::from_ethernet(&reply).unwrap();
@@ -339,11 +345,13 @@ mod tests {
             icmp.icmp_type().calc_checksum(icmp.payload()),
             icmp.checksum()
         );
+        // A port that does not answer echo requests builds no reply.
+        assert_eq!(parse(&req, Ipv4Addr::from(b).into(), B, false), None);
         // Not to us, or a bad checksum: no reply.
-        assert_eq!(parse(&req, Ipv4Addr::from(a).into(), B), None);
+        assert_eq!(parse_own(&req, Ipv4Addr::from(a).into(), B), None);
         let mut bad = req.clone();
         *bad.last_mut().unwrap() ^= 1;
-        assert_eq!(parse(&bad, Ipv4Addr::from(b).into(), B), None);
+        assert_eq!(parse_own(&bad, Ipv4Addr::from(b).into(), B), None);
         // IPv6 too.
         let mut req6 = Vec::new();
         PacketBuilder::ethernet2(A, B)
@@ -351,7 +359,7 @@ mod tests {
             .icmpv6_echo_request(3, 4)
             .write(&mut req6, b"x")
             .unwrap();
-        let Some(Control::Echo(r6)) = parse(&req6, v6(2).into(), B) else {
+        let Some(Control::Echo(r6)) = parse_own(&req6, v6(2).into(), B) else {
             panic!("no IPv6 reply");
         };
         let p = SlicedPacket::from_ethernet(&r6).unwrap();
@@ -380,12 +388,12 @@ mod tests {
         ];
         for f in frames {
             for n in 0..=f.len() {
-                let _ = parse(&f[..n], v6(2).into(), B);
+                let _ = parse_own(&f[..n], v6(2).into(), B);
             }
             for i in 0..f.len() {
                 let mut g = f.clone();
                 g[i] ^= 0xff;
-                let _ = parse(&g, v6(2).into(), B);
+                let _ = parse_own(&g, v6(2).into(), B);
             }
         }
     }

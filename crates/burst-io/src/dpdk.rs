@@ -565,15 +565,18 @@ impl FrameLink for DpdkLink {
         Ok(Readiness::poll_mode())
     }
 
+    fn lends(&self) -> bool {
+        // Only mbufs that hold a whole packet after a header's headroom.
+        self.room >= crate::MAX_PACKET
+            && (sys::RTE_PKTMBUF_HEADROOM as usize) >= crate::FRAME_HEADROOM
+    }
+
     unsafe fn lend(
         &mut self,
         n: usize,
         lent: &mut dyn FnMut(std::ptr::NonNull<u8>, usize, usize),
     ) -> usize {
-        // Only mbufs that hold a whole packet after a header's headroom.
-        if self.room < crate::MAX_PACKET
-            || (sys::RTE_PKTMBUF_HEADROOM as usize) < crate::FRAME_HEADROOM
-        {
+        if !self.lends() {
             return 0;
         }
         register_thread();

@@ -90,10 +90,6 @@ impl LentFrame {
     pub fn handle(&self) -> usize {
         self.handle
     }
-    /// Where the packet's transport bytes start.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
     /// The headroom before the transport bytes, for the lender's headers.
     pub fn headroom(&mut self) -> &mut [u8; FRAME_HEADROOM] {
         // SAFETY: `new`'s contract: the headroom is ours while lent.

@@ -115,6 +115,11 @@ pub trait FrameLink: Send {
         let _ = (n, lent);
         0
     }
+    /// Whether [`FrameLink::lend`] can lend at all (it may still lend
+    /// fewer than asked, or none, while its pool is empty).
+    fn lends(&self) -> bool {
+        false
+    }
     /// Sends lent frames, each `(handle, headers, len)`: its frame starts
     /// `headers` bytes before the lent pointer and is `len` bytes long.
     /// Returns how many it took (a prefix); the rest stay lent.
@@ -235,8 +240,6 @@ pub struct RawPort<L> {
     lanes: Option<Lanes>,
     /// This port's name on the frames it lends ([`LentFrame::lender`]).
     lender: u64,
-    /// The link lends frames (it did the last time it was asked).
-    lends: bool,
     /// Scratch: the lent frames of a send burst, and which packet each is.
     lent_tx: Vec<(usize, usize, usize)>,
     lent_of: Vec<usize>,
@@ -341,7 +344,6 @@ impl<L: FrameLink> RawPort<L> {
             learned: Vec::new(),
             lanes: None,
             lender: LENDERS.fetch_add(1, Ordering::Relaxed),
-            lends: true,
             lent_tx: Vec::new(),
             lent_of: Vec::new(),
         }
@@ -562,9 +564,10 @@ impl<L: FrameLink> RawPort<L> {
             let held = std::mem::take(&mut n.held);
             let (src, smac) = (self.local, self.mac);
             let items: Vec<&Held> = held.iter().collect();
-            let took = self.link.send(items.len(), &mut |i, buf| {
+            let took = self.link.send_parts(items.len(), &mut |i, head| {
                 let h = items[i];
-                write_frame(buf, smac, mac, src, h.peer, h.ip_id, &h.bytes)
+                let n = write_headers(head, smac, mac, src, h.peer, h.ip_id, h.bytes.len());
+                (n, &h.bytes[..])
             })?;
             self.counters.tx_frames += took as u64;
             let n = self.neighbours.get_mut(&ip).expect("listed above");
@@ -622,26 +625,6 @@ fn write_headers(
     at
 }
 
-/// Writes the frame of transport packet `ib` from `src` to `dst` into `buf`;
-/// returns its length, or 0 when `buf` is too small or the families differ.
-fn write_frame(
-    buf: &mut [u8],
-    smac: [u8; 6],
-    dmac: [u8; 6],
-    src: SocketAddr,
-    dst: SocketAddr,
-    ip_id: u16,
-    ib: &[u8],
-) -> usize {
-    let len = FRAME_HEADROOM.min(buf.len());
-    let at = write_headers(&mut buf[..len], smac, dmac, src, dst, ip_id, ib.len());
-    if at == 0 || buf.len() < at + ib.len() {
-        return 0;
-    }
-    buf[at..at + ib.len()].copy_from_slice(ib);
-    at + ib.len()
-}
-
 /// What a received frame is.
 enum Rx {
     /// A RoCEv2 packet for us: meta, and where the transport packet lies.
@@ -654,18 +637,28 @@ enum Rx {
     Dropped,
 }
 
-fn classify(frame: &[u8], local: SocketAddr, mac: [u8; 6], raw: bool, c: &mut PortCounters) -> Rx {
+/// What `frame` is to a port on `local` with `mac`; `own` when the port
+/// owns its link (it answers ARP, ND and echo requests itself).
+fn classify(
+    frame: &[u8],
+    local: SocketAddr,
+    mac: [u8; 6],
+    raw: bool,
+    own: bool,
+    c: &mut PortCounters,
+) -> Rx {
     // Control frames (ARP, ICMP) are told apart by a byte or two before
     // anything is parsed: RoCE frames go straight on.
     let ethertype = frame.get(12..14).map(|t| u16::from_be_bytes([t[0], t[1]]));
     let control = match ethertype {
         Some(ETHERTYPE_ARP) => true,
-        Some(ETHERTYPE_IPV4) => frame.get(ETH_LEN + 9) == Some(&IP_PROTO_ICMP),
+        // Only a port that answers echo requests builds the reply.
+        Some(ETHERTYPE_IPV4) => own && frame.get(ETH_LEN + 9) == Some(&IP_PROTO_ICMP),
         Some(ETHERTYPE_IPV6) => frame.get(ETH_LEN + 6) == Some(&IP_PROTO_ICMPV6),
         _ => false,
     };
     if control {
-        match control::parse(frame, local.ip(), mac) {
+        match control::parse(frame, local.ip(), mac, own) {
             Some(Control::Neigh(n)) => return Rx::Neigh(n),
             Some(Control::Echo(reply)) => return Rx::Echo(reply),
             None => {}
@@ -813,6 +806,7 @@ impl<L: FrameLink> Port for RawPort<L> {
 
     fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize> {
         let (local, mac, raw) = (self.local, self.mac, self.raw);
+        let own = self.resolution == Resolution::Own;
         let mut lent = 0;
         // Senders to learn from (once per run of frames from one sender:
         // a burst is mostly one peer's) and neighbour messages to handle
@@ -824,7 +818,7 @@ impl<L: FrameLink> Port for RawPort<L> {
         let lanes = &self.lanes;
         let mut take = |frame: &[u8], handed: Option<bool>| {
             counters.rx_frames += u64::from(handed.is_none());
-            match classify(frame, local, mac, raw, counters) {
+            match classify(frame, local, mac, raw, own, counters) {
                 Rx::Roce(meta, range, smac) => {
                     if let (Some(l), None) = (lanes, handed) {
                         let qpn = frame
@@ -871,11 +865,10 @@ impl<L: FrameLink> Port for RawPort<L> {
         }
         learned.clear();
         self.learned = learned;
-        if self.resolution == Resolution::Own {
-            for reply in echoes {
-                if self.queue_control(reply) {
-                    self.counters.echo_replies += 1;
-                }
+        // Only a port that owns its link classifies echo requests as such.
+        for reply in echoes {
+            if self.queue_control(reply) {
+                self.counters.echo_replies += 1;
             }
         }
         for (n, learn_only) in neighs {
@@ -964,7 +957,7 @@ impl<L: FrameLink> Port for RawPort<L> {
     }
 
     fn lend_frames(&mut self, bufs: &mut [PacketBuf]) {
-        if !self.lends {
+        if !self.link.lends() {
             return;
         }
         let want = bufs.iter().filter(|b| b.data.lent().is_none()).count();
@@ -977,7 +970,8 @@ impl<L: FrameLink> Port for RawPort<L> {
         // SAFETY: the link's frames are valid as LentFrame::new requires
         // (FrameLink::lend's contract); each goes to one buffer, which
         // gives it back through send_frames or reclaim_frames.
-        let got = unsafe {
+        // A pool that is empty for now lends fewer: those buffers copy.
+        unsafe {
             self.link
                 .lend(want, &mut |ptr, cap, handle| match empty.next() {
                     Some(b) if cap >= crate::MAX_PACKET => {
@@ -990,8 +984,6 @@ impl<L: FrameLink> Port for RawPort<L> {
             // SAFETY: lent just now and given to nobody.
             unsafe { self.link.reclaim(h) };
         }
-        // A link that lends nothing is not asked again.
-        self.lends = got > 0 || want == 0;
     }
 
     fn reclaim_frames(&mut self, bufs: &mut [PacketBuf]) {
@@ -1134,6 +1126,9 @@ impl FrameLink for MemLink {
             lent(ptr, crate::MAX_PACKET, frame.expose_provenance());
         }
         n
+    }
+    fn lends(&self) -> bool {
+        self.lends
     }
     unsafe fn send_lent(&mut self, frames: &[(usize, usize, usize)]) -> io::Result<usize> {
         let n = frames.len().min(self.room);

@@ -27,6 +27,12 @@ fn fresh() -> Storage {
     Box::new([0; MAX_PACKET])
 }
 
+/// `into` holding a copy of `bytes` (at most [`MAX_PACKET`]).
+fn copied(mut into: Storage, bytes: &[u8]) -> Storage {
+    into[..bytes.len()].copy_from_slice(bytes);
+    into
+}
+
 /// What [`Inner::send`] is given: bytes to copy, or a packet buffer whose
 /// storage the network takes (leaving a spare one in its place).
 enum Bytes<'a> {
@@ -247,18 +253,12 @@ impl Inner {
         }
         let spare = self.spare.pop().unwrap_or_else(fresh);
         let mut bytes = match given {
-            Bytes::Copy(b) => {
-                let mut s = spare;
-                s[..len].copy_from_slice(b);
-                s
-            }
-            // A frame another port lent stays with its buffer: copied.
-            Bytes::Take(p) if p.data.lent().is_some() => {
-                let mut s = spare;
-                s[..len].copy_from_slice(&p.data[..len]);
-                s
-            }
-            Bytes::Take(p) => std::mem::replace(p.data.own_mut(), spare),
+            // The buffer's own storage is queued; a spare takes its place.
+            Bytes::Take(p) if p.data.lent().is_none() => std::mem::replace(p.data.own_mut(), spare),
+            // Bytes to copy, or a frame another port lent (it stays with
+            // its buffer).
+            Bytes::Copy(b) => copied(spare, b),
+            Bytes::Take(p) => copied(spare, &p.data[..len]),
         };
         if self.chance(f.corrupt) && len > 0 {
             self.stats.corrupted += 1;
@@ -308,8 +308,7 @@ impl Inner {
             let bytes = match bytes.take() {
                 Some(b) if c + 1 == copies => b,
                 Some(b) => {
-                    let mut d = self.spare.pop().unwrap_or_else(fresh);
-                    d[..len].copy_from_slice(&b[..len]);
+                    let d = copied(self.spare.pop().unwrap_or_else(fresh), &b[..len]);
                     bytes = Some(b);
                     d
                 }

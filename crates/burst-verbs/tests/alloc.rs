@@ -149,6 +149,22 @@ fn pair(ports: (burst_verbs::AnyPort, burst_verbs::AnyPort), net: Option<SimNet>
     }
 }
 
+/// A [`Pair`] over two real ports that need a privilege or a device this
+/// machine may lack; `None` (the test says SKIPPED) when either did not open.
+#[cfg(any(feature = "dpdk", feature = "af-xdp"))]
+fn pair_or_skip<P: burst_io::Port + Send + 'static>(
+    what: &str,
+    opened: (std::io::Result<P>, std::io::Result<P>),
+) -> Option<Pair> {
+    match opened {
+        (Ok(a), Ok(b)) => Some(pair((Box::new(a), Box::new(b)), None)),
+        (a, b) => {
+            eprintln!("SKIPPED: no {what} here: {:?} {:?}", a.err(), b.err());
+            None
+        }
+    }
+}
+
 impl Pair {
     /// Steps both engines until `a` completes a work request (and `b`
     /// too, when `both`); panics past 200,000 steps (on real ports, not
@@ -305,17 +321,13 @@ fn the_data_path_allocates_nothing_per_packet_over_dpdk_memif() {
             ip.parse().unwrap(),
         )
     };
-    let (a, b) = match (
+    let opened = (
         open("net_memif0", "198.18.0.1"),
         open("net_memif1", "198.18.0.2"),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (a, b) => {
-            eprintln!("SKIPPED: no DPDK memif here: {:?} {:?}", a.err(), b.err());
-            return;
-        }
+    );
+    let Some(mut p) = pair_or_skip("DPDK memif", opened) else {
+        return;
     };
-    let mut p = pair((Box::new(a), Box::new(b)), None);
     p.check("DPDK memif");
     drop(p);
     let _ = std::fs::remove_file(sock);
@@ -376,16 +388,12 @@ fn af_xdp_in_own_namespace() {
         return;
     }
     let open = |iface: &str, a: &str| open_port(&XskConfig::new(iface), a.parse().unwrap());
-    let (a, b) = match (
+    let opened = (
         open("balloc0", "198.18.0.153"),
         open("balloc1", "198.18.0.154"),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (a, b) => {
-            eprintln!("SKIPPED: no AF_XDP here: {:?} {:?}", a.err(), b.err());
-            return;
-        }
+    );
+    let Some(mut p) = pair_or_skip("AF_XDP", opened) else {
+        return;
     };
-    let mut p = pair((Box::new(a), Box::new(b)), None);
     p.check_at_most("AF_XDP", 32);
 }
