@@ -374,6 +374,12 @@ mod tests {
     fn no_input_panics() {
         // Every prefix of valid control frames, and each with every byte
         // flipped: parsed or refused, never a panic.
+        let mut ping = Vec::new();
+        PacketBuilder::ethernet2(A, B)
+            .ipv6(v6(1).octets(), v6(2).octets(), 64)
+            .icmpv6_echo_request(1, 1)
+            .write(&mut ping, b"data")
+            .unwrap();
         let frames = [
             arp(
                 false,
@@ -385,6 +391,7 @@ mod tests {
             ),
             ndp_solicit(A, v6(1), v6(2)),
             ndp(true, B, v6(2), A, v6(1), v6(2)),
+            ping,
         ];
         for f in frames {
             for n in 0..=f.len() {
