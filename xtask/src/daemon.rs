@@ -676,7 +676,7 @@ fn bypass(root: &Path, libdir: &Path) -> Vec<Outcome> {
                 env.push((
                     "BURST_DPDK".into(),
                     format!(
-                        "--lcores=0@{cpu} --vdev=net_memif0,role={role},socket={},socket-abstract=no,bsize=9216 device=net_memif0",
+                        "--lcores=0@{cpu} --vdev=net_memif0,role={role},socket={},socket-abstract=no device=net_memif0",
                         memif.display()
                     ),
                 ));
