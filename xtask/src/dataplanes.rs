@@ -35,7 +35,7 @@ const MEMIF_SOCKET: &str = "/tmp/burst-xtask-memif.sock";
 fn memif_args(role: &str, cpu: u32) -> String {
     format!(
         "--lcores=0@{cpu} --vdev=net_memif0,role={role},socket={MEMIF_SOCKET},\
-         socket-abstract=no,bsize=9216 device=net_memif0"
+         socket-abstract=no device=net_memif0"
     )
 }
 
@@ -117,6 +117,29 @@ fn cases() -> Vec<PortCase> {
             extra: &[],
         },
         PortCase {
+            name: "AF_XDP over a two-queue veth, 2 engine threads each side",
+            server: Way {
+                ns: Some("burstbb1"),
+                env: env(&[
+                    ("BURST_PORT", "af-xdp".into()),
+                    ("BURST_THREADS", "2".into()),
+                ]),
+                addr: "198.18.0.103",
+                oob: "198.18.0.101",
+            },
+            client: Way {
+                ns: Some("burstbb2"),
+                env: env(&[
+                    ("BURST_PORT", "af-xdp".into()),
+                    ("BURST_THREADS", "2".into()),
+                ]),
+                addr: "198.18.0.104",
+                oob: "198.18.0.101",
+            },
+            tests: Some(&["write_bw", "read_bw", "send_bw", "send_lat"]),
+            extra: &["-q", "4"],
+        },
+        PortCase {
             name: "DPDK net_memif, 2 engine threads each side",
             server: Way {
                 ns: None,
@@ -142,6 +165,109 @@ fn cases() -> Vec<PortCase> {
             extra: &["-q", "4"],
         },
     ]
+}
+
+/// A second veth pair between the namespaces, with two queues a side
+/// (bbveth3 198.18.0.103 in burstbb1, bbveth4 198.18.0.104 in burstbb2):
+/// AF_XDP with an engine thread per queue. Its peers' MACs are written as
+/// permanent neighbour entries (the subnet is bbveth1/2's too, so the
+/// kernel would resolve through those).
+fn two_queue_veth() -> bool {
+    let ip = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let exists = Command::new("ip")
+        .args(["-n", "burstbb1", "link", "show", "bbveth3"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let made = exists
+        || (ip(&[
+            "-n",
+            "burstbb1",
+            "link",
+            "add",
+            "bbveth3",
+            "numtxqueues",
+            "2",
+            "numrxqueues",
+            "2",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "bbveth4",
+            "netns",
+            "burstbb2",
+            "numtxqueues",
+            "2",
+            "numrxqueues",
+            "2",
+        ]) && ip(&[
+            "-n",
+            "burstbb1",
+            "addr",
+            "add",
+            "198.18.0.103/24",
+            "dev",
+            "bbveth3",
+        ]) && ip(&[
+            "-n",
+            "burstbb2",
+            "addr",
+            "add",
+            "198.18.0.104/24",
+            "dev",
+            "bbveth4",
+        ]));
+    let up =
+        made && ip(&[
+            "-n", "burstbb1", "link", "set", "bbveth3", "mtu", "9000", "up",
+        ]) && ip(&[
+            "-n", "burstbb2", "link", "set", "bbveth4", "mtu", "9000", "up",
+        ]);
+    let mac = |ns: &str, dev: &str| {
+        Command::new("ip")
+            .args(["-n", ns, "-br", "link", "show", dev])
+            .output()
+            .ok()
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .nth(2)
+                    .map(str::to_string)
+            })
+    };
+    let (Some(m3), Some(m4)) = (mac("burstbb1", "bbveth3"), mac("burstbb2", "bbveth4")) else {
+        return false;
+    };
+    up && ip(&[
+        "-n",
+        "burstbb1",
+        "neigh",
+        "replace",
+        "198.18.0.104",
+        "lladdr",
+        &m4,
+        "dev",
+        "bbveth3",
+        "nud",
+        "permanent",
+    ]) && ip(&[
+        "-n",
+        "burstbb2",
+        "neigh",
+        "replace",
+        "198.18.0.103",
+        "lladdr",
+        &m3,
+        "dev",
+        "bbveth4",
+        "nud",
+        "permanent",
+    ])
 }
 
 /// burst's GID index for a way's address: a DPDK port's address is on no
@@ -421,6 +547,15 @@ pub fn run(root: &Path, quick: bool, only: Option<&str>) -> Vec<Outcome> {
             ok: false,
             numbers: None,
             why: "ip netns failed".into(),
+        });
+        return out;
+    }
+    if !two_queue_veth() {
+        out.push(Outcome {
+            name: "two-queue veth set-up".into(),
+            ok: false,
+            numbers: None,
+            why: "ip link add ... numrxqueues 2 failed".into(),
         });
         return out;
     }

@@ -430,13 +430,15 @@ fn test(args: &[String]) -> ExitCode {
             ),
         ),
     ));
-    // The data plane's copies on a DPDK DMA device (dma_skeleton), and no
-    // allocation per packet over DPDK memif (lent mbufs) and AF_XDP.
+    // The data plane's copies on a DPDK DMA device (dma_skeleton), no
+    // allocation per packet over DPDK memif (lent mbufs) and AF_XDP, and
+    // AF_XDP lanes (a socket per queue of a two-queue veth).
     results.push((
         "kernel-bypass ports in the data plane: dmadev copies, no allocation per packet \
-         over memif and AF_XDP (burst-verbs --features dpdk,af-xdp --test copy --test alloc)",
+         over memif and AF_XDP, AF_XDP lanes (burst-verbs --features dpdk,af-xdp --test copy \
+         --test alloc --test lanes)",
         debs && step(
-            "test burst-verbs with dpdk and af-xdp: dmadev copies, allocations per port",
+            "test burst-verbs with dpdk and af-xdp: dmadev copies, allocations per port, lanes",
             &mut cargo(
                 &root,
                 &[
@@ -449,6 +451,8 @@ fn test(args: &[String]) -> ExitCode {
                     "copy",
                     "--test",
                     "alloc",
+                    "--test",
+                    "lanes",
                 ],
             ),
         ),

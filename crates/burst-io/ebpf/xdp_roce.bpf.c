@@ -3,9 +3,13 @@
 // burst's XDP steering program (loaded by burst-io's AF_XDP port).
 //
 // RoCEv2 frames (UDP destination port 4791) to one of the device's addresses
-// go to one of burst's AF_XDP sockets: the socket of the engine thread that
-// owns the destination QP (`qpn_slots`, filled by the engine as QPs are
-// created), or slot 0 for QPNs it does not know (QP1, stale or unknown QPs:
+// go to the AF_XDP socket bound to the receive queue they arrived on (slot
+// = queue index): the kernel delivers a redirected frame only to a socket
+// of its own queue. Each engine thread (lane) has the socket of one queue;
+// a frame for a QP of another lane is handed over by the receiving lane in
+// user space. `qpn_slots` (filled by the engine as QPs are created) says
+// which lane owns a QPN: the program counts the frames that land on another
+// lane's queue, and those for QPNs no lane owns (QP1, stale or unknown QPs:
 // the engine counts and drops those itself). Everything else (ARP, other
 // UDP, TCP, RoCE to other addresses, IP fragments) passes to the kernel
 // untouched. Built for multi-buffer ("xdp.frags") so links with MTUs above a
@@ -28,9 +32,10 @@
 enum stat {
 	STAT_PASSED = 0,	// handed to the kernel
 	STAT_STEERED = 1,	// RoCEv2 to a local address, to an XSK slot
-	STAT_UNKNOWN_QPN = 2,	// ...whose QPN no slot owns (to slot 0)
-	STAT_TRUNCATED = 3,	// ...too short for a BTH (to slot 0, to be counted)
-	STAT_MAX = 4,
+	STAT_UNKNOWN_QPN = 2,	// ...whose QPN no lane owns
+	STAT_TRUNCATED = 3,	// ...too short for a BTH (burst counts and drops it)
+	STAT_OTHER_LANE = 4,	// ...on the queue of a lane other than the QP's
+	STAT_MAX = 5,
 };
 
 struct {
@@ -40,7 +45,7 @@ struct {
 	__type(value, __u32);
 } xsks SEC(".maps");
 
-// Destination QPN -> slot of the owning engine thread.
+// Destination QPN -> slot (queue) of the owning engine thread.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1 << 17);
@@ -148,7 +153,7 @@ int burst_xdp(struct xdp_md *ctx)
 	if (!bpf_map_lookup_elem(&local_addrs, &dst))
 		return pass();
 
-	__u32 slot = 0;
+	__u32 slot = ctx->rx_queue_index;
 	__u8 *bth = (void *)(udp + 1);
 
 	if ((void *)(bth + BTH_LEN) > end) {
@@ -157,14 +162,16 @@ int burst_xdp(struct xdp_md *ctx)
 		__u32 qpn = ((__u32)bth[5] << 16) | ((__u32)bth[6] << 8) | bth[7];
 		__u32 *s = bpf_map_lookup_elem(&qpn_slots, &qpn);
 
-		if (s && *s < MAX_SLOTS)
-			slot = *s;
-		else
+		if (!s)
 			count(&stats, STAT_UNKNOWN_QPN);
+		else if (*s != slot)
+			count(&stats, STAT_OTHER_LANE);
 	}
 	count(&stats, STAT_STEERED);
-	count(&slot_hits, slot);
-	// No socket in the slot: drop rather than hand RoCE to a kernel that
+	if (slot < MAX_SLOTS)
+		count(&slot_hits, slot);
+	// No socket on this queue (more queues than lanes: `ethtool -L` the
+	// interface to the lanes): drop rather than hand RoCE to a kernel that
 	// has no RoCE stack on this address (it would answer ICMP unreachable).
 	return bpf_redirect_map(&xsks, slot, XDP_DROP);
 }

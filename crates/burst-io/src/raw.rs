@@ -258,9 +258,15 @@ struct Handed {
 /// Frames a lane may hold for another before it drops them.
 const INBOX: usize = 4096;
 
+/// Emptied hand-off buffers kept for reuse: a lane that hands frames over
+/// steadily allocates none once the lanes have passed this many around.
+/// Bounds what they keep to this many of the largest frame (~9 MiB).
+const SPARES: usize = 1024;
+
 /// One lane of several whole-frame ports that share a link (a DPDK port's
-/// queues): the device spreads frames over queues without knowing QPNs, so
-/// a lane hands a RoCE frame for another lane's QP (QPN `q` belongs to
+/// queue pairs, an interface's AF_XDP sockets, one per receive queue):
+/// the device spreads frames over queues without knowing QPNs, so a lane
+/// hands a RoCE frame for another lane's QP (QPN `q` belongs to
 /// lane `(q - first_qpn) % count`, the engine's numbering) to that lane
 /// through a lock-free queue, and shares ARP and neighbour messages with
 /// every lane (each resolves its own peers). The common case, a frame on
@@ -269,6 +275,8 @@ pub struct Lanes {
     index: usize,
     first_qpn: u32,
     inboxes: Arc<Vec<crossbeam_queue::ArrayQueue<Handed>>>,
+    /// Buffers of handed frames once read, shared by the lanes.
+    spares: Arc<crossbeam_queue::ArrayQueue<Vec<u8>>>,
 }
 
 impl Lanes {
@@ -279,13 +287,28 @@ impl Lanes {
                 .map(|_| crossbeam_queue::ArrayQueue::new(INBOX))
                 .collect::<Vec<_>>(),
         );
+        let spares = Arc::new(crossbeam_queue::ArrayQueue::new(SPARES));
         (0..count.max(1))
             .map(|index| Lanes {
                 index,
                 first_qpn,
                 inboxes: Arc::clone(&inboxes),
+                spares: Arc::clone(&spares),
             })
             .collect()
+    }
+
+    /// A copy of `frame` in a spare buffer where one is left.
+    fn copy(&self, frame: &[u8]) -> Vec<u8> {
+        let mut v = self.spares.pop().unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(frame);
+        v
+    }
+
+    /// Gives the buffer of a handed frame back once it was read.
+    fn recycle(&self, frame: Vec<u8>) {
+        let _ = self.spares.push(frame);
     }
 
     fn inbox(&self) -> &crossbeam_queue::ArrayQueue<Handed> {
@@ -300,10 +323,12 @@ impl Lanes {
         if owner == self.index {
             return false;
         }
-        let _ = self.inboxes[owner].push(Handed {
-            frame: frame.to_vec(),
+        if let Err(h) = self.inboxes[owner].push(Handed {
+            frame: self.copy(frame),
             learn_only: false,
-        });
+        }) {
+            self.recycle(h.frame);
+        }
         true
     }
 
@@ -311,10 +336,12 @@ impl Lanes {
     fn share(&self, frame: &[u8]) {
         for (i, q) in self.inboxes.iter().enumerate() {
             if i != self.index {
-                let _ = q.push(Handed {
-                    frame: frame.to_vec(),
+                if let Err(h) = q.push(Handed {
+                    frame: self.copy(frame),
                     learn_only: true,
-                });
+                }) {
+                    self.recycle(h.frame);
+                }
             }
         }
     }
@@ -854,6 +881,7 @@ impl<L: FrameLink> Port for RawPort<L> {
             while left > 0 {
                 let Some(h) = l.inbox().pop() else { break };
                 take(&h.frame, Some(h.learn_only));
+                l.recycle(h.frame);
                 left -= 1;
             }
         }
@@ -1148,5 +1176,30 @@ impl FrameLink for MemLink {
         // SAFETY: as in `send_lent`.
         drop(unsafe { Box::from_raw(std::ptr::with_exposed_provenance_mut::<MemFrame>(handle)) });
         self.lent -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lanes;
+
+    #[test]
+    fn handed_frames_reuse_their_buffers() {
+        let group = Lanes::group(2, 0x11);
+        let (l0, l1) = (&group[0], &group[1]);
+        // QPN 0x12 is lane 1's: lane 0 hands it over (a new buffer).
+        assert!(l0.hand_off(0x12, &[1; 100]));
+        let h = l1.inbox().pop().expect("handed");
+        assert_eq!(h.frame, [1; 100]);
+        let at = h.frame.as_ptr();
+        l1.recycle(h.frame);
+        assert_eq!(l0.spares.len(), 1, "the read buffer is kept");
+        // The next hand-off, from either lane, takes it again.
+        assert!(l1.hand_off(0x11, &[2; 60]));
+        let h = l0.inbox().pop().expect("handed");
+        assert_eq!((h.frame.as_slice(), h.frame.as_ptr()), (&[2u8; 60][..], at));
+        assert_eq!(l0.spares.len(), 0);
+        // A lane's own QPN stays with it.
+        assert!(!l0.hand_off(0x13, &[3; 10]));
     }
 }

@@ -3,8 +3,12 @@
 //!
 //! The program sends RoCEv2 (UDP port 4791) to one of the device's
 //! addresses ([`XdpProgram::add_local_addr`]) to the socket in the slot of
-//! the destination QP's owner ([`XdpProgram::set_qpn_slot`], slot 0 for
-//! QPNs it does not know) and passes everything else to the kernel.
+//! the receive queue it arrived on ([`XdpProgram::set_socket`]: slot `q`
+//! holds the socket bound to queue `q`; the kernel delivers a redirected
+//! frame to no other) and passes everything else to the kernel. Which lane
+//! owns a QPN ([`XdpProgram::set_qpn_slot`]) is counted against the queue
+//! a frame came on: a frame on another lane's queue is handed over in user
+//! space ([`crate::raw::Lanes`]).
 
 use std::io;
 use std::net::IpAddr;
@@ -25,10 +29,13 @@ pub struct XdpStats {
     pub passed: u64,
     /// RoCEv2 frames to a local address, redirected to a socket slot.
     pub steered: u64,
-    /// ... of which the QPN was in no slot's table (slot 0).
+    /// ... of which the QPN was owned by no lane.
     pub unknown_qpn: u64,
-    /// ... of which the frame was too short to hold a BTH (slot 0).
+    /// ... of which the frame was too short to hold a BTH.
     pub truncated: u64,
+    /// ... of which the QPN's lane was not the one of the arrival queue
+    /// (handed over between lanes in user space).
+    pub other_lane: u64,
 }
 
 /// How the program is attached.
@@ -155,19 +162,20 @@ impl XdpProgram {
             .map_err(|e| bpf_err("local address map", e))
     }
 
-    /// Sends frames for `qpn` to the socket in `slot`.
+    /// Records that lane (slot) `slot` owns `qpn` (frames for it that
+    /// arrive on another queue are counted as [`XdpStats::other_lane`]).
     pub fn set_qpn_slot(&self, qpn: u32, slot: u32) -> io::Result<()> {
         self.qpn_slots
             .update(&qpn.to_ne_bytes(), &slot.to_ne_bytes(), MapFlags::ANY)
             .map_err(|e| bpf_err("QPN map", e))
     }
 
-    /// Forgets `qpn` (its frames go to slot 0 again).
+    /// Forgets `qpn` (its frames count as [`XdpStats::unknown_qpn`]).
     pub fn clear_qpn(&self, qpn: u32) {
         let _ = self.qpn_slots.delete(&qpn.to_ne_bytes());
     }
 
-    /// Puts AF_XDP socket `fd` in `slot`.
+    /// Puts AF_XDP socket `fd`, bound to receive queue `slot`, in `slot`.
     pub fn set_socket(&self, slot: u32, fd: &impl AsRawFd) -> io::Result<()> {
         let fd = fd.as_raw_fd() as u32;
         self.xsks
@@ -198,10 +206,11 @@ impl XdpProgram {
             steered: s(1),
             unknown_qpn: s(2),
             truncated: s(3),
+            other_lane: s(4),
         }
     }
 
-    /// Frames steered to `slot`, summed over CPUs.
+    /// Frames steered to `slot` (arrived on queue `slot`), summed over CPUs.
     pub fn slot_hits(&self, slot: u32) -> u64 {
         Self::sum_percpu(&self.slot_hits, slot)
     }

@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use crate::raw::{FrameLink, RawPort, Resolution};
 use crate::xdp::{XdpMode, XdpProgram};
@@ -182,7 +183,12 @@ pub struct XskLink {
     mode: XdpMode,
     /// A frame being reassembled from several receive descriptors.
     partial: Vec<u8>,
-    program: Option<XdpProgram>,
+    /// The receive queue the socket is bound to (its slot in the program).
+    queue: u32,
+    /// Shared by the lanes of one interface; detached with the last.
+    program: Option<Arc<XdpProgram>>,
+    /// The first lane's link reports the program's counters.
+    reports_program: bool,
 }
 
 // SAFETY: the raw pointers point into mappings owned by this value; the
@@ -244,21 +250,73 @@ impl XskLink {
     /// Opens an AF_XDP socket on `cfg.iface` queue `cfg.queue`, loads and
     /// attaches burst's XDP program and steers RoCEv2 for `local` to it.
     pub fn open(cfg: &XskConfig, local: IpAddr) -> io::Result<XskLink> {
+        Ok(XskLink::open_queues(cfg, local, 1)?.remove(0))
+    }
+
+    /// Opens `lanes` AF_XDP sockets on `cfg.iface`, bound to receive queues
+    /// `cfg.queue` .. `cfg.queue + lanes` (one per engine thread), with one
+    /// XDP program that sends each frame to the socket of the queue it
+    /// arrived on. The interface needs that many queues (`ethtool -L IFACE
+    /// combined N`; a veth's `numrxqueues`/`numtxqueues`); frames that
+    /// arrive on a queue without a socket are dropped, so give the
+    /// interface no more queues than lanes.
+    pub fn open_queues(cfg: &XskConfig, local: IpAddr, lanes: u32) -> io::Result<Vec<XskLink>> {
         let iface = cfg.iface.as_str();
         let ifindex = interface_index(iface)?;
         let mac = interface_mac(iface)?;
-        let mut link = XskLink::socket(cfg, ifindex, mac)?;
+        if lanes == 0 || cfg.queue.saturating_add(lanes) > crate::xdp::MAX_SLOTS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "burst-io: AF_XDP on {iface}: {lanes} lanes from queue {} (at most {} queues)",
+                    cfg.queue,
+                    crate::xdp::MAX_SLOTS
+                ),
+            ));
+        }
+        let mut links = Vec::with_capacity(lanes as usize);
+        for q in cfg.queue..cfg.queue + lanes {
+            let mut c = cfg.clone();
+            c.queue = q;
+            let link = XskLink::socket(&c, ifindex, mac).map_err(|e| {
+                if lanes > 1 && e.raw_os_error() == Some(libc::EINVAL) {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{e} ({lanes} engine threads need {lanes} queues on {iface}: \
+                             `ethtool -L {iface} combined {lanes}`, or a veth made with \
+                             numrxqueues/numtxqueues {lanes})"
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?;
+            links.push(link);
+        }
         let mut prog = XdpProgram::load()?;
         prog.add_local_addr(local)?;
-        prog.set_socket(0, &link.fd)?;
-        link.mode = prog.attach(ifindex, cfg.mode).map_err(|e| {
+        for l in &links {
+            prog.set_socket(l.queue, &l.fd)?;
+        }
+        let mode = prog.attach(ifindex, cfg.mode).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("{e} (interface {iface} does not take XDP; use the UDP port instead: BURST_PORT=udp)"),
             )
         })?;
-        link.program = Some(prog);
-        Ok(link)
+        let prog = Arc::new(prog);
+        for (i, l) in links.iter_mut().enumerate() {
+            l.mode = mode;
+            l.program = Some(Arc::clone(&prog));
+            l.reports_program = i == 0;
+        }
+        Ok(links)
+    }
+
+    /// The receive queue the socket is bound to.
+    pub fn queue(&self) -> u32 {
+        self.queue
     }
 
     fn socket(cfg: &XskConfig, ifindex: u32, mac: [u8; 6]) -> io::Result<XskLink> {
@@ -387,7 +445,9 @@ impl XskLink {
             zero_copy: false,
             mode: cfg.mode,
             partial: Vec::new(),
+            queue: cfg.queue,
             program: None,
+            reports_program: false,
         };
         std::mem::forget(guard); // the link unmaps it now
         link.bind(cfg)?;
@@ -470,7 +530,7 @@ impl XskLink {
 
     /// The steering program (to add QPN slots, read its counters).
     pub fn program(&self) -> Option<&XdpProgram> {
-        self.program.as_ref()
+        self.program.as_deref()
     }
 
     fn frame(&mut self, addr: u64, len: usize) -> &mut [u8] {
@@ -756,7 +816,12 @@ impl FrameLink for XskLink {
     }
 
     fn steered_unknown_qpn(&self) -> u64 {
-        self.program.as_ref().map_or(0, |p| p.stats().unknown_qpn)
+        // The program's counters are the interface's: reported by the
+        // first lane only, so that a device's sum over lanes is right.
+        match &self.program {
+            Some(p) if self.reports_program => p.stats().unknown_qpn,
+            _ => 0,
+        }
     }
 }
 
@@ -766,4 +831,30 @@ pub fn open_port(cfg: &XskConfig, ip: IpAddr) -> io::Result<RawPort<XskLink>> {
     let link = XskLink::open(cfg, ip)?;
     let ifindex = link.ifindex;
     Ok(RawPort::new(link, ip, Resolution::Kernel { ifindex }))
+}
+
+/// One AF_XDP [`RawPort`] per engine thread (lane), each with the socket
+/// of one receive queue of `cfg.iface` ([`XskLink::open_queues`]). A frame
+/// lands on the queue the peer's flow hashed to; the lane that receives a
+/// frame for another lane's QP hands it over ([`crate::raw::Lanes`]).
+pub fn open_lane_ports(
+    cfg: &XskConfig,
+    ip: IpAddr,
+    lanes: u32,
+    first_qpn: u32,
+) -> io::Result<Vec<RawPort<XskLink>>> {
+    let links = XskLink::open_queues(cfg, ip, lanes)?;
+    let group = crate::raw::Lanes::group(links.len(), first_qpn);
+    Ok(links
+        .into_iter()
+        .zip(group)
+        .map(|(link, lane)| {
+            let ifindex = link.ifindex;
+            let mut p = RawPort::new(link, ip, Resolution::Kernel { ifindex });
+            if lanes > 1 {
+                p.set_lanes(lane);
+            }
+            p
+        })
+        .collect())
 }

@@ -47,29 +47,37 @@ const ME: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
 #[test]
-fn roce_to_a_local_address_is_steered_by_qpn_and_the_rest_passes() {
+fn roce_to_a_local_address_goes_to_its_queues_socket_and_the_rest_passes() {
     let Some(p) = program() else { return };
     let me6: Ipv6Addr = "fd00::1".parse().unwrap();
     p.add_local_addr(ME.into()).unwrap();
     p.add_local_addr(me6.into()).unwrap();
     p.set_qpn_slot(0x11, 3).unwrap();
 
-    // RoCE to a known QPN: its slot (no socket there: the fallback drops).
+    p.set_qpn_slot(0x12, 0).unwrap();
+
+    // A test run's frame arrives on queue 0: to slot 0 whatever its QP
+    // (no socket there: the fallback drops). A QP of lane 3 is counted as
+    // landing on another lane's queue, one of lane 0 is not.
     assert_eq!(
         p.test_run(&roce(IpRepr::v4(PEER, ME), 0x11)).unwrap(),
         XDP_DROP
     );
-    assert_eq!(p.slot_hits(3), 1);
+    assert_eq!(
+        p.test_run(&roce(IpRepr::v4(PEER, ME), 0x12)).unwrap(),
+        XDP_DROP
+    );
+    assert_eq!((p.slot_hits(0), p.slot_hits(3)), (2, 0));
     // RoCE to an unknown QPN: slot 0, counted.
     assert_eq!(
         p.test_run(&roce(IpRepr::v4(PEER, ME), 0x99)).unwrap(),
         XDP_DROP
     );
-    assert_eq!(p.slot_hits(0), 1);
+    assert_eq!(p.slot_hits(0), 3);
     // RoCE over IPv6 to a local address, known QPN.
     let v6 = IpRepr::v6("fd00::2".parse().unwrap(), me6);
     assert_eq!(p.test_run(&roce(v6, 0x11)).unwrap(), XDP_DROP);
-    assert_eq!(p.slot_hits(3), 2);
+    assert_eq!(p.slot_hits(0), 4);
     // RoCE to an address that is not the device's: the kernel's.
     let other = IpRepr::v4(PEER, Ipv4Addr::new(198, 18, 0, 9));
     assert_eq!(p.test_run(&roce(other, 0x11)).unwrap(), XDP_PASS);
@@ -97,21 +105,22 @@ fn roce_to_a_local_address_is_steered_by_qpn_and_the_rest_passes() {
     // which counts and drops it.
     let cut = &roce(IpRepr::v4(PEER, ME), 0x11)[..14 + 20 + 8 + 4];
     assert_eq!(p.test_run(cut).unwrap(), XDP_DROP);
-    assert_eq!(p.slot_hits(0), 2);
+    assert_eq!(p.slot_hits(0), 5);
 
     assert_eq!(
         p.stats(),
         XdpStats {
             passed: 4,
-            steered: 4,
+            steered: 5,
             unknown_qpn: 1,
             truncated: 1,
+            other_lane: 2,
         }
     );
-    // Forgetting a QPN sends its frames to slot 0.
+    // A forgotten QPN is owned by no lane.
     p.clear_qpn(0x11);
     p.test_run(&roce(IpRepr::v4(PEER, ME), 0x11)).unwrap();
-    assert_eq!((p.slot_hits(0), p.slot_hits(3)), (3, 2));
+    assert_eq!((p.stats().unknown_qpn, p.stats().other_lane), (2, 2));
 }
 
 #[test]

@@ -9,6 +9,8 @@
 //!
 //! Its own test binary: the allocator counts for this file only.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -350,41 +352,11 @@ fn the_data_path_allocates_nothing_per_packet_over_af_xdp() {
 #[cfg(feature = "af-xdp")]
 fn af_xdp_in_own_namespace() {
     use burst_io::xsk::{open_port, XskConfig};
-    // SAFETY: unshare(2) of this thread's network namespace only.
-    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        eprintln!("SKIPPED: no network namespace of our own (root?)");
-        return;
-    }
-    let ip = |args: &str| {
-        std::process::Command::new("ip")
-            .args(args.split_whitespace())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let set_up = ip("link set lo up")
-        && ip("link add balloc0 type veth peer name balloc1")
-        && ip("addr add 198.18.0.153/24 dev balloc0")
-        && ip("addr add 198.18.0.154/24 dev balloc1")
-        && ip("link set balloc0 mtu 9000 up")
-        && ip("link set balloc1 mtu 9000 up");
-    // Both addresses are this namespace's own, so the kernel would route
-    // between them through loopback and never resolve them on the veths:
-    // permanent neighbour entries, as the port reads them from the kernel.
-    let mac = |i: &str| {
-        let m = burst_io::netdev::mac(i).expect("a veth has a MAC");
-        m.map(|b| format!("{b:02x}")).join(":")
-    };
-    let set_up = set_up
-        && ip(&format!(
-            "neigh replace 198.18.0.154 lladdr {} dev balloc0 nud permanent",
-            mac("balloc1")
-        ))
-        && ip(&format!(
-            "neigh replace 198.18.0.153 lladdr {} dev balloc1 nud permanent",
-            mac("balloc0")
-        ));
-    if !set_up {
-        eprintln!("SKIPPED: cannot set a veth pair up (no `ip`?)");
+    if !common::veth_pair_in_own_namespace(
+        ("balloc0", "balloc1"),
+        ("198.18.0.153", "198.18.0.154"),
+        1,
+    ) {
         return;
     }
     let open = |iface: &str, a: &str| open_port(&XskConfig::new(iface), a.parse().unwrap());

@@ -2,6 +2,9 @@
 //! each lane with its own UDP socket in a reuseport group that steers by
 //! destination QPN, over real loopback sockets. Data verified.
 
+#[cfg(feature = "af-xdp")]
+mod common;
+
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -14,11 +17,15 @@ use burst_wire::{Mtu, Psn};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
-fn engine(ip: &str, threads: u32) -> (Engine, Context) {
+fn config(ip: &str, threads: u32) -> DeviceConfig {
     let mut cfg = DeviceConfig::for_addr("burst0", ip.parse::<IpAddr>().unwrap()).unwrap();
     cfg.mtu = Mtu::Mtu1024;
     cfg.threads = threads;
-    let e = Engine::start_config(&cfg).unwrap();
+    cfg
+}
+
+fn engine(cfg: &DeviceConfig) -> (Engine, Context) {
+    let e = Engine::start_config(cfg).unwrap();
     let c = e.context();
     (e, c)
 }
@@ -38,8 +45,22 @@ fn params() -> RcParams {
 /// `n` QP pairs between a device of `ta` lanes and one of `tb`: each pair
 /// moves 200 KB by SEND and 200 KB by WRITE, then READs 200 KB back.
 fn transfer(ta: u32, tb: u32, ips: (&str, &str), n: usize) {
-    let (_ea, a) = engine(ips.0, ta);
-    let (_eb, b) = engine(ips.1, tb);
+    transfer_on(&config(ips.0, ta), &config(ips.1, tb), n, false);
+}
+
+/// [`transfer`] between devices `ca` and `cb`; with `skew`, the second
+/// device makes an idle QP first, so that each QP's peer is on the other
+/// lane (lanes 0 and 1 of two): every packet is handed between lanes on a
+/// port whose queues do not steer by QPN. Returns both devices' counters.
+fn transfer_on(
+    ca: &DeviceConfig,
+    cb: &DeviceConfig,
+    n: usize,
+    skew: bool,
+) -> (burst_verbs::DeviceCounters, burst_verbs::DeviceCounters) {
+    let ta = ca.threads;
+    let (_ea, a) = engine(ca);
+    let (_eb, b) = engine(cb);
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (cqa, cqb) = (a.create_cq(256), b.create_cq(256));
     let size = 200_000usize;
@@ -65,6 +86,15 @@ fn transfer(ta: u32, tb: u32, ips: (&str, &str), n: usize) {
         .into()
     };
     let mut lanes_a = std::collections::BTreeSet::new();
+    // The handles live to the end (dropping one does not destroy its QP),
+    // and no longer: they hold the device (and its port's sockets) open.
+    let mut handles = Vec::new();
+    if skew {
+        let idle = b
+            .create_qp_with(&QpInit::new(QpType::Rc, pb), cqb, cqb)
+            .unwrap();
+        handles.push(idle);
+    }
     for i in 0..n {
         let qa = a
             .create_qp_with(&QpInit::new(QpType::Rc, pa), cqa, cqa)
@@ -100,8 +130,7 @@ fn transfer(ta: u32, tb: u32, ips: (&str, &str), n: usize) {
         };
         qa.post_send(&SendWr::new(3, r, sge(kb, i * size, size)))
             .unwrap();
-        // Keep the handles alive (dropping a QueuePair does not destroy it).
-        std::mem::forget((qa, qb));
+        handles.extend([qa, qb]);
     }
     assert_eq!(
         lanes_a.len() as u32,
@@ -135,6 +164,7 @@ fn transfer(ta: u32, tb: u32, ips: (&str, &str), n: usize) {
     // without the QP (mis-steered packets count as no_qp and are dropped).
     assert_eq!((ca.no_qp, cb.no_qp), (0, 0), "{ca:?} {cb:?}");
     assert!(ca.rcvd_pkts > 0 && cb.rcvd_pkts > 0);
+    (ca, cb)
 }
 
 #[test]
@@ -229,5 +259,49 @@ fn each_lane_tells_its_port_which_qps_it_owns() {
             "steer 0x13 0",
             "unsteer 0x12"
         ]
+    );
+}
+
+/// AF_XDP lanes (feature `af-xdp`; needs root): the two ends of a veth
+/// pair with two queues each, in a network namespace of the test's own, two
+/// engine threads a side, each with the socket of one queue. With `skew`
+/// every QP's peer is on the other lane, so each frame lands on the queue
+/// of a lane that does not own its QP and is handed over.
+#[cfg(feature = "af-xdp")]
+#[test]
+fn af_xdp_lanes_one_socket_per_queue_move_data_intact() {
+    // Namespaces are per thread: the engines are created on this one.
+    std::thread::spawn(af_xdp_lanes_in_own_namespace)
+        .join()
+        .expect("test thread");
+}
+
+#[cfg(feature = "af-xdp")]
+fn af_xdp_lanes_in_own_namespace() {
+    if !common::veth_pair_in_own_namespace(
+        ("blane0", "blane1"),
+        ("198.18.0.155", "198.18.0.156"),
+        2,
+    ) {
+        return;
+    }
+    let cfg = |addr: &str| {
+        let mut c = config(addr, 2);
+        c.port = burst_verbs::config::PortKind::AfXdp { generic: false };
+        c
+    };
+    let (ca, cb) = (cfg("198.18.0.155"), cfg("198.18.0.156"));
+    // Each QP's peer on the same lane: frames arrive on their lane's queue.
+    let (a, b) = transfer_on(&ca, &cb, 4, false);
+    assert_eq!(
+        (a.port.rx_handed_off, b.port.rx_handed_off),
+        (0, 0),
+        "{a:?} {b:?}"
+    );
+    // Each QP's peer on the other lane: every frame is handed over.
+    let (a, b) = transfer_on(&ca, &cb, 4, true);
+    assert!(
+        a.port.rx_handed_off > 0 && b.port.rx_handed_off > 0,
+        "{a:?} {b:?}"
     );
 }

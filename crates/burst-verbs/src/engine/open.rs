@@ -79,15 +79,7 @@ pub fn open_ports(cfg: &DeviceConfig) -> std::io::Result<Vec<crate::AnyPort>> {
                 .collect())
         }
         crate::config::PortKind::Dpdk => open_dpdk_lanes(cfg, lanes),
-        other => Err(std::io::Error::new(
-            std::io::ErrorKind::Unsupported,
-            format!(
-                "device {}: {lanes} engine threads need the UDP or DPDK port for now; the {} \
-                 port runs one (set threads = 1, or BURST_PORT=udp)",
-                cfg.name,
-                other.name()
-            ),
-        )),
+        crate::config::PortKind::AfXdp { generic } => open_af_xdp_lanes(cfg, generic, lanes),
     }
 }
 
@@ -152,6 +144,18 @@ pub(super) fn open_af_xdp(
     cfg: &DeviceConfig,
     generic: bool,
 ) -> std::io::Result<burst_io::raw::RawPort<burst_io::xsk::XskLink>> {
+    let (iface, x) = xsk_config(cfg, generic)?;
+    let port = burst_io::xsk::open_port(&x, cfg.addr).map_err(|e| af_xdp_error(e, cfg, &iface))?;
+    log_af_xdp(cfg, &iface, port.link(), 1);
+    Ok(port)
+}
+
+/// The interface of `cfg` and the socket configuration for it.
+#[cfg(feature = "af-xdp")]
+fn xsk_config(
+    cfg: &DeviceConfig,
+    generic: bool,
+) -> std::io::Result<(String, burst_io::xsk::XskConfig)> {
     let iface = cfg.interface.as_deref().ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -165,19 +169,27 @@ pub(super) fn open_af_xdp(
     if generic {
         x.mode = burst_io::xdp::XdpMode::Generic;
     }
-    let port = burst_io::xsk::open_port(&x, cfg.addr).map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!(
-                "device {} on {iface}: {e}; the UDP port works without it (BURST_PORT=udp)",
-                cfg.name
-            ),
-        )
-    })?;
-    let l = port.link();
+    Ok((iface.to_string(), x))
+}
+
+#[cfg(feature = "af-xdp")]
+fn af_xdp_error(e: std::io::Error, cfg: &DeviceConfig, iface: &str) -> std::io::Error {
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "device {} on {iface}: {e}; the UDP port works without it (BURST_PORT=udp)",
+            cfg.name
+        ),
+    )
+}
+
+#[cfg(feature = "af-xdp")]
+fn log_af_xdp(cfg: &DeviceConfig, iface: &str, l: &burst_io::xsk::XskLink, lanes: usize) {
     tracing::info!(
-        "device {}: AF_XDP on {iface} queue 0, XDP {:?}, {}, {}",
+        "device {}: AF_XDP on {iface} queue(s) {}..{}, XDP {:?}, {}, {}",
         cfg.name,
+        l.queue(),
+        l.queue() as usize + lanes,
         l.xdp_mode(),
         if l.zero_copy() {
             "zero-copy"
@@ -190,7 +202,35 @@ pub(super) fn open_af_xdp(
             "single-buffer frames"
         }
     );
-    Ok(port)
+}
+
+/// The AF_XDP port of `cfg` as `lanes` ports, one socket per receive queue
+/// of its interface (which needs that many queues).
+#[cfg(feature = "af-xdp")]
+fn open_af_xdp_lanes(
+    cfg: &DeviceConfig,
+    generic: bool,
+    lanes: usize,
+) -> std::io::Result<Vec<crate::AnyPort>> {
+    let (iface, x) = xsk_config(cfg, generic)?;
+    let ports = burst_io::xsk::open_lane_ports(&x, cfg.addr, lanes as u32, FIRST_QPN)
+        .map_err(|e| af_xdp_error(e, cfg, &iface))?;
+    if let Some(p) = ports.first() {
+        log_af_xdp(cfg, &iface, p.link(), lanes);
+    }
+    Ok(ports
+        .into_iter()
+        .map(|p| lossy(p, cfg.drop_every))
+        .collect())
+}
+
+#[cfg(not(feature = "af-xdp"))]
+fn open_af_xdp_lanes(
+    cfg: &DeviceConfig,
+    generic: bool,
+    _lanes: usize,
+) -> std::io::Result<Vec<crate::AnyPort>> {
+    Ok(vec![lossy(open_af_xdp(cfg, generic)?, cfg.drop_every)])
 }
 
 #[cfg(not(feature = "af-xdp"))]
