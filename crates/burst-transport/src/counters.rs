@@ -40,6 +40,15 @@ burst_wire::counters! {
         pub rdma_recvs: u64,
         /// Go-back-N retransmissions started.
         pub retransmits_started: u64,
+        /// Rounds of the transport retry count spent (an ACK timeout or a
+        /// NAK-sequence error; the one that finds the count spent too).
+        pub retry_rounds: u64,
+        /// Of those, rounds that followed another with no forward progress
+        /// in between: `retry_rounds_repeated / retry_rounds` estimates
+        /// the chance a round fails to recover, and so how often a QP
+        /// spends its whole count at a given loss (the simulator's sweep
+        /// compares the seeds that did with that estimate).
+        pub retry_rounds_repeated: u64,
         /// Retransmitted packets.
         pub retransmitted_pkts: u64,
         /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).

@@ -294,12 +294,12 @@ impl Fabric for CoreFabric {
         }
     }
 
-    fn retransmitted(&self) -> u64 {
-        self.ctxs
-            .iter()
-            .filter_map(|c| c.counters().ok())
-            .map(|c| c.qps.retransmitted_pkts)
-            .sum()
+    fn qp_counters(&self) -> burst_transport::Counters {
+        let mut sum = burst_transport::Counters::default();
+        for c in self.ctxs.iter().filter_map(|c| c.counters().ok()) {
+            sum.add(&c.qps);
+        }
+        sum
     }
 
     fn describe_qps(&self) -> Vec<String> {

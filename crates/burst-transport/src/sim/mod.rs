@@ -755,7 +755,7 @@ impl Default for WorkloadOptions {
 }
 
 /// Outcome of a workload run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Summary {
     /// Operations completed and checked.
     pub ops: u64,
@@ -767,6 +767,32 @@ pub struct Summary {
     pub net: NetStats,
     /// Retransmitted packets over all QPs.
     pub retransmitted: u64,
+    /// A requester spent its retry count ([`SIM_RETRY_CNT`]) and failed
+    /// with `RetryExcErr`: what go-back-N, the spec and an RNIC do when
+    /// every round of a retry chain is lost. The run ended there (its peer
+    /// cannot know and keeps its receives); the data was not checked.
+    pub retry_exhausted: bool,
+    /// How many retry chains of this run were expected to spend the whole
+    /// count: chains x p^[`SIM_RETRY_CNT`], with p the run's share of
+    /// retry rounds that repeated one without progress
+    /// ([`crate::Counters::retry_rounds_repeated`]). A sweep compares the
+    /// runs that did with the sum of these.
+    pub retry_exhaust_expected: f64,
+}
+
+/// The transport retry count of the simulator's RC QPs (the Verbs maximum
+/// and perftest's default).
+pub const SIM_RETRY_CNT: u8 = 7;
+
+impl Summary {
+    fn count_retries(&mut self, c: &Counters) {
+        let rounds = c.retry_rounds as f64;
+        if rounds > 0.0 {
+            let p = c.retry_rounds_repeated as f64 / rounds;
+            let chains = rounds - c.retry_rounds_repeated as f64;
+            self.retry_exhaust_expected = chains * p.powi(i32::from(SIM_RETRY_CNT));
+        }
+    }
 }
 
 fn fill(rng: &mut Rng, buf: &mut [u8]) {
@@ -861,8 +887,8 @@ pub trait Fabric {
     fn now(&self) -> Nanos;
     /// Network statistics.
     fn net_stats(&self) -> NetStats;
-    /// Retransmitted packets over all QPs.
-    fn retransmitted(&self) -> u64;
+    /// The counters of all QPs, summed.
+    fn qp_counters(&self) -> Counters;
     /// One line per QP with its state, for a stuck run's report.
     fn describe_qps(&self) -> Vec<String>;
     /// The first broken QP invariant [`Fabric::run`] saw.
@@ -911,7 +937,7 @@ pub fn connect_attrs(
             rtr.max_dest_rd_atomic = Some(8);
             rtr.min_rnr_timer = Some(1);
             rts.timeout = Some(9);
-            rts.retry_cnt = Some(7);
+            rts.retry_cnt = Some(SIM_RETRY_CNT);
             rts.rnr_retry = Some(7);
             rts.max_rd_atomic = Some(8);
         }
@@ -977,11 +1003,12 @@ impl Fabric for World {
     fn net_stats(&self) -> NetStats {
         self.stats
     }
-    fn retransmitted(&self) -> u64 {
-        self.qps
-            .iter()
-            .map(|(_, q)| q.counters().retransmitted_pkts)
-            .sum()
+    fn qp_counters(&self) -> Counters {
+        let mut c = Counters::default();
+        for (_, q) in &self.qps {
+            c.add(q.counters());
+        }
+        c
     }
     fn describe_qps(&self) -> Vec<String> {
         self.qps.iter().map(|(_, q)| q.describe()).collect()
@@ -1024,21 +1051,30 @@ pub fn run_workload_on<F: Fabric>(
                 let _ = w.post_recv(b, r);
             }
         }
-        plans.iter().all(|(a, b, t, posted, recvs)| {
-            let sends = posted.iter().filter(|p| p.signaled).count();
-            let got_send = w.completions(*a).len() >= sends && w.send_queue_len(*a) == 0;
-            let got_recv = match t {
-                QpType::Rc => w.completions(*b).len() >= recvs.len(),
-                _ => true,
-            };
-            got_send && got_recv
-        })
+        // A requester that spent its retry count ends the run: its peer
+        // cannot know and keeps its receives (the sweep weighs how often).
+        retry_spent(w, &plans)
+            || plans.iter().all(|(a, b, t, posted, recvs)| {
+                let sends = posted.iter().filter(|p| p.signaled).count();
+                let got_send = w.completions(*a).len() >= sends && w.send_queue_len(*a) == 0;
+                let got_recv = match t {
+                    QpType::Rc => w.completions(*b).len() >= recvs.len(),
+                    _ => true,
+                };
+                got_send && got_recv
+            })
     });
     summary.sim_ns = w.now();
     summary.net = w.net_stats();
-    summary.retransmitted = w.retransmitted();
+    let counters = w.qp_counters();
+    summary.retransmitted = counters.retransmitted_pkts;
+    summary.count_retries(&counters);
     if let Some(v) = w.violation() {
         return Err(format!("seed {seed}: invariant broken {v}"));
+    }
+    summary.retry_exhausted = retry_spent(w, &plans);
+    if summary.retry_exhausted {
+        return Ok(summary);
     }
     if !finished {
         let stuck = w.describe_qps();
@@ -1054,6 +1090,15 @@ pub fn run_workload_on<F: Fabric>(
         check_data(w, seed, plan, &mut summary)?;
     }
     Ok(summary)
+}
+
+/// Whether a requester of `plans` failed a WR with `RetryExcErr`.
+fn retry_spent<F: Fabric>(w: &mut F, plans: &[Plan]) -> bool {
+    plans.iter().any(|(a, ..)| {
+        w.completions(*a)
+            .iter()
+            .any(|c| c.status == WcStatus::RetryExcErr)
+    })
 }
 
 /// The QP pairs of a workload, connected: `o.rc_pairs` RC pairs (PSNs

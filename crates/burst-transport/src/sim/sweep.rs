@@ -122,6 +122,9 @@ pub fn main_with(
     let budget = secs.map(Duration::from_secs_f64);
     let next = AtomicU64::new(first);
     let (passed, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+    // Runs whose requester spent its retry count, and how many were
+    // expected from the runs' own retry statistics.
+    let spent = Mutex::new((Vec::<u64>::new(), 0f64));
     let out = Mutex::new(());
     std::thread::scope(|s| {
         for _ in 0..jobs {
@@ -142,6 +145,17 @@ pub fn main_with(
                 match res {
                     Ok(s) => {
                         passed.fetch_add(1, Ordering::Relaxed);
+                        {
+                            let mut sp = spent.lock().unwrap_or_else(|e| e.into_inner());
+                            sp.1 += s.retry_exhaust_expected;
+                            if s.retry_exhausted {
+                                sp.0.push(seed);
+                                println!(
+                                    "seed {seed}: a requester spent its retry count (RetryExcErr; run ended)"
+                                );
+                                println!("  replay: {}", replay_line(example, seed, &o));
+                            }
+                        }
                         if verbose {
                             println!(
                                 "seed {seed}: ok, {} ops, {} bytes, {:.3} ms simulated, {} frames ({} lost, {} dup, {} reordered, {} corrupt, {} overflowed), {} retransmitted",
@@ -158,7 +172,23 @@ pub fn main_with(
             });
         }
     });
-    let (passed, failed) = (passed.into_inner(), failed.into_inner());
+    let (mut passed, mut failed) = (passed.into_inner(), failed.into_inner());
+    let (spent, expected) = spent.into_inner().unwrap_or_else(|e| e.into_inner());
+    if !spent.is_empty() || expected > 1e-3 {
+        let k = spent.len() as u64;
+        let chance = poisson_at_least(k, expected);
+        println!(
+            "retry count spent in {k} run(s) {spent:?}; expected {expected:.4} from the runs' own \
+             retry rounds (chance of {k} or more: {chance:.2e})"
+        );
+        // More runs spent their count than go-back-N at these losses
+        // makes likely: a recovery weakness, not bad luck.
+        if chance < 1e-3 {
+            println!("FAIL retry count spent more often than the retry statistics explain");
+            passed -= k;
+            failed += k;
+        }
+    }
     if passed + failed < seeds {
         println!(
             "sim: time box of {:.0} s reached after {} of {seeds} seeds",
@@ -171,5 +201,36 @@ pub fn main_with(
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// P(X >= k) for X ~ Poisson(mean).
+fn poisson_at_least(k: u64, mean: f64) -> f64 {
+    if k == 0 {
+        return 1.0;
+    }
+    let mut term = (-mean).exp();
+    let mut below = 0.0;
+    for i in 0..k {
+        below += term;
+        term *= mean / (i + 1) as f64;
+    }
+    (1.0 - below).max(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::poisson_at_least;
+
+    #[test]
+    fn poisson_tail_matches_closed_forms() {
+        assert_eq!(poisson_at_least(0, 0.5), 1.0);
+        // P(X >= 1) = 1 - e^-m.
+        assert!((poisson_at_least(1, 0.01) - (1.0 - (-0.01f64).exp())).abs() < 1e-12);
+        // P(X >= 2) = 1 - e^-m (1 + m).
+        let m = 0.01f64;
+        assert!((poisson_at_least(2, m) - (1.0 - (-m).exp() * (1.0 + m))).abs() < 1e-12);
+        assert!(poisson_at_least(2, 0.01) < 1e-3);
+        assert!(poisson_at_least(1, 0.01) > 1e-3);
     }
 }
