@@ -151,6 +151,45 @@ impl Pair {
     }
 }
 
+impl Pair {
+    /// Adds `n` idle RC QPs to the sending engine, connected (RTS) to
+    /// made-up QPs of the receiver: nothing to send, no timer running.
+    fn add_idle_qps(&mut self, n: usize) {
+        let pd = self.a.alloc_pd();
+        let cq = self.a.create_cq(16);
+        let gb = self.b.gid();
+        for i in 0..n {
+            let q = self.a.create_qp(QpType::Rc, pd, cq, cq, 128).unwrap();
+            let peer = RcPeer {
+                gid: gb,
+                qpn: burst_verbs::Qpn::new(0x10_0000 + i as u32).unwrap(),
+                psn: Psn::new(0),
+            };
+            self.a
+                .connect_rc(q, &peer, &RcParams::new(Psn::new(0), Mtu::Mtu4096))
+                .unwrap();
+        }
+    }
+}
+
+/// What idle QPs cost a lane (issue 34: work proportional to active QPs):
+/// one engine step with nothing to do, and the 64-packet WRITE above,
+/// beside 64, 1,024 and 10,240 idle QPs.
+fn idle_qps(c: &mut Criterion) {
+    let mut g = c.benchmark_group("idle_qps");
+    for n in [64usize, 1024, 10_240] {
+        let mut p = pair(CopyBackend::Cpu);
+        p.add_idle_qps(n);
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(format!("step/{n}"), |b| b.iter(|| p.a.progress()));
+        g.throughput(Throughput::Elements(PKTS as u64));
+        g.bench_function(format!("rc_write_4k_per_packet/{n}"), |b| {
+            b.iter(|| p.write())
+        });
+    }
+    g.finish();
+}
+
 fn core(c: &mut Criterion) {
     let mut g = c.benchmark_group("core");
     g.throughput(Throughput::Elements(PKTS as u64));
@@ -167,5 +206,5 @@ fn core(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, core);
+criterion_group!(benches, core, idle_qps);
 criterion_main!(benches);

@@ -56,10 +56,13 @@ impl<P: Port> Device<P> {
         // Expired timers first: a retransmission they start leaves in this
         // round's transmit, not a round (or, idle, a whole timeout) later.
         let mut fired = 0;
-        for i in 0..self.qps.len() {
+        while let Some(i) = self.ready.pop_expired(now) {
             let Some(s) = self.qps[i].as_mut() else {
                 continue;
             };
+            // The heap's deadline is a hint: the QP's own timer decides
+            // (settling arms it again when it moved later).
+            self.ready.touch(i);
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 fired += 1;
                 if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
@@ -72,7 +75,7 @@ impl<P: Port> Device<P> {
         self.check_link(now);
         let sent = self.transmit(now);
         let received = self.receive(now);
-        self.collect_completions();
+        self.settle();
         // Frames the link still holds count as work: nothing else would
         // wake the engine to push them out.
         let held = self.port.flush_tx();
@@ -86,6 +89,7 @@ impl<P: Port> Device<P> {
             return;
         };
         let qpn = s.qp.qpn();
+        self.ready.touch(i);
         // A QP already failed raises no second event (a fault that repeats
         // on every packet for it would flood the event queue).
         let first = s.qp.state() != QpState::Err;
@@ -106,9 +110,6 @@ impl<P: Port> Device<P> {
                 qpn = qpn.value(),
                 "QP {qpn}'s work requests could not be flushed"
             );
-        }
-        while let Some(wc) = s.qp.poll_completion() {
-            s.completions.push_back(wc);
         }
         if first {
             self.events.push(AsyncEvent::Qp(qpn, QpEvent::Fatal));
@@ -136,6 +137,9 @@ impl<P: Port> Device<P> {
                 self.qp_fatal(i, msg);
             }
         }
+        // Their flushed WRs complete now (the round that faulted ended
+        // before its settling).
+        self.settle();
         self.events.push(AsyncEvent::DeviceFatal);
     }
 
@@ -170,7 +174,7 @@ impl<P: Port> Device<P> {
     /// [`Device::transmit_now`] with the time read by the caller.
     pub fn transmit_at(&mut self, now: u64) -> bool {
         let sent = self.transmit(now);
-        self.collect_completions();
+        self.settle();
         sent > 0
     }
 
@@ -179,10 +183,22 @@ impl<P: Port> Device<P> {
         self.transmit_now();
     }
 
-    pub(super) fn collect_completions(&mut self) {
-        for s in self.qps.iter_mut().flatten() {
+    /// Settles the QPs touched since the last time: collects their
+    /// completions and events, arms their timers, and queues those with
+    /// packets to send for the next transmit round.
+    pub(super) fn settle(&mut self) {
+        let mut touched = std::mem::take(&mut self.slots);
+        self.ready.take_touched(&mut touched);
+        for &i in &touched {
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
+            let had = s.completions.len();
             while let Some(wc) = s.qp.poll_completion() {
                 s.completions.push_back(wc);
+            }
+            if s.completions.len() > had {
+                self.ready.mark_completed(i);
             }
             let qpn = s.qp.qpn();
             self.events.extend(
@@ -190,7 +206,12 @@ impl<P: Port> Device<P> {
                     .into_iter()
                     .map(|e| AsyncEvent::Qp(qpn, e)),
             );
+            self.ready.arm(i, s.qp.poll_timeout());
+            if s.qp.has_transmit_pending() {
+                self.ready.queue_transmit(i);
+            }
         }
+        self.slots = touched;
     }
 
     /// Returns the packets received.
@@ -206,12 +227,13 @@ impl<P: Port> Device<P> {
         let mut faulted: Vec<(usize, String)> = Vec::new();
         let (icrc, counters, gsi, mcast) =
             (&mut self.icrc, &mut self.counters, &self.gsi, &self.mcast);
-        let (qps, srqs, cc, lane, panic_for) = (
+        let (qps, srqs, cc, lane, panic_for, ready) = (
             &mut self.qps,
             &mut self.srqs,
             &mut self.cc,
             self.lane,
             self.panic_for,
+            &mut self.ready,
         );
         let mut frame = |mem: &mut burst_mem::TableMemory<'_>, meta: RxMeta, bytes: &[u8]| {
             let peer = meta.peer;
@@ -270,6 +292,7 @@ impl<P: Port> Device<P> {
                 let Some(s) = qps[i].as_mut() else {
                     continue;
                 };
+                ready.touch(i);
                 if pkt.info().transport == burst_wire::Transport::Cnp {
                     // Congestion notification: for the controllers, not the QP.
                     cc.on_cnp(&mut s.flow, now);
@@ -329,6 +352,8 @@ impl<P: Port> Device<P> {
 
     /// Returns the packets handed to the port.
     pub(super) fn transmit(&mut self, now: u64) -> usize {
+        // What was posted or touched since the last round joins the queue.
+        self.settle();
         let mut sent = 0;
         if self.tx_held > 0 {
             sent = self.send_held(self.tx_held);
@@ -386,13 +411,19 @@ impl<P: Port> Device<P> {
         }
         self.cc.begin_round();
         let mut faulted: Vec<(usize, String)> = Vec::new();
-        let nq = self.qps.len();
-        let start = if nq == 0 { 0 } else { self.tx_next % nq };
-        self.tx_next = start + 1;
-        for i in (start..nq).chain(0..start) {
+        // Each QP in the queue gets a turn in order (the round robin: a QP
+        // the full burst left out goes first next round, one still sending
+        // after its turn goes to the back).
+        let mut turns = self.ready.transmit_len();
+        while turns > 0 && n < self.tx.len() {
+            turns -= 1;
+            let Some(i) = self.ready.next_transmit() else {
+                break;
+            };
             let Some(s) = self.qps[i].as_mut() else {
                 continue;
             };
+            self.ready.touch(i);
             if !s.qp.has_transmit_pending() {
                 continue;
             }

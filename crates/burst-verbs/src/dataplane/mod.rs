@@ -26,6 +26,7 @@ use crate::{
 
 mod io;
 mod link;
+mod ready;
 
 use io::*;
 
@@ -135,9 +136,11 @@ pub(crate) struct Device<P: Port = AnyPort> {
     panic_for: Option<Qpn>,
     /// Congestion control: peer windows, QP rates, CNPs.
     cc: Congestion,
-    /// The QP slot the next transmit round starts at (round robin, so the
-    /// first QPs do not take every round's burst and window).
-    tx_next: usize,
+    /// The QPs a round looks at (touched, sending, with completions,
+    /// timers): idle QPs cost nothing per round.
+    ready: ready::Ready,
+    /// Reused list of slots (settling, delivering completions).
+    slots: Vec<usize>,
     /// The QPN space this device (one engine thread of a device) owns:
     /// QPNs `FIRST_QPN + slot * count + index` ([`Device::set_lane`]).
     lane: QpnLane,
@@ -208,7 +211,8 @@ impl<P: Port> Device<P> {
             gsi: None,
             panic_for: None,
             cc: Congestion::new(burst_cc::Algorithm::default()),
-            tx_next: 0,
+            ready: ready::Ready::default(),
+            slots: Vec::new(),
             lane: QpnLane { index: 0, count: 1 },
         }
     }
@@ -391,6 +395,7 @@ impl<P: Port> Device<P> {
             self.destroyed.add(s.qp.counters());
         }
         self.port.unsteer_qp(qpn.value());
+        self.ready.forget(i);
         self.free_qps.push_back(i);
         Ok(())
     }
@@ -534,6 +539,8 @@ impl<P: Port> Device<P> {
             tracing::warn!("modify_qp: unknown address handle {:?}", attr.ah);
             return Err(VerbsError::InvalidValue("ah"));
         }
+        let i = qp_index_in(&self.qps, self.lane, qpn)?;
+        self.ready.touch(i);
         let s = slot_in(&mut self.qps, self.lane, qpn)?;
         let r = s.qp.modify(attr);
         match &r {
@@ -558,7 +565,9 @@ impl<P: Port> Device<P> {
     /// Takes a receive that passed `QpConfig::check_recv` when it was posted.
     pub fn post_recv_checked(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
         let mem = self.mrs.memory();
-        let s = slot_in(&mut self.qps, self.lane, qpn)?;
+        let i = qp_index_in(&self.qps, self.lane, qpn)?;
+        self.ready.touch(i);
+        let s = self.qps[i].as_mut().expect("qp_index_in checked");
         s.qp.post_recv_checked(wr, &mem)?;
         s.accepted.1 += 1;
         Ok(())
@@ -580,7 +589,9 @@ impl<P: Port> Device<P> {
     /// it was posted, without making progress.
     pub fn post_send_checked(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
         let mut mem = self.mrs.memory();
-        let s = slot_in(&mut self.qps, self.lane, qpn)?;
+        let i = qp_index_in(&self.qps, self.lane, qpn)?;
+        self.ready.touch(i);
+        let s = self.qps[i].as_mut().expect("qp_index_in checked");
         s.qp.post_send_checked(wr, &mut mem)?;
         s.accepted.0 += 1;
         Ok(())
@@ -590,6 +601,29 @@ impl<P: Port> Device<P> {
     #[must_use = "a completion not taken is lost"]
     pub fn take_completion(&mut self, qpn: Qpn) -> Option<WorkCompletion> {
         self.slot(qpn).ok()?.completions.pop_front()
+    }
+
+    /// The QPs with completions gathered since the last call, into `out`
+    /// (cleared first): what the engine drains with
+    /// [`Device::take_completion`]. A QP whose completions it leaves is
+    /// given back with [`Device::keep_completed`].
+    pub fn take_completed(&mut self, out: &mut Vec<Qpn>) {
+        out.clear();
+        self.ready.take_completed(&mut self.slots);
+        out.extend(self.slots.iter().map(|&i| self.lane.qpn_of(i)));
+    }
+
+    /// Lists `qpn` again among the QPs with completions (the engine could
+    /// not deliver them this round).
+    pub fn keep_completed(&mut self, qpn: Qpn) {
+        if let Ok(i) = self.qp_index(qpn) {
+            if self.qps[i]
+                .as_ref()
+                .is_some_and(|s| !s.completions.is_empty())
+            {
+                self.ready.mark_completed(i);
+            }
+        }
     }
 
     /// `ibv_query_qp`: the QP's state and creation config.
@@ -635,10 +669,9 @@ impl<P: Port> Device<P> {
     /// link it follows; when [`Device::progress_at`] must next run if no
     /// packet comes first.
     pub fn next_timeout(&self) -> Option<u64> {
-        self.qps
-            .iter()
-            .flatten()
-            .filter_map(|s| s.qp.poll_timeout())
+        self.ready
+            .next_deadline()
+            .into_iter()
             .chain(self.cc.pace_wakeup())
             .chain(self.link.as_ref().map(|l| l.next_ns))
             .min()

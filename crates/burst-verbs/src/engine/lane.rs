@@ -24,6 +24,8 @@ pub(super) struct Core {
     pub(super) bells: Vec<(u32, u32)>,
     /// Entries of clients' rings refused (see [`bad_input`]).
     pub(super) bad_input: u64,
+    /// QPs with completions this round (kept between rounds, as `bells`).
+    pub(super) completed: Vec<Qpn>,
 }
 
 /// Counts an entry of a client's rings the engine refused and logs the
@@ -391,7 +393,7 @@ impl Core {
         for ev in dev.take_async_events() {
             shared.events.push(ev);
         }
-        busy |= Core::deliver_completions(dev, &mut self.held, shared, lane);
+        busy |= Core::deliver_completions(dev, &mut self.held, &mut self.completed, shared);
         // Channels are signalled with no lock held.
         self.held.signal();
         busy
@@ -529,17 +531,28 @@ impl Core {
     }
 
     /// Completions into the CQ rings, in order per CQ: held ones first.
+    /// Only QPs that completed something are visited (idle QPs cost
+    /// nothing per round).
     fn deliver_completions(
         dev: &mut Device,
         held: &mut Held,
+        completed: &mut Vec<Qpn>,
         shared: &Shared,
-        lane: usize,
     ) -> bool {
         let mut busy = false;
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
         held.flush(&cqs);
+        dev.take_completed(completed);
+        if completed.is_empty() {
+            return false;
+        }
         let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
-        for r in rings.iter().flatten().filter(|r| r.lane == lane) {
+        for &qpn in completed.iter() {
+            let Some(Some(r)) = rings.get(qpn.value().wrapping_sub(FIRST_QPN) as usize) else {
+                // Not published yet: delivered when it is.
+                dev.keep_completed(qpn);
+                continue;
+            };
             // Published with completions, before them: a slot is free again
             // by the time the application sees the completion that frees
             // it, and idle QPs cost nothing per step. (Unsignaled sends

@@ -353,6 +353,7 @@ impl Engine {
                 control_rx,
                 bells: Vec::new(),
                 bad_input: 0,
+                completed: Vec::new(),
             }));
         }
         let shared = Arc::new(Shared {
