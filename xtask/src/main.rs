@@ -26,7 +26,8 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
         1000 seeds of the simulation through the real data plane on a
-        fault grid (and 400 of the transport model), a 90 s share of the
+        fault grid (each point time-boxed to 150 s; and 400 of the
+        transport model), a 90 s share of the
         whole-fault-space sweep, and time-boxed cargo-fuzz runs of
         burst-wire's parser, of the data plane's receive path and of
         burstd's control protocol
@@ -605,8 +606,11 @@ fn test(args: &[String]) -> ExitCode {
     ];
     for (i, &(loss, reorder, dup, corrupt)) in grid.iter().enumerate() {
         let point = Some([loss, reorder, dup, corrupt]);
-        let ok = sim(&root, Sim::Core, i as u64 * 250 + 1, 250, point, None);
-        results.push(("core sim (250 seeds)", ok));
+        // Time-boxed (the 10% point alone took 460 s on a loaded machine):
+        // CI's budget holds, and a slow machine runs fewer seeds, not fewer
+        // points.
+        let ok = sim(&root, Sim::Core, i as u64 * 250 + 1, 250, point, Some(150));
+        results.push(("core sim (250 seeds, 150 s box)", ok));
         let ok = sim(&root, Sim::Model, i as u64 * 250 + 1, 100, point, None);
         results.push(("transport model sim (100 seeds)", ok));
     }

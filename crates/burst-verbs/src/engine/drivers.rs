@@ -355,7 +355,10 @@ mod tests {
             !fired || gap >= CLAIM_NS - PUSH_NS,
             "the timer fired while the thread polled"
         );
-        assert!(d.timer_pending(clock.now()));
+        // Still armed, unless this thread stalled since its last claim
+        // longer than a claim outlives its push (a loaded machine).
+        let now = clock.now();
+        assert!(d.timer_pending(now) || now - last >= CLAIM_NS - PUSH_NS);
         // Polling stops: it fires within the claim.
         assert!(readable(50), "the claim's end never fired");
         t.drain();
