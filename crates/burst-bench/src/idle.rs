@@ -2,6 +2,9 @@
 //! on loopback with connected RC QPs (a burst-xfer session of `--qps`),
 //! one batch moved to warm them up, then nothing for `--secs`: the
 //! process's CPU time over that span is what the engines spend waiting.
+//! It also reports what the QPs cost in memory: the process's resident
+//! set grown from before the session to after it (both sides' QPs, their
+//! rings and burst-xfer's per-QP state), per QP.
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -11,7 +14,7 @@ use burst_verbs::Mtu;
 use burst_xfer::{Op, Pool, RdmaSession, Segment, SessionOptions, Transfer};
 use clap::Parser;
 
-use crate::report::cpu_now;
+use crate::report::{cpu_now, rss_now};
 use crate::{LOOP_A, LOOP_B};
 
 /// The idle-CPU measurement.
@@ -24,6 +27,9 @@ pub struct IdleCli {
     /// Connected RC QPs between the two engines.
     #[arg(long, default_value_t = 4)]
     qps: usize,
+    /// Send queue depth of each QP (work requests outstanding at most).
+    #[arg(long, default_value_t = 128)]
+    depth: u32,
     /// One JSON object.
     #[arg(long)]
     json: bool,
@@ -39,8 +45,10 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     };
     let (ea, eb) = (start(LOOP_A)?, start(LOOP_B)?);
     let (ca, cb) = (ea.context(), eb.context());
+    let rss0 = rss_now();
     let o = SessionOptions {
         qps: cli.qps,
+        depth: cli.depth,
         ..SessionOptions::default()
     };
     let pa = Arc::new(Pool::registered(&ca, 1 << 20).map_err(err("pool"))?);
@@ -71,6 +79,8 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     let id = a.submit(Op::Write, &[seg]).map_err(err("submit"))?;
     a.wait(id, t).map_err(err("wait"))?;
     b.wait_landed(t).map_err(err("landing"))?;
+    // Both engines' QPs (2 x qps), touched once by the warm-up.
+    let per_qp = rss_now().saturating_sub(rss0) / (2 * cli.qps.max(1)) as u64;
     // Let the last ACKs and any spinning after them end, then measure.
     std::thread::sleep(Duration::from_millis(100));
     let (t0, cpu0) = (Instant::now(), cpu_now());
@@ -79,12 +89,13 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     if cli.json {
         println!(
             "{}",
-            serde_json::json!({"test": "idle", "engines": 2, "qps": cli.qps, "secs": secs, "cpu_secs": cpu})
+            serde_json::json!({"test": "idle", "engines": 2, "qps": cli.qps, "depth": cli.depth, "secs": secs, "cpu_secs": cpu, "rss_per_qp": per_qp})
         );
     } else {
         println!(
-            "burst-bench idle: two engines, {} connected RC QPs, idle {secs:.1} s: {cpu:.4} CPU s ({:.3}% of a core)",
+            "burst-bench idle: two engines, {} connected RC QPs of depth {}, idle {secs:.1} s: {cpu:.4} CPU s ({:.3}% of a core); resident memory {per_qp} bytes per QP",
             cli.qps,
+            cli.depth,
             100.0 * cpu / secs
         );
     }

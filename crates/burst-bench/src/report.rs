@@ -104,6 +104,18 @@ pub fn cpu_now() -> f64 {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
+/// The process's resident set in bytes (`/proc/self/statm`), 0 where it
+/// cannot be read.
+pub fn rss_now() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(0) as u64
+}
+
 /// Latency samples in nanoseconds.
 pub struct Samples(Histogram<u64>);
 
