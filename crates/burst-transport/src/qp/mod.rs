@@ -745,6 +745,11 @@ impl Qp {
         !self.resp.out.is_empty() || self.has_requests_pending()
     }
 
+    /// Whether completions wait for [`Qp::poll_completion`].
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// The address handle and QP of the peer of a connected RC or UC QP
     /// (from RTR on).
     pub fn remote(&self) -> Option<(u32, Qpn)> {

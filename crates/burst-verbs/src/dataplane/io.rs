@@ -423,7 +423,6 @@ impl<P: Port> Device<P> {
             let Some(s) = self.qps[i].as_mut() else {
                 continue;
             };
-            self.ready.touch(i);
             if !s.qp.has_transmit_pending() {
                 continue;
             }
@@ -466,9 +465,22 @@ impl<P: Port> Device<P> {
                     let held = k < tx.len() && credit.is_some() && q.has_requests_pending();
                     n = k;
                     self.cc.sent(&mut s.flow, &mut s.qp, held, now);
+                    if k > start || s.qp.has_completions() {
+                        // Its timer, completions and queue place change.
+                        self.ready.touch(i);
+                    } else if s.qp.has_transmit_pending() {
+                        // Held back, nothing else changed: its turn again
+                        // next round, without settling (a thousand QPs
+                        // behind a full peer window cost a queue push
+                        // each, not a settle).
+                        self.ready.queue_transmit(i);
+                    }
                 }
                 // What this QP built before its fault is not sent.
-                Err(msg) => faulted.push((i, msg)),
+                Err(msg) => {
+                    self.ready.touch(i);
+                    faulted.push((i, msg));
+                }
             }
         }
         // Gathers into the send buffers finish before sealing reads them.
