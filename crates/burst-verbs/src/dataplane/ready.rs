@@ -41,19 +41,34 @@ pub(super) struct Ready {
 }
 
 impl Ready {
-    fn flags(&mut self, i: usize) -> &mut u8 {
+    fn grow(&mut self, i: usize) {
         if i >= self.flags.len() {
             self.flags.resize(i + 1, 0);
             self.armed.resize(i + 1, UNARMED);
         }
-        &mut self.flags[i]
+    }
+
+    /// Sets `flag` on slot `i`; whether it was clear (the slot joins the
+    /// flag's list then, so each list holds a slot once).
+    fn join(&mut self, i: usize, flag: u8) -> bool {
+        self.grow(i);
+        let joins = self.flags[i] & flag == 0;
+        self.flags[i] |= flag;
+        joins
+    }
+
+    /// Moves `list` into `out` (cleared first) and clears `flag` of its slots.
+    fn drain(flags: &mut [u8], list: &mut Vec<usize>, flag: u8, out: &mut Vec<usize>) {
+        out.clear();
+        std::mem::swap(out, list);
+        for &i in out.iter() {
+            flags[i] &= !flag;
+        }
     }
 
     /// Slot `i` has something to look at this round.
     pub fn touch(&mut self, i: usize) {
-        let f = self.flags(i);
-        if *f & TOUCHED == 0 {
-            *f |= TOUCHED;
+        if self.join(i, TOUCHED) {
             self.touched.push(i);
         }
     }
@@ -61,18 +76,12 @@ impl Ready {
     /// Moves the touched slots into `out` (cleared first); they are no
     /// longer touched.
     pub fn take_touched(&mut self, out: &mut Vec<usize>) {
-        out.clear();
-        std::mem::swap(out, &mut self.touched);
-        for &i in out.iter() {
-            self.flags[i] &= !TOUCHED;
-        }
+        Ready::drain(&mut self.flags, &mut self.touched, TOUCHED, out);
     }
 
     /// Slot `i` has packets to send (queued once).
     pub fn queue_transmit(&mut self, i: usize) {
-        let f = self.flags(i);
-        if *f & TRANSMIT == 0 {
-            *f |= TRANSMIT;
+        if self.join(i, TRANSMIT) {
             self.transmit.push_back(i);
         }
     }
@@ -91,26 +100,20 @@ impl Ready {
 
     /// Slot `i` has completions for the engine (listed once).
     pub fn mark_completed(&mut self, i: usize) {
-        let f = self.flags(i);
-        if *f & COMPLETED == 0 {
-            *f |= COMPLETED;
+        if self.join(i, COMPLETED) {
             self.completed.push(i);
         }
     }
 
     /// Moves the slots with completions into `out` (cleared first).
     pub fn take_completed(&mut self, out: &mut Vec<usize>) {
-        out.clear();
-        std::mem::swap(out, &mut self.completed);
-        for &i in out.iter() {
-            self.flags[i] &= !COMPLETED;
-        }
+        Ready::drain(&mut self.flags, &mut self.completed, COMPLETED, out);
     }
 
     /// Slot `i`'s timer runs out at `deadline` (device ns), or not at all.
     pub fn arm(&mut self, i: usize, deadline: Option<u64>) {
         let Some(t) = deadline else { return };
-        self.flags(i);
+        self.grow(i);
         // A later deadline waits for the armed entry to pass (then the
         // QP's own clock says when): one heap entry per slot and timeout
         // period, not one per ACK that pushes the timer on.
