@@ -17,5 +17,6 @@ fn main() -> std::process::ExitCode {
     burst_transport::sim::sweep::main_with(
         "-p burst-transport --example sim",
         burst_transport::sim::run_workload,
+        burst_transport::sim::run_stream,
     )
 }

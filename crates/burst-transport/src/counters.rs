@@ -51,6 +51,12 @@ burst_wire::counters! {
         pub retry_rounds_repeated: u64,
         /// Retransmitted packets.
         pub retransmitted_pkts: u64,
+        /// Selective repeat: WRITE packets the responder placed ahead of
+        /// the expected PSN (each a packet go-back-N would have resent).
+        pub sr_held_pkts: u64,
+        /// Selective repeat: probes sent (the oldest unacknowledged packet
+        /// resent after four round trips without progress).
+        pub sr_probes: u64,
         /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).
         pub dropped_pkts: u64,
         /// Duplicate READ or atomic requests not answered: outside the last

@@ -632,6 +632,12 @@ pub struct QpAttr {
     pub rnr_retry: Option<u8>,
     /// IBV_QP_MAX_QP_RD_ATOMIC (RC).
     pub max_rd_atomic: Option<u8>,
+    /// Selective repeat toward a burst peer (RC; burst's ECE option,
+    /// `ibv_set_ece`): not an IBA attribute, so any transition may carry
+    /// it. Both ends must agree for it to pay (see `Qp`'s selective
+    /// repeat); either end alone stays correct.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub selective_repeat: Option<bool>,
 }
 
 /// Fixed properties of a QP, given at creation.

@@ -15,5 +15,6 @@ fn main() -> std::process::ExitCode {
     burst_transport::sim::sweep::main_with(
         "-p burst-verbs --example core_sim",
         burst_verbs::sim::run_workload,
+        burst_verbs::sim::run_stream,
     )
 }

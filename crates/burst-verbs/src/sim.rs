@@ -27,11 +27,12 @@ use std::sync::Arc;
 
 use burst_io::{SimFaults, SimNet, SimPort};
 use burst_mem::{Access, MrTable, Pd};
+use burst_transport::sim::stream::{StreamOptions, StreamSummary};
 use burst_transport::sim::{
-    connect_attrs, connection_ends, run_workload_on, Fabric, NetStats, Summary, WorkloadOptions,
-    LINK_DELAY_NS, LINK_GBPS,
+    connect_attrs, connection_ends, run_workload_on, Fabric, Faults, NetStats, Summary,
+    WorkloadOptions, LINK_DELAY_NS, LINK_GBPS,
 };
-use burst_transport::{Nanos, QpState, QpType, RecvWr, SendWr, VerbsError, WorkCompletion};
+use burst_transport::{Nanos, QpAttr, QpState, QpType, RecvWr, SendWr, VerbsError, WorkCompletion};
 use burst_wire::{Mtu, Psn, Qpn};
 
 use crate::clock::Clock;
@@ -164,6 +165,17 @@ impl Fabric for CoreFabric {
 
     fn node_of(&self, qp: usize) -> usize {
         self.qps[qp].0
+    }
+
+    fn set_selective_repeat(&mut self, qp: usize, on: bool) -> Result<(), VerbsError> {
+        let (node, qpn, _) = self.qps[qp];
+        let state = self.qp_state(qp);
+        let attr = QpAttr {
+            state: Some(state),
+            selective_repeat: Some(on),
+            ..QpAttr::default()
+        };
+        self.ctxs[node].modify_qp(qpn, &attr).map_err(verbs_error)?
     }
 
     fn qpn(&self, qp: usize) -> Qpn {
@@ -337,8 +349,21 @@ fn verbs_error(e: PostError) -> VerbsError {
 /// and checks it, as `burst_transport::sim::run_workload` does over the
 /// transport model.
 pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
-    let f = o.faults;
-    let faults = SimFaults {
+    let mut fab = CoreFabric::new(seed, 2, sim_faults(seed, &o.faults));
+    run_workload_on(&mut fab, seed, o)
+}
+
+/// Streams WRITEs through two real engines over a [`SimNet`] with the
+/// faults of `o`, as `burst_transport::sim::run_stream` does over the
+/// transport model (goodput under loss, both repeat modes).
+pub fn run_stream(seed: u64, o: &StreamOptions) -> Result<StreamSummary, String> {
+    let mut fab = CoreFabric::new(seed, 2, sim_faults(seed, &o.faults));
+    burst_transport::sim::stream::run_stream(&mut fab, seed, o)
+}
+
+/// The in-memory network's faults for the simulator's `f`.
+fn sim_faults(seed: u64, f: &Faults) -> SimFaults {
+    SimFaults {
         loss: f.loss,
         reorder: f.reorder,
         dup: f.dup,
@@ -353,9 +378,7 @@ pub fn run_workload(seed: u64, o: &WorkloadOptions) -> Result<Summary, String> {
         ecn_max: 0,
         ecn_pmax: 0.0,
         hide_ip_id: seed % 2 == 1,
-    };
-    let mut fab = CoreFabric::new(seed, 2, faults);
-    run_workload_on(&mut fab, seed, o)
+    }
 }
 
 /// Bytes of guard memory on each side of the harness's registered region.

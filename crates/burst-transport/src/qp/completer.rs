@@ -116,10 +116,22 @@ impl Qp {
             progress = true;
             if let Some((p, t)) = self.req.rtt_probe {
                 if p.distance_to(new_una) > 0 {
-                    self.req.events.rtt = Some(now.saturating_sub(t));
+                    let rtt = now.saturating_sub(t);
+                    self.req.events.rtt = Some(rtt);
                     self.req.rtt_probe = None;
+                    // RFC 6298's gain of 1/8.
+                    self.req.srtt = match self.req.srtt {
+                        0 => rtt.max(1),
+                        s => (s * 7 + rtt).div_ceil(8),
+                    };
                 }
             }
+        }
+        if progress && self.req.probes > 0 {
+            // The answer to a probe: what it acknowledged was there, and
+            // the next unacknowledged packet, sent before the probe, was
+            // most likely lost with the rest of the tail.
+            self.probe_oldest();
         }
         if progress {
             // Forward progress restores the retry counts and the timeout.
@@ -127,6 +139,8 @@ impl Qp {
             self.req.rnr_left = self.attrs.rnr_retry;
             self.req.backoff = 0;
             self.req.timer = None;
+            self.req.probe_from = now;
+            self.req.probes = 0;
             if self.packets_in_flight() > 0 {
                 self.req.timer = self.retransmit_deadline(now);
             }
@@ -205,7 +219,11 @@ impl Qp {
             Some(Syndrome::Nak(NakCode::PsnSequenceError)) => {
                 self.counters.rcvd_seq_err += 1;
                 let lost = self.ack_upto(now, psn - 1);
-                if !self.retry_from(lost.unwrap_or(psn)) {
+                let go_on = match lost {
+                    None if self.attrs.selective_repeat => self.retry_selective(now, psn),
+                    _ => self.retry_from(lost.unwrap_or(psn)),
+                };
+                if !go_on {
                     return false;
                 }
             }

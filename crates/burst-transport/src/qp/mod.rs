@@ -6,6 +6,7 @@ mod completer;
 mod placement;
 mod requester;
 mod responder;
+mod selective;
 mod unreliable;
 
 use std::collections::VecDeque;
@@ -96,6 +97,8 @@ struct Attrs {
     retry_cnt: u8,
     rnr_retry: u8,
     max_rd_atomic: u8,
+    /// Selective repeat ([`QpAttr::selective_repeat`]).
+    selective_repeat: bool,
 }
 
 /// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted.
@@ -166,6 +169,19 @@ struct Requester {
     rtt_probe: Option<(Psn, Nanos)>,
     /// What the path saw since [`Qp::take_path_events`].
     events: PathEvents,
+    /// Selective repeat: the PSNs still to resend (first, count) before
+    /// anything else, within one WQE.
+    resend: Option<(Psn, u32)>,
+    /// Selective repeat: the run of PSNs resent last (first, last, when
+    /// the last went), to know a NAK the responder sent before they
+    /// arrived.
+    resent: Option<(Psn, Psn, Nanos)>,
+    /// Smoothed round-trip time (0: no sample yet).
+    srtt: Nanos,
+    /// Selective repeat: when the last progress (or probe) was, and the
+    /// probes sent since (see `Qp::probe_deadline`).
+    probe_from: Nanos,
+    probes: u8,
 }
 
 #[derive(Debug)]
@@ -241,6 +257,8 @@ struct Responder {
     /// a duplicate of one may be answered from (RXE's responder resources).
     resources: VecDeque<RdResource>,
     unacked_pkts: u32,
+    /// Selective repeat: WRITE packets placed past the expected PSN.
+    held: Option<Box<selective::Held>>,
 }
 
 /// A queue pair's transport state.
@@ -306,6 +324,7 @@ impl Qp {
                 retry_cnt: 0,
                 rnr_retry: 0,
                 max_rd_atomic: 0,
+                selective_repeat: false,
             },
             req: Requester::default(),
             resp: Responder::default(),
@@ -468,6 +487,14 @@ impl Qp {
         if let Some(v) = attr.max_rd_atomic {
             a.max_rd_atomic = v;
         }
+        if let Some(v) = attr.selective_repeat {
+            a.selective_repeat = v && self.cfg.qp_type == QpType::Rc;
+            if !a.selective_repeat {
+                // Held packets are placed again when they come in order.
+                self.resp.held = None;
+                self.req.resend = None;
+            }
+        }
         if let Some(p) = attr.rq_psn {
             self.resp.epsn = p;
         }
@@ -503,6 +530,8 @@ impl Qp {
         self.req.send_idx = 0;
         self.req.timer = None;
         self.req.rnr_until = None;
+        self.req.resend = None;
+        self.resp.held = None;
         let cur = self.resp.cur_recv.take().map(|r| r.wr);
         // WQEs of a shared receive queue stay with the SRQ (which is lent to
         // this QP while one of its packets is handled); only the one this QP
@@ -736,7 +765,7 @@ impl Qp {
     /// Whether the requester has request packets it has not sent (new work
     /// requests, or resends after a go-back).
     pub fn has_requests_pending(&self) -> bool {
-        self.req.send_idx < self.req.sq.len()
+        self.req.send_idx < self.req.sq.len() || self.req.resend.is_some()
     }
 
     /// Whether [`Qp::poll_transmit`] may have a packet: responses queued or
@@ -776,10 +805,10 @@ impl Qp {
     /// The next time [`Qp::handle_timeout`] must run.
     #[must_use = "the deadline to call handle_timeout at"]
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        match (self.req.timer, self.req.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.req.timer, self.req.rnr_until, self.probe_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// One line with the QP's state, both sides' summaries and its counters

@@ -52,6 +52,12 @@ impl Qp {
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
         }
+        if self.probe_deadline().is_some_and(|t| t <= now) {
+            self.req.probes += 1;
+            self.req.probe_from = now;
+            self.counters.sr_probes += 1;
+            self.probe_oldest();
+        }
         if self.req.timer.is_some_and(|t| t <= now) {
             self.req.timer = None;
             if self.state != QpState::Rts && self.state != QpState::Sqd {
@@ -85,6 +91,17 @@ impl Qp {
     /// `psn` again: a retry, unless one from `psn` is under way. Returns
     /// false when the retry count was exhausted (the QP failed).
     pub(super) fn retry_from(&mut self, psn: Psn) -> bool {
+        if !self.spend_retry(psn) {
+            return false;
+        }
+        self.rewind(psn);
+        true
+    }
+
+    /// Spends a round of the retry count on a retry from `psn`, unless one
+    /// from `psn` is under way. `false` when the count was spent already
+    /// (the QP failed).
+    pub(super) fn spend_retry(&mut self, psn: Psn) -> bool {
         if self.req.last_rewind != Some(psn) {
             self.count_retry_round();
             if self.req.retry_left == 0 {
@@ -95,7 +112,6 @@ impl Qp {
             self.req.retry_left -= 1;
             self.req.events.seq_errs += 1;
         }
-        self.rewind(psn);
         true
     }
 
@@ -139,6 +155,8 @@ impl Qp {
             return;
         };
         self.req.last_rewind = Some(psn);
+        // Going back resends everything a selective range would.
+        self.req.resend = None;
         let end = self.req.send_idx.max(i + 1).min(self.req.sq.len());
         for (j, w) in self.req.sq.iter_mut().enumerate().take(end).skip(i) {
             if w.done {
@@ -178,6 +196,13 @@ impl Qp {
     pub(super) fn next_request(&mut self) -> Option<usize> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return None;
+        }
+        // A selective resend replaces a packet the network or the
+        // responder dropped: packet conservation, so the congestion credit
+        // (which counts what the responder holds past a hole as in flight,
+        // and would wait for the ACK timer) does not hold it back.
+        if let Some(i) = self.next_resend() {
+            return Some(i);
         }
         let t = self.cfg.qp_type;
         if t != QpType::Ud && self.req.credit == Some(0) {
@@ -236,6 +261,15 @@ impl Qp {
         let qkey_own = self.attrs.qkey;
         let (dest_qpn, own_ah, own_qpn) = (self.attrs.dest_qpn, self.attrs.ah, self.cfg.qpn);
         let (window, una, credit) = (self.window(), self.req.una_psn, self.req.credit);
+        // A selective resend (`Qp::retry_selective`) sends one packet of
+        // its range and leaves the WQE's position alone.
+        let selective = match self.req.resend {
+            Some((p, n)) if self.req.sq[idx].contains(p) => {
+                self.req.resend = (n > 1).then(|| (p + 1, n - 1));
+                Some(p)
+            }
+            _ => None,
+        };
         let w = &mut self.req.sq[idx];
         if w.first_psn.is_none() {
             if t == QpType::Rc && w.wr.op.is_read_or_atomic() {
@@ -245,8 +279,14 @@ impl Qp {
             self.req.next_psn += w.npsn;
         }
         let first = w.first_psn.unwrap_or_default();
-        let k = w.next_pkt;
+        let k = selective.map_or(w.next_pkt, |p| first.distance_to(p) as u32);
         let psn = first + k;
+        if selective.is_some() {
+            self.req.resent = match self.req.resent {
+                Some((lo, hi, _)) if hi + 1 == psn => Some((lo, psn, now)),
+                _ => Some((psn, psn, now)),
+            };
+        }
         // PSNs this packet puts in flight: a READ request all its
         // responses from here on.
         let span = if matches!(w.wr.op, SendOp::Read { .. }) {
@@ -300,10 +340,13 @@ impl Qp {
                 qkey,
                 src_qp: own_qpn,
             });
-            data_request(w, t, bth, k, mtu, ask_ack, deth, self.cfg.pd)
+            let advance = selective.is_none();
+            data_request(w, t, bth, k, mtu, ask_ack, deth, self.cfg.pd, advance)
         };
         if t == QpType::Rc && self.req.timer.is_none() {
             self.req.timer = deadline;
+            self.req.probe_from = now;
+            self.req.probes = 0;
         }
         self.counters.sent_pkts += 1;
         self.counters.sent_bytes += ib.payload_len as u64;
@@ -389,6 +432,7 @@ fn data_request(
     ask_ack: bool,
     deth: Option<DethRepr>,
     pd: u32,
+    advance: bool,
 ) -> (IbRepr, Payload<'_>) {
     let op = w.wr.op;
     let off = u64::from(k) * mtu;
@@ -426,7 +470,9 @@ fn data_request(
     }
     ib.deth = deth;
     ib.payload_len = plen as usize;
-    w.next_pkt += 1;
+    if advance {
+        w.next_pkt += 1;
+    }
     if t != QpType::Rc && w.next_pkt >= w.request_pkts() {
         // Unreliable: done once the last packet is handed out; the
         // completion follows on `flush_unreliable`.

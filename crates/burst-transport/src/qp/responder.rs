@@ -131,8 +131,11 @@ impl Qp {
         }
         if d > 0 {
             // Class B error (PSN sequence): dropped, with one NAK until
-            // the expected PSN arrives.
+            // the expected PSN arrives (held when repeating selectively).
             self.counters.out_of_seq_request += 1;
+            if self.attrs.selective_repeat {
+                self.hold_ahead(pkt, d as u32, mem);
+            }
             if !self.resp.nak_outstanding {
                 self.resp.nak_outstanding = true;
                 self.counters.send_seq_nak += 1;
@@ -181,6 +184,26 @@ impl Qp {
         self.resp.epsn += epsn_step;
         self.resp.nak_outstanding = false;
         self.resp.unacked_pkts += 1;
+        let (swept, hole) = self.sweep_held(epsn_step);
+        if self.state == QpState::Err {
+            return;
+        }
+        if hole {
+            // Held packets past a hole that is known now: NAK it at once
+            // (implicitly acknowledging everything before it).
+            self.resp.nak_outstanding = true;
+            self.resp.unacked_pkts = 0;
+            self.counters.send_seq_nak += 1;
+            let e = self.resp.epsn;
+            self.resp
+                .out
+                .push_back(Out::Nak(Syndrome::Nak(NakCode::PsnSequenceError), e));
+            return;
+        }
+        if swept > 0 {
+            self.queue_ack();
+            return;
+        }
         let acked_by_response = matches!(
             info.operation,
             Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd

@@ -9,6 +9,7 @@
 //! pairs and proves every message arrived once, intact, in order, with the
 //! completions the spec demands, by a bounded simulated time.
 
+pub mod stream;
 #[cfg(feature = "sweep")]
 pub mod sweep;
 
@@ -737,6 +738,8 @@ pub struct WorkloadOptions {
     pub max_size: usize,
     /// Run UC and UD pairs too.
     pub unreliable: bool,
+    /// Which ends of the RC pairs repeat selectively.
+    pub repeat: Repeat,
     /// Simulated time limit.
     pub deadline: Nanos,
 }
@@ -749,8 +752,69 @@ impl Default for WorkloadOptions {
             ops_per_pair: 40,
             max_size: 3 << 20,
             unreliable: true,
+            repeat: Repeat::BySeed,
             deadline: 60_000_000_000,
         }
+    }
+}
+
+/// Which ends of a workload's RC pairs repeat selectively
+/// ([`QpAttr::selective_repeat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repeat {
+    /// Each pair by the seed and its index: go-back-N at both ends,
+    /// selective at both, or at the requester or the responder only (a
+    /// burst end facing an RNIC that never negotiated it).
+    BySeed,
+    /// Go-back-N at both ends (what RXE and RNICs do).
+    GoBackN,
+    /// Selective at both ends (two burst peers that negotiated it).
+    Selective,
+    /// Selective at the requester only.
+    RequesterOnly,
+    /// Selective at the responder only.
+    ResponderOnly,
+}
+
+impl Repeat {
+    /// (requester, responder) of pair `i` of seed `seed`.
+    fn ends(self, seed: u64, i: usize) -> (bool, bool) {
+        match self {
+            Repeat::GoBackN => (false, false),
+            Repeat::Selective => (true, true),
+            Repeat::RequesterOnly => (true, false),
+            Repeat::ResponderOnly => (false, true),
+            Repeat::BySeed => match (seed.wrapping_add(i as u64)) % 4 {
+                0 => (false, false),
+                1 => (true, true),
+                2 => (true, false),
+                _ => (false, true),
+            },
+        }
+    }
+
+    /// The command-line word ([`Repeat::parse`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            Repeat::BySeed => "by-seed",
+            Repeat::GoBackN => "go-back-n",
+            Repeat::Selective => "selective",
+            Repeat::RequesterOnly => "requester-only",
+            Repeat::ResponderOnly => "responder-only",
+        }
+    }
+
+    /// Parses [`Repeat::name`].
+    pub fn parse(s: &str) -> Option<Repeat> {
+        [
+            Repeat::BySeed,
+            Repeat::GoBackN,
+            Repeat::Selective,
+            Repeat::RequesterOnly,
+            Repeat::ResponderOnly,
+        ]
+        .into_iter()
+        .find(|r| r.name() == s)
     }
 }
 
@@ -893,6 +957,9 @@ pub trait Fabric {
     fn describe_qps(&self) -> Vec<String>;
     /// The first broken QP invariant [`Fabric::run`] saw.
     fn violation(&self) -> Option<String>;
+    /// Turns selective repeat on or off on connected QP `qp` (an RTS to
+    /// RTS modify carrying [`QpAttr::selective_repeat`]).
+    fn set_selective_repeat(&mut self, qp: usize, on: bool) -> Result<(), VerbsError>;
 }
 
 /// The INIT, RTR and RTS attributes [`Fabric::connect`] uses: for RC/UC
@@ -1016,6 +1083,21 @@ impl Fabric for World {
     fn violation(&self) -> Option<String> {
         self.violation.clone()
     }
+    fn set_selective_repeat(&mut self, qp: usize, on: bool) -> Result<(), VerbsError> {
+        let q = &mut self.qps[qp].1;
+        q.modify(&QpAttr {
+            state: Some(q.state()),
+            selective_repeat: Some(on),
+            ..QpAttr::default()
+        })
+    }
+}
+
+/// Streams WRITEs over the transport model [`World`] with the faults of
+/// `o` ([`stream::run_stream`]).
+pub fn run_stream(seed: u64, o: &stream::StreamOptions) -> Result<stream::StreamSummary, String> {
+    let mut w = World::new(seed, 2, o.faults);
+    stream::run_stream(&mut w, seed, o)
 }
 
 /// Runs one seeded workload over the transport model [`World`] and checks
@@ -1037,6 +1119,13 @@ pub fn run_workload_on<F: Fabric>(
     let mut rng = Rng::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mtu = Mtu::ALL[rng.below(5) as usize];
     let pairs = connect_pairs(w, &mut rng, mtu, o)?;
+    for (i, &(a, b, t)) in pairs.iter().enumerate() {
+        if t == QpType::Rc {
+            let (req, resp) = o.repeat.ends(seed, i);
+            w.set_selective_repeat(a, req).map_err(|e| e.to_string())?;
+            w.set_selective_repeat(b, resp).map_err(|e| e.to_string())?;
+        }
+    }
     let mut summary = Summary::default();
     let mut plans: Vec<Plan> = Vec::new();
     // Receives held back until the requesters are under way, to exercise RNR.

@@ -6,8 +6,15 @@
 //!
 //! ```text
 //! --seeds N --loss P --reorder P --dup P [--corrupt P] [--seed S] [--ops N] [--max-size BYTES]
+//!     [--repeat by-seed|go-back-n|selective|requester-only|responder-only]
 //! --sweep [--rx-limits] --seeds N [--first-seed S] [--secs S] [--jobs J] [-v]
+//! --stream --loss P [--repeat R] [--seeds N] [--bytes N] [--size BYTES] [--depth D]
 //! ```
+//!
+//! `--stream` measures goodput instead ([`super::stream`]): one RC pair
+//! WRITEs `--bytes` (256 MiB) in `--size` (64 KiB) messages, checked; with
+//! `--repeat by-seed` (the default) each seed runs go-back-N and selective
+//! repeat alternately and the closing line gives both means.
 //!
 //! `--sweep` draws each seed's faults from the seed itself, over the whole
 //! fault space (loss 0-10%, reordering 0-10%, duplication 0-2%, corruption
@@ -22,7 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Faults, Rng, Summary, WorkloadOptions};
+use super::stream::{StreamOptions, StreamSummary};
+use super::{Faults, Repeat, Rng, Summary, WorkloadOptions};
 
 /// The faults of seed `seed` in a sweep: a function of the seed alone, so a
 /// failure replays from its seed and the printed faults.
@@ -54,6 +62,9 @@ fn replay_line(example: &str, seed: u64, o: &WorkloadOptions) -> String {
     if f.rx_gbps != 0 || f.rx_queue != 0 {
         s += &format!(" --rx-gbps {} --rx-queue {}", f.rx_gbps, f.rx_queue);
     }
+    if o.repeat != Repeat::BySeed {
+        s += &format!(" --repeat {}", o.repeat.name());
+    }
     s
 }
 
@@ -65,6 +76,7 @@ fn replay_line(example: &str, seed: u64, o: &WorkloadOptions) -> String {
 pub fn main_with(
     example: &str,
     run: fn(u64, &WorkloadOptions) -> Result<Summary, String>,
+    stream: fn(u64, &StreamOptions) -> Result<StreamSummary, String>,
 ) -> ExitCode {
     let mut seeds = 100u64;
     let mut first = 1u64;
@@ -74,6 +86,8 @@ pub fn main_with(
     let mut rx_limits = false;
     let mut secs: Option<f64> = None;
     let mut jobs = 1usize;
+    let mut streaming = false;
+    let mut so = StreamOptions::default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     let num = |i: usize| -> f64 {
@@ -100,11 +114,23 @@ pub fn main_with(
             "--rx-queue" => o.faults.rx_queue = num(i) as usize,
             "--ops" => o.ops_per_pair = num(i) as usize,
             "--max-size" => o.max_size = num(i) as usize,
+            "--repeat" => {
+                let r = args.get(i + 1).and_then(|v| Repeat::parse(v));
+                let Some(r) = r else {
+                    eprintln!("sim: --repeat takes by-seed, go-back-n, selective, requester-only or responder-only");
+                    return ExitCode::from(2);
+                };
+                o.repeat = r;
+            }
+            "--bytes" => so.bytes = num(i) as u64,
+            "--size" => so.size = num(i) as usize,
+            "--depth" => so.depth = num(i) as usize,
             "--secs" => secs = Some(num(i)),
             "--jobs" => jobs = (num(i) as usize).max(1),
-            "--sweep" | "--rx-limits" | "-v" | "--verbose" => {
+            "--sweep" | "--stream" | "--rx-limits" | "-v" | "--verbose" => {
                 match args[i].as_str() {
                     "--sweep" => sweep = true,
+                    "--stream" => streaming = true,
                     "--rx-limits" => rx_limits = true,
                     _ => verbose = true,
                 }
@@ -117,6 +143,11 @@ pub fn main_with(
             }
         }
         i += 2;
+    }
+    if streaming {
+        so.faults = o.faults;
+        so.repeat = o.repeat;
+        return stream_main(stream, &so, first, seeds);
     }
     let start = Instant::now();
     let budget = secs.map(Duration::from_secs_f64);
@@ -158,8 +189,8 @@ pub fn main_with(
                         }
                         if verbose {
                             println!(
-                                "seed {seed}: ok, {} ops, {} bytes, {:.3} ms simulated, {} frames ({} lost, {} dup, {} reordered, {} corrupt, {} overflowed), {} retransmitted",
-                                s.ops, s.bytes, s.sim_ns as f64 / 1e6, s.net.sent, s.net.lost, s.net.duplicated, s.net.reordered, s.net.corrupted, s.net.overflowed, s.retransmitted
+                                "seed {seed}: ok, {} ops, {} bytes, {:.3} ms simulated, {} frames ({} lost, {} dup, {} reordered, {} corrupt, {} overflowed), {} retransmitted, retry exhaustion expected {:.2e}",
+                                s.ops, s.bytes, s.sim_ns as f64 / 1e6, s.net.sent, s.net.lost, s.net.duplicated, s.net.reordered, s.net.corrupted, s.net.overflowed, s.retransmitted, s.retry_exhaust_expected
                             );
                         }
                     }
@@ -197,6 +228,68 @@ pub fn main_with(
         );
     }
     println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `--stream`: goodput per seed and repeat mode, then the means.
+fn stream_main(
+    stream: fn(u64, &StreamOptions) -> Result<StreamSummary, String>,
+    o: &StreamOptions,
+    first: u64,
+    seeds: u64,
+) -> ExitCode {
+    let modes = match o.repeat {
+        Repeat::BySeed => vec![Repeat::GoBackN, Repeat::Selective],
+        r => vec![r],
+    };
+    let mut sums = vec![(0f64, 0u64); modes.len()];
+    let mut failed = 0;
+    for seed in first..first + seeds {
+        for (m, &repeat) in modes.iter().enumerate() {
+            let so = StreamOptions { repeat, ..*o };
+            match stream(seed, &so) {
+                Ok(s) => {
+                    let c = s.counters;
+                    println!(
+                        "seed {seed} {}: {:.2} Gb/s goodput ({} bytes in {:.3} ms simulated), {} frames ({} lost), {} retransmitted, {} timeouts, {} held out of order",
+                        repeat.name(),
+                        s.gbps(),
+                        s.bytes,
+                        s.sim_ns as f64 / 1e6,
+                        s.net.sent,
+                        s.net.lost,
+                        c.retransmitted_pkts,
+                        c.completer_retry_err,
+                        c.sr_held_pkts
+                    );
+                    sums[m].0 += s.gbps();
+                    sums[m].1 += 1;
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("FAIL {e}");
+                }
+            }
+        }
+    }
+    for (m, (sum, n)) in modes.iter().zip(&sums) {
+        if *n > 0 {
+            println!(
+                "{}: mean goodput {:.2} Gb/s over {n} seed(s) at loss {}",
+                m.name(),
+                sum / *n as f64,
+                o.faults.loss
+            );
+        }
+    }
+    println!(
+        "{} passed, {failed} failed",
+        sums.iter().map(|s| s.1).sum::<u64>()
+    );
     if failed > 0 {
         ExitCode::FAILURE
     } else {

@@ -1,0 +1,397 @@
+//! Selective repeat between burst peers (the QP attribute
+//! `selective_repeat`, negotiated as burst's ECE option; off toward every
+//! other peer, whose wire stays go-back-N as IBA 9.7 has it).
+//!
+//! Nothing new goes on the wire; both ends read the same packets
+//! differently:
+//!
+//! - The responder places a WRITE packet ahead of the expected PSN when it
+//!   knows where it goes: its message is the one in progress, or the
+//!   message's first packet (with the RETH, checked as in order) arrived
+//!   out of order too. It remembers the PSN, still NAKs the gap once
+//!   (a PSN sequence error, as IBA), and when the gap fills, sweeps the
+//!   expected PSN over what it holds, finishing messages in order (MSN,
+//!   ACK). A hole it already knows of (PSNs held past it) is NAKed at once.
+//!   Anything else out of order (SEND, READ, atomic, WRITE WITH IMMEDIATE's
+//!   last packet, a WRITE whose first packet is missing) is dropped as
+//!   before.
+//! - The requester, on a sequence NAK for PSN `p` of a WRITE, resends only
+//!   what the responder cannot hold: `p` itself, or the whole message when
+//!   `p` is its first packet (the rest had nowhere to go). For any other
+//!   operation it goes back N from `p`. A timeout always goes back N.
+//!
+//! Either end alone is correct: a go-back-N requester resends what a
+//! selective responder already holds (duplicates, dropped); a selective
+//! requester facing a go-back-N responder resends one message per NAK and
+//! the ACK timer's go-back repairs the rest. RXE and RNICs never see it.
+
+use super::placement::Refusal;
+use super::*;
+
+/// How far past the expected PSN the responder holds packets (the
+/// requester's default window, [`QpConfig::max_inflight_packets`]).
+pub(super) const WINDOW: u32 = 1024;
+
+/// Most WRITE messages whose first packet arrived out of order held at
+/// once.
+const MESSAGES: usize = 16;
+
+/// The shortest wait before a probe (see `Qp::probe_deadline`): a few
+/// round trips of a software stack on one host.
+pub(super) const PROBE_FLOOR_NS: Nanos = 16_000;
+
+/// What a selective-repeat responder holds past its expected PSN.
+/// Allocated on a QP's first out-of-order packet, kept until RESET.
+#[derive(Debug)]
+pub(super) struct Held {
+    /// PSNs placed, a ring indexed by the PSN's low bits: only PSNs within
+    /// [`WINDOW`] past the expected one are ever set.
+    bits: [u64; (WINDOW / 64) as usize],
+    /// How many bits are set.
+    count: u32,
+    /// WRITE messages whose first packet was placed out of order.
+    messages: Vec<HeldWrite>,
+}
+
+/// A WRITE message whose RETH arrived ahead of the expected PSN.
+#[derive(Debug, Clone, Copy)]
+struct HeldWrite {
+    first: Psn,
+    rkey: u32,
+    va: u64,
+    len: u64,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            bits: [0; (WINDOW / 64) as usize],
+            count: 0,
+            messages: Vec::with_capacity(MESSAGES),
+        }
+    }
+}
+
+impl Held {
+    fn slot(psn: Psn) -> (usize, u64) {
+        let i = psn.value() % WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+    fn has(&self, psn: Psn) -> bool {
+        let (w, b) = Self::slot(psn);
+        self.bits[w] & b != 0
+    }
+    fn set(&mut self, psn: Psn) {
+        let (w, b) = Self::slot(psn);
+        if self.bits[w] & b == 0 {
+            self.bits[w] |= b;
+            self.count += 1;
+        }
+    }
+    fn clear(&mut self, psn: Psn) {
+        let (w, b) = Self::slot(psn);
+        if self.bits[w] & b != 0 {
+            self.bits[w] &= !b;
+            self.count -= 1;
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.count == 0 && self.messages.is_empty()
+    }
+}
+
+impl Qp {
+    /// Whether this QP repeats selectively (both roles).
+    pub fn selective_repeat(&self) -> bool {
+        self.attrs.selective_repeat
+    }
+
+    /// Responder: a WRITE packet `d` PSNs past the expected one, placed
+    /// and remembered when its destination is known. The caller NAKs the
+    /// gap (once) whatever happens here.
+    pub(super) fn hold_ahead(&mut self, pkt: &IbPacket<&[u8]>, d: u32, mem: &mut impl Memory) {
+        if d >= WINDOW || self.state == QpState::Err {
+            return;
+        }
+        let info = pkt.info();
+        if info.operation != Operation::RdmaWrite || pkt.imm_dt().is_some() {
+            return;
+        }
+        let psn = pkt.bth().psn();
+        let mut held = self.resp.held.take().unwrap_or_default();
+        if held.has(psn) {
+            self.counters.duplicate_request += 1;
+        } else if self.place_ahead(&mut held, pkt, d, mem).is_ok() {
+            held.set(psn);
+            self.counters.sr_held_pkts += 1;
+        }
+        self.resp.held = Some(held);
+    }
+
+    /// Places one packet ahead of the expected PSN: the checks of in-order
+    /// placement, against the message the packet belongs to.
+    fn place_ahead(
+        &mut self,
+        held: &mut Held,
+        pkt: &IbPacket<&[u8]>,
+        d: u32,
+        mem: &mut impl Memory,
+    ) -> Result<(), Refusal> {
+        let psn = pkt.bth().psn();
+        let mtu = self.attrs.mtu.bytes() as u64;
+        let data = pkt.payload();
+        let pos = pkt.info().position.unwrap_or(Position::Only);
+        let (rkey, va, new) = match pos {
+            Position::First | Position::Only => {
+                let r = pkt.reth().ok_or(Refusal::Length)?;
+                let len = u64::from(r.dma_length());
+                let fits = match pos {
+                    Position::Only => data.len() as u64 == len,
+                    _ => len > mtu && data.len() as u64 == mtu,
+                };
+                if len > MAX_MSG_SIZE || !fits || held.messages.len() >= MESSAGES {
+                    return Err(Refusal::Length);
+                }
+                if !self.attrs.access.remote_write
+                    || (len > 0
+                        && mem
+                            .check_remote(
+                                self.scope(),
+                                r.rkey(),
+                                r.virtual_address(),
+                                len,
+                                RemoteAccess::Write,
+                            )
+                            .is_err())
+                {
+                    return Err(Refusal::RemoteAccess);
+                }
+                let m = HeldWrite {
+                    first: psn,
+                    rkey: r.rkey(),
+                    va: r.virtual_address(),
+                    len,
+                };
+                (m.rkey, m.va, Some(m))
+            }
+            Position::Middle | Position::Last => {
+                // Bytes of the message left from this packet on.
+                let (rkey, va, left) = match self.resp.cur_write {
+                    Some(w) if u64::from(d) * mtu < w.remaining => {
+                        let off = u64::from(d) * mtu;
+                        (w.rkey, w.va + off, w.remaining - off)
+                    }
+                    _ => {
+                        let m = held
+                            .messages
+                            .iter()
+                            .find(|m| {
+                                let k = m.first.distance_to(psn);
+                                k > 0 && (k as u64) * mtu < m.len
+                            })
+                            .ok_or(Refusal::Length)?;
+                        let off = m.first.distance_to(psn) as u64 * mtu;
+                        (m.rkey, m.va + off, m.len - off)
+                    }
+                };
+                let fits = match pos {
+                    Position::Middle => data.len() as u64 == mtu && left > mtu,
+                    _ => data.len() as u64 == left,
+                };
+                if !fits {
+                    return Err(Refusal::Length);
+                }
+                (rkey, va, None)
+            }
+        };
+        if !data.is_empty() && mem.write_remote(rkey, va, data).is_err() {
+            return Err(Refusal::RemoteAccess);
+        }
+        if let Some(m) = new {
+            held.messages.push(m);
+        }
+        Ok(())
+    }
+
+    /// Responder, after the expected PSN moved `step` PSNs in order: moves
+    /// it on over the packets held past it, finishing their messages in
+    /// order. Returns how many it swept and whether a hole is known (held
+    /// packets remain past the new expected PSN).
+    pub(super) fn sweep_held(&mut self, step: u32) -> (u32, bool) {
+        let Some(mut held) = self.resp.held.take() else {
+            return (0, false);
+        };
+        if held.is_empty() {
+            self.resp.held = Some(held);
+            return (0, false);
+        }
+        let mtu = self.attrs.mtu.bytes() as u64;
+        // PSNs a multi-PSN step jumped (a READ's responses) hold nothing
+        // a correct requester sent; forget what a wrong one put there.
+        for k in 1..=step.min(WINDOW) {
+            held.clear(self.resp.epsn - k);
+        }
+        let mut swept = 0;
+        while held.has(self.resp.epsn) {
+            let psn = self.resp.epsn;
+            held.clear(psn);
+            let first = held.messages.iter().position(|m| m.first == psn);
+            let w = match first {
+                Some(i) => {
+                    let m = held.messages.swap_remove(i);
+                    if self.resp.cur_write.is_some() || self.resp.cur_recv.is_some() {
+                        // A new message inside another: what in order
+                        // would have NAKed.
+                        self.resp.held = Some(held);
+                        self.nak(NakCode::InvalidRequest);
+                        return (swept, false);
+                    }
+                    WriteInProgress {
+                        rkey: m.rkey,
+                        va: m.va,
+                        remaining: m.len,
+                        total: m.len,
+                    }
+                }
+                None => match self.resp.cur_write {
+                    Some(w) => w,
+                    None => {
+                        self.resp.held = Some(held);
+                        self.nak(NakCode::InvalidRequest);
+                        return (swept, false);
+                    }
+                },
+            };
+            let n = w.remaining.min(mtu);
+            let w = WriteInProgress {
+                va: w.va + n,
+                remaining: w.remaining - n,
+                ..w
+            };
+            if w.remaining == 0 {
+                self.resp.cur_write = None;
+                self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+            } else {
+                self.resp.cur_write = Some(w);
+            }
+            self.resp.epsn += 1;
+            swept += 1;
+        }
+        // Messages that start behind the expected PSN were not what the
+        // requester sent there: forget them.
+        let epsn = self.resp.epsn;
+        held.messages.retain(|m| epsn.distance_to(m.first) > 0);
+        let hole = held.count > 0;
+        self.resp.held = Some(held);
+        (swept, hole)
+    }
+
+    /// Requester, a selective QP: a PSN sequence NAK for `psn` (everything
+    /// before it acknowledged). Resends what the responder cannot hold;
+    /// `false` when the retry count was spent (the QP failed).
+    pub(super) fn retry_selective(&mut self, now: Nanos, psn: Psn) -> bool {
+        // A NAK for a PSN resent within about a round trip was sent before
+        // the resend arrived (the responder, filling the range's first
+        // packet, found the next still missing): nothing to do.
+        if let Some((lo, hi, at)) = self.req.resent {
+            let recent = now.saturating_sub(at) < (2 * self.req.srtt).max(PROBE_FLOOR_NS);
+            if recent && lo.distance_to(psn) >= 0 && psn.distance_to(hi) >= 0 {
+                return true;
+            }
+        }
+        let Some(w) = self.req.sq.iter().find(|w| w.contains(psn) && !w.done) else {
+            return self.retry_from(psn);
+        };
+        let first = w.first_psn.unwrap_or_default();
+        let k = first.distance_to(psn) as u32;
+        let count = match w.wr.op {
+            // The first packet lost: the rest of what was sent of the
+            // message had nowhere to go.
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } if k < w.next_pkt => {
+                if k == 0 {
+                    w.next_pkt.min(w.npsn)
+                } else {
+                    1
+                }
+            }
+            // Not a WRITE, or a go-back already resends it.
+            _ => return self.retry_from(psn),
+        };
+        let fresh = self.req.last_rewind != Some(psn);
+        if !self.spend_retry(psn) {
+            return false;
+        }
+        if fresh {
+            self.counters.retransmits_started += 1;
+            self.req.rtt_probe = None;
+        }
+        self.req.last_rewind = Some(psn);
+        // A range still being resent that reaches past `psn` is kept whole
+        // (its packets before `psn` arrived).
+        let end = match self.req.resend {
+            Some((s, n)) if s.distance_to(psn) >= 0 && psn.distance_to(s + n) > 0 => {
+                let a = psn.distance_to(s + n) as u32;
+                a.max(count)
+            }
+            _ => count,
+        };
+        self.req.resend = Some((psn, end));
+        true
+    }
+
+    /// Requester, a selective QP with packets in flight: when to resend
+    /// the oldest unacknowledged packet if nothing progresses (a lost
+    /// resend, NAK, ACK or last packet would otherwise wait for the ACK
+    /// timeout, which the application sets for RNICs: 2-67 ms): four
+    /// smoothed round trips, at least [`PROBE_FLOOR_NS`] (all of it before
+    /// the first sample: a probe too early costs one duplicate), doubling
+    /// per probe without progress, never past the ACK timer.
+    pub(super) fn probe_deadline(&self) -> Option<Nanos> {
+        let r = &self.req;
+        if !self.attrs.selective_repeat || r.resend.is_some() {
+            return None;
+        }
+        let timer = r.timer?;
+        let base = (4 * r.srtt).max(PROBE_FLOOR_NS);
+        let at = r.probe_from + (base << r.probes.min(8));
+        (at < timer).then_some(at)
+    }
+
+    /// Requester: a probe resends the oldest unacknowledged packet when it
+    /// is a SEND's or WRITE's (taken again at any responder: placed, or
+    /// answered with an ACK). A READ or atomic waits for the ACK timer.
+    pub(super) fn probe_oldest(&mut self) {
+        let una = self.req.una_psn;
+        let Some(w) = self.req.sq.iter().find(|w| w.contains(una) && !w.done) else {
+            return;
+        };
+        let k = w.first_psn.map_or(0, |f| f.distance_to(una) as u32);
+        if w.wr.op.is_read_or_atomic() || k >= w.next_pkt {
+            return;
+        }
+        self.req.resend = Some((una, 1));
+    }
+
+    /// Requester: the WQE holding the next PSN of the selective resend
+    /// range, if it is still unacknowledged (the range is dropped when not).
+    pub(super) fn next_resend(&mut self) -> Option<usize> {
+        let (mut p, mut n) = self.req.resend?;
+        let una = self.req.una_psn;
+        let behind = p.distance_to(una);
+        if behind > 0 {
+            // Acknowledged meanwhile.
+            n = n.saturating_sub(behind as u32);
+            p = una;
+        }
+        let i = (n > 0)
+            .then(|| {
+                self.req
+                    .sq
+                    .iter()
+                    .position(|w| w.contains(p) && !w.done && w.first_psn.is_some())
+            })
+            .flatten();
+        self.req.resend = i.map(|_| (p, n));
+        i
+    }
+}
