@@ -583,6 +583,39 @@ static void cq_overrun(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
 	ibv_dereg_mr(mr);
 }
 
+/* ECE (ibv_query_ece/ibv_set_ece): a provider without it (RXE) says
+ * EOPNOTSUPP; one with it reports its vendor, refuses another vendor's
+ * options, and keeps what both offer. A vendor ID of 0 is refused by
+ * libibverbs itself. */
+static void ece(struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	struct ibv_qp *qp = rc_qp(pd, cq);
+	struct ibv_ece e = { 0 }, none = { 0 }, foreign = { .vendor_id = 0x15b3, .options = 1 };
+	char msg[160];
+
+	if (!qp) {
+		check(0, "ece: a QP");
+		return;
+	}
+	int r = ibv_query_ece(qp, &e);
+	snprintf(msg, sizeof(msg), "ibv_query_ece: 0 or EOPNOTSUPP (got %d, vendor 0x%x)", r,
+		 e.vendor_id);
+	check(r == 0 || r == EOPNOTSUPP, msg);
+	check(ibv_set_ece(qp, &none) == EOPNOTSUPP, "ibv_set_ece with vendor ID 0: EOPNOTSUPP");
+	if (r == 0) {
+		check(e.vendor_id != 0 && e.comp_mask == 0, "ibv_query_ece: a vendor ID");
+		check(ibv_set_ece(qp, &foreign) != 0, "ibv_set_ece refuses another vendor's options");
+		struct ibv_ece mine = e;
+		check(ibv_set_ece(qp, &mine) == 0, "ibv_set_ece takes its own vendor's options");
+		struct ibv_ece after = { 0 };
+		check(ibv_query_ece(qp, &after) == 0 && after.vendor_id == e.vendor_id &&
+			      (after.options & ~e.options) == 0,
+		      "ibv_query_ece after ibv_set_ece: the agreed options, a subset of the offer");
+		check(!to_state(qp, IBV_QPS_INIT), "ECE set: RESET -> INIT still works");
+	}
+	ibv_destroy_qp(qp);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -699,6 +732,7 @@ int main(int argc, char **argv)
 	ibv_destroy_qp(qp);
 	ibv_dereg_mr(mr);
 	multicast(pd, cq);
+	ece(pd, cq);
 	cq_ex(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	windows(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	cq_overrun(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);

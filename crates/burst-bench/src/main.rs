@@ -161,6 +161,11 @@ struct Cli {
     /// channel; TCP uses blocking sockets; raw UDP blocks in poll(2).
     #[arg(short = 'e', long)]
     events: bool,
+    /// Offer no selective repeat: burst's QPs recover from loss by going
+    /// back N, as toward RXE or an RNIC (by default two burst peers agree
+    /// on selective repeat through the exchange of QP details).
+    #[arg(long)]
+    go_back_n: bool,
     /// This side's address.
     #[arg(long)]
     local: Option<IpAddr>,
@@ -225,6 +230,8 @@ impl Run {
                 tx_depth: f[8].parse().ok()?,
                 inline: f[9].parse().ok()?,
                 events: f[11] == "1",
+                // The client's offer decides (both must offer it).
+                offer_sr: true,
             },
             bidir: f[10] == "1",
         })
@@ -610,6 +617,7 @@ fn params(cli: &Cli, test: Test, size: usize) -> Result<rdma::Params, String> {
         mtu: Mtu::from_bytes(cli.mtu).ok_or(format!("MTU {} is not one of 256..4096", cli.mtu))?,
         inline: cli.inline,
         events: cli.events,
+        offer_sr: !cli.go_back_n,
     })
 }
 

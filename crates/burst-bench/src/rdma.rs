@@ -24,22 +24,26 @@ pub struct Info {
     pub gid: [u8; 16],
     pub rkey: u32,
     pub addr: u64,
+    /// burst's ECE options the QP offers (`burst_verbs::Ece`, burst's
+    /// vendor implied): selective repeat when both offer it.
+    pub ece: u32,
 }
 
 impl Info {
-    /// `qpn:psn:gid:rkey:addr` in hex, for the out-of-band line.
+    /// `qpn:psn:gid:rkey:addr:ece` in hex, for the out-of-band line.
     pub fn encode(&self) -> String {
         let g: String = self.gid.iter().map(|b| format!("{b:02x}")).collect();
         format!(
-            "{:06x}:{:06x}:{g}:{:08x}:{:016x}",
-            self.qpn, self.psn, self.rkey, self.addr
+            "{:06x}:{:06x}:{g}:{:08x}:{:016x}:{:x}",
+            self.qpn, self.psn, self.rkey, self.addr, self.ece
         )
     }
 
-    /// Parses [`Info::encode`]'s format.
+    /// Parses [`Info::encode`]'s format (an older peer's, without the ECE
+    /// field, offers nothing).
     pub fn decode(s: &str) -> Option<Info> {
         let f: Vec<&str> = s.trim().split(':').collect();
-        if f.len() != 5 || f[2].len() != 32 {
+        if !(5..=6).contains(&f.len()) || f[2].len() != 32 {
             return None;
         }
         let mut gid = [0u8; 16];
@@ -52,6 +56,10 @@ impl Info {
             gid,
             rkey: u32::from_str_radix(f[3], 16).ok()?,
             addr: u64::from_str_radix(f[4], 16).ok()?,
+            ece: match f.get(5) {
+                Some(e) => u32::from_str_radix(e, 16).ok()?,
+                None => 0,
+            },
         })
     }
 }
@@ -68,6 +76,8 @@ pub struct Params {
     pub inline: u32,
     /// Wait for completions on a completion channel instead of busy polling.
     pub events: bool,
+    /// Offer selective repeat to the peer (it takes when both offer it).
+    pub offer_sr: bool,
 }
 
 /// One endpoint. Field order matters: the QPs and CQs go before the engine,
@@ -86,6 +96,8 @@ pub struct Side {
     pub buf: Vec<u8>,
     pub slot: usize,
     psn0: u32,
+    /// [`Params::offer_sr`].
+    offer_sr: bool,
 }
 
 impl Drop for Side {
@@ -137,6 +149,14 @@ pub fn device_config(addr: IpAddr, mtu: Mtu) -> Result<DeviceConfig, String> {
     // The copy backend, as the drop-in takes it (BURST_COPY, ...).
     cfg.copy = burst_verbs::config::CopyConfig::from_vars(|k| std::env::var(k).ok(), cfg.copy)
         .map_err(|e| e.to_string())?;
+    // Injected loss, as the drop-in takes it (BURST_TEST_DROP: one sent
+    // packet in N, at random): loss recovery measured on a real port.
+    if let Ok(n) = std::env::var("BURST_TEST_DROP") {
+        cfg.drop_every = n
+            .trim()
+            .parse()
+            .map_err(|_| format!("BURST_TEST_DROP={n}: a whole number N (drop 1 in N)"))?;
+    }
     // Engine threads, as the drop-in takes them (BURST_THREADS).
     if let Ok(t) = std::env::var("BURST_THREADS") {
         cfg.threads = t
@@ -215,6 +235,7 @@ impl Side {
             buf,
             slot,
             psn0,
+            offer_sr: p.offer_sr,
         })
     }
 
@@ -229,6 +250,11 @@ impl Side {
                 gid: self.ctx.gid(),
                 rkey: self.mr.rkey,
                 addr: self.mr.addr + (i * self.slot) as u64,
+                ece: if self.offer_sr {
+                    Ece::offered().options
+                } else {
+                    0
+                },
             })
             .collect()
     }
@@ -252,6 +278,11 @@ impl Side {
             };
             p.min_rnr_timer = 1;
             p.rd_atomic = 16;
+            let offered = |options| Ece {
+                vendor_id: burst_verbs::VENDOR_ID,
+                options,
+            };
+            p.selective_repeat = offered(me.ece).agree(&offered(pe.ece)).selective_repeat();
             let far = RcPeer {
                 gid: pe.gid,
                 qpn: Qpn::new(pe.qpn).ok_or("bad QPN")?,

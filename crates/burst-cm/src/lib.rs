@@ -11,7 +11,7 @@ use burst_wire::mad::{
 
 /// The messages [`Cm`]'s calls take and its events carry (burst-wire's
 /// CM MADs), so a caller needs no other crate to fill them in.
-pub use burst_wire::mad::{CmPath, CmRej, CmRep, CmReq, CmSidrRep, CmSidrReq, CmTransport};
+pub use burst_wire::mad::{CmEce, CmPath, CmRej, CmRep, CmReq, CmSidrRep, CmSidrReq, CmTransport};
 use burst_wire::{Psn, Qpn};
 
 /// A connection (or SIDR exchange) of this CM: its local communication ID.
@@ -347,6 +347,7 @@ pub fn req_template(service_id: u64, qpn: Qpn, starting_psn: Psn) -> CmReq {
         alternate_path: CmPath::default(),
         sap_supported: false,
         private_data: [0; 92],
+        ece: CmEce::default(),
     }
 }
 
@@ -369,6 +370,7 @@ pub fn rep_template(qpn: Qpn, starting_psn: Psn) -> CmRep {
         srq: false,
         local_ca_guid: 0,
         private_data: [0; 196],
+        ece: CmEce::default(),
     }
 }
 

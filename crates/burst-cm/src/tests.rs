@@ -577,3 +577,65 @@ proptest! {
         prop_assert!(net.a.is_empty() && net.b.is_empty());
     }
 }
+
+/// ECE options ride the REQ and the REP where the kernel's CM puts them
+/// (vendor ID in the message, options in the attribute modifier), and
+/// come out of the events as they went in; the MAD header says so too.
+#[test]
+fn ece_options_cross_in_the_req_and_the_rep() {
+    let mut net = Net::new();
+    let offer = CmEce {
+        vendor_id: 0xb0_57b0,
+        options: 1,
+    };
+    let ca = net
+        .a
+        .connect(
+            net.now,
+            ip(B),
+            CmReq {
+                ece: offer,
+                ..req()
+            },
+        )
+        .unwrap();
+    let mad = net.a.poll_transmit().expect("the REQ").mad;
+    assert_eq!(
+        &mad[20..24],
+        &1u32.to_be_bytes(),
+        "options in the attribute modifier"
+    );
+    assert_eq!(
+        &mad[24 + 5..24 + 8],
+        &[0xb0, 0x57, 0xb0],
+        "vendor ID in REQ bytes 5-7"
+    );
+    net.b.handle_mad(net.now, ip(A), &mad);
+    let Some(CmEvent::Request { conn, req, .. }) = net.b.poll_event() else {
+        panic!("no request")
+    };
+    assert_eq!(req.ece, offer);
+    net.b
+        .accept(
+            net.now,
+            conn,
+            CmRep {
+                ece: offer,
+                ..rep()
+            },
+        )
+        .unwrap();
+    let mad = net.b.poll_transmit().expect("the REP").mad;
+    assert_eq!(
+        [mad[24 + 15], mad[24 + 19], mad[24 + 23]],
+        [0xb0, 0x57, 0xb0]
+    );
+    net.a.handle_mad(net.now, ip(B), &mad);
+    match net.a.poll_event() {
+        Some(CmEvent::Reply { conn, rep }) => {
+            assert_eq!(conn, ca);
+            assert_eq!(rep.ece, offer);
+        }
+        e => panic!("A: {e:?}"),
+    }
+}

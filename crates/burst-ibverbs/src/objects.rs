@@ -158,6 +158,9 @@ pub(crate) struct Qp {
     pub shadow: Mutex<ibv_qp_attr>,
     /// The WR being built by the `ibv_wr_*` calls.
     pub wr: Mutex<WrBatch>,
+    /// The ECE options `ibv_set_ece` agreed (`None`: never called, the
+    /// QP offers [`burst_verbs::Ece::offered`] and uses none of it).
+    pub ece: Mutex<Option<burst_verbs::Ece>>,
 }
 
 #[repr(C)]

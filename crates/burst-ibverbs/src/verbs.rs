@@ -912,6 +912,7 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
         extended,
         shadow: Mutex::new(shadow),
         wr: Mutex::new(Default::default()),
+        ece: Mutex::new(None),
     });
     c.qps
         .lock()
@@ -1257,7 +1258,7 @@ pub(crate) unsafe extern "C" fn modify_qp(
         // SAFETY: a readable ibv_qp_attr (caller's contract).
         let a = unsafe { *attr };
         let t = match qp_attr_of(c, &a, mask) {
-            Ok(t) => t,
+            Ok(t) => with_ece(q, t),
             Err(e) => return e,
         };
         if let Err(e) = q.qp.modify(&t) {
@@ -1286,7 +1287,7 @@ pub(crate) fn modify_qp_steps(qp: *mut ibv_qp, steps: &[(ibv_qp_attr, c_int)]) -
     let mut attrs = Vec::with_capacity(steps.len());
     for (a, m) in steps {
         match qp_attr_of(c, a, *m) {
-            Ok(t) => attrs.push(t),
+            Ok(t) => attrs.push(with_ece(q, t)),
             Err(e) => return e,
         }
     }
@@ -1308,6 +1309,85 @@ pub(crate) fn modify_qp_steps(qp: *mut ibv_qp, steps: &[(ibv_qp_attr, c_int)]) -
     r
 }
 export!("ibv_modify_qp", "IBVERBS_1.1", modify_qp);
+
+/// The transition `t` with the options `ibv_set_ece` agreed: they take
+/// effect when the QP becomes ready to receive (RTR), as rdma-core's
+/// providers apply them during the modify stages.
+fn with_ece(q: &Qp, mut t: QpAttr) -> QpAttr {
+    let ece = *q.ece.lock().unwrap_or_else(|e| e.into_inner());
+    if let (Some(ece), Some(QpState::Rtr)) = (ece, t.state) {
+        t.selective_repeat = Some(ece.selective_repeat());
+    }
+    t
+}
+
+/// `struct ibv_ece`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ibv_ece {
+    vendor_id: u32,
+    options: u32,
+    comp_mask: u32,
+}
+
+/// `ibv_query_ece`: burst's vendor ID and the options the QP offers, or
+/// those `ibv_set_ece` agreed once it was called.
+unsafe extern "C" fn query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    guard("ibv_query_ece", libc::EIO, || {
+        let (Some(q), false) = (ours!(Qp, qp), ece.is_null()) else {
+            return libc::EINVAL;
+        };
+        let e = q
+            .ece
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(burst_verbs::Ece::offered);
+        let out = ibv_ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+            comp_mask: 0,
+        };
+        // SAFETY: a writable ibv_ece (caller's contract), checked non-null.
+        unsafe { ece.write(out) };
+        0
+    })
+}
+export!("ibv_query_ece", "IBVERBS_1.10", query_ece);
+
+/// `ibv_set_ece`: the peer's ECE (librdmacm passes the one its REQ or REP
+/// carried; NCCL the one its own exchange did). The QP keeps the options
+/// both offer, applied at the move to RTR; another vendor's options are
+/// refused with EINVAL (as mlx5 refuses a foreign vendor), which
+/// librdmacm ignores, leaving the QP go-back-N.
+unsafe extern "C" fn set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    guard("ibv_set_ece", libc::EIO, || {
+        let (Some(q), false) = (ours!(Qp, qp), ece.is_null()) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: a readable ibv_ece (caller's contract), checked non-null.
+        let e = unsafe { ece.read() };
+        // rdma-core's own check, before any provider's.
+        if e.vendor_id == 0 {
+            return libc::EOPNOTSUPP;
+        }
+        if e.comp_mask != 0 || e.vendor_id != burst_verbs::VENDOR_ID {
+            tracing::debug!(
+                vendor_id = e.vendor_id,
+                comp_mask = e.comp_mask,
+                "ibv_set_ece: not burst's options; the QP stays go-back-N"
+            );
+            return libc::EINVAL;
+        }
+        let peer = burst_verbs::Ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+        };
+        *q.ece.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(burst_verbs::Ece::offered().agree(&peer));
+        0
+    })
+}
+export!("ibv_set_ece", "IBVERBS_1.10", set_ece);
 
 pub(crate) unsafe extern "C" fn query_qp(
     qp: *mut ibv_qp,

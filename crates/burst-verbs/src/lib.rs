@@ -177,6 +177,61 @@ pub const MAX_INLINE: u32 = burst_transport::MAX_INLINE as u32;
 /// generic path); 0xb0 0x57 reads "burst".
 pub const VENDOR_ID: u32 = 0x00b0_57b0;
 
+/// Enhanced Connection Establishment options (`struct ibv_ece`): what a
+/// QP offers beyond IBA, exchanged with the peer at connection setup
+/// (librdmacm carries it in the CM REQ and REP; other applications in
+/// their own exchange, as NCCL does) and kept only when both ends offer it
+/// under the same vendor ID. burst's one option is selective repeat
+/// ([`ECE_SELECTIVE_REPEAT`]); toward RXE or an RNIC, whose vendor ID
+/// differs or who offers nothing, the QP stays go-back-N.
+///
+/// ```
+/// use burst_verbs::Ece;
+/// let ours = Ece::offered();
+/// assert!(ours.agree(&ours).selective_repeat());
+/// let rnic = Ece { vendor_id: 0x15b3, options: 1 };
+/// assert!(!ours.agree(&rnic).selective_repeat());
+/// assert!(!ours.agree(&Ece::default()).selective_repeat());
+/// ```
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ece {
+    /// The offering stack's vendor ([`VENDOR_ID`] for burst; 0: none).
+    pub vendor_id: u32,
+    /// Options, as the vendor defines them.
+    pub options: u32,
+}
+
+/// burst's ECE option bit: selective repeat (`QpAttr::selective_repeat`).
+pub const ECE_SELECTIVE_REPEAT: u32 = 1;
+
+impl Ece {
+    /// What a burst QP offers.
+    pub const fn offered() -> Ece {
+        Ece {
+            vendor_id: VENDOR_ID,
+            options: ECE_SELECTIVE_REPEAT,
+        }
+    }
+
+    /// The options both `self` (ours) and `peer` offer: none unless both
+    /// are burst's.
+    #[must_use]
+    pub fn agree(&self, peer: &Ece) -> Ece {
+        if self.vendor_id != VENDOR_ID || peer.vendor_id != VENDOR_ID {
+            return Ece::default();
+        }
+        Ece {
+            vendor_id: VENDOR_ID,
+            options: self.options & peer.options & ECE_SELECTIVE_REPEAT,
+        }
+    }
+
+    /// Whether these (agreed) options turn selective repeat on.
+    pub fn selective_repeat(&self) -> bool {
+        self.vendor_id == VENDOR_ID && self.options & ECE_SELECTIVE_REPEAT != 0
+    }
+}
+
 /// What [`engine::Context::query_device`] reports (the fields of `ibv_device_attr`
 /// an application sizes itself by); every limit is one the stack enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,6 +353,8 @@ pub struct RcParams {
     pub min_rnr_timer: u8,
     /// READs/atomics we issue at once, and accept from the peer.
     pub rd_atomic: u8,
+    /// Selective repeat, when the peer agreed to it ([`Ece::agree`]).
+    pub selective_repeat: bool,
 }
 
 impl RcParams {
@@ -331,6 +388,7 @@ impl RcParams {
                 rq_psn: Some(peer.psn),
                 max_dest_rd_atomic: Some(self.rd_atomic),
                 min_rnr_timer: Some(self.min_rnr_timer),
+                selective_repeat: self.selective_repeat.then_some(true),
                 ..Default::default()
             },
             QpAttr {
@@ -357,6 +415,7 @@ impl RcParams {
             rnr_retry: 7,
             min_rnr_timer: 12,
             rd_atomic: 1,
+            selective_repeat: false,
         }
     }
 }

@@ -251,6 +251,19 @@ impl CmTransport {
     }
 }
 
+/// Enhanced Connection Establishment options a REQ or REP carries, where
+/// the kernel's CM puts them: the vendor ID in 24 reserved bits of the
+/// message (REQ bytes 5-7; REP bytes 15, 19 and 23), the options in the
+/// MAD header's attribute modifier. All zero from a CM or device without
+/// ECE (RXE); a CM that does not know them ignores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CmEce {
+    /// IEEE OUI of the offering stack (24 bits).
+    pub vendor_id: u32,
+    /// The vendor's options.
+    pub options: u32,
+}
+
 /// REQ: connection request (IBA table 106).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmReq {
@@ -308,6 +321,8 @@ pub struct CmReq {
     pub sap_supported: bool,
     /// Private data (rdma_cm puts its IP addresses here).
     pub private_data: [u8; 92],
+    /// ECE options ([`CmEce`]).
+    pub ece: CmEce,
 }
 
 impl CmReq {
@@ -339,11 +354,17 @@ impl CmReq {
             alternate_path: CmPath::parse(b, 96),
             sap_supported: bits(b, 139, 2, 1) != 0,
             private_data: array(b, 140),
+            // The options come from the MAD header (`CmMad::parse`).
+            ece: CmEce {
+                vendor_id: u24_at(b, 5),
+                options: 0,
+            },
         }
     }
 
     fn emit(&self, b: &mut [u8]) -> Result<()> {
         set_u32(b, 0, self.local_comm_id);
+        set_u24(b, 5, self.ece.vendor_id & 0xff_ffff);
         set_u64(b, 8, self.service_id);
         set_u64(b, 16, self.local_ca_guid);
         set_u32(b, 28, self.local_qkey);
@@ -407,6 +428,8 @@ pub struct CmRep {
     pub local_ca_guid: u64,
     /// Private data.
     pub private_data: [u8; 196],
+    /// ECE options ([`CmEce`]).
+    pub ece: CmEce,
 }
 
 impl CmRep {
@@ -427,6 +450,10 @@ impl CmRep {
             srq: bits(b, 27, 4, 1) != 0,
             local_ca_guid: u64_at(b, 28),
             private_data: array(b, 36),
+            ece: CmEce {
+                vendor_id: u32::from(b[15]) << 16 | u32::from(b[19]) << 8 | u32::from(b[23]),
+                options: 0,
+            },
         }
     }
 
@@ -446,6 +473,9 @@ impl CmRep {
         set_bits(b, 27, 4, 1, u8::from(self.srq));
         set_u64(b, 28, self.local_ca_guid);
         b[36..232].copy_from_slice(&self.private_data);
+        // The vendor ID in the reserved byte after each 24-bit field.
+        let v = self.ece.vendor_id.to_be_bytes();
+        (b[15], b[19], b[23]) = (v[1], v[2], v[3]);
     }
 }
 
@@ -702,6 +732,15 @@ impl CmMessage {
             CmMessage::SidrRep(_) => CmAttr::SidrRep,
         }
     }
+
+    /// The ECE options a REQ or REP carries (none for the others).
+    pub fn ece(&self) -> CmEce {
+        match self {
+            CmMessage::Req(r) => r.ece,
+            CmMessage::Rep(r) => r.ece,
+            _ => CmEce::default(),
+        }
+    }
 }
 
 /// A whole CM MAD: header and message.
@@ -726,10 +765,9 @@ pub struct CmMad {
 impl CmMad {
     /// A CM MAD with a standard Send header.
     pub fn new(transaction_id: u64, message: CmMessage) -> CmMad {
-        CmMad {
-            header: MadHeader::cm(message.attr(), transaction_id),
-            message,
-        }
+        let mut header = MadHeader::cm(message.attr(), transaction_id);
+        header.attr_mod = message.ece().options;
+        CmMad { header, message }
     }
 
     /// Parses a MAD (the payload of a UD SEND to QP1).
@@ -744,11 +782,20 @@ impl CmMad {
         }
         let body = &b[MAD_HEADER_LEN..MAD_LEN];
         let attr = CmAttr::from_u16(header.attr_id).ok_or(Error::BadMad("attribute ID"))?;
+        let options = header.attr_mod;
         let message = match attr {
-            CmAttr::Req => CmMessage::Req(CmReq::parse(body)),
+            CmAttr::Req => {
+                let mut req = CmReq::parse(body);
+                req.ece.options = options;
+                CmMessage::Req(req)
+            }
             CmAttr::Mra => CmMessage::Mra(CmMra::parse(body)),
             CmAttr::Rej => CmMessage::Rej(CmRej::parse(body)),
-            CmAttr::Rep => CmMessage::Rep(CmRep::parse(body)),
+            CmAttr::Rep => {
+                let mut rep = CmRep::parse(body);
+                rep.ece.options = options;
+                CmMessage::Rep(rep)
+            }
             CmAttr::Rtu => CmMessage::Rtu(CmIds::parse(body)),
             CmAttr::Dreq => CmMessage::Dreq(CmDreq::parse(body)),
             CmAttr::Drep => CmMessage::Drep(CmIds::parse(body)),

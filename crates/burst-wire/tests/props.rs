@@ -281,6 +281,7 @@ proptest! {
                     extended_transport_type: bytes[17] & 7, primary_path: path,
                     alternate_path: CmPath { sl: 3, ..path }, sap_supported: bytes[18] & 1 == 1,
                     private_data: pd(92).try_into().unwrap(),
+                    ece: CmEce { vendor_id: qkey & 0xff_ffff, options: b },
                 })
             }
             1 => CmMessage::Rep(CmRep {
@@ -289,6 +290,7 @@ proptest! {
                 initiator_depth: bytes[1], target_ack_delay: bytes[2] & 0x1f, failover_accepted: bytes[3] & 3,
                 end_to_end_flow_control: bytes[4] & 1 == 1, rnr_retry_count: bytes[5] & 7,
                 srq: bytes[6] & 1 == 1, local_ca_guid: tid, private_data: pd(196).try_into().unwrap(),
+                ece: CmEce { vendor_id: a & 0xff_ffff, options: qkey },
             }),
             2 => CmMessage::Rej(CmRej {
                 local_comm_id: a, remote_comm_id: b, message_rejected: bytes[0] & 3,

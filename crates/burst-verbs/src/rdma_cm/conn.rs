@@ -100,6 +100,10 @@ impl CmId {
         req.srq = p.is_some_and(|p| p.srq);
         if qp.as_ref().is_some_and(|q| q.qp_type() == QpType::Uc) {
             req.transport = burst_cm::CmTransport::Uc;
+        } else {
+            // burst's ECE offer (selective repeat); the kernel's CM hands
+            // it to its application, which has no use for it.
+            req.ece = super::qp::cm_ece(crate::Ece::offered());
         }
         req.path_mtu = d.mtu;
         let ack_timeout = st.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
@@ -202,6 +206,8 @@ impl CmId {
         rep.end_to_end_flow_control = p.is_none_or(|p| p.flow_control);
         rep.srq = p.is_some_and(|p| p.srq);
         rep.private_data[..user.len()].copy_from_slice(user);
+        // What both offered (nothing unless the REQ was burst's).
+        rep.ece = super::qp::cm_ece(st.neg.ece);
         d.svc
             .with(|c, now| c.accept(now, conn, rep))
             .map_err(|e| errno(e.errno()))

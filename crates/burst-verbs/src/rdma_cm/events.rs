@@ -10,7 +10,7 @@ use burst_cm::rdma::{CmaHeader, PortSpace, CMA_HEADER_LEN};
 use burst_cm::{reason, sidr_status, CmEvent, CmRep, CmReq, CmSidrRep, CmSidrReq, ConnId};
 
 use super::id::Phase;
-use super::qp::{Negotiated, DEFAULT_ACK_TIMEOUT};
+use super::qp::{ece_of, Negotiated, DEFAULT_ACK_TIMEOUT};
 use super::{AddressVector, CmEventKind, CmId, ConnParam, Device, EventParam, Shared, UdParam};
 use crate::{gid_of, Qpn};
 
@@ -132,6 +132,10 @@ fn on_request(cm: &Arc<Shared>, d: &Device, conn: ConnId, peer: IpAddr, req: &Cm
             0 => DEFAULT_ACK_TIMEOUT,
             t => t,
         },
+        ece: match req.transport {
+            burst_cm::CmTransport::Rc => crate::Ece::offered().agree(&ece_of(req.ece)),
+            _ => crate::Ece::default(),
+        },
     };
     let param = EventParam::Conn(ConnParam {
         private_data: req.private_data[CMA_HEADER_LEN..].to_vec(),
@@ -182,6 +186,7 @@ fn on_reply(cm: &Arc<Shared>, d: &Device, conn: ConnId, rep: &CmRep) {
         st.neg.initiator_depth = st.neg.initiator_depth.min(rep.responder_resources);
         st.neg.responder_resources = st.neg.responder_resources.min(rep.initiator_depth);
         st.neg.rnr_retry_count = rep.rnr_retry_count;
+        st.neg.ece = crate::Ece::offered().agree(&ece_of(rep.ece));
         st.phase = Phase::RepRcvd;
         id.ready_qp(&st)
     };

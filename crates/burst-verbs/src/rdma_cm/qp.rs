@@ -90,6 +90,25 @@ pub(super) struct Negotiated {
     /// Local ACK timeout (4.096 us * 2^t): ours in the REQ, the REQ's on
     /// the passive side, as the kernel's CM does.
     pub ack_timeout: u8,
+    /// The ECE options both sides offered ([`crate::Ece::agree`]): the
+    /// REQ's against ours on the passive side, the REP's on the active.
+    pub ece: crate::Ece,
+}
+
+/// The ECE options a REQ or REP carried.
+pub(super) fn ece_of(e: burst_cm::CmEce) -> crate::Ece {
+    crate::Ece {
+        vendor_id: e.vendor_id,
+        options: e.options,
+    }
+}
+
+/// The ECE options to carry in a REQ or REP.
+pub(super) fn cm_ece(e: crate::Ece) -> burst_cm::CmEce {
+    burst_cm::CmEce {
+        vendor_id: e.vendor_id,
+        options: e.options,
+    }
 }
 
 /// The ACK timeout the kernel's RDMA CM gives RoCE QPs (packet life time
@@ -148,6 +167,7 @@ pub(super) fn attr_for(p: &QpPlan, state: QpState) -> io::Result<CmQpAttr> {
             if rc {
                 a.max_dest_rd_atomic = Some(n.responder_resources);
                 a.min_rnr_timer = Some(12);
+                a.selective_repeat = n.ece.selective_repeat().then_some(true);
             }
         }
         QpState::Rts => {
@@ -182,9 +202,30 @@ mod tests {
                 retry_count: 9,
                 rnr_retry_count: 7,
                 ack_timeout: 14,
+                ece: crate::Ece::default(),
             },
             av: Some(AddressVector::default()),
         }
+    }
+
+    #[test]
+    fn selective_repeat_only_when_both_offered_it() {
+        let mut p = plan(QpType::Rc, true);
+        assert_eq!(
+            attr_for(&p, QpState::Rtr).unwrap().attr.selective_repeat,
+            None
+        );
+        p.neg.ece = crate::Ece::offered().agree(&crate::Ece::offered());
+        assert_eq!(
+            attr_for(&p, QpState::Rtr).unwrap().attr.selective_repeat,
+            Some(true)
+        );
+        // The kernel's CM with RXE carries no ECE.
+        p.neg.ece = crate::Ece::offered().agree(&ece_of(burst_cm::CmEce::default()));
+        assert_eq!(
+            attr_for(&p, QpState::Rtr).unwrap().attr.selective_repeat,
+            None
+        );
     }
 
     #[test]
