@@ -804,6 +804,8 @@ mod tests {
             secs: 1.0,
             retransmitted_pkts: 0,
             retransmits_started: 0,
+            ack_timeouts: 0,
+            sr_probes: 0,
             cpu_secs: 2.0,
             client_cpu_secs: 1.2,
             ns_per_pkt: [0.0; 2],

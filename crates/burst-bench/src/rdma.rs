@@ -537,6 +537,8 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         secs,
         retransmitted_pkts: after.retransmitted_pkts - before.retransmitted_pkts,
         retransmits_started: after.retransmits_started - before.retransmits_started,
+        ack_timeouts: after.completer_retry_err - before.completer_retry_err,
+        sr_probes: after.sr_probes - before.sr_probes,
         cpu_secs: 0.0,
         client_cpu_secs: 0.0,
         ns_per_pkt: [0.0; 2],

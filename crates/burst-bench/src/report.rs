@@ -25,6 +25,12 @@ pub struct Bw {
     pub retransmitted_pkts: u64,
     /// See `retransmitted_pkts`.
     pub retransmits_started: u64,
+    /// burst only: the sender's ACK timeouts (each waits the QP's whole
+    /// timeout) and selective-repeat probes (a packet resent after four
+    /// round trips without progress, instead of a timeout).
+    pub ack_timeouts: u64,
+    /// See `ack_timeouts`.
+    pub sr_probes: u64,
     /// CPU time both sides used over the run (user + system, getrusage),
     /// seconds: a busy-polling stack shows here what its speed costs.
     pub cpu_secs: f64,

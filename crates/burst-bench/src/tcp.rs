@@ -95,6 +95,8 @@ pub fn stream(
         secs,
         retransmitted_pkts: 0,
         retransmits_started: 0,
+        ack_timeouts: 0,
+        sr_probes: 0,
         cpu_secs: 0.0,
         client_cpu_secs: 0.0,
         ns_per_pkt: [0.0; 2],

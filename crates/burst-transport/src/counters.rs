@@ -57,6 +57,9 @@ burst_wire::counters! {
         /// Selective repeat: probes sent (the oldest unacknowledged packet
         /// resent after four round trips without progress).
         pub sr_probes: u64,
+        /// Selective repeat: recoveries that met more holes than it repairs
+        /// one by one and went back N.
+        pub sr_go_backs: u64,
         /// Packets dropped (wrong state, type, Q_Key, no receive WQE on UC/UD, ghosts).
         pub dropped_pkts: u64,
         /// Duplicate READ or atomic requests not answered: outside the last

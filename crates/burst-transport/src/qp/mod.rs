@@ -176,6 +176,9 @@ struct Requester {
     /// the last went), to know a NAK the responder sent before they
     /// arrived.
     resent: Option<(Psn, Psn, Nanos)>,
+    /// Selective repeat: the current recovery (the first PSN past what was
+    /// sent when it began, and the holes NAKed in it so far).
+    recovery: Option<(Psn, u32)>,
     /// Smoothed round-trip time (0: no sample yet).
     srtt: Nanos,
     /// Selective repeat: when the last progress (or probe) was, and the

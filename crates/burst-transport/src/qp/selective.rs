@@ -36,6 +36,10 @@ pub(super) const WINDOW: u32 = 1024;
 /// once.
 const MESSAGES: usize = 16;
 
+/// Holes one recovery repairs one by one before it goes back N (see
+/// `Qp::retry_selective`).
+const HOLES_BEFORE_GO_BACK: u32 = 4;
+
 /// The shortest wait before a probe (see `Qp::probe_deadline`): a few
 /// round trips of a software stack on one host.
 pub(super) const PROBE_FLOOR_NS: Nanos = 16_000;
@@ -299,6 +303,20 @@ impl Qp {
                 return true;
             }
         }
+        // Holes are repaired one per round trip (a NAK names one); when
+        // losses come dense (an overrun receive buffer, congestion control
+        // off) that is slower than resending everything: past a few holes
+        // in one recovery, go back N.
+        let (end, holes) = match self.req.recovery {
+            Some((end, holes)) if self.req.una_psn.distance_to(end) > 0 => (end, holes + 1),
+            _ => (self.req.sent_high, 1),
+        };
+        if holes > HOLES_BEFORE_GO_BACK {
+            self.req.recovery = None;
+            self.counters.sr_go_backs += 1;
+            return self.retry_from(psn);
+        }
+        self.req.recovery = Some((end, holes));
         let Some(w) = self.req.sq.iter().find(|w| w.contains(psn) && !w.done) else {
             return self.retry_from(psn);
         };
