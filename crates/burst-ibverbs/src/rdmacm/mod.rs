@@ -7,7 +7,7 @@
 //! `rdma_getaddrinfo`. Connection setup itself (addresses, REQ/REP/RTU,
 //! SIDR, the QP's transitions) is burst-verbs'.
 //!
-//! Not yet: multicast (`rdma_join_multicast` is not exported), ECE,
+//! Not yet: multicast (`rdma_join_multicast` is not exported), the ECE calls,
 //! rsockets.
 
 mod abi;

@@ -16,7 +16,10 @@
 //! Works the same with an embedded engine and as a burstd client (the
 //! daemon owns QP1 and routes each MAD to the client it is for).
 //!
-//! Not yet: multicast, ECE, alternate paths, IPv6 link-local scopes.
+//! ECE: an RC REQ offers burst's options ([`crate::Ece`]), the REP answers what
+//! both offer, and both QPs repeat selectively when that includes it.
+//!
+//! Not yet: multicast, alternate paths, IPv6 link-local scopes.
 //!
 //! ```no_run
 //! use burst_verbs::rdma_cm::{CmEventKind, EventChannel, PortSpace, RdmaCm};
