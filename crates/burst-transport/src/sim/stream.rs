@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p burst-transport --example sim -- --stream \
-//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D]
+//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D] [--flows N]
 //! ```
 
 use super::*;
@@ -21,8 +21,10 @@ pub struct StreamOptions {
     pub bytes: u64,
     /// Bytes per WRITE.
     pub size: usize,
-    /// WRITEs outstanding at once.
+    /// WRITEs outstanding at once on each flow.
     pub depth: usize,
+    /// RC pairs streaming at once, node 0 to node 1 (one peer).
+    pub flows: usize,
     /// Simulated time limit.
     pub deadline: Nanos,
 }
@@ -35,6 +37,7 @@ impl Default for StreamOptions {
             bytes: 256 << 20,
             size: 64 << 10,
             depth: 32,
+            flows: 1,
             deadline: 60_000_000_000,
         }
     }
@@ -49,8 +52,10 @@ pub struct StreamSummary {
     pub sim_ns: Nanos,
     /// Network statistics.
     pub net: NetStats,
-    /// The two QPs' counters, summed.
+    /// The QPs' counters, summed.
     pub counters: Counters,
+    /// Jain's fairness index of the flows' shares (1: equal).
+    pub jain: f64,
 }
 
 impl StreamSummary {
@@ -60,8 +65,10 @@ impl StreamSummary {
     }
 }
 
-/// Streams `o.bytes` of WRITEs from node 0 to node 1 over `w` (MTU 4096),
-/// `o.depth` at a time, each checked when it completes.
+/// Streams `o.bytes` of WRITEs from node 0 to node 1 over `w` (MTU 4096)
+/// on `o.flows` RC pairs, `o.depth` WRITEs outstanding on each, every
+/// WRITE checked when it completes; the run ends when the flows together
+/// completed `o.bytes`, and their shares give Jain's fairness index.
 pub fn run_stream<F: Fabric>(
     w: &mut F,
     seed: u64,
@@ -69,69 +76,80 @@ pub fn run_stream<F: Fabric>(
 ) -> Result<StreamSummary, String> {
     let mut rng = Rng::new(seed);
     let mtu = Mtu::Mtu4096;
-    let a = w.add_qp(0, QpType::Rc, mtu);
-    let b = w.add_qp(1, QpType::Rc, mtu);
-    w.connect(
-        a,
-        Some(b),
-        mtu,
-        Psn::new(rng.below(1 << 24) as u32),
-        Psn::new(7),
-    )
-    .map_err(|e| e.to_string())?;
     let (req, resp) = match o.repeat {
         Repeat::BySeed => (true, true),
         r => r.ends(seed, 0),
     };
-    w.set_selective_repeat(a, req).map_err(|e| e.to_string())?;
-    w.set_selective_repeat(b, resp).map_err(|e| e.to_string())?;
     let (size, depth) = (o.size.max(1), o.depth.max(1));
-    let (src, src_va) = w.register(0, size * depth);
-    let (dst, dst_va) = w.register(1, size * depth);
+    let mut flows = Vec::new();
+    for _ in 0..o.flows.max(1) {
+        let a = w.add_qp(0, QpType::Rc, mtu);
+        let b = w.add_qp(1, QpType::Rc, mtu);
+        let psn = Psn::new(rng.below(1 << 24) as u32);
+        w.connect(a, Some(b), mtu, psn, Psn::new(7))
+            .map_err(|e| e.to_string())?;
+        w.set_selective_repeat(a, req).map_err(|e| e.to_string())?;
+        w.set_selective_repeat(b, resp).map_err(|e| e.to_string())?;
+        let (src, src_va) = w.register(0, size * depth);
+        let (dst, dst_va) = w.register(1, size * depth);
+        flows.push(Flow {
+            a,
+            src: (src, src_va),
+            dst: (dst, dst_va),
+            posted: 0,
+            done: 0,
+        });
+    }
     let total = o.bytes.div_ceil(size as u64);
-    let (mut posted, mut done) = (0u64, 0u64);
     let mut failure: Option<String> = None;
-    // Posts WRITE `i` from slot i % depth, with fresh bytes.
-    let post = |w: &mut F, rng: &mut Rng, i: u64| -> Result<(), String> {
-        let slot = (i % depth as u64) as usize * size;
-        fill(rng, &mut w.bytes_mut(0, src)[slot..slot + size]);
+    // Posts flow f's next WRITE from its slot posted % depth, fresh bytes.
+    let post = |w: &mut F, rng: &mut Rng, f: &mut Flow| -> Result<(), String> {
+        let slot = (f.posted % depth as u64) as usize * size;
+        fill(rng, &mut w.bytes_mut(0, f.src.0)[slot..slot + size]);
         let sge = Sge {
-            addr: src_va + slot as u64,
+            addr: f.src.1 + slot as u64,
             length: size as u32,
-            lkey: src,
+            lkey: f.src.0,
         };
         let op = SendOp::Write {
-            remote_addr: dst_va + slot as u64,
-            rkey: dst,
+            remote_addr: f.dst.1 + slot as u64,
+            rkey: f.dst.0,
         };
-        w.post_send(a, SendWr::new(i, op, [sge]))
-            .map_err(|e| format!("post_send: {e}"))
+        w.post_send(f.a, SendWr::new(f.posted, op, [sge]))
+            .map_err(|e| format!("post_send: {e}"))?;
+        f.posted += 1;
+        Ok(())
     };
-    while posted < total.min(depth as u64) {
-        post(w, &mut rng, posted)?;
-        posted += 1;
+    for f in flows.iter_mut() {
+        for _ in 0..depth {
+            post(w, &mut rng, f)?;
+        }
     }
+    let mut done = 0u64;
     let finished = w.run(o.deadline, &mut |w: &mut F| {
-        while let Some(c) = w.completions(a).pop_front() {
-            if c.status != WcStatus::Success || c.wr_id != done {
-                failure = Some(format!(
-                    "WRITE {} completed as {:?} (wr_id {})",
-                    done, c.status, c.wr_id
-                ));
-                return true;
-            }
-            let slot = (done % depth as u64) as usize * size;
-            if w.bytes(0, src)[slot..slot + size] != w.bytes(1, dst)[slot..slot + size] {
-                failure = Some(format!("WRITE {done}: the responder's bytes differ"));
-                return true;
-            }
-            done += 1;
-            if posted < total {
-                if let Err(e) = post(w, &mut rng, posted) {
-                    failure = Some(e);
+        for f in flows.iter_mut() {
+            while let Some(c) = w.completions(f.a).pop_front() {
+                if c.status != WcStatus::Success || c.wr_id != f.done {
+                    failure = Some(format!(
+                        "flow {}: WRITE {} completed as {:?} (wr_id {})",
+                        f.a, f.done, c.status, c.wr_id
+                    ));
                     return true;
                 }
-                posted += 1;
+                let slot = (f.done % depth as u64) as usize * size;
+                if w.bytes(0, f.src.0)[slot..slot + size] != w.bytes(1, f.dst.0)[slot..slot + size]
+                {
+                    failure = Some(format!("flow {}: WRITE {}: the bytes differ", f.a, f.done));
+                    return true;
+                }
+                f.done += 1;
+                done += 1;
+                if done < total {
+                    if let Err(e) = post(w, &mut rng, f) {
+                        failure = Some(e);
+                        return true;
+                    }
+                }
             }
         }
         done >= total
@@ -144,15 +162,33 @@ pub fn run_stream<F: Fabric>(
     }
     if !finished {
         return Err(format!(
-            "seed {seed}: {done} of {total} WRITEs done by {} ns ({})",
-            o.deadline,
-            w.describe_qps().join("; ")
+            "seed {seed}: {done} of {total} WRITEs done by {} ns",
+            o.deadline
         ));
     }
+    // Jain's index over the flows' completed WRITEs: 1 when equal, 1/n
+    // when one flow had it all.
+    let x: Vec<f64> = flows.iter().map(|f| f.done as f64).collect();
+    let (sum, sq) = (x.iter().sum::<f64>(), x.iter().map(|v| v * v).sum::<f64>());
     Ok(StreamSummary {
         bytes: done * size as u64,
         sim_ns: w.now(),
         net: w.net_stats(),
         counters: w.qp_counters(),
+        jain: if sq > 0.0 {
+            sum * sum / (x.len() as f64 * sq)
+        } else {
+            1.0
+        },
     })
+}
+
+/// One flow of a stream: its requester QP, source and destination
+/// regions (key, address), WRITEs posted and completed.
+struct Flow {
+    a: usize,
+    src: (u32, u64),
+    dst: (u32, u64),
+    posted: u64,
+    done: u64,
 }

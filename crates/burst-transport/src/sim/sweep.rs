@@ -6,9 +6,10 @@
 //!
 //! ```text
 //! --seeds N --loss P --reorder P --dup P [--corrupt P] [--seed S] [--ops N] [--max-size BYTES]
+//!     [--pairs N]
 //!     [--repeat by-seed|go-back-n|selective|requester-only|responder-only]
 //! --sweep [--rx-limits] --seeds N [--first-seed S] [--secs S] [--jobs J] [-v]
-//! --stream --loss P [--repeat R] [--seeds N] [--bytes N] [--size BYTES] [--depth D]
+//! --stream --loss P [--repeat R] [--seeds N] [--bytes N] [--size BYTES] [--depth D] [--flows N]
 //! ```
 //!
 //! `--stream` measures goodput instead ([`super::stream`]): one RC pair
@@ -59,6 +60,9 @@ fn replay_line(example: &str, seed: u64, o: &WorkloadOptions) -> String {
         "cargo run --release {example} -- --seed {seed} --loss {} --reorder {} --dup {} --corrupt {} --ops {} --max-size {}",
         f.loss, f.reorder, f.dup, f.corrupt, o.ops_per_pair, o.max_size
     );
+    if o.rc_pairs != WorkloadOptions::default().rc_pairs {
+        s += &format!(" --pairs {}", o.rc_pairs);
+    }
     if f.rx_gbps != 0 || f.rx_queue != 0 {
         s += &format!(" --rx-gbps {} --rx-queue {}", f.rx_gbps, f.rx_queue);
     }
@@ -113,6 +117,7 @@ pub fn main_with(
             "--rx-gbps" => o.faults.rx_gbps = num(i) as u64,
             "--rx-queue" => o.faults.rx_queue = num(i) as usize,
             "--ops" => o.ops_per_pair = num(i) as usize,
+            "--pairs" => o.rc_pairs = (num(i) as usize).max(1),
             "--max-size" => o.max_size = num(i) as usize,
             "--repeat" => {
                 let r = args.get(i + 1).and_then(|v| Repeat::parse(v));
@@ -125,6 +130,7 @@ pub fn main_with(
             "--bytes" => so.bytes = num(i) as u64,
             "--size" => so.size = num(i) as usize,
             "--depth" => so.depth = num(i) as usize,
+            "--flows" => so.flows = (num(i) as usize).max(1),
             "--secs" => secs = Some(num(i)),
             "--jobs" => jobs = (num(i) as usize).max(1),
             "--sweep" | "--stream" | "--rx-limits" | "-v" | "--verbose" => {
@@ -255,7 +261,7 @@ fn stream_main(
                 Ok(s) => {
                     let c = s.counters;
                     println!(
-                        "seed {seed} {}: {:.2} Gb/s goodput ({} bytes in {:.3} ms simulated), {} frames ({} lost), {} retransmitted, {} timeouts, {} held out of order",
+                        "seed {seed} {}: {:.2} Gb/s goodput ({} bytes in {:.3} ms simulated), {} frames ({} lost), {} retransmitted, {} timeouts, {} held out of order, Jain {:.4} over {} flow(s)",
                         repeat.name(),
                         s.gbps(),
                         s.bytes,
@@ -264,7 +270,9 @@ fn stream_main(
                         s.net.lost,
                         c.retransmitted_pkts,
                         c.completer_retry_err,
-                        c.sr_held_pkts
+                        c.sr_held_pkts,
+                        s.jain,
+                        so.flows
                     );
                     sums[m].0 += s.gbps();
                     sums[m].1 += 1;
