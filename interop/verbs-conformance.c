@@ -721,6 +721,12 @@ int main(int argc, char **argv)
 	check(r == ENOMEM, msg);
 	check(post_send(qp, &sge, 3) != 0, "post_send in INIT fails");
 	check(!to_state(qp, IBV_QPS_ERR), "INIT -> ERR");
+	/* The flushes land in the CQ; it cannot shrink below them. */
+	usleep(200 * 1000);
+	r = ibv_resize_cq(cq, 1);
+	snprintf(msg, sizeof(msg),
+		 "ibv_resize_cq below the completions it holds: EINVAL (got %d)", r);
+	check(r == EINVAL, msg);
 	snprintf(msg, sizeof(msg), "the %u receives are flushed", depth);
 	check(flushed(cq, depth, IBV_WC_WR_FLUSH_ERR) == (int)depth, msg);
 	check(!post_recv(qp, &sge, 4), "post_recv in ERR is taken");

@@ -554,17 +554,23 @@ fn new_cq(
 }
 export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
 
-/// `ibv_resize_cq`: a new depth in 1..=MAX_CQE (EINVAL outside, as RXE).
+/// `ibv_resize_cq`: a new depth in 1..=MAX_CQE and not below the
+/// completions the CQ holds (EINVAL otherwise, as RXE's `rxe_cq_chk_attr`).
 /// The engine never overruns a CQ (completions past its ring wait in the
 /// engine), so the depth is what `cq->cqe` reports; the ring keeps its
 /// size.
 unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     guard("ibv_resize_cq", libc::EIO, || {
-        if ours!(Cq, cq).is_none() {
+        let Some(c) = ours!(Cq, cq) else {
             return libc::EINVAL;
-        }
+        };
         if !(1..=MAX_CQE).contains(&cqe) {
             tracing::warn!(cqe, "ibv_resize_cq: size out of range");
+            return libc::EINVAL;
+        }
+        let held = c.handle.settled_len();
+        if (cqe as usize) < held {
+            tracing::warn!(cqe, held, "ibv_resize_cq: fewer entries than the CQ holds");
             return libc::EINVAL;
         }
         // SAFETY: the caller's CQ (ours); C owns the struct.

@@ -140,6 +140,13 @@ impl CompletionQueue {
         self.cq.ring.len()
     }
 
+    /// Completions waiting once the data plane has run (what a resize must
+    /// leave room for: `ibv_resize_cq` below it fails, as on RXE).
+    pub fn settled_len(&self) -> usize {
+        self.ctx.progress();
+        self.cq.ring.len()
+    }
+
     /// The device failed for good (a daemon client whose burstd died).
     pub fn device_failed(&self) -> bool {
         self.ctx.device_failed()
