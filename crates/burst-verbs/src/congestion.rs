@@ -51,6 +51,9 @@ burst_wire::counters! {
 struct Peer {
     window: LossWindow,
     in_flight: u64,
+    /// QPs (the data plane's indices) parked while the window was full:
+    /// they get no turn until it has room again, in this order.
+    waiting: std::collections::VecDeque<usize>,
 }
 
 /// One QP's congestion state.
@@ -66,6 +69,20 @@ pub(crate) struct QpFlow {
     /// Paced: no request packet before this time (device-clock ns).
     next_send: u64,
     np: CnpGenerator,
+    /// The last credit was 0 because the peer's window was full.
+    window_full: bool,
+    /// In its peer's waiting list ([`Congestion::park`]).
+    pub parked: bool,
+}
+
+impl Peer {
+    /// Request packets the window lets out now.
+    fn room(&self) -> u64 {
+        self.window
+            .window()
+            .unwrap_or(u64::MAX)
+            .saturating_sub(self.in_flight)
+    }
 }
 
 /// The device's congestion control.
@@ -78,6 +95,8 @@ pub(crate) struct Congestion {
     pub cnps: Vec<(SocketAddr, Qpn)>,
     /// The earliest time a QP held by its rate may send again.
     pace_wakeup: Option<u64>,
+    /// Peers with parked QPs.
+    parked_at: Vec<IpAddr>,
 }
 
 impl Congestion {
@@ -88,6 +107,7 @@ impl Congestion {
             counters: CongestionCounters::default(),
             cnps: Vec::new(),
             pace_wakeup: None,
+            parked_at: Vec::new(),
         }
     }
 
@@ -105,6 +125,8 @@ impl Congestion {
             rate: None,
             next_send: 0,
             np: CnpGenerator::new(dcqcn.unwrap_or_default().cnp_interval),
+            window_full: false,
+            parked: false,
         }
     }
 
@@ -113,11 +135,14 @@ impl Congestion {
         self.forget(f, qp);
         f.peer = Some(peer);
         f.dest_qpn = dest;
+        // A place in another peer's list is that list's to release.
+        f.parked = false;
         f.rate = self.algo.dcqcn().map(Dcqcn::new);
         if self.algo.loss_window() {
             self.peers.entry(peer.ip()).or_insert_with(|| Peer {
                 window: LossWindow::new(Default::default()),
                 in_flight: 0,
+                waiting: Default::default(),
             });
         }
     }
@@ -162,14 +187,12 @@ impl Congestion {
     /// Before the QP transmits: how many request packets it may send now.
     pub fn credit(&mut self, f: &mut QpFlow, qp: &mut Qp, now: u64) -> Option<u32> {
         let _ = self.account(f, qp, now);
+        f.window_full = false;
         let peer = f.peer?;
         let mut credit: Option<u32> = None;
         if let Some(p) = self.peers.get(&peer.ip()) {
-            let room = p
-                .window
-                .window()
-                .unwrap_or(u64::MAX)
-                .saturating_sub(p.in_flight);
+            let room = p.room();
+            f.window_full = room == 0;
             credit = Some(room.min(u64::from(u32::MAX)) as u32);
         }
         if let Some(r) = f.rate.as_mut() {
@@ -184,6 +207,43 @@ impl Congestion {
             }
         }
         credit
+    }
+
+    /// Parks QP `i` (flow `f`) in its peer's waiting list when its last
+    /// credit was 0 for a full window: it needs no turn until the window
+    /// has room ([`Congestion::release`]), so a thousand QPs behind one
+    /// full window cost nothing per round. `false` when not parked (held
+    /// by its rate, or no shared window): it keeps its turns.
+    pub fn park(&mut self, f: &mut QpFlow, i: usize) -> bool {
+        let Some(p) = f.peer.filter(|_| f.window_full) else {
+            return false;
+        };
+        let Some(peer) = self.peers.get_mut(&p.ip()) else {
+            return false;
+        };
+        if !f.parked {
+            f.parked = true;
+            if peer.waiting.is_empty() {
+                self.parked_at.push(p.ip());
+            }
+            peer.waiting.push_back(i);
+        }
+        true
+    }
+
+    /// QPs whose peer's window has room again, oldest first, as many as
+    /// it has packets of room (each then gets a turn; the rest wait). The
+    /// caller clears their `parked` flags.
+    pub fn release(&mut self, out: &mut Vec<usize>) {
+        let peers = &mut self.peers;
+        self.parked_at.retain(|ip| {
+            let Some(p) = peers.get_mut(ip) else {
+                return false;
+            };
+            let room = p.room().min(p.waiting.len() as u64) as usize;
+            out.extend(p.waiting.drain(..room));
+            !p.waiting.is_empty()
+        });
     }
 
     /// After the QP transmitted (`held`: requests its credit did not cover

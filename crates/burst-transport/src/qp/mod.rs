@@ -777,6 +777,13 @@ impl Qp {
         !self.resp.out.is_empty() || self.has_requests_pending()
     }
 
+    /// Whether packets the congestion credit never holds wait to be sent:
+    /// responses (ACKs, NAKs, READ responses, atomic ACKs) and selective
+    /// resends. A QP with none, and no credit, has nothing to send.
+    pub fn has_unheld_pending(&self) -> bool {
+        !self.resp.out.is_empty() || self.req.resend.is_some()
+    }
+
     /// Whether completions wait for [`Qp::poll_completion`].
     pub fn has_completions(&self) -> bool {
         !self.completions.is_empty()

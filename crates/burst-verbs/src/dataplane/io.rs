@@ -410,6 +410,17 @@ impl<P: Port> Device<P> {
             }
         }
         self.cc.begin_round();
+        // QPs parked behind a full peer window whose window has room again
+        // take their turns.
+        let mut released = std::mem::take(&mut self.released);
+        self.cc.release(&mut released);
+        for i in released.drain(..) {
+            if let Some(s) = self.qps[i].as_mut() {
+                s.flow.parked = false;
+                self.ready.queue_transmit(i);
+            }
+        }
+        self.released = released;
         let mut faulted: Vec<(usize, String)> = Vec::new();
         // Each QP in the queue gets a turn in order (the round robin: a QP
         // the full burst left out goes first next round, one still sending
@@ -427,6 +438,11 @@ impl<P: Port> Device<P> {
                 continue;
             }
             let credit = self.cc.credit(&mut s.flow, &mut s.qp, now);
+            // Only requests to send and a full peer window: parked until
+            // the window has room (no turn meanwhile).
+            if credit == Some(0) && !s.qp.has_unheld_pending() && self.cc.park(&mut s.flow, i) {
+                continue;
+            }
             s.qp.set_request_credit(credit);
             let q = &mut s.qp;
             let (tx, ahs, counters) = (&mut self.tx, &self.ahs, &mut self.counters);

@@ -141,6 +141,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     ready: ready::Ready,
     /// Reused list of slots (settling, delivering completions).
     slots: Vec<usize>,
+    /// QPs a round's [`Congestion::release`] gave back (kept for its
+    /// capacity).
+    released: Vec<usize>,
     /// The QPN space this device (one engine thread of a device) owns:
     /// QPNs `FIRST_QPN + slot * count + index` ([`Device::set_lane`]).
     lane: QpnLane,
@@ -213,6 +216,7 @@ impl<P: Port> Device<P> {
             cc: Congestion::new(burst_cc::Algorithm::default()),
             ready: ready::Ready::default(),
             slots: Vec::new(),
+            released: Vec::new(),
             lane: QpnLane { index: 0, count: 1 },
         }
     }
