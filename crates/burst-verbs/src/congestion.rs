@@ -43,6 +43,9 @@ burst_wire::counters! {
         pub rate_cuts: u64,
         /// Times a QP with requests to send was held back by its window or rate.
         pub held: u64,
+        /// Times a QP was parked behind its peer's full window (no turn
+        /// until the window has room).
+        pub parks: u64,
     }
 }
 
@@ -223,6 +226,7 @@ impl Congestion {
         };
         if !f.parked {
             f.parked = true;
+            self.counters.parks += 1;
             if peer.waiting.is_empty() {
                 self.parked_at.push(p.ip());
             }

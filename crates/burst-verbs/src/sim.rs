@@ -361,8 +361,9 @@ pub fn run_stream(seed: u64, o: &StreamOptions) -> Result<StreamSummary, String>
     burst_transport::sim::stream::run_stream(&mut fab, seed, o)
 }
 
-/// The in-memory network's faults for the simulator's `f`.
-fn sim_faults(seed: u64, f: &Faults) -> SimFaults {
+/// The in-memory network's faults for the simulator's `f` (the IP ID
+/// hidden from receivers on odd seeds).
+pub fn sim_faults(seed: u64, f: &Faults) -> SimFaults {
     SimFaults {
         loss: f.loss,
         reorder: f.reorder,

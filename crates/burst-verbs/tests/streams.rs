@@ -28,12 +28,26 @@ fn stream(
     burst_verbs::sim::run_stream(1, &o).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// 50 QPs to one peer under the per-peer window: each gets its share.
+/// 50 QPs to one peer under the per-peer window: each gets its share,
+/// those the full window holds waiting parked (no turn each round) and
+/// released as it opens.
 #[test]
 fn flows_to_one_peer_share_the_link() {
-    let s = stream(50, 0.0, Repeat::Selective, (16 << 10, 2));
+    let o = StreamOptions {
+        bytes: 16 << 20,
+        size: 16 << 10,
+        depth: 2,
+        flows: 50,
+        ..StreamOptions::default()
+    };
+    let faults = burst_verbs::sim::sim_faults(1, &Faults::default());
+    let mut fab = burst_verbs::sim::CoreFabric::new(1, 2, faults);
+    let s =
+        burst_transport::sim::stream::run_stream(&mut fab, 1, &o).unwrap_or_else(|e| panic!("{e}"));
     assert!(s.jain > 0.95, "Jain's index {:.4}", s.jain);
     assert!(s.gbps() > 50.0, "{:.1} Gb/s", s.gbps());
+    let cc = fab.contexts()[0].counters().unwrap().cc;
+    assert!(cc.parks > 0, "{cc:?}");
 }
 
 /// At 1% loss go-back-N waits out ACK timeouts (a lost last packet, a lost
