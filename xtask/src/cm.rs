@@ -111,7 +111,24 @@ pub const VETH_ONLY: &[CmCase] = &[
         "ucmatose -m -s {addr} -p {port}",
         "test complete",
     ),
+    // One server process accepting 20 connections in turn from one client
+    // process, each torn down before the next (built by `dropin::build`).
+    case(
+        CONSECUTIVE,
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/interop/cm-consecutive s {addr} 20 {port}"
+        ),
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/interop/cm-consecutive c {addr} 20 {port}"
+        ),
+        "client: connection 19 done",
+    ),
 ];
+
+/// The name of the consecutive-connections case (interop/cm-consecutive.c).
+const CONSECUTIVE: &str = "20 consecutive connections, one process each side";
 
 /// The CI share against RXE: perftest's `-R` client connects its test QPs
 /// right after its handshake, and an RXE server on the lab's emulated CPU
@@ -134,15 +151,17 @@ pub fn quick_rxe(vm_serves: bool) -> Vec<&'static CmCase> {
         .collect()
 }
 
-/// The CI share: connected, datagram, perftest and connection rate.
+/// The CI share: connected, datagram, perftest, connection rate and
+/// consecutive connections.
 pub fn quick() -> Vec<&'static CmCase> {
     CASES
         .iter()
+        .chain(VETH_ONLY)
         .filter(|c| {
             matches!(
                 c.name,
                 "rping -C 10" | "udaddy" | "ib_write_bw -R" | "cmtime (100 connections)"
-            )
+            ) || c.name == CONSECUTIVE
         })
         .collect()
 }

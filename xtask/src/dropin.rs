@@ -34,12 +34,12 @@ pub fn build(root: &Path) -> Option<PathBuf> {
         return None;
     }
     let _ = std::fs::create_dir_all(root.join("target/interop"));
-    for name in PROGRAMS {
+    for (name, libs) in PROGRAMS {
         let mut gcc = Command::new("gcc");
         gcc.args(["-O2", "-Wall", "-o"])
             .arg(program(name))
             .arg(root.join(format!("interop/{name}.c")))
-            .arg("-libverbs");
+            .args(*libs);
         if !step(&format!("build interop/{name}.c"), &mut gcc) {
             return None;
         }
@@ -224,8 +224,13 @@ pub fn for_port(cases: &'static [Case]) -> &'static [Case] {
     }
 }
 
-/// burst's own two-sided programs, built by [`build`].
-const PROGRAMS: &[&str] = &["mw-peer", "mcast-peer"];
+/// burst's own two-sided programs, built by [`build`], with the libraries
+/// each links (librdmacm-dev's headers for the rdma_cm one).
+const PROGRAMS: &[(&str, &[&str])] = &[
+    ("mw-peer", &["-libverbs"]),
+    ("mcast-peer", &["-libverbs"]),
+    ("cm-consecutive", &["-lrdmacm", "-libverbs"]),
+];
 
 /// UCX over burst: UCT put/AM over rc_verbs and ud_verbs, UCP tag matching
 /// (eager and rendezvous) over both.
