@@ -27,6 +27,18 @@ pub(super) enum Refusal {
 }
 
 impl Qp {
+    /// Whether a WRITE of `len` bytes at `va` under `rkey` is allowed: the
+    /// QP takes remote writes and the key covers the range for writing
+    /// (C9-88: a zero-length WRITE names no memory, so its rkey and address
+    /// are not checked).
+    pub(super) fn write_allowed(&self, mem: &impl Memory, rkey: u32, va: u64, len: u64) -> bool {
+        self.attrs.access.remote_write
+            && (len == 0
+                || mem
+                    .check_remote(self.scope(), rkey, va, len, RemoteAccess::Write)
+                    .is_ok())
+    }
+
     /// Places a SEND packet in the current receive WQE (a first packet
     /// takes one from the receive queue). At the last packet, returns the
     /// receive's completion (with its immediate), not yet queued: the
@@ -107,20 +119,7 @@ impl Qp {
             if len > MAX_MSG_SIZE {
                 return Err(Refusal::Length);
             }
-            // C9-88: a zero-length WRITE names no memory, so its rkey and
-            // address are not checked.
-            if !self.attrs.access.remote_write
-                || (len > 0
-                    && mem
-                        .check_remote(
-                            self.scope(),
-                            r.rkey(),
-                            r.virtual_address(),
-                            len,
-                            RemoteAccess::Write,
-                        )
-                        .is_err())
-            {
+            if !self.write_allowed(mem, r.rkey(), r.virtual_address(), len) {
                 return Err(Refusal::RemoteAccess);
             }
             let mtu = self.attrs.mtu.bytes() as u64;

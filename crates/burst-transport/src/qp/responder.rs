@@ -137,12 +137,7 @@ impl Qp {
                 self.hold_ahead(pkt, d as u32, mem);
             }
             if !self.resp.nak_outstanding {
-                self.resp.nak_outstanding = true;
-                self.counters.send_seq_nak += 1;
-                let e = self.resp.epsn;
-                self.resp
-                    .out
-                    .push_back(Out::Nak(Syndrome::Nak(NakCode::PsnSequenceError), e));
+                self.nak_sequence();
             }
             return;
         }
@@ -191,13 +186,8 @@ impl Qp {
         if hole {
             // Held packets past a hole that is known now: NAK it at once
             // (implicitly acknowledging everything before it).
-            self.resp.nak_outstanding = true;
             self.resp.unacked_pkts = 0;
-            self.counters.send_seq_nak += 1;
-            let e = self.resp.epsn;
-            self.resp
-                .out
-                .push_back(Out::Nak(Syndrome::Nak(NakCode::PsnSequenceError), e));
+            self.nak_sequence();
             return;
         }
         if swept > 0 {
@@ -383,6 +373,17 @@ impl Qp {
                 None
             }
         }
+    }
+
+    /// A PSN sequence error NAK at the expected PSN (class B): the
+    /// responder stays quiet for new requests until that PSN arrives.
+    fn nak_sequence(&mut self) {
+        self.resp.nak_outstanding = true;
+        self.counters.send_seq_nak += 1;
+        let e = self.resp.epsn;
+        self.resp
+            .out
+            .push_back(Out::Nak(Syndrome::Nak(NakCode::PsnSequenceError), e));
     }
 
     pub(super) fn rnr_nak(&mut self) {

@@ -156,18 +156,7 @@ impl Qp {
                 if len > MAX_MSG_SIZE || !fits || held.messages.len() >= MESSAGES {
                     return Err(Refusal::Length);
                 }
-                if !self.attrs.access.remote_write
-                    || (len > 0
-                        && mem
-                            .check_remote(
-                                self.scope(),
-                                r.rkey(),
-                                r.virtual_address(),
-                                len,
-                                RemoteAccess::Write,
-                            )
-                            .is_err())
-                {
+                if !self.write_allowed(mem, r.rkey(), r.virtual_address(), len) {
                     return Err(Refusal::RemoteAccess);
                 }
                 let m = HeldWrite {
