@@ -53,7 +53,9 @@ impl Qp {
             self.req.rnr_until = None;
         }
         if self.probe_deadline().is_some_and(|t| t <= now) {
-            self.req.probes += 1;
+            // Saturating: with a huge ACK timeout probes go on (each 256
+            // floors apart at most) and the count must not wrap.
+            self.req.probes = self.req.probes.saturating_add(1);
             self.req.probe_from = now;
             self.counters.sr_probes += 1;
             self.probe_oldest();

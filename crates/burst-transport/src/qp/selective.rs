@@ -99,6 +99,10 @@ impl Held {
             self.count -= 1;
         }
     }
+    fn clear_all(&mut self) {
+        self.bits = [0; (WINDOW / 64) as usize];
+        self.count = 0;
+    }
     fn is_empty(&self) -> bool {
         self.count == 0 && self.messages.is_empty()
     }
@@ -220,9 +224,15 @@ impl Qp {
         }
         let mtu = self.attrs.mtu.bytes() as u64;
         // PSNs a multi-PSN step jumped (a READ's responses) hold nothing
-        // a correct requester sent; forget what a wrong one put there.
-        for k in 1..=step.min(WINDOW) {
-            held.clear(self.resp.epsn - k);
+        // a correct requester sent; forget what a wrong one put there (all
+        // of it past a whole window: a bit left behind would stand for a
+        // PSN a window later, never received).
+        if step >= WINDOW {
+            held.clear_all();
+        } else {
+            for k in 1..=step {
+                held.clear(self.resp.epsn - k);
+            }
         }
         let mut swept = 0;
         while held.has(self.resp.epsn) {
@@ -400,5 +410,40 @@ impl Qp {
             .flatten();
         self.req.resend = i.map(|_| (p, n));
         i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step of a whole window or more (a long READ's responses) leaves no
+    /// held bit behind: one left would stand for a PSN a window later and
+    /// be swept as received.
+    #[test]
+    fn a_step_past_the_window_forgets_every_held_psn() {
+        let mut qp = Qp::new(QpConfig::new(Qpn::new(0x11).unwrap(), QpType::Rc, 1));
+        let start = Psn::new(100);
+        qp.resp.epsn = start;
+        let mut held = Held::default();
+        held.set(start + 5);
+        held.set(start + 900);
+        qp.resp.held = Some(Box::new(held));
+        let step = WINDOW + 76;
+        qp.resp.epsn = start + step;
+        assert_eq!(qp.sweep_held(step), (0, false));
+        let held = qp.resp.held.as_ref().unwrap();
+        assert_eq!(held.count, 0);
+        // The PSN aliasing `start + 5` a window later is not taken as held.
+        assert!(!held.has(start + 5 + WINDOW * 2));
+
+        // A shorter step forgets only what it jumped.
+        let mut held = Held::default();
+        held.set(start + step + 3);
+        held.set(start + step + 10);
+        qp.resp.held = Some(Box::new(held));
+        qp.resp.epsn = start + step + 5;
+        assert_eq!(qp.sweep_held(5), (0, true));
+        assert_eq!(qp.resp.held.as_ref().unwrap().count, 1);
     }
 }
