@@ -4,30 +4,14 @@ use burst_transport::sim::{connect_attrs, Access, Faults, World};
 use burst_transport::*;
 use burst_wire::{Mtu, Opcode, Psn};
 
-struct Pair {
-    w: World,
-    a: usize,
-    b: usize,
-}
+mod common;
+use common::Pair;
 
 fn pair(faults: Faults, mtu: Mtu, psn_a: u32) -> Pair {
-    let mut w = World::new(7, 2, faults);
-    let a = w.add_qp(0, QpType::Rc, mtu);
-    let b = w.add_qp(1, QpType::Rc, mtu);
-    w.connect(a, Some(b), mtu, Psn::new(psn_a), Psn::new(100))
-        .unwrap();
-    Pair { w, a, b }
+    Pair::connected(7, faults, mtu, psn_a)
 }
 
 impl Pair {
-    /// Registers `len` bytes on `node` filled with `seed`-derived bytes.
-    fn buf(&mut self, node: usize, len: usize, seed: u8) -> (u32, u64) {
-        let (k, a) = self.w.mems[node].register(1, len, Access::ALL);
-        for (i, b) in self.w.mems[node].bytes_mut(k).iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-        }
-        (k, a)
-    }
     fn post_send(&mut self, wr: SendWr) {
         let (n, qp) = &mut self.w.qps[self.a];
         qp.post_send(wr, &mut self.w.mems[*n]).unwrap();

@@ -2,27 +2,17 @@
 //! behaviour each, over the simulator's world; and that either end alone
 //! stays correct.
 
-use burst_transport::sim::{
-    connect_attrs, run_workload, Access, Faults, Repeat, WorkloadOptions, World,
-};
+use burst_transport::sim::{connect_attrs, run_workload, Faults, Repeat, WorkloadOptions, World};
 use burst_transport::*;
 use burst_wire::{Mtu, Opcode, Psn};
 
-struct Pair {
-    w: World,
-    a: usize,
-    b: usize,
-}
+mod common;
+use common::Pair;
 
 fn pair(requester: bool, responder: bool) -> Pair {
-    let mut w = World::new(11, 2, Faults::default());
-    let mtu = Mtu::Mtu256;
-    let a = w.add_qp(0, QpType::Rc, mtu);
-    let b = w.add_qp(1, QpType::Rc, mtu);
-    w.connect(a, Some(b), mtu, Psn::new(0xff_fff0), Psn::new(100))
-        .unwrap();
-    for (q, on) in [(a, requester), (b, responder)] {
-        let qp = &mut w.qps[q].1;
+    let mut p = Pair::connected(11, Faults::default(), Mtu::Mtu256, 0xff_fff0);
+    for (q, on) in [(p.a, requester), (p.b, responder)] {
+        let qp = &mut p.w.qps[q].1;
         let state = qp.state();
         qp.modify(&QpAttr {
             state: Some(state),
@@ -32,18 +22,10 @@ fn pair(requester: bool, responder: bool) -> Pair {
         .unwrap();
         assert_eq!(qp.selective_repeat(), on);
     }
-    Pair { w, a, b }
+    p
 }
 
 impl Pair {
-    /// `len` bytes registered on `node`, filled from `seed`.
-    fn buf(&mut self, node: usize, len: usize, seed: u8) -> (u32, u64) {
-        let (k, a) = self.w.mems[node].register(1, len, Access::ALL);
-        for (i, b) in self.w.mems[node].bytes_mut(k).iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(13).wrapping_add(seed);
-        }
-        (k, a)
-    }
     /// Posts a WRITE of a fresh `len`-byte buffer; returns (source key,
     /// destination key).
     fn write(&mut self, id: u64, len: usize) -> (u32, u32) {
