@@ -5,6 +5,7 @@ mod counters;
 mod error;
 pub mod memory;
 mod qp;
+mod recvq;
 pub mod sim;
 mod srq;
 mod types;

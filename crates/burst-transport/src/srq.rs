@@ -1,7 +1,6 @@
 //! Shared receive queues.
 
-use std::collections::VecDeque;
-
+use crate::recvq::RecvQueue;
 use crate::{Memory, RecvWr, VerbsError};
 
 /// A shared receive queue (`ibv_srq`): receive WQEs that any QP created
@@ -31,7 +30,7 @@ pub struct Srq {
     pd: u32,
     max_wr: u32,
     max_sge: u32,
-    pub(crate) queue: VecDeque<RecvWr>,
+    pub(crate) queue: RecvQueue,
     /// `srq_limit`: when armed (non-zero) and the queue falls below it, one
     /// `IBV_EVENT_SRQ_LIMIT_REACHED` fires and the limit disarms.
     limit: u32,
@@ -45,7 +44,7 @@ impl Srq {
             pd,
             max_wr,
             max_sge,
-            queue: VecDeque::new(),
+            queue: RecvQueue::default(),
             limit: 0,
             limit_event: false,
         }

@@ -23,7 +23,8 @@ fn put_sges(b: &mut [u8], at: usize, l: &SgList) {
 
 fn sges(b: &[u8], at: usize) -> Option<SgList> {
     let n = usize::from(b[at - 1]);
-    if n > MAX_SGE {
+    // More than the slot holds: written by a hostile peer, never by encode.
+    if n > MAX_SGE || b.len() < at + n * 16 {
         return None;
     }
     let mut l = SgList::new();
@@ -41,14 +42,43 @@ fn sges(b: &[u8], at: usize) -> Option<SgList> {
 
 // SendWr: 0 wr_id | 8 op | 9 flags | 10 has-inline-data | 12 inline len |
 // 16 remote_addr | 24 rkey | 28 imm/inv | 32 compare/add | 40 swap |
-// 48 ud qpn | 52 qkey | 56 ah | 63 sge count | 64 sges | 192 inline bytes.
+// 48 ud qpn | 52 qkey | 56 ah | 63 sge count | 64 sges or inline bytes.
 // A window bind: 16 addr | 24 window rkey | 28 new rkey | 32 length |
 // 40 region lkey | 44 access.
-const SGES: usize = 64;
-const INLINE: usize = SGES + MAX_SGE * 16;
+//
+// As an RNIC's WQE (and RXE's), the SGEs and the inline bytes share one
+// room: a WR whose data was captured inline needs its SGEs no more, and
+// reads back with one SGE of its length (the transport takes the bytes
+// from the capture). A QP's slots are as large as its capabilities need
+// ([`send_entry_size`]), not as the largest WR any QP may post.
+const BODY: usize = 64;
+
+/// Bytes of a send ring entry for a QP allowing `max_sge` SGEs and
+/// `max_inline` inline bytes (each within the device's limits).
+pub(crate) fn send_entry_size(max_sge: u32, max_inline: u32) -> usize {
+    let sges = (max_sge.max(1) as usize).min(MAX_SGE) * 16;
+    BODY + sges.max((max_inline as usize).min(MAX_INLINE))
+}
+
+/// Bytes of a receive ring entry for a queue allowing `max_sge` SGEs.
+pub(crate) fn recv_entry_size(max_sge: u32) -> usize {
+    RECV_SGES + (max_sge.max(1) as usize).min(MAX_SGE) * 16
+}
 
 impl Entry for SendWr {
-    const SIZE: usize = INLINE + MAX_INLINE;
+    const SIZE: usize = BODY
+        + if MAX_SGE * 16 > MAX_INLINE {
+            MAX_SGE * 16
+        } else {
+            MAX_INLINE
+        };
+
+    fn encoded_len(&self) -> usize {
+        BODY + match &self.inline_data {
+            Some(d) => d.len(),
+            None => self.sg_list.len() * 16,
+        }
+    }
 
     fn encode(&self, b: &mut [u8]) {
         le::put_u64(b, 0, self.wr_id);
@@ -102,14 +132,17 @@ impl Entry for SendWr {
         le::put_u32(b, 48, ud.remote_qpn.value());
         le::put_u32(b, 52, ud.remote_qkey);
         le::put_u32(b, 56, ud.ah);
-        put_sges(b, SGES, &self.sg_list);
         match &self.inline_data {
             Some(d) => {
                 b[10] = 1;
                 le::put_u16(b, 12, d.len() as u16);
-                b[INLINE..INLINE + d.len()].copy_from_slice(d);
+                b[BODY - 1] = 0;
+                b[BODY..BODY + d.len()].copy_from_slice(d);
             }
-            None => b[10] = 0,
+            None => {
+                b[10] = 0;
+                put_sges(b, BODY, &self.sg_list);
+            }
         }
     }
 
@@ -170,18 +203,28 @@ impl Entry for SendWr {
         } else {
             None
         };
-        let inline_data = match b[10] {
-            0 => None,
+        let (inline_data, sg_list) = match b[10] {
+            0 => (None, sges(b, BODY)?),
             1 => {
-                let n = usize::from(le::u16(b, 12));
-                Some(InlineData::try_from_slice(b.get(INLINE..INLINE + n)?).ok()?)
+                let n = le::u16(b, 12);
+                let d = InlineData::try_from_slice(b.get(BODY..BODY + usize::from(n))?).ok()?;
+                let mut l = SgList::new();
+                if n > 0 {
+                    l.push(Sge {
+                        addr: 0,
+                        length: u32::from(n),
+                        lkey: 0,
+                    })
+                    .ok()?;
+                }
+                (Some(d), l)
             }
             _ => return None,
         };
         Some(SendWr {
             wr_id: le::u64(b, 0),
             op,
-            sg_list: sges(b, SGES)?,
+            sg_list,
             inline: f & 1 != 0,
             signaled: f & 2 != 0,
             fence: f & 4 != 0,
@@ -192,18 +235,25 @@ impl Entry for SendWr {
     }
 }
 
+// RecvWr: 0 wr_id | 15 sge count | 16 sges.
+const RECV_SGES: usize = 16;
+
 impl Entry for RecvWr {
-    const SIZE: usize = 16 + MAX_SGE * 16;
+    const SIZE: usize = RECV_SGES + MAX_SGE * 16;
+
+    fn encoded_len(&self) -> usize {
+        RECV_SGES + self.sg_list.len() * 16
+    }
 
     fn encode(&self, b: &mut [u8]) {
         le::put_u64(b, 0, self.wr_id);
-        put_sges(b, 16, &self.sg_list);
+        put_sges(b, RECV_SGES, &self.sg_list);
     }
 
     fn decode(b: &[u8]) -> Option<RecvWr> {
         Some(RecvWr {
             wr_id: le::u64(b, 0),
-            sg_list: sges(b, 16)?,
+            sg_list: sges(b, RECV_SGES)?,
         })
     }
 }
@@ -347,7 +397,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn round<T: Entry + PartialEq + std::fmt::Debug + Copy>(v: T) {
-        let mut b = vec![0u8; T::SIZE];
+        round_in(v, T::SIZE);
+    }
+
+    /// Through a slot of `size` bytes (a ring sized by a QP's caps).
+    fn round_in<T: Entry + PartialEq + std::fmt::Debug + Copy>(v: T, size: usize) {
+        assert!(v.encoded_len() <= size);
+        let mut b = vec![0u8; size];
         v.encode(&mut b);
         assert_eq!(T::decode(&b), Some(v));
     }
@@ -395,17 +451,27 @@ mod tests {
             ud in proptest::option::of((1u32..0xff_ffff, any::<u32>(), any::<u32>())),
             inline in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..=MAX_INLINE)),
         ) {
-            round(SendWr {
+            // A captured WR reads back with one SGE of its length.
+            let sg_list = match &inline {
+                Some(d) if d.is_empty() => SgList::new(),
+                Some(d) => SgList::from([Sge { addr: 0, length: d.len() as u32, lkey: 0 }]),
+                None => SgList::try_from(&sg[..]).unwrap(),
+            };
+            let wr = SendWr {
                 wr_id,
                 op,
-                sg_list: SgList::try_from(&sg[..]).unwrap(),
+                sg_list,
                 inline: flags & 1 != 0,
                 signaled: flags & 2 != 0,
                 fence: flags & 4 != 0,
                 solicited: flags & 8 != 0,
                 ud: ud.map(|(q, qkey, ah)| UdDest { remote_qpn: Qpn::new(q).unwrap(), remote_qkey: qkey, ah }),
-                inline_data: inline.map(|d| InlineData::try_from_slice(&d).unwrap()),
-            });
+                inline_data: inline.as_ref().map(|d| InlineData::try_from_slice(d).unwrap()),
+            };
+            round(wr);
+            // And through the smallest slot a QP allowing it has.
+            let size = send_entry_size(sg.len() as u32, inline.map_or(0, |d| d.len() as u32));
+            round_in(wr, size);
         }
 
         #[test]
@@ -419,8 +485,48 @@ mod tests {
 
         #[test]
         fn recv_wrs_round_trip(wr_id in any::<u64>(), sg in proptest::collection::vec(sge(), 0..=MAX_SGE)) {
-            round(RecvWr { wr_id, sg_list: SgList::try_from(&sg[..]).unwrap() });
+            let wr = RecvWr { wr_id, sg_list: SgList::try_from(&sg[..]).unwrap() };
+            round(wr);
+            round_in(wr, recv_entry_size(sg.len() as u32));
         }
+
+        #[test]
+        fn compact_slots_refuse_what_they_cannot_hold(
+            slot_sges in 1u32..=MAX_SGE as u32,
+            count in 0u8..=255,
+            fill in any::<u8>(),
+        ) {
+            // A peer claiming more SGEs than its slot holds is refused,
+            // never read past the slot.
+            let size = recv_entry_size(slot_sges);
+            let mut b = vec![fill; size];
+            b[RECV_SGES - 1] = count;
+            let r = RecvWr::decode(&b);
+            prop_assert_eq!(r.is_some(), u32::from(count) <= slot_sges);
+            let size = send_entry_size(slot_sges, 0);
+            let mut b = vec![0u8; size];
+            b[BODY - 1] = count;
+            prop_assert_eq!(SendWr::decode(&b).is_some(), u32::from(count) <= slot_sges);
+            b[BODY - 1] = 0;
+            b[10] = 1;
+            le::put_u16(&mut b, 12, u16::from(count));
+            prop_assert_eq!(SendWr::decode(&b).is_some(), usize::from(count) <= size - BODY);
+        }
+    }
+
+    #[test]
+    fn slots_are_sized_as_the_caps_ask() {
+        // perftest's QP (one SGE, inline raised to the SGE room as RXE
+        // does): 80 bytes, where the largest WR takes 320.
+        assert_eq!(send_entry_size(1, 16), 80);
+        assert_eq!(send_entry_size(0, 0), 80);
+        assert_eq!(send_entry_size(2, 220), 64 + 220);
+        assert_eq!(
+            send_entry_size(MAX_SGE as u32, MAX_INLINE as u32),
+            SendWr::SIZE
+        );
+        assert_eq!(recv_entry_size(1), 32);
+        assert_eq!(recv_entry_size(MAX_SGE as u32), RecvWr::SIZE);
     }
 
     #[test]

@@ -78,6 +78,15 @@ impl Segment {
         Segment::map(Some(fd), len, true)
     }
 
+    /// [`Segment::from_fd`], closing the descriptor once mapped: the
+    /// mapping keeps the memory, and a process with thousands of QPs from
+    /// burstd does not hold a descriptor for each (RLIMIT_NOFILE).
+    pub fn map_fd(fd: OwnedFd, len: usize) -> io::Result<Segment> {
+        let mut s = Segment::from_fd(fd, len)?;
+        s.fd = None;
+        Ok(s)
+    }
+
     /// Maps runs of pages of several memfds back to back: `(fd, offset in
     /// it, bytes)` each, page-aligned, inside its file (a registration
     /// whose pages live on the memfds of several earlier ones). One range
@@ -258,13 +267,21 @@ pub fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(st.st_size as u64)
 }
 
-/// A fixed-size, pointer-free encoding of a ring entry.
+/// A pointer-free encoding of a ring entry. A ring's slots hold
+/// [`Entry::SIZE`] bytes unless it was laid out for smaller entries
+/// ([`ShmRing::create_sized`]: a QP's rings are sized by its capabilities,
+/// as an RNIC sizes its WQEs).
 pub trait Entry: Sized {
-    /// Encoded bytes (at most [`MAX_ENTRY`]).
+    /// The largest encoding in bytes (at most [`MAX_ENTRY`]).
     const SIZE: usize;
-    /// Writes the entry into `out` (`SIZE` bytes).
+    /// Bytes this entry's encoding needs (at most [`Entry::SIZE`]).
+    fn encoded_len(&self) -> usize {
+        Self::SIZE
+    }
+    /// Writes the entry into `out` (at least [`Entry::encoded_len`] bytes).
     fn encode(&self, out: &mut [u8]);
-    /// Reads an entry back; `None` for bytes no `encode` writes.
+    /// Reads an entry back from a slot's bytes (its ring's entry size);
+    /// `None` for bytes no `encode` writes or that do not fit the slot.
     fn decode(b: &[u8]) -> Option<Self>;
 }
 
@@ -276,10 +293,17 @@ const HEADER: usize = 128;
 
 /// A bounded MPMC ring of `T` in a [`Segment`] (Vyukov's algorithm: each
 /// slot carries a sequence number that says whose turn it is).
+///
+/// A slot's word holds its sequence number minus the slot's index, so the
+/// zeroed memory of a fresh segment is an empty ring: laying one out
+/// writes nothing to its slots, and an idle QP's rings cost no resident
+/// memory until work passes through them.
 pub struct ShmRing<T> {
     seg: Arc<Segment>,
     off: usize,
     mask: u64,
+    /// Bytes of an entry in this ring (at most `T::SIZE`).
+    entry: usize,
     stride: usize,
     /// Entries dropped because they did not decode (a peer's bad input).
     undecodable: AtomicU64,
@@ -304,23 +328,38 @@ impl<T: Entry> ShmRing<T> {
         depth.max(2).next_power_of_two()
     }
 
-    /// Bytes a ring of `slots` slots takes in a segment.
+    /// Bytes a ring of `slots` slots of [`Entry::SIZE`] takes in a segment.
     pub fn bytes(slots: usize) -> usize {
-        HEADER + slots * Self::stride()
+        Self::bytes_sized(slots, T::SIZE)
     }
 
-    fn stride() -> usize {
-        8 + T::SIZE.div_ceil(8) * 8
+    /// Bytes a ring of `slots` slots of `entry` bytes takes in a segment.
+    pub fn bytes_sized(slots: usize, entry: usize) -> usize {
+        HEADER + slots * Self::stride(entry)
+    }
+
+    fn stride(entry: usize) -> usize {
+        8 + entry.div_ceil(8) * 8
     }
 
     /// Lays a new, empty ring of `slots` (a power of two) out at `off`.
+    /// The ring's bytes must be zero, as a fresh segment's are.
     pub fn create(seg: Arc<Segment>, off: usize, slots: usize) -> io::Result<ShmRing<T>> {
-        let r = ShmRing::attach(seg, off, slots)?;
-        r.seg.word64(r.off).store(0, Ordering::Relaxed);
-        r.seg.word64(r.off + 64).store(0, Ordering::Relaxed);
-        for i in 0..slots {
-            r.seq(i as u64).store(i as u64, Ordering::Relaxed);
-        }
+        Self::create_sized(seg, off, slots, T::SIZE)
+    }
+
+    /// As [`ShmRing::create`], for entries of at most `entry` bytes.
+    pub fn create_sized(
+        seg: Arc<Segment>,
+        off: usize,
+        slots: usize,
+        entry: usize,
+    ) -> io::Result<ShmRing<T>> {
+        let r = ShmRing::attach_sized(seg, off, slots, entry)?;
+        // Zero words are an empty ring (see the type's note): nothing to
+        // write per slot, and no page of the slots touched.
+        r.head().store(0, Ordering::Relaxed);
+        r.tail().store(0, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
         Ok(r)
     }
@@ -328,27 +367,44 @@ impl<T: Entry> ShmRing<T> {
     /// The ring the other side laid out at `off` (its size as agreed on
     /// the control socket, never as read from the segment).
     pub fn attach(seg: Arc<Segment>, off: usize, slots: usize) -> io::Result<ShmRing<T>> {
+        Self::attach_sized(seg, off, slots, T::SIZE)
+    }
+
+    /// As [`ShmRing::attach`], for entries of at most `entry` bytes.
+    pub fn attach_sized(
+        seg: Arc<Segment>,
+        off: usize,
+        slots: usize,
+        entry: usize,
+    ) -> io::Result<ShmRing<T>> {
         assert!(T::SIZE <= MAX_ENTRY, "ring entry too large");
         if !slots.is_power_of_two()
             || slots < 2
+            || entry > T::SIZE
             || off % 64 != 0
             || off
-                .checked_add(Self::bytes(slots))
+                .checked_add(Self::bytes_sized(slots, entry))
                 .is_none_or(|e| e > seg.len())
         {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "ring of fewer than 2 slots, or not fitting its segment",
+                "ring of fewer than 2 slots, entries too large, or not fitting its segment",
             ));
         }
         Ok(ShmRing {
             seg,
             off,
             mask: slots as u64 - 1,
-            stride: Self::stride(),
+            entry,
+            stride: Self::stride(entry),
             undecodable: AtomicU64::new(0),
             _t: PhantomData,
         })
+    }
+
+    /// Bytes of an entry in this ring.
+    pub fn entry_size(&self) -> usize {
+        self.entry
     }
 
     /// Slots in the ring.
@@ -373,35 +429,52 @@ impl<T: Entry> ShmRing<T> {
         self.off + HEADER + (pos & self.mask) as usize * self.stride
     }
 
-    fn seq(&self, pos: u64) -> &AtomicU64 {
-        self.seg.word64(self.slot_off(pos))
+    /// The sequence number of `pos`'s slot (stored less the slot's index).
+    fn seq(&self, pos: u64) -> u64 {
+        let w = self.seg.word64(self.slot_off(pos));
+        w.load(Ordering::Acquire).wrapping_add(pos & self.mask)
     }
 
-    /// Adds an entry; gives it back when the ring is full.
+    fn set_seq(&self, pos: u64, seq: u64) {
+        let w = self.seg.word64(self.slot_off(pos));
+        w.store(seq.wrapping_sub(pos & self.mask), Ordering::Release);
+    }
+
+    /// Adds an entry; gives it back when the ring is full (or when the
+    /// entry does not fit its slots: the caller checked it against the
+    /// capabilities the ring was sized by, so that is a caller's bug).
     pub fn push(&self, v: T) -> Result<(), T> {
+        if v.encoded_len() > self.entry {
+            debug_assert!(false, "ring entry larger than its slots");
+            return Err(v);
+        }
         let tail = self.tail();
         let mut pos = tail.load(Ordering::Relaxed);
         for _ in 0..MAX_RACES {
-            let seq = self.seq(pos).load(Ordering::Acquire);
+            let seq = self.seq(pos);
             let diff = seq.wrapping_sub(pos) as i64;
             if diff == 0 {
-                match tail.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
-                {
+                match tail.compare_exchange_weak(
+                    pos,
+                    pos.wrapping_add(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
                     Ok(_) => {
                         let mut buf = [0u8; MAX_ENTRY];
-                        v.encode(&mut buf[..T::SIZE]);
+                        v.encode(&mut buf[..self.entry]);
                         let at = self.slot_off(pos) + 8;
-                        // SAFETY: `at..at+SIZE` lies inside the slot (the
+                        // SAFETY: `at..at+entry` lies inside the slot (the
                         // ring fits its segment: checked at attach); this
                         // producer owns the slot until it publishes `seq`.
                         unsafe {
                             std::ptr::copy_nonoverlapping(
                                 buf.as_ptr(),
                                 self.seg.ptr.add(at),
-                                T::SIZE,
+                                self.entry,
                             )
                         };
-                        self.seq(pos).store(pos + 1, Ordering::Release);
+                        self.set_seq(pos, pos.wrapping_add(1));
                         return Ok(());
                     }
                     Err(now) => pos = now,
@@ -421,11 +494,15 @@ impl<T: Entry> ShmRing<T> {
         let head = self.head();
         let mut pos = head.load(Ordering::Relaxed);
         for _ in 0..MAX_RACES {
-            let seq = self.seq(pos).load(Ordering::Acquire);
-            let diff = seq.wrapping_sub(pos + 1) as i64;
+            let seq = self.seq(pos);
+            let diff = seq.wrapping_sub(pos.wrapping_add(1)) as i64;
             if diff == 0 {
-                match head.compare_exchange_weak(pos, pos + 1, Ordering::Relaxed, Ordering::Relaxed)
-                {
+                match head.compare_exchange_weak(
+                    pos,
+                    pos.wrapping_add(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
                     Ok(_) => {
                         let mut buf = [0u8; MAX_ENTRY];
                         let at = self.slot_off(pos) + 8;
@@ -437,11 +514,11 @@ impl<T: Entry> ShmRing<T> {
                             std::ptr::copy_nonoverlapping(
                                 self.seg.ptr.add(at),
                                 buf.as_mut_ptr(),
-                                T::SIZE,
+                                self.entry,
                             )
                         };
-                        self.seq(pos).store(pos + self.mask + 1, Ordering::Release);
-                        return Some(T::decode(&buf[..T::SIZE]));
+                        self.set_seq(pos, pos.wrapping_add(self.mask + 1));
+                        return Some(T::decode(&buf[..self.entry]));
                     }
                     Err(now) => pos = now,
                 }

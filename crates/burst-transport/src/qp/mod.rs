@@ -250,7 +250,7 @@ struct WriteInProgress {
 struct Responder {
     epsn: Psn,
     msn: u32,
-    rq: VecDeque<RecvWr>,
+    rq: crate::recvq::RecvQueue,
     cur_recv: Option<RecvInProgress>,
     cur_write: Option<WriteInProgress>,
     /// A NAK (sequence or RNR) is outstanding: stay quiet until the gap fills.
@@ -421,6 +421,38 @@ impl Qp {
         self.resp.rq.len() + usize::from(self.resp.cur_recv.is_some())
     }
 
+    /// Whether [`Qp::trim`] would give memory back: a queue is empty and
+    /// still holds the room its busiest moment grew it to.
+    pub fn trimmable(&self) -> bool {
+        (self.req.sq.is_empty() && self.req.sq.capacity() > 0)
+            || self.resp.rq.has_spare_room()
+            || (self.resp.out.is_empty() && self.resp.out.capacity() > 0)
+            || (self.completions.is_empty() && self.completions.capacity() > 0)
+            || self.resp.held.as_ref().is_some_and(|h| h.is_empty())
+    }
+
+    /// Gives back the memory of the queues that are empty (the caller
+    /// does this to a QP that has stayed idle: a queue regrows when work
+    /// comes back, one allocation per doubling). A depth-128 send queue
+    /// that was full holds 128 work requests of ~500 bytes until then.
+    pub fn trim(&mut self) {
+        if self.req.sq.is_empty() {
+            self.req.sq = VecDeque::new();
+        }
+        if self.resp.rq.is_empty() {
+            self.resp.rq = Default::default();
+        }
+        if self.resp.out.is_empty() {
+            self.resp.out = VecDeque::new();
+        }
+        if self.completions.is_empty() {
+            self.completions = VecDeque::new();
+        }
+        if self.resp.held.as_ref().is_some_and(|h| h.is_empty()) {
+            self.resp.held = None;
+        }
+    }
+
     // ---------------------------------------------------------------- modify
 
     /// `ibv_modify_qp`: moves the QP to `attr.state` with the attributes the
@@ -542,7 +574,7 @@ impl Qp {
         let own = if self.cfg.srq {
             Vec::new()
         } else {
-            self.resp.rq.drain(..).collect()
+            self.resp.rq.take_all()
         };
         for wr in cur.into_iter().chain(own) {
             self.completions.push_back(recv_wc(

@@ -103,7 +103,7 @@ impl Held {
         self.bits = [0; (WINDOW / 64) as usize];
         self.count = 0;
     }
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.count == 0 && self.messages.is_empty()
     }
 }

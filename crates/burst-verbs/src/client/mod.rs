@@ -18,12 +18,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use burst_mem::{MrKeys, MwKeys, MwType, Pd, RegError};
-use burst_transport::{QpAttr, RecvWr, SendWr, VerbsError};
+use burst_transport::{QpAttr, SendWr, VerbsError};
 use burst_wire::Qpn;
 
 use crate::engine::{
-    qp_slots, CompChannel, Context, Control, ControlPlane, CqId, CreateError, PostError, QpMade,
-    QpRings, Registration, SrqMade,
+    srq_shape, CompChannel, Context, Control, ControlPlane, CqId, CreateError, PostError, QpMade,
+    QpRings, QpShape, Registration, SrqMade,
 };
 use crate::protocol::{self, Failure, Reply, Request};
 use crate::shm::{Segment, ShmRing};
@@ -423,7 +423,7 @@ impl ControlPlane for Remote {
     }
 
     fn create_qp(&self, _: &Context, init: &QpInit, cqs: (CqId, CqId)) -> QpMade {
-        let slots = qp_slots(init);
+        let shape = QpShape::of(init);
         let req = Request::CreateQp {
             init: *init,
             send_cq: cqs.0 .0,
@@ -442,7 +442,7 @@ impl ControlPlane for Remote {
                 let qpn = Qpn::new(qpn).ok_or(PostError::Invalid)?;
                 let seg = map_one(fds, len)?;
                 Ok(
-                    QpRings::new(seg, slots, false, qpn, lane as usize, cfg, cqs, 0)
+                    QpRings::new(seg, shape, false, qpn, lane as usize, cfg, cqs, 0)
                         .map_err(|_| PostError::Invalid)?,
                 )
             }
@@ -458,7 +458,7 @@ impl ControlPlane for Remote {
     }
 
     fn create_srq(&self, _: &Context, pd: Pd, max_wr: u32, max_sge: u32) -> SrqMade {
-        let slots = ShmRing::<RecvWr>::slots_for(max_wr as usize);
+        let (slots, entry) = srq_shape(max_wr, max_sge);
         let req = Request::CreateSrq {
             pd: pd.0,
             max_wr,
@@ -466,7 +466,7 @@ impl ControlPlane for Remote {
         };
         match self.ask(&req).map_err(Failure::create)? {
             (Reply::Srq { srq, len }, fds) => {
-                let ring = ShmRing::attach(map_one(fds, len)?, 0, slots)
+                let ring = ShmRing::attach_sized(map_one(fds, len)?, 0, slots, entry)
                     .map_err(|_| PostError::Invalid)?;
                 Ok((SrqId(srq), ring))
             }
@@ -557,7 +557,7 @@ impl ControlPlane for Remote {
 /// Maps the one segment a reply carries.
 fn map_one(fds: Vec<OwnedFd>, len: u64) -> Result<Arc<Segment>, PostError> {
     let fd = fds.into_iter().next().ok_or(PostError::Invalid)?;
-    Segment::from_fd(fd, len as usize)
+    Segment::map_fd(fd, len as usize)
         .map(Arc::new)
         .map_err(|e| {
             tracing::error!("burst: cannot map a segment from burstd: {e}");

@@ -72,6 +72,7 @@ impl<P: Port> Device<P> {
                 }
             }
         }
+        self.trim_idle(now);
         self.check_link(now);
         let sent = self.transmit(now);
         let received = self.receive(now);
@@ -210,8 +211,27 @@ impl<P: Port> Device<P> {
             if s.qp.has_transmit_pending() {
                 self.ready.queue_transmit(i);
             }
+            if !self.ready.idle_listed(i) && s.trimmable() {
+                let at = self.clock.now() + TRIM_AFTER_NS;
+                self.ready.note_idle(i, at, s.work());
+            }
         }
         self.slots = touched;
+    }
+
+    /// Gives back the queue memory of QPs idle since their queues emptied
+    /// ([`TRIM_AFTER_NS`]); one that took work meanwhile waits again.
+    fn trim_idle(&mut self, now: u64) {
+        while let Some((i, work)) = self.ready.pop_idle(now) {
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
+            if s.work() == work {
+                s.trim();
+            } else if s.trimmable() {
+                self.ready.note_idle(i, now + TRIM_AFTER_NS, s.work());
+            }
+        }
     }
 
     /// Returns the packets received.

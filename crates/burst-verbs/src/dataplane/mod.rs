@@ -44,6 +44,32 @@ struct QpSlot {
     accepted: (u64, u64),
 }
 
+impl QpSlot {
+    /// Work requests the QP took so far (both queues): unchanged over a
+    /// span, the QP was idle.
+    fn work(&self) -> u64 {
+        self.accepted.0.wrapping_add(self.accepted.1)
+    }
+
+    /// Whether an empty queue of the QP (the transport's, or its
+    /// completions here) holds memory [`QpSlot::trim`] would give back.
+    fn trimmable(&self) -> bool {
+        self.qp.trimmable() || (self.completions.is_empty() && self.completions.capacity() > 0)
+    }
+
+    fn trim(&mut self) {
+        self.qp.trim();
+        if self.completions.is_empty() {
+            self.completions = VecDeque::new();
+        }
+    }
+}
+
+/// How long a QP's queues stay empty before their memory is given back
+/// (an idle QP costs its state, not its busiest moment's queues; a busy
+/// one never waits this long between works, so it never reallocates).
+const TRIM_AFTER_NS: u64 = 1_000_000_000;
+
 /// The destination QPN of multicast packets (IBA 10.5.2.3).
 const MULTICAST_QPN: u32 = 0xff_ffff;
 

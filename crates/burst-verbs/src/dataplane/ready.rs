@@ -12,6 +12,10 @@
 //! is only a hint (the QP's own `poll_timeout` decides), so a timer that
 //! moved later costs one look when the old deadline passes, and one that
 //! moved earlier is pushed again.
+//!
+//! A QP whose queues emptied is listed once more, to give their memory
+//! back if it stays idle ([`Ready::note_idle`]): the list is in deadline
+//! order because every entry waits the same time.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -20,6 +24,7 @@ use std::collections::{BinaryHeap, VecDeque};
 const TOUCHED: u8 = 1;
 const TRANSMIT: u8 = 2;
 const COMPLETED: u8 = 4;
+const IDLE: u8 = 8;
 
 /// No timer armed for a slot.
 const UNARMED: u64 = u64::MAX;
@@ -38,6 +43,9 @@ pub(super) struct Ready {
     timers: BinaryHeap<Reverse<(u64, usize)>>,
     /// The deadline of each slot's live heap entry ([`UNARMED`]: none).
     armed: Vec<u64>,
+    /// (deadline, slot, the work its QP had taken then): QPs to trim if
+    /// they take no work until the deadline; the earliest first.
+    idle: VecDeque<(u64, usize, u64)>,
 }
 
 impl Ready {
@@ -139,10 +147,38 @@ impl Ready {
         None
     }
 
-    /// The earliest deadline in the heap (it may be stale, or one a QP
-    /// has since moved later: looking then is harmless, and drops it).
+    /// The earliest deadline in the heap or the idle list (it may be
+    /// stale, or one a QP has since moved later: looking then is
+    /// harmless, and drops it).
     pub fn next_deadline(&self) -> Option<u64> {
-        self.timers.peek().map(|&Reverse((t, _))| t)
+        let timer = self.timers.peek().map(|&Reverse((t, _))| t);
+        let idle = self.idle.front().map(|&(t, _, _)| t);
+        timer.into_iter().chain(idle).min()
+    }
+
+    /// Whether slot `i` waits in the idle list.
+    pub fn idle_listed(&self, i: usize) -> bool {
+        self.flags.get(i).is_some_and(|f| f & IDLE != 0)
+    }
+
+    /// Slot `i`'s queues are empty: look again at `deadline` (later than
+    /// every entry listed before), when `work` tells whether it took any
+    /// since. Listed once.
+    pub fn note_idle(&mut self, i: usize, deadline: u64, work: u64) {
+        if self.join(i, IDLE) {
+            self.idle.push_back((deadline, i, work));
+        }
+    }
+
+    /// A slot whose idle deadline passed, and the work noted with it.
+    pub fn pop_idle(&mut self, now: u64) -> Option<(usize, u64)> {
+        let &(t, i, work) = self.idle.front()?;
+        if t > now {
+            return None;
+        }
+        self.idle.pop_front();
+        self.flags[i] &= !IDLE;
+        Some((i, work))
     }
 
     /// Slot `i`'s QP is gone: its timer with it (list entries left behind
@@ -207,5 +243,24 @@ mod tests {
         r.arm(4, Some(10));
         r.forget(4);
         assert_eq!(r.pop_expired(1_000), None);
+    }
+
+    #[test]
+    fn idle_slots_are_listed_once_and_come_back_at_their_deadline() {
+        let mut r = Ready::default();
+        r.note_idle(2, 100, 7);
+        r.note_idle(2, 150, 8);
+        r.note_idle(5, 120, 1);
+        assert!(r.idle_listed(2) && r.idle_listed(5) && !r.idle_listed(3));
+        assert_eq!(r.next_deadline(), Some(100));
+        r.arm(1, Some(90));
+        assert_eq!(r.next_deadline(), Some(90));
+        assert_eq!(r.pop_idle(99), None);
+        assert_eq!(r.pop_idle(130), Some((2, 7)));
+        assert!(!r.idle_listed(2));
+        assert_eq!(r.pop_idle(130), Some((5, 1)));
+        assert_eq!(r.pop_idle(1_000), None);
+        r.note_idle(2, 200, 9);
+        assert_eq!(r.pop_idle(200), Some((2, 9)));
     }
 }

@@ -62,7 +62,7 @@ pub use handles::{CompletionQueue, QueuePair, SharedReceiveQueue};
 use held::*;
 use lane::*;
 pub use open::{device_list, open_device, open_port, open_ports};
-pub(crate) use plane::{qp_slots, ControlPlane, InProcess, QpMade, Registration, SrqMade};
+pub(crate) use plane::{srq_shape, ControlPlane, InProcess, QpMade, Registration, SrqMade};
 pub(crate) use rings::*;
 pub(crate) use wake::*;
 

@@ -41,11 +41,11 @@ pub(crate) type SrqMade = Result<(SrqId, ShmRing<RecvWr>), CreateError>;
 /// What [`ControlPlane::create_qp`] gives: the new QP's rings.
 pub(crate) type QpMade = Result<QpRings, CreateError>;
 
-/// The ring slots (send, receive) of a QP created with `init`.
-pub(crate) fn qp_slots(init: &QpInit) -> (usize, usize) {
+/// The ring of an SRQ allowing `max_sge` SGEs: (slots, bytes per entry).
+pub(crate) fn srq_shape(max_wr: u32, max_sge: u32) -> (usize, usize) {
     (
-        ShmRing::<SendWr>::slots_for(init.caps.max_send_wr as usize),
-        ShmRing::<RecvWr>::slots_for(init.caps.max_recv_wr as usize),
+        ShmRing::<RecvWr>::slots_for(max_wr as usize),
+        crate::entry::recv_entry_size(max_sge),
     )
 }
 
@@ -261,19 +261,19 @@ impl ControlPlane for InProcess {
 
     fn create_qp(&self, ctx: &Context, init: &QpInit, cqs: (CqId, CqId)) -> QpMade {
         let init = *init;
-        let slots = qp_slots(&init);
+        let shape = QpShape::of(&init);
         // Round robin over the lanes; a QP with an SRQ goes where SRQs live.
         let lane = if init.srq.is_some() {
             0
         } else {
             ctx.next_lane.fetch_add(1, Ordering::Relaxed) % ctx.control.len()
         };
-        let seg = Arc::new(ctx.segment("burst-qp", qp_layout(slots.0, slots.1).2)?);
+        let seg = Arc::new(ctx.segment("burst-qp", shape.layout().2)?);
         let (qpn, cfg) = ctx
             .call_on(lane, |reply| Control::CreateQp { init, reply })?
             .map_err(CreateError::Verbs)?;
         Ok(
-            QpRings::new(seg, slots, true, qpn, lane, cfg, cqs, ctx.owner)
+            QpRings::new(seg, shape, true, qpn, lane, cfg, cqs, ctx.owner)
                 .map_err(|_| PostError::Invalid)?,
         )
     }
@@ -285,8 +285,8 @@ impl ControlPlane for InProcess {
     }
 
     fn create_srq(&self, ctx: &Context, pd: Pd, max_wr: u32, max_sge: u32) -> SrqMade {
-        let slots = ShmRing::<RecvWr>::slots_for(max_wr as usize);
-        let seg = Arc::new(ctx.segment("burst-srq", ShmRing::<RecvWr>::bytes(slots))?);
+        let (slots, entry) = srq_shape(max_wr, max_sge);
+        let seg = Arc::new(ctx.segment("burst-srq", ShmRing::<RecvWr>::bytes_sized(slots, entry))?);
         let id = ctx
             .call(|reply| Control::CreateSrq {
                 pd,
@@ -297,7 +297,7 @@ impl ControlPlane for InProcess {
             .map_err(CreateError::Verbs)?;
         Ok((
             id,
-            ShmRing::create(seg, 0, slots).map_err(|_| PostError::Invalid)?,
+            ShmRing::create_sized(seg, 0, slots, entry).map_err(|_| PostError::Invalid)?,
         ))
     }
 

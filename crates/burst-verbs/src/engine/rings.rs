@@ -6,6 +6,8 @@ use std::sync::Arc;
 use crate::shm::{Segment, ShmRing};
 
 use burst_transport::{QpConfig, QpState, RecvWr, SendWr};
+
+use crate::QpInit;
 use burst_wire::Qpn;
 
 use super::*;
@@ -105,11 +107,48 @@ impl Doorbells {
     }
 }
 
-/// Where a QP's two rings sit in its segment: (send, receive, total bytes).
-pub(crate) fn qp_layout(send_slots: usize, recv_slots: usize) -> (usize, usize, usize) {
-    let recv = ShmRing::<SendWr>::bytes(send_slots).div_ceil(64) * 64;
-    let words = (recv + ShmRing::<RecvWr>::bytes(recv_slots)).div_ceil(64) * 64;
-    (0, recv, words + QpWords::BYTES)
+/// The shape of a QP's two rings, from the capabilities it was created
+/// with: slots for its depths, entries as large as its SGEs and inline
+/// data need (as an RNIC sizes its WQEs: perftest's one-SGE QP takes 80
+/// bytes per send entry where the largest WR takes 320). Both sides of a
+/// daemon-mode QP compute it from the same `QpInit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QpShape {
+    /// Send ring slots and bytes per entry.
+    pub(crate) send: (usize, usize),
+    /// Receive ring slots and bytes per entry.
+    pub(crate) recv: (usize, usize),
+}
+
+impl QpShape {
+    /// The rings of a QP created with `init` (the SGE limit is the one
+    /// the QP's configuration checks both queues by).
+    pub(crate) fn of(init: &QpInit) -> QpShape {
+        let c = init.caps;
+        let sge = c.max_send_sge.max(c.max_recv_sge).max(1);
+        QpShape {
+            send: (
+                ShmRing::<SendWr>::slots_for(c.max_send_wr as usize),
+                crate::entry::send_entry_size(sge, c.max_inline_data),
+            ),
+            recv: (
+                ShmRing::<RecvWr>::slots_for(c.max_recv_wr as usize),
+                crate::entry::recv_entry_size(sge),
+            ),
+        }
+    }
+
+    /// Where the two rings sit in the QP's segment: (send, receive, total
+    /// bytes). The shared words come first, the send ring's header on the
+    /// same page: an idle QP touches two pages of its segment (that one
+    /// and the receive ring's header), not one per ring and the words.
+    pub(crate) fn layout(&self) -> (usize, usize, usize) {
+        let send = QpWords::BYTES;
+        let recv =
+            (send + ShmRing::<SendWr>::bytes_sized(self.send.0, self.send.1)).div_ceil(64) * 64;
+        let end = recv + ShmRing::<RecvWr>::bytes_sized(self.recv.0, self.recv.1);
+        (send, recv, end)
+    }
 }
 
 /// Words a QP's front end and engine share after its rings: the state the
@@ -217,7 +256,7 @@ impl QpRings {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         seg: Arc<Segment>,
-        slots: (usize, usize),
+        shape: QpShape,
         fresh: bool,
         qpn: Qpn,
         lane: usize,
@@ -225,20 +264,21 @@ impl QpRings {
         cqs: (CqId, CqId),
         owner: u32,
     ) -> std::io::Result<QpRings> {
-        let (s_off, r_off, total) = qp_layout(slots.0, slots.1);
+        let (s_off, r_off, _) = shape.layout();
+        let (s, r) = (shape.send, shape.recv);
         let words = QpWords {
             seg: Arc::clone(&seg),
-            at: total - QpWords::BYTES,
+            at: 0,
         };
         let (send, recv) = if fresh {
             (
-                ShmRing::create(Arc::clone(&seg), s_off, slots.0)?,
-                ShmRing::create(seg, r_off, slots.1)?,
+                ShmRing::create_sized(Arc::clone(&seg), s_off, s.0, s.1)?,
+                ShmRing::create_sized(seg, r_off, r.0, r.1)?,
             )
         } else {
             (
-                ShmRing::attach(Arc::clone(&seg), s_off, slots.0)?,
-                ShmRing::attach(seg, r_off, slots.1)?,
+                ShmRing::attach_sized(Arc::clone(&seg), s_off, s.0, s.1)?,
+                ShmRing::attach_sized(seg, r_off, r.0, r.1)?,
             )
         };
         Ok(QpRings {
