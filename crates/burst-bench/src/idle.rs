@@ -4,7 +4,9 @@
 //! process's CPU time over that span is what the engines spend waiting.
 //! It also reports what the QPs cost in memory: the process's resident
 //! set grown from before the session to after it (both sides' QPs, their
-//! rings and burst-xfer's per-QP state), per QP.
+//! rings and burst-xfer's per-QP state), per QP. With `--daemon` the two
+//! sides are clients of two burstd processes (`--daemon-pids` names them:
+//! their resident sets are measured the same way).
 
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -14,7 +16,7 @@ use burst_verbs::Mtu;
 use burst_xfer::{Op, Pool, RdmaSession, Segment, SessionOptions, Transfer};
 use clap::Parser;
 
-use crate::report::{cpu_now, rss_now};
+use crate::report::{cpu_now, rss_now, rss_of};
 use crate::{LOOP_A, LOOP_B};
 
 /// The idle-CPU measurement.
@@ -33,19 +35,38 @@ pub struct IdleCli {
     /// One JSON object.
     #[arg(long)]
     json: bool,
+    /// Daemon mode: the two sides' burstd sockets, `A,B`.
+    #[arg(long, value_delimiter = ',')]
+    daemon: Vec<std::path::PathBuf>,
+    /// The two burstd processes' PIDs, `A,B`, for their memory.
+    #[arg(long, value_delimiter = ',')]
+    daemon_pids: Vec<u32>,
 }
 
 /// `burst-bench idle ...`.
 pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     let cli = IdleCli::parse_from(args);
+    if !matches!(cli.daemon.len(), 0 | 2) {
+        return Err("--daemon takes two sockets, A,B".into());
+    }
     let err = |what: &'static str| move |e: burst_xfer::XferError| format!("{what}: {e}");
     let start = |ip| {
         Engine::start_config(&crate::rdma::device_config(ip, Mtu::Mtu4096)?)
             .map_err(|e| format!("engine: {e}"))
     };
-    let (ea, eb) = (start(LOOP_A)?, start(LOOP_B)?);
-    let (ca, cb) = (ea.context(), eb.context());
-    let rss0 = rss_now();
+    // Embedded engines (kept alive to the end), or burstd's contexts.
+    let (_engines, ca, cb) = if cli.daemon.is_empty() {
+        let (ea, eb) = (start(LOOP_A)?, start(LOOP_B)?);
+        let (ca, cb) = (ea.context(), eb.context());
+        (Some((ea, eb)), ca, cb)
+    } else {
+        let c = |p: &std::path::PathBuf| {
+            burst_verbs::engine::Context::connect(p).map_err(|e| format!("burstd: {e}"))
+        };
+        (None, c(&cli.daemon[0])?, c(&cli.daemon[1])?)
+    };
+    let daemons = || -> u64 { cli.daemon_pids.iter().map(|p| rss_of(&p.to_string())).sum() };
+    let (rss0, drss0) = (rss_now(), daemons());
     let o = SessionOptions {
         qps: cli.qps,
         depth: cli.depth,
@@ -81,6 +102,7 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     b.wait_landed(t).map_err(err("landing"))?;
     // Both engines' QPs (2 x qps), touched once by the warm-up.
     let per_qp = rss_now().saturating_sub(rss0) / (2 * cli.qps.max(1)) as u64;
+    let daemon_per_qp = daemons().saturating_sub(drss0) / (2 * cli.qps.max(1)) as u64;
     // Let the last ACKs and any spinning after them end, then measure.
     std::thread::sleep(Duration::from_millis(100));
     let (t0, cpu0) = (Instant::now(), cpu_now());
@@ -89,14 +111,20 @@ pub fn main(args: impl Iterator<Item = String>) -> Result<(), String> {
     if cli.json {
         println!(
             "{}",
-            serde_json::json!({"test": "idle", "engines": 2, "qps": cli.qps, "depth": cli.depth, "secs": secs, "cpu_secs": cpu, "rss_per_qp": per_qp})
+            serde_json::json!({"test": "idle", "engines": 2, "qps": cli.qps, "depth": cli.depth, "secs": secs, "cpu_secs": cpu, "rss_per_qp": per_qp, "daemon": !cli.daemon.is_empty(), "daemon_rss_per_qp": daemon_per_qp})
         );
     } else {
         println!(
-            "burst-bench idle: two engines, {} connected RC QPs of depth {}, idle {secs:.1} s: {cpu:.4} CPU s ({:.3}% of a core); resident memory {per_qp} bytes per QP",
+            "burst-bench idle: two {}, {} connected RC QPs of depth {}, idle {secs:.1} s: {cpu:.4} CPU s ({:.3}% of a core); resident memory {per_qp} bytes per QP{}",
+            if cli.daemon.is_empty() { "engines" } else { "burstd clients" },
             cli.qps,
             cli.depth,
-            100.0 * cpu / secs
+            100.0 * cpu / secs,
+            if cli.daemon_pids.is_empty() {
+                String::new()
+            } else {
+                format!(" in the clients, {daemon_per_qp} in the daemons")
+            }
         );
     }
     Ok(())

@@ -198,7 +198,10 @@ impl Side {
         // Vec is freed (and the engine waits for in-flight users).
         let mr = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access(1 | 2 | 4 | 8)) }
             .map_err(err("reg_mr"))?;
-        let depth = (p.tx_depth as usize * p.qps).max(1) * 2;
+        // Room for every queue's WRs, within the device's max_cqe (10,240
+        // QPs of 128 would ask 2.6 M): the send side signals one WR in
+        // `cq_mod`, so its completions outstanding stay far below.
+        let depth = ((p.tx_depth as usize * p.qps).max(1) * 2).min(burst_verbs::MAX_CQE as usize);
         let channel = if p.events {
             Some(
                 ctx.create_comp_channel()

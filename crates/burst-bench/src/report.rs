@@ -113,7 +113,13 @@ pub fn cpu_now() -> f64 {
 /// The process's resident set in bytes (`/proc/self/statm`), 0 where it
 /// cannot be read.
 pub fn rss_now() -> u64 {
-    let pages = std::fs::read_to_string("/proc/self/statm")
+    rss_of("self")
+}
+
+/// The resident set of process `pid` (`self`: this one) in bytes, 0 where
+/// it cannot be read.
+pub fn rss_of(pid: &str) -> u64 {
+    let pages = std::fs::read_to_string(format!("/proc/{pid}/statm"))
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0);

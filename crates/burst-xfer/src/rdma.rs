@@ -29,6 +29,10 @@ pub struct SessionOptions {
     pub timeout: u8,
     /// Transport retries (0..=7).
     pub retry_cnt: u8,
+    /// Entries of the send CQ all QPs share (0: room for every QP's
+    /// whole queue, up to the device's `max_cqe`). With fewer, the session
+    /// waits for completions before it posts another signalled WR.
+    pub cq_entries: usize,
 }
 
 impl Default for SessionOptions {
@@ -39,6 +43,7 @@ impl Default for SessionOptions {
             mtu: Mtu::Mtu4096,
             timeout: 14,
             retry_cnt: 7,
+            cq_entries: 0,
         }
     }
 }
@@ -141,6 +146,8 @@ pub(crate) struct Parts {
     /// How each QP is made.
     pub init: QpInit,
     depth: usize,
+    /// Entries of the send CQ.
+    cq_entries: usize,
     /// The QPs, in lane order.
     pub qps: Vec<QueuePair>,
     /// Set up through rdma_cm: the channel and each QP's id.
@@ -162,7 +169,13 @@ impl Parts {
             ctx.cq(ctx.create_cq(n))
                 .ok_or_else(|| XferError::Setup("CQ".into()))
         };
-        let scq = cq(depth * o.qps + 1)?;
+        // Room for every QP's queue when the device allows it; beyond
+        // (10,240 QPs of 128), the session waits for room instead.
+        let cq_entries = match o.cq_entries {
+            0 => (depth * o.qps + 1).min(burst_verbs::MAX_CQE as usize),
+            n => n.max(2),
+        };
+        let scq = cq(cq_entries)?;
         let rcq = match cq(RECV_SLOTS * o.qps + 1) {
             Ok(c) => c,
             Err(e) => {
@@ -181,6 +194,7 @@ impl Parts {
             slots: None,
             init,
             depth,
+            cq_entries,
             qps: Vec::with_capacity(o.qps),
             cm: None,
             finished: false,
@@ -212,6 +226,7 @@ impl Parts {
             .take()
             .ok_or_else(|| XferError::Setup("slots".into()))?;
         let (pool_len, peer_len) = (pool.len() as u64, peer.len);
+        let room = self.cq_entries - 1;
         let qps = BurstQps {
             pool,
             qps: std::mem::take(&mut self.qps),
@@ -223,9 +238,9 @@ impl Parts {
         };
         // The QPs own the CQs now (their Drop destroys them).
         self.finished = true;
-        Ok(RdmaSession {
-            inner: Session::new(qps, self.depth, pool_len, peer_len)?,
-        })
+        let mut inner = Session::new(qps, self.depth, pool_len, peer_len)?;
+        inner.limit_signaled(room);
+        Ok(RdmaSession { inner })
     }
 }
 

@@ -100,6 +100,11 @@ pub(crate) struct Session<Q: RcQps> {
     /// room excluded).
     posts: u64,
     post_time: Duration,
+    /// Signalled send WRs not yet completed, and how many the send CQ
+    /// holds: a session of many deep QPs shares a CQ smaller than all
+    /// their queues, and waits rather than overruns it.
+    signaled_out: usize,
+    cq_room: usize,
 }
 
 impl<Q: RcQps> Session<Q> {
@@ -124,6 +129,8 @@ impl<Q: RcQps> Session<Q> {
             next_lane: 0,
             posts: 0,
             post_time: Duration::ZERO,
+            signaled_out: 0,
+            cq_room: usize::MAX,
         };
         for slot in 0..s.lanes.len() * RECV_SLOTS {
             s.qps
@@ -138,10 +145,22 @@ impl<Q: RcQps> Session<Q> {
         self.peer_len
     }
 
-    /// Posts one work request on `lane`, waiting while the lane is full.
+    /// The send CQ holds `entries` completions: at most that many
+    /// signalled WRs are outstanding at once.
+    pub fn limit_signaled(&mut self, entries: usize) {
+        self.cq_room = entries.max(1);
+    }
+
+    /// Posts one work request on `lane`, waiting while the lane is full
+    /// (or, for one to be signalled, the send CQ).
     fn post(&mut self, lane: usize, wr_id: u64, work: &Work, last: bool) -> Result<(), XferError> {
         let deadline = Instant::now() + POST_WAIT;
-        while self.lanes[lane].posted.len() >= self.depth - 1 {
+        // Often enough that a full queue always holds a signalled one.
+        let every = (self.depth / 2).clamp(1, SIGNAL_EVERY);
+        let signaled = last || self.lanes[lane].unsignaled + 1 >= every;
+        while self.lanes[lane].posted.len() >= self.depth - 1
+            || (signaled && self.signaled_out >= self.cq_room)
+        {
             self.progress();
             // Let the engine (and the peer, on a small host) run.
             std::thread::yield_now();
@@ -153,9 +172,6 @@ impl<Q: RcQps> Session<Q> {
             }
         }
         let l = &mut self.lanes[lane];
-        // Often enough that a full queue always holds a signalled one.
-        let every = (self.depth / 2).clamp(1, SIGNAL_EVERY);
-        let signaled = last || l.unsignaled + 1 >= every;
         let t = Instant::now();
         let r = self.qps.post(lane, wr_id, work, signaled);
         self.post_time += t.elapsed();
@@ -167,6 +183,7 @@ impl<Q: RcQps> Session<Q> {
         })?;
         l.posted.push_back(wr_id);
         l.unsignaled = if signaled { 0 } else { l.unsignaled + 1 };
+        self.signaled_out += usize::from(signaled);
         Ok(())
     }
 
@@ -193,6 +210,8 @@ impl<Q: RcQps> Session<Q> {
     }
 
     fn on_send_completion(&mut self, wc: Done) {
+        // One per signalled WR (and flushed ones: never below zero).
+        self.signaled_out = self.signaled_out.saturating_sub(1);
         let lane = wc.lane.min(self.lanes.len().saturating_sub(1));
         if let Some(status) = wc.error {
             let batch = wc.wr_id >> SEG_BITS;

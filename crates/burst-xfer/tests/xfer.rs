@@ -46,6 +46,27 @@ fn pair(ca: &Context, cb: &Context, len: usize, o: SessionOptions) -> (RdmaSessi
     (a, b.join().unwrap().unwrap())
 }
 
+/// Four QPs of 16 sharing a send CQ of 4 entries (as 10,240 QPs of 128
+/// must share one of the device's `max_cqe`): the session holds its
+/// signalled WRs to what the CQ takes, waiting for completions between
+/// posts without deadlocking, and every batch lands whole. (burst's own
+/// CQs pause QPs whose CQ is full rather than overrun, so this checks the
+/// waiting, not an overrun: RXE and RNICs would fail the QPs.)
+#[test]
+fn a_send_cq_smaller_than_the_queues_is_never_overrun() {
+    let (_ea, ca) = engine("127.0.142.5", 0);
+    let (_eb, cb) = engine("127.0.142.6", 0);
+    let o = SessionOptions {
+        qps: 4,
+        depth: 16,
+        cq_entries: 4,
+        ..SessionOptions::default()
+    };
+    let (mut a, mut b) = pair(&ca, &cb, 4 << 20, o);
+    let (pa, pb) = (Arc::clone(a.pool()), Arc::clone(b.pool()));
+    write_read_and_check(&mut a, &mut b, &pa, &pb);
+}
+
 #[test]
 fn batches_larger_than_the_queues_land_whole_and_read_back() {
     let (_ea, ca) = engine("127.0.142.1", 0);

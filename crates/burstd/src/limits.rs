@@ -62,8 +62,8 @@ impl Default for Limits {
     /// Sized for MPI- and UCX-scale applications (thousands of QPs per
     /// user, large registration caches, KV-cache pools of hundreds of GiB)
     /// while one user can take at most a sixteenth of the device's QPs and
-    /// CQs, and costs the daemon at most about 1.1 GiB of shared memory for
-    /// rings and CQs (2 Mi WQE slots of at most 456 bytes, 4 Mi CQEs of 48)
+    /// CQs, and costs the daemon at most about 0.85 GiB of shared memory for
+    /// rings and CQs (2 Mi WQE slots of at most 328 bytes, 4 Mi CQEs of 48)
     /// and half of its mapping budget. An administrator lowers them for
     /// untrusted users.
     fn default() -> Limits {
