@@ -11,6 +11,12 @@
  * over RC QPs of the device connected to each other through GID
  * `gid-index` (default 0).
  *
+ * librdmacm's address rules come last: rdma_getaddrinfo with only a
+ * destination in the hints, a passive lookup's flags, rdma_bind_addr on
+ * loopback (a port, no device), and a synchronous id moved to a channel
+ * (rdma_migrate_id) reporting its next event there (libfabric's verbs
+ * provider depends on each).
+ *
  * Usage: verbs-conformance [device-name [gid-index]]
  * (exit status: failed checks)
  */
@@ -21,6 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <arpa/inet.h>
 
 static int failed;
 
@@ -616,6 +624,78 @@ static void ece(struct ibv_pd *pd, struct ibv_cq *cq)
 	ibv_destroy_qp(qp);
 }
 
+static void rdmacm_rules(void)
+{
+	char msg[200];
+	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons(7471) };
+	inet_pton(AF_INET, "198.18.0.3", &dst.sin_addr);
+	struct rdma_addrinfo h = {
+		.ai_flags = RAI_FAMILY, .ai_family = AF_INET,
+		.ai_qp_type = IBV_QPT_RC, .ai_port_space = RDMA_PS_TCP,
+		.ai_dst_addr = (struct sockaddr *)&dst, .ai_dst_len = sizeof(dst),
+	}, *res = NULL;
+	int r = rdma_getaddrinfo(NULL, NULL, &h, &res);
+	snprintf(msg, sizeof(msg),
+		 "rdma_getaddrinfo(NULL, NULL, hints with a destination): %d, flags %d, dst_len %d",
+		 r, res ? res->ai_flags : -1, res ? (int)res->ai_dst_len : -1);
+	check(!r && res && res->ai_flags == RAI_FAMILY && res->ai_dst_len == sizeof(dst) &&
+		      !memcmp(res->ai_dst_addr, &dst, sizeof(dst)) && !res->ai_src_len,
+	      msg);
+	if (!r)
+		rdma_freeaddrinfo(res);
+	struct rdma_addrinfo ph = {
+		.ai_flags = RAI_PASSIVE | RAI_FAMILY, .ai_family = AF_INET,
+		.ai_qp_type = IBV_QPT_RC, .ai_port_space = RDMA_PS_TCP,
+	};
+	res = NULL;
+	r = rdma_getaddrinfo("127.0.0.1", NULL, &ph, &res);
+	snprintf(msg, sizeof(msg), "rdma_getaddrinfo(127.0.0.1, passive): %d, flags %d (RAI_PASSIVE)",
+		 r, res ? res->ai_flags : -1);
+	check(!r && res && res->ai_flags == RAI_PASSIVE && res->ai_src_len == sizeof(dst) &&
+		      !res->ai_dst_len,
+	      msg);
+	if (!r)
+		rdma_freeaddrinfo(res);
+
+	struct rdma_cm_id *id;
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
+		check(0, "rdma_create_id without a channel");
+		return;
+	}
+	struct sockaddr_in lo = { .sin_family = AF_INET };
+	inet_pton(AF_INET, "127.0.0.1", &lo.sin_addr);
+	r = rdma_bind_addr(id, (struct sockaddr *)&lo);
+	struct sockaddr_in *l = (struct sockaddr_in *)rdma_get_local_addr(id);
+	snprintf(msg, sizeof(msg), "rdma_bind_addr(127.0.0.1): %d, a port (%u), no device yet (%p)",
+		 r, ntohs(l->sin_port), (void *)id->verbs);
+	check(!r && !id->verbs && l->sin_port != 0 && l->sin_addr.s_addr == lo.sin_addr.s_addr, msg);
+	rdma_destroy_id(id);
+
+	/* Created synchronous, moved to a channel: asynchronous from then on. */
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	if (!ch || rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
+		check(0, "an event channel and an id");
+		return;
+	}
+	r = rdma_migrate_id(id, ch);
+	check(!r && id->channel == ch, "rdma_migrate_id of a synchronous id to a channel");
+	struct sockaddr_in to = lo;
+	to.sin_port = htons(7471);
+	r = rdma_resolve_addr(id, NULL, (struct sockaddr *)&to, 2000);
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	int ready = !r && poll(&p, 1, 5000) == 1;
+	struct rdma_cm_event *ev = NULL;
+	int got = ready && !rdma_get_cm_event(ch, &ev);
+	snprintf(msg, sizeof(msg),
+		 "after the move, rdma_resolve_addr's event arrives on the channel (%s)",
+		 got ? rdma_event_str(ev->event) : "none");
+	check(got && ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->id == id, msg);
+	if (got)
+		rdma_ack_cm_event(ev);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -742,6 +822,7 @@ int main(int argc, char **argv)
 	cq_ex(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	windows(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	cq_overrun(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
+	rdmacm_rules();
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);

@@ -22,6 +22,10 @@ pub struct CmCase {
     pass: &'static str,
     /// The server never ends by itself (cmtime): stopped after the client.
     endless: bool,
+    /// The server first waits for its client on TCP `{port}` and opens
+    /// its device only then (libfabric's fi_pingpong): ready when that
+    /// port listens.
+    oob: bool,
 }
 
 const fn case(
@@ -36,6 +40,20 @@ const fn case(
         client,
         pass,
         endless: false,
+        oob: false,
+    }
+}
+
+/// A case whose server waits on TCP `{port}` first ([`CmCase::oob`]).
+const fn oob_case(
+    name: &'static str,
+    server: &'static str,
+    client: &'static str,
+    pass: &'static str,
+) -> CmCase {
+    CmCase {
+        oob: true,
+        ..case(name, server, client, pass)
     }
 }
 
@@ -86,12 +104,21 @@ pub const CASES: &[CmCase] = &[
         "ib_read_bw -R -F -D 2 -s 65536 -p {port} {addr}",
         "65536",
     ),
+    // libfabric's verbs provider (libfabric-bin): MSG endpoints straight
+    // on rdma_cm; -B/-P its control port.
+    oob_case(
+        "fi_pingpong verbs msg",
+        "fi_pingpong -p verbs -e msg -S 4096 -I 1000 -B {port}",
+        "fi_pingpong -p verbs -e msg -S 4096 -I 1000 -P {port} {addr}",
+        "=1k",
+    ),
     CmCase {
         name: "cmtime (100 connections)",
         server: "cmtime -b {addr} -p {port}",
         client: "cmtime -s {addr} -p {port}",
         pass: "disconnect",
         endless: true,
+        oob: false,
     },
 ];
 
@@ -110,6 +137,14 @@ pub const VETH_ONLY: &[CmCase] = &[
         "ucmatose -m -p {port}",
         "ucmatose -m -s {addr} -p {port}",
         "test complete",
+    ),
+    // libfabric's RDM endpoints over verbs MSG ones (ofi_rxm); the ';'
+    // would split the VM's shell line, so burst to burst only.
+    oob_case(
+        "fi_pingpong verbs;ofi_rxm rdm",
+        "fi_pingpong -p verbs;ofi_rxm -e rdm -S 4096 -I 1000 -B {port}",
+        "fi_pingpong -p verbs;ofi_rxm -e rdm -S 4096 -I 1000 -P {port} {addr}",
+        "=1k",
     ),
     // One server process accepting 20 connections in turn from one client
     // process, each torn down before the next (built by `dropin::build`).
@@ -145,14 +180,14 @@ pub fn quick_rxe(vm_serves: bool) -> Vec<&'static CmCase> {
         .filter(|c| {
             matches!(
                 c.name,
-                "rping -C 10" | "udaddy" | "cmtime (100 connections)"
+                "rping -C 10" | "udaddy" | "cmtime (100 connections)" | "fi_pingpong verbs msg"
             ) || c.name == perftest
         })
         .collect()
 }
 
-/// The CI share: connected, datagram, perftest, connection rate and
-/// consecutive connections.
+/// The CI share: connected, datagram, perftest, connection rate,
+/// consecutive connections and libfabric's verbs provider.
 pub fn quick() -> Vec<&'static CmCase> {
     CASES
         .iter()
@@ -160,7 +195,11 @@ pub fn quick() -> Vec<&'static CmCase> {
         .filter(|c| {
             matches!(
                 c.name,
-                "rping -C 10" | "udaddy" | "ib_write_bw -R" | "cmtime (100 connections)"
+                "rping -C 10"
+                    | "udaddy"
+                    | "ib_write_bw -R"
+                    | "cmtime (100 connections)"
+                    | "fi_pingpong verbs msg"
             ) || c.name == CONSECUTIVE
         })
         .collect()
@@ -178,6 +217,23 @@ fn roce_bound(ns: &str) -> bool {
         .args(["netns", "exec", ns, "ss", "-Hluln"])
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(":4791 "))
+}
+
+/// Whether TCP `port` listens in namespace `ns`.
+fn tcp_listening(ns: &str, port: u16) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-Hltn"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(":{port} ")))
+}
+
+/// Whether case `c`'s server in `ns` is ready for its client.
+fn server_ready(c: &CmCase, ns: &str, port: u16) -> bool {
+    if c.oob {
+        tcp_listening(ns, port)
+    } else {
+        roce_bound(ns)
+    }
 }
 
 fn wait_for(what: impl Fn() -> bool, within: Duration) -> bool {
@@ -294,7 +350,10 @@ pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16, daemons: bool) -> Vec
         };
         // The device opens at bind and the listen follows within
         // microseconds; burstd's port is bound already: a moment more.
-        let up = wait_for(|| roce_bound("burstbb1"), Duration::from_secs(20));
+        let up = wait_for(
+            || server_ready(c, "burstbb1", port),
+            Duration::from_secs(20),
+        );
         std::thread::sleep(Duration::from_millis(if daemons { 1500 } else { 500 }));
         let (cok, cout) = if up {
             let cmd = argv(c.client, sa, port);
@@ -419,7 +478,10 @@ pub fn rxe(
                 400,
             )) {
                 Ok(s) => {
-                    let up = wait_for(|| roce_bound("burstlab"), Duration::from_secs(20));
+                    let up = wait_for(
+                        || server_ready(c, "burstlab", port),
+                        Duration::from_secs(20),
+                    );
                     std::thread::sleep(Duration::from_millis(500));
                     let _ = std::fs::write(state.join(format!("host-ready-{i}")), "");
                     if !up {

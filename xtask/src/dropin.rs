@@ -1693,7 +1693,7 @@ fn build_conformance(root: &Path) -> Option<PathBuf> {
         .args(["-O2", "-Wall", "-o"])
         .arg(&bin)
         .arg(root.join("interop/verbs-conformance.c"))
-        .arg("-libverbs")
+        .args(["-lrdmacm", "-libverbs"])
         .status()
         .is_ok_and(|s| s.success())
         .then_some(bin)
@@ -1704,7 +1704,7 @@ fn not_built(name: String) -> Outcome {
         name,
         ok: false,
         numbers: None,
-        why: "cannot build it (gcc and libibverbs-dev needed)".into(),
+        why: "cannot build it (gcc, libibverbs-dev and librdmacm-dev needed)".into(),
     };
     report(&o);
     o

@@ -271,3 +271,28 @@ fn ud_peers_find_each_other_through_sidr() {
         p => panic!("{p:?}"),
     }
 }
+
+/// `rdma_bind_addr` as the kernel's CM (checked on RXE): a device's own
+/// address attaches the device; a loopback address that is no device's
+/// own binds (with a port) to no device yet; any other address is not
+/// ours (EADDRNOTAVAIL). libfabric's verbs provider tells a device's
+/// addresses from loopback by exactly this.
+#[test]
+fn bind_attaches_a_device_only_for_its_own_address() {
+    let a = side("127.0.140.5");
+    let own = a.cm.create_id(&a.ch, PortSpace::Tcp);
+    own.bind_addr(SocketAddr::new(a.ip, 0)).unwrap();
+    assert_eq!(own.route().device, Some(0));
+    let lo = a.cm.create_id(&a.ch, PortSpace::Tcp);
+    lo.bind_addr("127.0.0.1:0".parse().unwrap()).unwrap();
+    let r = lo.route();
+    assert_eq!(r.device, None, "loopback binds to no device");
+    let src = r.src.expect("bound");
+    assert_eq!(src.ip(), "127.0.0.1".parse::<IpAddr>().unwrap());
+    assert_ne!(src.port(), 0, "an ephemeral port is taken");
+    let far = a.cm.create_id(&a.ch, PortSpace::Tcp);
+    let e = far
+        .bind_addr("198.18.0.250:0".parse().unwrap())
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL));
+}

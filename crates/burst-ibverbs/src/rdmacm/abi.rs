@@ -155,6 +155,11 @@ pub struct rdma_addrinfo {
 /// `rdma_addrinfo.ai_flags`.
 pub const RAI_PASSIVE: c_int = 1;
 pub const RAI_NUMERICHOST: c_int = 2;
+/// Resolve through an IB subnet administrator (none on Ethernet).
+pub const RAI_SA: c_int = 0x10;
+
+/// librdmacm's `AF_IB` (`ib.h`): InfiniBand addresses, which burst has not.
+pub const AF_IB: c_int = 27;
 
 /// `enum ibv_qp_type`.
 pub const IBV_QPT_RC: u32 = 2;

@@ -82,21 +82,23 @@ fn copy_sockaddr(a: *const libc::sockaddr, len: u32) -> *mut libc::sockaddr {
     }
 }
 
-fn sockaddr_len(a: *const libc::sockaddr) -> u32 {
-    if a.is_null() {
-        return 0;
-    }
-    // SAFETY: a readable sockaddr (caller's contract).
-    match c_int::from(unsafe { (*a).sa_family }) {
-        libc::AF_INET => std::mem::size_of::<libc::sockaddr_in>() as u32,
-        libc::AF_INET6 => std::mem::size_of::<libc::sockaddr_in6>() as u32,
-        _ => 0,
-    }
+/// `len` bytes of a sockaddr the caller gave in hints, within what any
+/// sockaddr takes (a larger length is the caller's error, not a size to
+/// allocate).
+fn hint_len(len: u32) -> u32 {
+    len.min(std::mem::size_of::<sockaddr_storage>() as u32)
 }
 
-/// `rdma_getaddrinfo`: `getaddrinfo` with the hints converted (socket type
-/// from the QP type, protocol from the port space), the first result
-/// kept, passive results as the source address.
+/// `rdma_getaddrinfo`, with librdmacm's rules (checked against it on
+/// kernel RXE): with a node or service, `getaddrinfo` on the hints
+/// converted (socket type from the QP type, protocol from the port
+/// space) and its first result as the destination, or the source when
+/// passive; with neither, the hints themselves (a caller that already
+/// holds a destination, as libfabric's verbs provider does). The hints'
+/// source is kept when the answer has none. Flags of the answer are
+/// `RAI_PASSIVE` or none, as librdmacm's. Errors: `getaddrinfo`'s code,
+/// or -1 with errno (EINVAL with nothing to resolve, EOPNOTSUPP for
+/// `RAI_SA`, which needs an IB subnet administrator).
 unsafe extern "C" fn getaddrinfo(
     node: *const c_char,
     service: *const c_char,
@@ -105,85 +107,92 @@ unsafe extern "C" fn getaddrinfo(
 ) -> c_int {
     guard("rdma_getaddrinfo", libc::EAI_FAIL, || {
         crate::init_logging();
-        if res.is_null() || (node.is_null() && service.is_null()) {
-            return libc::EAI_NONAME;
+        if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
+            crate::set_errno(libc::EINVAL);
+            return -1;
         }
         // SAFETY: NULL or readable hints (caller's contract).
         let h = unsafe { hints.as_ref() };
         let flags = h.map_or(0, |h| h.ai_flags);
-        let passive = flags & RAI_PASSIVE != 0;
-        let mut ps = h.map_or(0, |h| h.ai_port_space);
-        let mut qp_type = h.map_or(0, |h| h.ai_qp_type);
-        // SAFETY: addrinfo is plain data; all-zero is valid.
-        let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
-        gh.ai_family = h.map_or(0, |h| h.ai_family);
-        if passive {
-            gh.ai_flags |= libc::AI_PASSIVE;
+        if flags & RAI_SA != 0 {
+            crate::set_errno(libc::EOPNOTSUPP);
+            return -1;
         }
-        if flags & RAI_NUMERICHOST != 0 {
-            gh.ai_flags |= libc::AI_NUMERICHOST;
+        // SAFETY: allocation of one zeroed rdma_addrinfo, freed by
+        // rdma_freeaddrinfo (every pointer in it malloc'd or NULL).
+        let r = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
+            .cast::<rdma_addrinfo>();
+        if r.is_null() {
+            crate::set_errno(libc::ENOMEM);
+            return -1;
         }
-        let datagram = qp_type as u32 == IBV_QPT_UD
-            || ps as u32 == PortSpace::Udp.value()
-            || ps as u32 == PortSpace::Ipoib.value();
-        gh.ai_socktype = if datagram {
-            libc::SOCK_DGRAM
-        } else {
-            libc::SOCK_STREAM
-        };
-        gh.ai_protocol = if datagram {
-            libc::IPPROTO_UDP
-        } else {
-            libc::IPPROTO_TCP
-        };
-        let mut out: *mut libc::addrinfo = ptr::null_mut();
+        // SAFETY: `r` was just allocated and is ours until returned.
+        let ri = unsafe { &mut *r };
         if !node.is_null() || !service.is_null() {
+            let passive = flags & RAI_PASSIVE != 0;
+            let ps = h.map_or(0, |h| h.ai_port_space);
+            let qp_type = h.map_or(0, |h| h.ai_qp_type);
+            // SAFETY: addrinfo is plain data; all-zero is valid.
+            let mut gh: libc::addrinfo = unsafe { std::mem::zeroed() };
+            let family = h.map_or(0, |h| h.ai_family);
+            // AF_IB has no getaddrinfo: ask for any family (as librdmacm).
+            gh.ai_family = if family == AF_IB { 0 } else { family };
+            if passive {
+                gh.ai_flags |= libc::AI_PASSIVE;
+            }
+            if flags & RAI_NUMERICHOST != 0 {
+                gh.ai_flags |= libc::AI_NUMERICHOST;
+            }
+            let datagram = qp_type as u32 == IBV_QPT_UD
+                || ps as u32 == PortSpace::Udp.value()
+                || ps as u32 == PortSpace::Ipoib.value();
+            if qp_type != 0 || ps != 0 {
+                gh.ai_socktype = if datagram {
+                    libc::SOCK_DGRAM
+                } else {
+                    libc::SOCK_STREAM
+                };
+                gh.ai_protocol = if datagram {
+                    libc::IPPROTO_UDP
+                } else {
+                    libc::IPPROTO_TCP
+                };
+            }
+            let mut out: *mut libc::addrinfo = ptr::null_mut();
             // SAFETY: the caller's C strings (or NULL) and our hints.
             let rc = unsafe { libc::getaddrinfo(node, service, &gh, &mut out) };
             if rc != 0 {
+                // SAFETY: ours, nothing in it yet.
+                unsafe { libc::free(r.cast()) };
                 return rc;
             }
-        }
-        // SAFETY: getaddrinfo succeeded: `out` is its first result.
-        let first = unsafe { &*out };
-        if ps == 0 {
-            ps = if first.ai_socktype == libc::SOCK_DGRAM {
+            // SAFETY: getaddrinfo succeeded: `out` is its first result.
+            let first = unsafe { &*out };
+            let dgram = first.ai_socktype == libc::SOCK_DGRAM;
+            ri.ai_qp_type = if qp_type != 0 {
+                qp_type
+            } else if dgram {
+                IBV_QPT_UD as c_int
+            } else {
+                IBV_QPT_RC as c_int
+            };
+            ri.ai_port_space = if ps != 0 {
+                ps
+            } else if first.ai_protocol == libc::IPPROTO_UDP || dgram {
                 PortSpace::Udp.value() as c_int
             } else {
                 PortSpace::Tcp.value() as c_int
             };
-        }
-        if qp_type == 0 {
-            qp_type = if first.ai_socktype == libc::SOCK_DGRAM {
-                IBV_QPT_UD
-            } else {
-                IBV_QPT_RC
-            } as c_int;
-        }
-        let addr = copy_sockaddr(first.ai_addr, first.ai_addrlen);
-        let canon = if first.ai_canonname.is_null() {
-            ptr::null_mut()
-        } else {
-            // SAFETY: getaddrinfo's NUL-terminated canonical name.
-            unsafe { libc::strdup(first.ai_canonname) }
-        };
-        // SAFETY: allocation of one zeroed rdma_addrinfo, freed by
-        // rdma_freeaddrinfo.
-        let r = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) }
-            .cast::<rdma_addrinfo>();
-        if r.is_null() {
-            // SAFETY: `out` from getaddrinfo.
-            unsafe { libc::freeaddrinfo(out) };
-            return libc::EAI_MEMORY;
-        }
-        // SAFETY: `r` was just allocated; `first` is still live.
-        unsafe {
-            let ri = &mut *r;
-            ri.ai_flags = flags;
             ri.ai_family = first.ai_family;
-            ri.ai_qp_type = qp_type;
-            ri.ai_port_space = ps;
+            let addr = copy_sockaddr(first.ai_addr, first.ai_addrlen);
+            let canon = if first.ai_canonname.is_null() {
+                ptr::null_mut()
+            } else {
+                // SAFETY: getaddrinfo's NUL-terminated canonical name.
+                unsafe { libc::strdup(first.ai_canonname) }
+            };
             if passive {
+                ri.ai_flags = RAI_PASSIVE;
                 ri.ai_src_addr = addr;
                 ri.ai_src_len = first.ai_addrlen;
                 ri.ai_src_canonname = canon;
@@ -191,17 +200,29 @@ unsafe extern "C" fn getaddrinfo(
                 ri.ai_dst_addr = addr;
                 ri.ai_dst_len = first.ai_addrlen;
                 ri.ai_dst_canonname = canon;
-                if let Some(h) = h {
-                    if !h.ai_src_addr.is_null() {
-                        let len = sockaddr_len(h.ai_src_addr);
-                        ri.ai_src_addr = copy_sockaddr(h.ai_src_addr, len);
-                        ri.ai_src_len = len;
-                    }
-                }
             }
-            libc::freeaddrinfo(out);
-            *res = r;
+            // SAFETY: `out` from getaddrinfo, no longer referenced.
+            unsafe { libc::freeaddrinfo(out) };
+        } else if let Some(h) = h {
+            ri.ai_flags = h.ai_flags;
+            ri.ai_family = h.ai_family;
+            ri.ai_qp_type = h.ai_qp_type;
+            ri.ai_port_space = h.ai_port_space;
+            if h.ai_dst_len > 0 {
+                let len = hint_len(h.ai_dst_len);
+                ri.ai_dst_addr = copy_sockaddr(h.ai_dst_addr, len);
+                ri.ai_dst_len = if ri.ai_dst_addr.is_null() { 0 } else { len };
+            }
         }
+        if let Some(h) = h {
+            if ri.ai_src_len == 0 && h.ai_src_len > 0 {
+                let len = hint_len(h.ai_src_len);
+                ri.ai_src_addr = copy_sockaddr(h.ai_src_addr, len);
+                ri.ai_src_len = if ri.ai_src_addr.is_null() { 0 } else { len };
+            }
+        }
+        // SAFETY: the caller's result pointer (checked non-NULL).
+        unsafe { *res = r };
         0
     })
 }

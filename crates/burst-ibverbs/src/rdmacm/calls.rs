@@ -95,7 +95,7 @@ pub(super) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let chan = this.channel();
-        let sync = this.sync;
+        let sync = this.sync.load(Ordering::Acquire);
         drop(this);
         unpublish(id);
         if sync {
@@ -139,7 +139,7 @@ export!("rdma_listen", "RDMACM_1.0", listen);
 
 /// Sync ids wait for the call's event; the others return at once.
 fn done(this: &Arc<Id>) -> c_int {
-    if this.sync {
+    if this.sync.load(Ordering::Acquire) {
         return complete(this);
     }
     0
@@ -349,9 +349,19 @@ pub(super) unsafe extern "C" fn migrate_id(
         let Some(c) = chan_of(to) else {
             return fail(libc::EINVAL);
         };
+        let old = this.channel();
         this.cm.migrate(&c.ch);
         // SAFETY: our live id.
         unsafe { (*this.raw()).channel = to };
+        // As librdmacm: to the application's channel, the id becomes
+        // asynchronous and its private channel goes; to none, it gets a
+        // private one and waits for its events itself.
+        let was_sync = this.sync.swap(channel.is_null(), Ordering::AcqRel);
+        if was_sync && old != to && !old.is_null() {
+            // SAFETY: the id's private channel, which nothing else uses
+            // now that the id's events go to `to`.
+            unsafe { destroy_event_channel(old) };
+        }
         0
     })
 }

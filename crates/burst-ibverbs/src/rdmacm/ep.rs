@@ -101,7 +101,7 @@ unsafe extern "C" fn get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_
         let Some(l) = id_of(listen) else {
             return fail(libc::EINVAL);
         };
-        if id.is_null() || !l.sync {
+        if id.is_null() || !l.sync.load(Ordering::Acquire) {
             return fail(libc::EINVAL);
         }
         loop {

@@ -187,8 +187,12 @@ pub(crate) struct Id {
     ep: Mutex<EpState>,
     /// Events handed to the application and not yet acked.
     unacked: AtomicU32,
-    /// Created without a channel: every call waits for its event.
-    sync: bool,
+    /// Without a channel of the application's (created so, or migrated
+    /// to none): every call waits for its event. `rdma_migrate_id` to a
+    /// channel makes it asynchronous, as librdmacm does (libfabric's
+    /// verbs provider resolves an id synchronously, then moves it to its
+    /// event queue's channel).
+    sync: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the C struct is written by us before the id is published or
@@ -328,7 +332,7 @@ fn new_id(
         cm,
         ep: Mutex::new(EpState::default()),
         unacked: AtomicU32::new(0),
-        sync,
+        sync: std::sync::atomic::AtomicBool::new(sync),
     });
     // SAFETY: the path record lives as long as the id.
     unsafe { (*id.raw()).route.path_rec = id.path.get() };
@@ -375,7 +379,10 @@ fn event_id(ev: &CmEvent, channel: *mut rdma_event_channel) -> Option<Arc<Id>> {
     let listener = ev.listen_id.as_ref().and_then(id_for);
     let (context, sync) = listener.as_ref().map_or((ptr::null_mut(), false), |l| {
         // SAFETY: a live id of ours.
-        (unsafe { (*l.raw()).context }, l.sync)
+        (
+            unsafe { (*l.raw()).context },
+            l.sync.load(Ordering::Acquire),
+        )
     });
     let child = new_id(
         ev.id.clone(),

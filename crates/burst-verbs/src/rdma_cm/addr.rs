@@ -2,7 +2,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
-fn is_loopback(ip: IpAddr) -> bool {
+pub(super) fn is_loopback(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v| v.is_loopback()),
@@ -13,13 +13,15 @@ pub(super) fn same(a: IpAddr, b: IpAddr) -> bool {
     a.to_canonical() == b.to_canonical()
 }
 
+/// The device whose own address is `ip`.
+pub(super) fn own_device(addrs: &[IpAddr], ip: IpAddr) -> Option<usize> {
+    addrs.iter().position(|&a| same(a, ip))
+}
+
 /// The device whose address is `ip`; loopback means the first device (a
 /// process talks to itself through its own device).
 pub(super) fn device_of_local(addrs: &[IpAddr], ip: IpAddr) -> Option<usize> {
-    if let Some(i) = addrs.iter().position(|&a| same(a, ip)) {
-        return Some(i);
-    }
-    (is_loopback(ip) && !addrs.is_empty()).then_some(0)
+    own_device(addrs, ip).or_else(|| (is_loopback(ip) && !addrs.is_empty()).then_some(0))
 }
 
 /// The devices a listen on `ip` covers: all for the wildcard.

@@ -343,7 +343,11 @@ impl CmId {
     }
 
     /// `rdma_bind_addr`: an address of a burst device (or the wildcard)
-    /// and a port (0: an ephemeral one).
+    /// and a port (0: an ephemeral one). A loopback address that is no
+    /// device's own binds as the kernel's CM binds it: to no device yet
+    /// (`verbs` stays NULL; a listen on it hears this host, a connection
+    /// from it goes through the first device). libfabric's verbs provider
+    /// relies on that to tell a device's real addresses from loopback.
     pub fn bind_addr(&self, a: SocketAddr) -> io::Result<()> {
         let cm = self.cm();
         let mut st = self.lock();
@@ -353,8 +357,9 @@ impl CmId {
         let dev = if a.ip().is_unspecified() {
             None
         } else {
-            match addr::device_of_local(&cm.addrs, a.ip()) {
+            match addr::own_device(&cm.addrs, a.ip()) {
                 Some(d) => Some(d),
+                None if addr::is_loopback(a.ip()) && !cm.addrs.is_empty() => None,
                 None => {
                     tracing::warn!(addr = %a.ip(), "rdma_bind_addr: not an address of a burst device");
                     return Err(errno(libc::EADDRNOTAVAIL));
