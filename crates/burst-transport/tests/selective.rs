@@ -118,6 +118,22 @@ fn a_lost_first_packet_resends_its_message_only() {
     assert_eq!(rs.sr_held_pkts, 4, "{rs:?}");
 }
 
+/// Before its first round-trip sample a QP does not probe: the guess
+/// would be the floor (16 us), which thousands of QPs starting at once
+/// behind one peer's window all overrun (each probed once, spuriously, at
+/// 10,240 QPs over veth). A first flight's lost tail waits for the ACK
+/// timer instead, as go-back-N's does.
+#[test]
+fn no_probe_before_the_first_round_trip_sample() {
+    let mut p = pair(true, true);
+    p.w.drop_next(Opcode::RC_RDMA_WRITE_LAST, 1);
+    let keys = p.write(1, 4 * 256);
+    p.complete(1);
+    assert!(p.same(keys));
+    let rq = p.requester();
+    assert_eq!((rq.sr_probes, rq.completer_retry_err), (0, 1), "{rq:?}");
+}
+
 /// A lost last packet draws no NAK (nothing comes after it): the
 /// requester's probe resends it after a few round trips, long before the
 /// ACK timer (4.096 us * 2^9 = 2.1 ms here) would.

@@ -179,8 +179,10 @@ struct Requester {
     /// Selective repeat: the current recovery (the first PSN past what was
     /// sent when it began, and the holes NAKed in it so far).
     recovery: Option<(Psn, u32)>,
-    /// Smoothed round-trip time (0: no sample yet).
+    /// Smoothed round-trip time (0: no sample yet) and its mean deviation
+    /// (RFC 6298).
     srtt: Nanos,
+    rttvar: Nanos,
     /// Selective repeat: when the last progress (or probe) was, and the
     /// probes sent since (see `Qp::probe_deadline`).
     probe_from: Nanos,

@@ -360,16 +360,25 @@ impl Qp {
     /// the oldest unacknowledged packet if nothing progresses (a lost
     /// resend, NAK, ACK or last packet would otherwise wait for the ACK
     /// timeout, which the application sets for RNICs: 2-67 ms): four
-    /// smoothed round trips, at least [`PROBE_FLOOR_NS`] (all of it before
-    /// the first sample: a probe too early costs one duplicate), doubling
-    /// per probe without progress, never past the ACK timer.
+    /// smoothed round trips or the smoothed time and four mean deviations
+    /// (RFC 6298's RTO), whichever is longer, at least [`PROBE_FLOOR_NS`]
+    /// (none before the first sample), doubling per probe without
+    /// progress, never past the ACK timer.
     pub(super) fn probe_deadline(&self) -> Option<Nanos> {
         let r = &self.req;
         if !self.attrs.selective_repeat || r.resend.is_some() {
             return None;
         }
+        // No round trip measured yet, no probe: the guess would be the
+        // floor, and thousands of QPs starting at once behind one peer's
+        // window each wait longer than that for their first ACK (every
+        // one probed, spuriously, at 10,240 QPs). A first flight's lost
+        // tail waits for the ACK timer, as go-back-N's does.
+        if r.srtt == 0 {
+            return None;
+        }
         let timer = r.timer?;
-        let base = (4 * r.srtt).max(PROBE_FLOOR_NS);
+        let base = (4 * r.srtt).max(r.srtt + 4 * r.rttvar).max(PROBE_FLOOR_NS);
         let at = r.probe_from + (base << r.probes.min(8));
         (at < timer).then_some(at)
     }
