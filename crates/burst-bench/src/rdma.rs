@@ -483,16 +483,28 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
             posted
         }
     };
+    // QPs with room to post, each listed once (all at first, then each as
+    // a completion frees room): a round costs what it posts, not a walk
+    // over every QP (10,240 of them).
+    let mut ready: std::collections::VecDeque<usize> = (0..nq).collect();
+    let mut listed = vec![true; nq];
+    // QPs whose signalled WRs are not all complete, and QPs that posted
+    // their last WR (iterations mode), kept as counts.
+    let mut unfinished = 0usize;
+    let mut all_posted = 0usize;
     loop {
         let time_up = end.is_some_and(|e| Instant::now() >= e);
-        for q in 0..nq {
-            let more = |posted: u64| {
-                if end.is_some() {
-                    !time_up
-                } else {
-                    posted < target
-                }
-            };
+        let more = |posted: u64| {
+            if end.is_some() {
+                !time_up
+            } else {
+                posted < target
+            }
+        };
+        while let Some(q) = ready.pop_front() {
+            listed[q] = false;
+            let was = done[q] < signalled(posted[q]);
+            let before = posted[q];
             while more(posted[q]) && posted[q] - done[q] < depth {
                 let i = posted[q];
                 let local = if matches!(test, Test::ReadBw | Test::AtomicBw) {
@@ -512,19 +524,38 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
                 s.qps[q].post_send(&wr).map_err(err("post_send"))?;
                 posted[q] += 1;
             }
+            let now = done[q] < signalled(posted[q]);
+            unfinished = unfinished + usize::from(now) - usize::from(was);
+            if end.is_none() && before < target && posted[q] >= target {
+                all_posted += 1;
+            }
         }
-        let finished = (0..nq).all(|q| done[q] >= signalled(posted[q]));
-        if finished && (time_up || (end.is_none() && posted.iter().all(|&x| x >= target))) {
+        let finished = unfinished == 0;
+        if finished && (time_up || (end.is_none() && all_posted == nq)) {
             break;
         }
         if finished {
+            // Duration mode between rounds: every QP may post again.
+            for q in 0..nq {
+                if !listed[q] {
+                    listed[q] = true;
+                    ready.push_back(q);
+                }
+            }
             continue;
         }
         let w = s.wait(&s.scq, deadline)?;
         let q = w.wr_id as usize;
+        let was = done[q] < signalled(posted[q]);
         let n = (posted[q] - done[q]).min(cq_mod);
         done[q] += n;
+        let now = done[q] < signalled(posted[q]);
+        unfinished = unfinished + usize::from(now) - usize::from(was);
         pb.inc(n);
+        if !listed[q] {
+            listed[q] = true;
+            ready.push_back(q);
+        }
     }
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
