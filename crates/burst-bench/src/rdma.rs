@@ -536,9 +536,9 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         }
         if finished {
             // Duration mode between rounds: every QP may post again.
-            for q in 0..nq {
-                if !listed[q] {
-                    listed[q] = true;
+            for (q, l) in listed.iter_mut().enumerate() {
+                if !*l {
+                    *l = true;
                     ready.push_back(q);
                 }
             }
