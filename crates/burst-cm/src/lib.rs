@@ -70,11 +70,21 @@ pub struct CmConfig {
     /// rejected: an application that closes a listener and opens one on
     /// the same port (perftest's `-R`) is not refused in between.
     pub relisten_grace_ns: u64,
+    /// REQs in flight to one peer at most (sent and not yet answered by a
+    /// REP, REJ or give-up); more wait, unsent and with no timer running,
+    /// until one is answered. A process opening thousands of connections
+    /// to one peer at once would otherwise have most of its REQs outlive
+    /// their timeout in the peer's queue and sent again (a storm that
+    /// slows the peer further). The window a peer gets starts at 16 and
+    /// adapts as TCP's does: one more per REQ answered within a quarter of
+    /// its timeout, halved when a REQ has to be sent again; this is its
+    /// ceiling. 0: no window.
+    pub max_reqs_in_flight: u32,
 }
 
 impl CmConfig {
     /// Defaults: 268 ms response timeout (2^16), 15 retries (the kernel's
-    /// rdma_cm count), 1 s time-wait.
+    /// rdma_cm count), 1 s time-wait, 256 REQs in flight per peer.
     pub fn new(ca_guid: u64, seed: u64) -> CmConfig {
         CmConfig {
             ca_guid,
@@ -83,6 +93,7 @@ impl CmConfig {
             max_retries: 15,
             time_wait_ns: 1_000_000_000,
             relisten_grace_ns: 2_000_000_000,
+            max_reqs_in_flight: 256,
         }
     }
 }
@@ -264,6 +275,36 @@ struct Conn {
     released: bool,
     /// A passive SIDR exchange's request ID (duplicates key on it).
     sidr_req_id: u32,
+    /// A REQ counted in its peer's window (sent, not answered yet), and
+    /// when it was first sent.
+    paced: bool,
+    sent_at: u64,
+    /// A REQ waiting for room in its peer's window (built in `last`, not
+    /// sent, no timer).
+    queued: bool,
+}
+
+/// A peer's REQ window: REQs in flight, how many may be, and those
+/// waiting (by ID, oldest first; an ID no longer waiting is skipped when
+/// reached).
+#[derive(Debug)]
+struct ReqWindow {
+    in_flight: u32,
+    limit: u32,
+    waiting: VecDeque<u32>,
+}
+
+/// The window a peer starts with ([`CmConfig::max_reqs_in_flight`]).
+const FIRST_REQ_WINDOW: u32 = 16;
+
+impl ReqWindow {
+    fn new(max: u32) -> ReqWindow {
+        ReqWindow {
+            in_flight: 0,
+            limit: FIRST_REQ_WINDOW.min(max).max(1),
+            waiting: VecDeque::new(),
+        }
+    }
 }
 
 /// The connection manager of one port (see the crate documentation).
@@ -285,6 +326,8 @@ pub struct Cm {
     /// Services no longer listened on, and since when.
     unlistened: HashMap<u64, u64>,
     timers: Timers,
+    /// Per peer: REQs in flight and waiting ([`CmConfig::max_reqs_in_flight`]).
+    windows: HashMap<IpAddr, ReqWindow>,
 }
 
 /// Every connection's deadline, earliest first, so that arming a timer and
@@ -402,6 +445,7 @@ impl Cm {
             now: 0,
             unlistened: HashMap::new(),
             timers: Timers::default(),
+            windows: HashMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: CmCounters::default(),
@@ -551,6 +595,9 @@ impl Cm {
                 wait_ns: 0,
                 released: false,
                 sidr_req_id: 0,
+                paced: false,
+                sent_at: 0,
+                queued: false,
             },
         );
         id
@@ -564,6 +611,7 @@ impl Cm {
         if !matches!(req.transport, CmTransport::Rc | CmTransport::Uc) {
             return Err(CmError::Invalid("transport: only RC and UC connect"));
         }
+        self.now = self.now.max(now);
         let tid = self.next_random();
         let id = self.new_conn(State::ReqSent, peer, tid);
         req.local_comm_id = id;
@@ -572,8 +620,105 @@ impl Cm {
         req.local_cm_response_timeout = self.cfg.response_timeout;
         req.max_cm_retries = self.cfg.max_retries.min(15);
         let wait = self.wait_for(self.cfg.response_timeout);
-        self.send_reliably(now, id, &CmMad::new(tid, CmMessage::Req(req)), wait);
+        let mad = CmMad::new(tid, CmMessage::Req(req));
+        let max = self.cfg.max_reqs_in_flight;
+        let w = self
+            .windows
+            .entry(peer)
+            .or_insert_with(|| ReqWindow::new(max));
+        if max > 0 && w.in_flight >= w.limit {
+            // No room: built now, sent when an answer frees a place.
+            let mut buf = [0u8; MAD_LEN];
+            if mad.emit(&mut buf).is_err() {
+                self.forget(id);
+                return Err(CmError::Invalid("REQ fields"));
+            }
+            w.waiting.push_back(id);
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.last = Some(buf);
+                c.wait_ns = wait;
+                c.queued = true;
+            }
+            return Ok(ConnId(id));
+        }
+        w.in_flight += 1;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.paced = true;
+            c.sent_at = now;
+        }
+        self.send_reliably(now, id, &mad, wait);
         Ok(ConnId(id))
+    }
+
+    /// A REQ of the window was answered (REP, REJ), given up or released:
+    /// its place goes to the next waiting REQ to the same peer.
+    fn req_answered(&mut self, id: u32) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if !std::mem::take(&mut c.paced) {
+            return;
+        }
+        let peer = c.peer;
+        // Answered well within its timeout (and not sent again): the peer
+        // keeps up, one more may be in flight.
+        let quick = self.now.saturating_sub(c.sent_at) < c.wait_ns / 4
+            && c.retries_left == self.cfg.max_retries;
+        let max = self.cfg.max_reqs_in_flight;
+        if let Some(w) = self.windows.get_mut(&peer) {
+            w.in_flight = w.in_flight.saturating_sub(1);
+            if quick {
+                w.limit = (w.limit + 1).min(max.max(1));
+            }
+        }
+        self.send_waiting(peer);
+    }
+
+    /// A REQ of `peer`'s window had to be sent again: the peer is slower
+    /// than the window assumed, half as many in flight from now.
+    fn req_resent(&mut self, peer: IpAddr) {
+        if let Some(w) = self.windows.get_mut(&peer) {
+            w.limit = (w.limit / 2).max(1);
+        }
+    }
+
+    /// Sends waiting REQs to `peer` while its window has room.
+    fn send_waiting(&mut self, peer: IpAddr) {
+        let max = self.cfg.max_reqs_in_flight;
+        let now = self.now;
+        loop {
+            let Some(w) = self.windows.get_mut(&peer) else {
+                return;
+            };
+            if max > 0 && w.in_flight >= w.limit {
+                return;
+            }
+            let Some(id) = w.waiting.pop_front() else {
+                // Nothing in flight or waiting: the peer's entry goes.
+                if w.in_flight == 0 {
+                    self.windows.remove(&peer);
+                }
+                return;
+            };
+            let retries = self.cfg.max_retries;
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            if !std::mem::take(&mut c.queued) {
+                continue;
+            }
+            let Some(mad) = c.last else {
+                continue;
+            };
+            c.paced = true;
+            c.sent_at = now;
+            c.retries_left = retries;
+            let at = Some(now.saturating_add(c.wait_ns));
+            self.timers.set(id, &mut c.deadline, at);
+            w.in_flight += 1;
+            self.counters.sent += 1;
+            self.transmits.push_back(Transmit { peer, mad });
+        }
     }
 
     /// Answers the REQ of `conn` (a [`CmEvent::Request`]) with `rep`; the
@@ -695,12 +840,16 @@ impl Cm {
     /// (as the kernel's CM does when its ID is destroyed); the ID stays in
     /// time-wait long enough to answer the peer's repeats.
     pub fn release(&mut self, now: u64, conn: ConnId) {
+        self.now = self.now.max(now);
         let Some(c) = self.conns.get(&conn.0) else {
             return;
         };
         match c.state {
             State::ReqSent => {
-                self.reject_timeout(conn.0, 2);
+                // A REQ never sent (waiting for room) needs no REJ.
+                if !c.queued {
+                    self.reject_timeout(conn.0, 2);
+                }
                 self.forget(conn.0);
             }
             State::ReqRcvd | State::MraSent | State::RepRcvd => {
@@ -783,6 +932,7 @@ impl Cm {
     }
 
     fn forget(&mut self, id: u32) {
+        self.req_answered(id);
         if let Some(mut c) = self.conns.remove(&id) {
             self.timers.set(id, &mut c.deadline, None);
             if self.by_remote.get(&(c.remote_id, c.remote_guid)) == Some(&id) {
@@ -831,6 +981,10 @@ impl Cm {
                 let at = Some(now.saturating_add(c.wait_ns));
                 self.timers.set(id, &mut c.deadline, at);
                 self.counters.retransmits += 1;
+                if c.paced {
+                    let peer = c.peer;
+                    self.req_resent(peer);
+                }
                 self.resend_last(id);
                 continue;
             }
@@ -992,6 +1146,11 @@ impl Cm {
             return;
         };
         let expected = match c.state {
+            // An MRA for a REQ not sent yet is a stray.
+            State::ReqSent if c.queued => {
+                self.counters.unknown += 1;
+                return;
+            }
             State::ReqSent => 0,
             State::RepSent => 1,
             _ => {
@@ -1055,13 +1214,14 @@ impl Cm {
             return;
         };
         match c.state {
-            State::ReqSent => {
+            State::ReqSent if !c.queued => {
                 c.state = State::RepRcvd;
                 c.remote_id = r.local_comm_id;
                 c.remote_guid = r.local_ca_guid;
                 c.remote_qpn = r.local_qpn;
                 self.timers.set(r.remote_comm_id, &mut c.deadline, None);
                 let id = r.remote_comm_id;
+                self.req_answered(id);
                 self.event(
                     id,
                     CmEvent::Reply {

@@ -639,3 +639,83 @@ fn ece_options_cross_in_the_req_and_the_rep() {
         e => panic!("A: {e:?}"),
     }
 }
+
+/// 1,000 connections opened at once to one peer whose CM handles one MAD
+/// a millisecond (a queue in front of it, as a busy host's): with the REQ
+/// window, at most 256 REQs are in flight and hardly any is sent again
+/// (the window adapts to the peer); without it, the REQs at the back
+/// outlive their timeout in the peer's queue and are sent again (the
+/// storm the window prevents).
+#[test]
+fn connects_to_one_busy_peer_are_paced_without_retransmissions() {
+    fn run(window: u32) -> (u64, usize, u64) {
+        let mut cfg = CmConfig::new(0xa, 1);
+        cfg.max_reqs_in_flight = window;
+        let mut a = Cm::new(cfg);
+        let mut b = Cm::new(CmConfig::new(0xb, 2));
+        b.listen(svc()).unwrap();
+        let n = 1000;
+        for _ in 0..n {
+            a.connect(0, ip(B), req()).unwrap();
+        }
+        let (mut to_b, mut to_a) = (VecDeque::new(), VecDeque::new());
+        let (mut now, mut established, mut most_reqs) = (0u64, 0usize, 0usize);
+        while established < n && now < 60_000 * MS {
+            while let Some(t) = a.poll_transmit() {
+                to_b.push_back(t.mad);
+            }
+            let reqs = to_b
+                .iter()
+                .filter(|m| attr_of(m) == CmAttr::Req as u16)
+                .count();
+            most_reqs = most_reqs.max(reqs);
+            if let Some(m) = to_b.pop_front() {
+                b.handle_mad(now, ip(A), &m);
+            }
+            while let Some(e) = b.poll_event() {
+                match e {
+                    CmEvent::Request { conn, .. } => b.accept(now, conn, rep()).unwrap(),
+                    CmEvent::Established { .. } => established += 1,
+                    e => panic!("B: {e:?}"),
+                }
+            }
+            while let Some(t) = b.poll_transmit() {
+                to_a.push_back(t.mad);
+            }
+            while let Some(m) = to_a.pop_front() {
+                a.handle_mad(now, ip(B), &m);
+            }
+            while let Some(e) = a.poll_event() {
+                match e {
+                    CmEvent::Reply { conn, .. } => a.establish(now, conn).unwrap(),
+                    e => panic!("A: {e:?}"),
+                }
+            }
+            now += MS;
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+        }
+        assert_eq!(
+            established, n,
+            "window {window}: every connection established"
+        );
+        (a.counters().retransmits, most_reqs, now)
+    }
+    let (resent, most, took) = run(256);
+    let (storm, most_unpaced, took_unpaced) = run(0);
+    println!("paced: {resent} resent, {most} REQs queued at most, {took} ns; unpaced: {storm}, {most_unpaced}, {took_unpaced} ns");
+    assert!(most <= 256, "{most} REQs waiting at the peer at once");
+    assert!(
+        storm >= 100 && most_unpaced > 256,
+        "unpaced: {storm} resent, {most_unpaced} queued"
+    );
+    assert!(
+        resent * 10 <= storm,
+        "paced: {resent} resent against {storm}"
+    );
+    // Pacing costs no time: the peer's queue was the bound either way.
+    assert!(
+        took <= took_unpaced,
+        "{took} ns paced, {took_unpaced} unpaced"
+    );
+}

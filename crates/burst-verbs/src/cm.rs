@@ -229,6 +229,32 @@ impl Drop for CmService {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.log_counters("closing");
+    }
+}
+
+impl CmService {
+    /// Logs what the CM counted (target `burst::counters`, info), if it
+    /// handled anything: what connection setup cost beside the device's
+    /// own line (REQs and replies sent again are what a storm of
+    /// connects shows).
+    pub fn log_counters(&self, when: &str) {
+        if let Some(line) = self.counters_line(when) {
+            tracing::info!(target: "burst::counters", "{line}");
+        }
+    }
+
+    /// [`CmService::log_counters`]'s line, `None` when the CM handled
+    /// nothing.
+    pub fn counters_line(&self, when: &str) -> Option<String> {
+        let c = self.counters();
+        (c.sent > 0 || c.rcvd > 0).then(|| {
+            format!(
+                "CM {when}: {} MADs sent ({} retransmissions), {} received ({} duplicates, {} unknown, {} malformed), {} REJs sent, {} received, {} exchanges timed out, {} REQs deferred",
+                c.sent, c.retransmits, c.rcvd, c.duplicates, c.unknown, c.malformed,
+                c.rejects_sent, c.rejects_rcvd, c.timeouts, c.deferred
+            )
+        })
     }
 }
 

@@ -59,15 +59,41 @@ unsafe impl Send for CDev {}
 static CDEVS: Mutex<Vec<Option<CDev>>> = Mutex::new(Vec::new());
 
 /// The process's rdma_cm, over the drop-in's device list.
+static CM: OnceLock<RdmaCm> = OnceLock::new();
+
+/// The process's rdma_cm if anything used it.
+fn rdma_cm_if_started() -> Option<&'static RdmaCm> {
+    CM.get()
+}
+
 fn rdma_cm() -> &'static RdmaCm {
-    static CM: OnceLock<RdmaCm> = OnceLock::new();
     CM.get_or_init(|| {
         let addrs = crate::device::devices()
             .iter()
             .map(|d| d.cfg.addr)
             .collect();
+        // The CM's counters (retransmitted REQs, timeouts) when the
+        // process ends, where the device's closing line would be (the
+        // instance lives as long as the process). Decided now: at exit
+        // the logger's thread-local state may be gone, so the line goes
+        // straight to stderr.
+        crate::init_logging();
+        if tracing::enabled!(target: "burst::counters", tracing::Level::INFO) {
+            // SAFETY: registering a plain function with no arguments.
+            unsafe { libc::atexit(print_cm_counters) };
+        }
         RdmaCm::new(addrs, Box::new(open_device))
     })
+}
+
+extern "C" fn print_cm_counters() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(cm) = rdma_cm_if_started() {
+            for line in cm.counters_lines("at exit") {
+                eprintln!("burst: {line}");
+            }
+        }
+    });
 }
 
 /// Opens device `index` for the CM: its context and default PD.

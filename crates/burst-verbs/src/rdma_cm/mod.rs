@@ -158,6 +158,21 @@ impl RdmaCm {
         )
     }
 
+    /// Each started device's CM counters as a line (what the CM logs
+    /// when it closes): for a process-wide instance that is never
+    /// dropped, printed at exit by its owner.
+    pub fn counters_lines(&self, when: &str) -> Vec<String> {
+        let all = self
+            .shared
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        all.iter()
+            .flatten()
+            .filter_map(|d| d.svc.counters_line(when))
+            .collect()
+    }
+
     /// How many devices it covers.
     pub fn device_count(&self) -> usize {
         self.shared.addrs.len()
