@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::dropin::{report, spawn, tail, veth_setup, veth_teardown, Outcome};
 
 /// One application pair. `{addr}` is the server's address, `{port}` the
-/// case's port.
+/// case's port, `{local}` (client only) the client's own address.
 pub struct CmCase {
     name: &'static str,
     server: &'static str,
@@ -112,6 +112,15 @@ pub const CASES: &[CmCase] = &[
         "fi_pingpong -p verbs -e msg -S 4096 -I 1000 -P {port} {addr}",
         "=1k",
     ),
+    // rdma_cm multicast: the server joins and receives 10 messages, the
+    // client joins as a sender bound to its own address (the lab VM has
+    // no route for the group) and sends them.
+    case(
+        "mckey (multicast)",
+        "mckey -m 239.1.2.3 -b {addr}",
+        "mckey -m 239.1.2.3 -s -b {local}",
+        "test complete",
+    ),
     CmCase {
         name: "cmtime (100 connections)",
         server: "cmtime -b {addr} -p {port}",
@@ -180,7 +189,11 @@ pub fn quick_rxe(vm_serves: bool) -> Vec<&'static CmCase> {
         .filter(|c| {
             matches!(
                 c.name,
-                "rping -C 10" | "udaddy" | "cmtime (100 connections)" | "fi_pingpong verbs msg"
+                "rping -C 10"
+                    | "udaddy"
+                    | "cmtime (100 connections)"
+                    | "fi_pingpong verbs msg"
+                    | "mckey (multicast)"
             ) || c.name == perftest
         })
         .collect()
@@ -200,6 +213,7 @@ pub fn quick() -> Vec<&'static CmCase> {
                     | "ib_write_bw -R"
                     | "cmtime (100 connections)"
                     | "fi_pingpong verbs msg"
+                    | "mckey (multicast)"
             ) || c.name == CONSECUTIVE
         })
         .collect()
@@ -209,6 +223,11 @@ fn argv(template: &str, addr: &str, port: u16) -> String {
     template
         .replace("{addr}", addr)
         .replace("{port}", &port.to_string())
+}
+
+/// A client's command: [`argv`] and `{local}`, the client's own address.
+fn client_argv(template: &str, addr: &str, port: u16, local: &str) -> String {
+    argv(template, addr, port).replace("{local}", local)
 }
 
 /// Whether UDP 4791 is bound in namespace `ns` (a burst device is open).
@@ -356,7 +375,7 @@ pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16, daemons: bool) -> Vec
         );
         std::thread::sleep(Duration::from_millis(if daemons { 1500 } else { 500 }));
         let (cok, cout) = if up {
-            let cmd = argv(c.client, sa, port);
+            let cmd = client_argv(c.client, sa, port, ca);
             match spawn(&burst_argv_on(dir, "burstbb2", ca, sock_b, &cmd, 60)) {
                 Ok(r) => r.wait(),
                 Err(e) => (false, format!("spawn: {e}")),
@@ -422,7 +441,7 @@ pub fn rxe(
             (
                 format!("for t in $(seq 1 600); do [ -e $RXE_LAB_STATE/host-ready-{i} ] && break; sleep 0.2; done"),
                 90,
-                argv(c.client, server_ip, port),
+                client_argv(c.client, server_ip, port, vm_ip),
                 format!("touch $RXE_LAB_STATE/done-{i}"),
             )
         };
@@ -455,8 +474,13 @@ pub fn rxe(
                 for _ in 0..3 {
                     std::thread::sleep(Duration::from_secs(6));
                     let t = Instant::now();
-                    let argv =
-                        burst_argv(dir, "burstlab", host_ip, &argv(c.client, vm_ip, port), 90);
+                    let argv = burst_argv(
+                        dir,
+                        "burstlab",
+                        host_ip,
+                        &client_argv(c.client, vm_ip, port, host_ip),
+                        90,
+                    );
                     r = match spawn(&argv) {
                         Ok(r) => r.wait(),
                         Err(e) => (false, format!("spawn: {e}")),

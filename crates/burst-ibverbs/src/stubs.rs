@@ -3,8 +3,8 @@
 //! IBVERBS_PRIVATE_34 provider interface) and librdmacm.so.1, so that any
 //! application linked against them loads (they are all BIND_NOW). Each
 //! fails the way its C signature reports errors: EOPNOTSUPP for verbs,
-//! ENOSYS for the parts of librdmacm burst does not implement (multicast,
-//! ECE, rsockets, extended SRQs).
+//! ENOSYS for the parts of librdmacm burst does not implement (the ECE
+//! calls, rsockets, extended SRQs).
 //!
 //! The list was generated from `objdump -T` of Debian 12's libraries; the
 //! step `cargo xtask dropin` checks the built library against them
@@ -134,9 +134,7 @@ stubs! { libc::ENOSYS;
     s_rdma_get_remote_ece = "rdma_get_remote_ece" @ "RDMACM_1.3" => Minus1;
     s_rgetsockname = "rgetsockname" @ "RDMACM_1.0" => Minus1;
     s_riomap = "riomap" @ "RDMACM_1.0" => Minus1;
-    s_rdma_leave_multicast = "rdma_leave_multicast" @ "RDMACM_1.0" => Minus1;
     s_rsendto = "rsendto" @ "RDMACM_1.0" => Minus1;
-    s_rdma_join_multicast = "rdma_join_multicast" @ "RDMACM_1.0" => Minus1;
     s_rsetsockopt = "rsetsockopt" @ "RDMACM_1.0" => Minus1;
     s_rfcntl = "rfcntl" @ "RDMACM_1.0" => Minus1;
     s_rrecvmsg = "rrecvmsg" @ "RDMACM_1.0" => Minus1;
@@ -145,7 +143,6 @@ stubs! { libc::ENOSYS;
     s_rselect = "rselect" @ "RDMACM_1.0" => Minus1;
     s_rrecvfrom = "rrecvfrom" @ "RDMACM_1.0" => Minus1;
     s_rgetpeername = "rgetpeername" @ "RDMACM_1.0" => Minus1;
-    s_rdma_join_multicast_ex = "rdma_join_multicast_ex" @ "RDMACM_1.1" => Minus1;
     s_rwritev = "rwritev" @ "RDMACM_1.0" => Minus1;
     s_rlisten = "rlisten" @ "RDMACM_1.0" => Minus1;
     s_rconnect = "rconnect" @ "RDMACM_1.0" => Minus1;

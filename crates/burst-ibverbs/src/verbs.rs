@@ -1216,7 +1216,7 @@ fn record(q: &Qp, qp: *mut ibv_qp, a: &ibv_qp_attr, mask: c_int) {
 
 /// `ibv_attach_mcast` / `ibv_detach_mcast`: the group is the GID (the LID
 /// means nothing on RoCE); a UD QP only.
-fn multicast(qp: *mut ibv_qp, gid: *const [u8; 16], attach: bool) -> c_int {
+pub(crate) fn multicast(qp: *mut ibv_qp, gid: *const [u8; 16], attach: bool) -> c_int {
     let (Some(q), false) = (ours!(Qp, qp), gid.is_null()) else {
         return libc::EINVAL;
     };

@@ -296,3 +296,40 @@ fn bind_attaches_a_device_only_for_its_own_address() {
         .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL));
 }
+
+/// `rdma_join_multicast` on RoCE: a UDP id with a device joins at once;
+/// the event carries the group's GID (IPv4-mapped), QPN 0xFFFFFF and
+/// `RDMA_UDP_QKEY`, as the kernel's CM reports them. An id without a
+/// device, a unicast address (EINVAL) and a connected port space (ENOSYS)
+/// are refused.
+#[test]
+fn multicast_joins_report_the_group_as_the_kernel_does() {
+    let a = side("127.0.140.6");
+    let group: SocketAddr = "239.1.2.3:0".parse().unwrap();
+    let unbound = a.cm.create_id(&a.ch, PortSpace::Udp);
+    let e = unbound.join_multicast(group).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    let id = a.cm.create_id(&a.ch, PortSpace::Udp);
+    id.bind_addr(SocketAddr::new(a.ip, 0)).unwrap();
+    let e = id.join_multicast(SocketAddr::new(a.ip, 0)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "a unicast group");
+    let mgid = id.join_multicast(group).unwrap();
+    let mut want = [0u8; 16];
+    want[10] = 0xff;
+    want[11] = 0xff;
+    want[12..].copy_from_slice(&[239, 1, 2, 3]);
+    assert_eq!(mgid, want);
+    let ev = expect(&a.ch, CmEventKind::MulticastJoin);
+    assert_eq!((ev.id, ev.status), (id, 0));
+    match ev.param {
+        EventParam::Ud(u) => {
+            assert_eq!((u.qp_num, u.qkey), (0xff_ffff, 0x0123_4567));
+            assert_eq!(u.av.dgid, want);
+        }
+        p => panic!("{p:?}"),
+    }
+    let rc = a.cm.create_id(&a.ch, PortSpace::Tcp);
+    rc.bind_addr(SocketAddr::new(a.ip, 0)).unwrap();
+    let e = rc.join_multicast(group).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
+}

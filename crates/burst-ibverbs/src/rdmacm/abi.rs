@@ -201,3 +201,21 @@ const _: () = {
     assert!(offset_of!(rdma_addrinfo, ai_next) == 88);
     assert!(size_of::<ibv_sa_path_rec>() == 64);
 };
+
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut libc::sockaddr,
+}
+
+/// `rdma_cm_join_mc_attr_mask`.
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1;
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 2;
+pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 4;
+
+/// `rdma_cm_mc_join_flags`.
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;

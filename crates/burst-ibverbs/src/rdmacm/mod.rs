@@ -4,16 +4,17 @@
 //! application reads, pointers checked before use, synchronous ids (a NULL
 //! channel: every call waits for its event), the CQs and channels
 //! `rdma_create_qp` makes, `rdma_create_ep` / `rdma_get_request`, and
-//! `rdma_getaddrinfo`. Connection setup itself (addresses, REQ/REP/RTU,
-//! SIDR, the QP's transitions) is burst-verbs'.
+//! `rdma_getaddrinfo`, multicast joins (`mcast.rs`). Connection setup
+//! itself (addresses, REQ/REP/RTU, SIDR, the QP's transitions) is
+//! burst-verbs'.
 //!
-//! Not yet: multicast (`rdma_join_multicast` is not exported), the ECE calls,
-//! rsockets.
+//! Not yet: the ECE calls, rsockets.
 
 mod abi;
 mod addr;
 mod calls;
 mod ep;
+mod mcast;
 mod qp;
 
 use std::ffi::{c_int, c_void};
@@ -213,6 +214,9 @@ pub(crate) struct Id {
     ep: Mutex<EpState>,
     /// Events handed to the application and not yet acked.
     unacked: AtomicU32,
+    /// Multicast groups joined (`rdma_join_multicast`), for the join
+    /// event's context and QP attachment and for `rdma_leave_multicast`.
+    mcast: Mutex<Vec<mcast::Joined>>,
     /// Without a channel of the application's (created so, or migrated
     /// to none): every call waits for its event. `rdma_migrate_id` to a
     /// channel makes it asynchronous, as librdmacm does (libfabric's
@@ -358,6 +362,7 @@ fn new_id(
         cm,
         ep: Mutex::new(EpState::default()),
         unacked: AtomicU32::new(0),
+        mcast: Mutex::new(Vec::new()),
         sync: std::sync::atomic::AtomicBool::new(sync),
     });
     // SAFETY: the path record lives as long as the id.
@@ -575,7 +580,13 @@ unsafe extern "C" fn get_cm_event(
                 id.sync_route();
             }
             id.unacked.fetch_add(1, Ordering::AcqRel);
-            break Ok(Box::into_raw(c_event(&ev, id)));
+            let mut out = c_event(&ev, Arc::clone(&id));
+            if ev.kind == CmEventKind::MulticastJoin {
+                // As librdmacm: the join's context in the event, and the
+                // id's QP attached to the group now.
+                mcast::on_join(&id, &mut out.raw);
+            }
+            break Ok(Box::into_raw(out));
         };
         chan.waiters.fetch_sub(1, Ordering::AcqRel);
         match r {

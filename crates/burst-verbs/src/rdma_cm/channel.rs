@@ -33,6 +33,11 @@ pub enum CmEventKind {
     Established,
     /// The peer or this side disconnected.
     Disconnected,
+    /// `join_multicast` is done: the group's address vector, QPN
+    /// 0xFFFFFF and Q_Key in the UD parameters.
+    MulticastJoin,
+    /// A join failed (status: the negative errno).
+    MulticastError,
 }
 
 impl CmEventKind {
@@ -49,6 +54,8 @@ impl CmEventKind {
             CmEventKind::Rejected => 8,
             CmEventKind::Established => 9,
             CmEventKind::Disconnected => 10,
+            CmEventKind::MulticastJoin => 12,
+            CmEventKind::MulticastError => 13,
         }
     }
 }

@@ -11,7 +11,7 @@ use burst_cm::ConnId;
 use super::qp::{attr_for, Negotiated, QpPlan};
 use super::{
     addr, errno, AddressVector, CmEvent, CmEventKind, CmQp, CmQpAttr, Device, EventChannel,
-    EventParam, Shared,
+    EventParam, Shared, UdParam,
 };
 use crate::engine::{CompletionQueue, QueuePair};
 use crate::{gid_of, Mtu, QpInit, QpState, QpType};
@@ -495,6 +495,50 @@ impl CmId {
         }
         self.post(CmEventKind::AddrResolved, 0, None, EventParam::None);
         Ok(())
+    }
+
+    /// `rdma_join_multicast` on RoCE: the group's GID is its IP address
+    /// (IPv4-mapped for IPv4), so the join completes at once with a
+    /// [`CmEventKind::MulticastJoin`] carrying the group's address vector
+    /// (hop limit 1, IP's default multicast TTL), QPN 0xFFFFFF and the
+    /// port space's Q_Key (`RDMA_UDP_QKEY` for UDP), as the kernel's CM
+    /// reports it; returns the group's GID, which the caller attaches its
+    /// UD QP to (librdmacm attaches `id->qp` when the event arrives). The
+    /// id must have a device (bound to a device's address, or resolved)
+    /// and the address must be a multicast one (EINVAL otherwise); its port
+    /// space must be a datagram one (ENOSYS otherwise, as for RC ids).
+    pub fn join_multicast(&self, group: SocketAddr) -> io::Result<[u8; 16]> {
+        let mgid = match group.ip() {
+            IpAddr::V4(v4) if v4.is_multicast() => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) if v6.is_multicast() => v6.octets(),
+            _ => return Err(errno(libc::EINVAL)),
+        };
+        let (sgid_index, qkey) = {
+            let st = self.lock();
+            if st.dev.is_none() {
+                return Err(errno(libc::EINVAL));
+            }
+            if !st.ps.is_datagram() {
+                return Err(errno(libc::ENOSYS));
+            }
+            (st.sgid_index, burst_cm::rdma::RDMA_UDP_QKEY)
+        };
+        self.post(
+            CmEventKind::MulticastJoin,
+            0,
+            None,
+            EventParam::Ud(UdParam {
+                private_data: Vec::new(),
+                av: AddressVector {
+                    dgid: mgid,
+                    sgid_index,
+                    hop_limit: 1,
+                },
+                qp_num: 0xff_ffff,
+                qkey,
+            }),
+        );
+        Ok(mgid)
     }
 
     /// `rdma_resolve_route`: posts [`CmEventKind::RouteResolved`] (RoCE
