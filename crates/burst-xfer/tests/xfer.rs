@@ -54,8 +54,8 @@ fn pair(ca: &Context, cb: &Context, len: usize, o: SessionOptions) -> (RdmaSessi
 /// waiting, not an overrun: RXE and RNICs would fail the QPs.)
 #[test]
 fn a_send_cq_smaller_than_the_queues_is_never_overrun() {
-    let (_ea, ca) = engine("127.0.142.5", 0);
-    let (_eb, cb) = engine("127.0.142.6", 0);
+    let (_ea, ca) = engine("127.0.162.1", 0);
+    let (_eb, cb) = engine("127.0.162.2", 0);
     let o = SessionOptions {
         qps: 4,
         depth: 16,
