@@ -171,6 +171,29 @@ pub const VETH_ONLY: &[CmCase] = &[
     ),
 ];
 
+/// Over IPv6 (burst to burst on the veth pair's fd00:198:18::/64
+/// addresses): connected, datagram and multicast.
+pub const V6_CASES: &[CmCase] = &[
+    case(
+        "rping -C 10",
+        "rping -s -v -C 10 -a {addr} -p {port}",
+        "rping -c -v -C 10 -a {addr} -p {port}",
+        "rdma-ping-9:",
+    ),
+    case(
+        "udaddy",
+        "udaddy -b {addr}",
+        "udaddy -s {addr}",
+        "test complete",
+    ),
+    case(
+        "mckey (multicast)",
+        "mckey -m ff0e::101 -b {addr}",
+        "mckey -m ff0e::101 -s -b {local}",
+        "test complete",
+    ),
+];
+
 /// The name of the consecutive-connections case (interop/cm-consecutive.c).
 const CONSECUTIVE: &str = "20 consecutive connections, one process each side";
 
@@ -333,13 +356,36 @@ pub fn cmtime_connect(out: &str) -> Option<(f64, f64)> {
 
 /// burst to burst over the veth pair.
 pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16, daemons: bool) -> Vec<Outcome> {
+    veth_on(dir, cases, base_port, daemons, false)
+}
+
+/// [`V6_CASES`] burst to burst over the veth pair's IPv6 addresses.
+pub fn veth_v6(dir: &Path, base_port: u16, daemons: bool) -> Vec<Outcome> {
+    let cases: Vec<&CmCase> = V6_CASES.iter().collect();
+    veth_on(dir, &cases, base_port, daemons, true)
+}
+
+fn veth_on(dir: &Path, cases: &[&CmCase], base_port: u16, daemons: bool, v6: bool) -> Vec<Outcome> {
     let mut out = Vec::new();
     if !veth_setup(1500) {
         let why = "ip netns failed".into();
         out.push(outcome("rdma_cm veth set-up".into(), false, None, why));
         return out;
     }
-    let (sa, ca) = ("198.18.0.101", "198.18.0.102");
+    let (sa, ca) = if v6 {
+        // No duplicate address detection: usable at once.
+        for (ns, dev, a) in [
+            ("burstbb1", "bbveth1", "fd00:198:18::101/64"),
+            ("burstbb2", "bbveth2", "fd00:198:18::102/64"),
+        ] {
+            let _ = Command::new("ip")
+                .args(["-n", ns, "addr", "add", a, "dev", dev, "nodad"])
+                .status();
+        }
+        ("fd00:198:18::101", "fd00:198:18::102")
+    } else {
+        ("198.18.0.101", "198.18.0.102")
+    };
     let (da, db) = if daemons {
         (
             crate::dropin::start_daemon(Some("burstbb1"), sa, None),
@@ -355,7 +401,12 @@ pub fn veth(dir: &Path, cases: &[&CmCase], base_port: u16, daemons: bool) -> Vec
     }
     let sock_a = da.as_ref().map(|d| d.socket.as_path());
     let sock_b = db.as_ref().map(|d| d.socket.as_path());
-    let via = if daemons { " via burstd" } else { "" };
+    let via = match (daemons, v6) {
+        (true, true) => " IPv6 via burstd",
+        (true, false) => " via burstd",
+        (false, true) => " IPv6",
+        (false, false) => "",
+    };
     for (i, c) in cases.iter().enumerate() {
         let port = base_port + i as u16;
         let name = format!("rdma_cm burst<->burst veth{via}: {}", c.name);

@@ -1030,6 +1030,7 @@ fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<d
     let mut runs = Vec::new();
     if veth {
         runs.extend(cm::veth(dir, &cases, 23000, daemons));
+        runs.extend(cm::veth_v6(dir, 23060, daemons));
     }
     if rxe {
         runs.extend(cm::rxe(root, dir, &rxe_cases(true), true, 23100));
