@@ -371,6 +371,36 @@ fn shared(libdir: &Path, d: &Daemons) -> Vec<Outcome> {
         .collect()
 }
 
+/// Two children of one parent that had listed the devices connect to
+/// each other through rdma_cm on the one burstd (interop/cm-fork.c).
+fn forked(root: &Path, libdir: &Path, d: &Daemons) -> Vec<Outcome> {
+    let name =
+        "burstd: two forked children of a parent that listed the devices connect through rdma_cm";
+    let bin = root.join("target/interop/cm-fork");
+    let argv = vec![
+        "timeout".to_string(),
+        "30".into(),
+        bin.display().to_string(),
+        ADDR[0].into(),
+        "7499".into(),
+    ];
+    let r =
+        spawn(NS[0], &tool_env(libdir, d, 0, true), &argv).map(|p| p.wait(Duration::from_secs(40)));
+    let (ok, out) = match r {
+        Ok((ok, out)) => (
+            ok && out.contains("server: established") && out.contains("client: established"),
+            out,
+        ),
+        Err(e) => (false, e.to_string()),
+    };
+    vec![outcome(
+        name,
+        ok,
+        ok.then(|| "both established".into()),
+        tail(&out),
+    )]
+}
+
 /// SIGKILL of an application in the middle of a transfer.
 fn kill_app(libdir: &Path, d: &Daemons) -> Vec<Outcome> {
     let mut out = Vec::new();
@@ -786,6 +816,7 @@ pub fn run(root: &Path, quick: bool) -> Vec<Outcome> {
         format!("ibv_devinfo -v lists {} at index {gid}", ADDR[0]),
     ));
     out.extend(shared(&libdir, &d));
+    out.extend(forked(root, &libdir, &d));
     out.extend(kill_app(&libdir, &d));
     out.extend(kill_daemon(&libdir, &mut d));
     if !quick {

@@ -230,6 +230,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("mw-peer", &["-libverbs"]),
     ("mcast-peer", &["-libverbs"]),
     ("cm-consecutive", &["-lrdmacm", "-libverbs"]),
+    ("cm-fork", &["-lrdmacm", "-libverbs"]),
 ];
 
 /// UCX over burst: UCT put/AM over rc_verbs and ud_verbs, UCP tag matching

@@ -45,7 +45,10 @@ pub(crate) fn devices() -> &'static [Box<Dev>] {
                     // Daemon mode: the device is burstd's, whatever else
                     // is configured.
                     Some(path) => match burst_verbs::engine::Context::connect(path) {
-                        Ok(ctx) => (vec![ctx.config().clone()], Some(ctx)),
+                        Ok(ctx) => (
+                            vec![ctx.config().clone()],
+                            Some(Arc::new(crate::objects::DaemonLink::new(path.clone(), ctx))),
+                        ),
                         Err(e) => {
                             eprintln!("{e} (unset BURST_DAEMON for an embedded engine)");
                             (Vec::new(), None)
@@ -156,14 +159,15 @@ export!("ibv_get_device_guid", "IBVERBS_1.1", get_device_guid);
 /// The engine behind `d` and a context of it: the process's embedded
 /// engine for the device, or (daemon mode) the burstd client.
 fn context_for(d: &Dev) -> std::io::Result<(Option<Arc<Engine>>, burst_verbs::engine::Context)> {
-    if let Some(ctx) = &d.daemon {
+    if let Some(link) = &d.daemon {
+        let ctx = link.context()?;
         if ctx.device_failed() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "burstd is gone; restart the application once it is back",
             ));
         }
-        return Ok((None, ctx.clone()));
+        return Ok((None, ctx));
     }
     let e = engine_for(d)?;
     let ctx = e.context();

@@ -45,7 +45,39 @@ pub(crate) struct Dev {
     pub cfg: DeviceConfig,
     pub index: usize,
     /// Daemon mode: the process's one client context of burstd.
-    pub daemon: Option<Context>,
+    pub daemon: Option<std::sync::Arc<DaemonLink>>,
+}
+
+/// The process's client context of burstd, and the process that made it.
+/// A child of fork() connects on its own at its first open: the parent's
+/// context is its socket and threads, which the child shares or lacks.
+pub(crate) struct DaemonLink {
+    path: std::path::PathBuf,
+    ctx: std::sync::Mutex<(u32, Context)>,
+}
+
+impl DaemonLink {
+    /// The link of this process to burstd at `path`, connected.
+    pub fn new(path: std::path::PathBuf, ctx: Context) -> DaemonLink {
+        DaemonLink {
+            path,
+            ctx: std::sync::Mutex::new((std::process::id(), ctx)),
+        }
+    }
+
+    /// This process's context (connected again after a fork).
+    pub fn context(&self) -> std::io::Result<Context> {
+        let pid = std::process::id();
+        let mut g = self.ctx.lock().unwrap_or_else(|e| e.into_inner());
+        if g.0 != pid {
+            tracing::info!("burst: first device open after fork(): a burstd client of its own");
+            let fresh = Context::connect(&self.path)?;
+            // The parent's context is not dropped here: its threads do
+            // not exist in this process and its socket is the parent's.
+            std::mem::forget(std::mem::replace(&mut *g, (pid, fresh)));
+        }
+        Ok(g.1.clone())
+    }
 }
 
 /// An open context: `verbs_context` first (the app holds `&vctx.context`).

@@ -21,7 +21,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use burst_verbs::rdma_cm::{
     CmEvent, CmEventKind, CmId, EventChannel, EventParam, PortSpace, RdmaCm,
@@ -59,32 +59,52 @@ unsafe impl Send for CDev {}
 
 static CDEVS: Mutex<Vec<Option<CDev>>> = Mutex::new(Vec::new());
 
-/// The process's rdma_cm, over the drop-in's device list.
-static CM: OnceLock<RdmaCm> = OnceLock::new();
+/// The process's rdma_cm, over the drop-in's device list, and the process
+/// it was made in. A child of fork() makes its own on first use: the
+/// parent's device contexts are the parent's (through burstd, its
+/// connection and its threads, which the child does not have; sharing the
+/// connection mixed both processes' requests and replies: two children of
+/// a parent that had listed the devices, as Python's multiprocessing
+/// makes them, could not connect to each other).
+static CM: Mutex<Option<(u32, &'static RdmaCm)>> = Mutex::new(None);
 
-/// The process's rdma_cm if anything used it.
+/// The process's rdma_cm if anything in this process used it.
 fn rdma_cm_if_started() -> Option<&'static RdmaCm> {
-    CM.get()
+    let pid = std::process::id();
+    let cm = CM.lock().unwrap_or_else(|e| e.into_inner());
+    cm.filter(|(p, _)| *p == pid).map(|(_, c)| c)
 }
 
 fn rdma_cm() -> &'static RdmaCm {
-    CM.get_or_init(|| {
-        let addrs = crate::device::devices()
-            .iter()
-            .map(|d| d.cfg.addr)
-            .collect();
-        // The CM's counters (retransmitted REQs, timeouts) when the
-        // process ends, where the device's closing line would be (the
-        // instance lives as long as the process). Decided now: at exit
-        // the logger's thread-local state may be gone, so the line goes
-        // straight to stderr.
-        crate::init_logging();
-        if tracing::enabled!(target: "burst::counters", tracing::Level::INFO) {
-            // SAFETY: registering a plain function with no arguments.
-            unsafe { libc::atexit(print_cm_counters) };
+    let pid = std::process::id();
+    let mut cm = CM.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, c)) = *cm {
+        if p == pid {
+            return c;
         }
-        RdmaCm::new(addrs, Box::new(open_device))
-    })
+        tracing::info!("rdma_cm: first use after fork(); devices are opened again in this process");
+    }
+    let first = cm.is_none();
+    // The parent's per-device contexts and PDs are not this process's.
+    CDEVS.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let addrs = crate::device::devices()
+        .iter()
+        .map(|d| d.cfg.addr)
+        .collect();
+    // The CM's counters (retransmitted REQs, timeouts) when the process
+    // ends, where the device's closing line would be (the instance lives
+    // as long as the process). Decided now: at exit the logger's
+    // thread-local state may be gone, so the line goes straight to
+    // stderr. (A forked child inherits the registration.)
+    crate::init_logging();
+    if first && tracing::enabled!(target: "burst::counters", tracing::Level::INFO) {
+        // SAFETY: registering a plain function with no arguments.
+        unsafe { libc::atexit(print_cm_counters) };
+    }
+    // One per process that uses rdma_cm: lives as long as the process.
+    let made: &'static RdmaCm = Box::leak(Box::new(RdmaCm::new(addrs, Box::new(open_device))));
+    *cm = Some((pid, made));
+    made
 }
 
 extern "C" fn print_cm_counters() {
