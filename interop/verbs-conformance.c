@@ -473,6 +473,62 @@ static void windows(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
 		check(!r && wc.wr_id == 36 && wc.status != IBV_WC_SUCCESS &&
 			      wc.status != (enum ibv_wc_status)-1, msg);
 	}
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+
+	/* The extended QP API: a QP created with BIND_MW and LOCAL_INV in its
+	 * send ops binds the (free again) type 2 window and invalidates it
+	 * through ibv_wr_bind_mw / ibv_wr_local_inv. */
+	struct ibv_qp_init_attr_ex xa = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |
+				  IBV_QP_EX_WITH_RDMA_WRITE,
+	};
+	struct ibv_qp *x = ibv_create_qp_ex(ctx, &xa);
+	snprintf(msg, sizeof(msg), "ibv_create_qp_ex with IBV_QP_EX_WITH_BIND_MW | LOCAL_INV (%s)",
+		 x ? "created" : strerror(errno));
+	check(x != NULL, msg);
+	struct ibv_qp *xp = x ? rc_qp(pd, cq) : NULL;
+	if (x && xp && !connect_rc(x, xp->qp_num, gidx, 1) &&
+	    !connect_rc(xp, x->qp_num, gidx, 1)) {
+		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(x);
+		struct ibv_mw_bind_info bi = {
+			.mr = mr, .addr = base + 4096, .length = 4096,
+			.mw_access_flags = IBV_ACCESS_REMOTE_READ,
+		};
+		k2 = ibv_inc_rkey(k2);
+		ibv_wr_start(qx);
+		qx->wr_id = 37;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_bind_mw(qx, mw2, k2, &bi);
+		r = ibv_wr_complete(qx);
+		wc = next_wc(cq);
+		snprintf(msg, sizeof(msg), "ibv_wr_bind_mw: %d, status %d opcode %d", r, wc.status,
+			 wc.opcode);
+		check(!r && wc.wr_id == 37 && wc.status == IBV_WC_SUCCESS &&
+			      wc.opcode == IBV_WC_BIND_MW, msg);
+		mw2->rkey = k2;
+		ibv_wr_start(qx);
+		qx->wr_id = 38;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_local_inv(qx, k2);
+		r = ibv_wr_complete(qx);
+		wc = next_wc(cq);
+		snprintf(msg, sizeof(msg), "ibv_wr_local_inv: %d, status %d opcode %d", r, wc.status,
+			 wc.opcode);
+		check(!r && wc.wr_id == 38 && wc.status == IBV_WC_SUCCESS &&
+			      wc.opcode == IBV_WC_LOCAL_INV, msg);
+	} else if (x) {
+		check(0, "the extended QP connected");
+	}
+	if (xp)
+		ibv_destroy_qp(xp);
+	if (x)
+		ibv_destroy_qp(x);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	while (ibv_poll_cq(cq, 1, &wc) == 1)

@@ -955,18 +955,30 @@ mod send_ops {
     pub const READ: u64 = 1 << 4;
     pub const CMP_SWP: u64 = 1 << 5;
     pub const FETCH_ADD: u64 = 1 << 6;
+    pub const LOCAL_INV: u64 = 1 << 7;
+    pub const BIND_MW: u64 = 1 << 8;
     pub const SEND_INV: u64 = 1 << 9;
 }
 
-/// The send ops a QP of `qp_type` may ask for: RXE's per-type sets, less
-/// LOCAL_INV and BIND_MW (no memory windows yet).
+/// The send ops a QP of `qp_type` may ask for: RXE's per-type sets (a
+/// window bind on RC and UC, a local invalidate on RC), less FLUSH and
+/// ATOMIC_WRITE.
 fn supported_send_ops(qp_type: u32) -> u64 {
     use send_ops::*;
     match qp_type_of(qp_type) {
         Some(QpType::Rc) => {
-            WRITE | WRITE_IMM | SEND | SEND_IMM | READ | CMP_SWP | FETCH_ADD | SEND_INV
+            WRITE
+                | WRITE_IMM
+                | SEND
+                | SEND_IMM
+                | READ
+                | CMP_SWP
+                | FETCH_ADD
+                | LOCAL_INV
+                | BIND_MW
+                | SEND_INV
         }
-        Some(QpType::Uc) => WRITE | WRITE_IMM | SEND | SEND_IMM | SEND_INV,
+        Some(QpType::Uc) => WRITE | WRITE_IMM | SEND | SEND_IMM | BIND_MW | SEND_INV,
         Some(QpType::Ud) => SEND | SEND_IMM,
         _ => 0,
     }
