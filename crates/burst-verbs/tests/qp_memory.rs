@@ -12,9 +12,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use burst_verbs::engine::{Engine, QueuePair};
+use burst_verbs::engine::{Context, CqId, Engine, QueuePair};
 use burst_verbs::{
-    Access, Mtu, Psn, QpAccess, QpCaps, QpInit, QpType, RcParams, RcPeer, SendOp, SendWr, Sge,
+    Access, Mtu, Pd, Psn, QpAccess, QpCaps, QpInit, QpType, RcParams, RcPeer, SendOp, SendWr, Sge,
     WcStatus,
 };
 
@@ -60,6 +60,28 @@ fn statm() -> (i64, i64) {
     (v[1] * 4096, v[2] * 4096)
 }
 
+/// Two RC QPs of `caps`, one on each side (PD, CQ), connected in RTS.
+fn connected_pair(
+    (a, pa, cqa): (&Context, Pd, CqId),
+    (b, pb, cqb): (&Context, Pd, CqId),
+    caps: QpCaps,
+    p: &RcParams,
+) -> (QueuePair, QueuePair) {
+    let mut init = QpInit::new(QpType::Rc, pa);
+    init.caps = caps;
+    let qa = a.create_qp_with(&init, cqa, cqa).unwrap();
+    init.pd = pb;
+    let qb = b.create_qp_with(&init, cqb, cqb).unwrap();
+    let peer = |gid, qpn| RcPeer {
+        gid,
+        qpn,
+        psn: Psn::new(1),
+    };
+    qa.connect_rc(&peer(b.gid(), qb.qpn()), p).unwrap();
+    qb.connect_rc(&peer(a.gid(), qa.qpn()), p).unwrap();
+    (qa, qb)
+}
+
 /// Per QP over `n` connected pairs (2n QPs) of `caps`: (heap bytes,
 /// resident bytes, of which shared).
 fn per_qp(n: usize, caps: QpCaps) -> (i64, i64, i64) {
@@ -74,19 +96,7 @@ fn per_qp(n: usize, caps: QpCaps) -> (i64, i64, i64) {
     let mut qps: Vec<(QueuePair, QueuePair)> = Vec::with_capacity(n);
     let p = RcParams::new(Psn::new(1), Mtu::Mtu4096);
     for _ in 0..n {
-        let mut init = QpInit::new(QpType::Rc, pa);
-        init.caps = caps;
-        let qa = a.create_qp_with(&init, cqa, cqa).unwrap();
-        init.pd = pb;
-        let qb = b.create_qp_with(&init, cqb, cqb).unwrap();
-        let peer = |gid, qpn| RcPeer {
-            gid,
-            qpn,
-            psn: Psn::new(1),
-        };
-        qa.connect_rc(&peer(b.gid(), qb.qpn()), &p).unwrap();
-        qb.connect_rc(&peer(a.gid(), qa.qpn()), &p).unwrap();
-        qps.push((qa, qb));
+        qps.push(connected_pair((&a, pa, cqa), (&b, pb, cqb), caps, &p));
     }
     // The engines settle the QPs' modifications on their own threads.
     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -177,21 +187,7 @@ fn a_qp_idle_after_work_gives_its_queues_memory_back() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let pair = || {
-        let mut init = QpInit::new(QpType::Rc, pa);
-        init.caps = caps;
-        let qa = a.create_qp_with(&init, cqa, cqa).unwrap();
-        init.pd = pb;
-        let qb = b.create_qp_with(&init, cqb, cqb).unwrap();
-        let peer = |gid, qpn| RcPeer {
-            gid,
-            qpn,
-            psn: Psn::new(1),
-        };
-        qa.connect_rc(&peer(b.gid(), qb.qpn()), &p).unwrap();
-        qb.connect_rc(&peer(a.gid(), qa.qpn()), &p).unwrap();
-        (qa, qb)
-    };
+    let pair = || connected_pair((&a, pa, cqa), (&b, pb, cqb), caps, &p);
     // A full queue of 64-byte WRITEs on each QP, the last one signaled.
     let fill = |qps: &[(QueuePair, QueuePair)]| {
         for (qa, _) in qps {
