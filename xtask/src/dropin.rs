@@ -388,6 +388,12 @@ pub const CASES: &[Case] = &[
         "ib_write_bw",
         "-F -s 4096 -n 200 -q 16",
     ),
+    // Many QPs against RXE (issue 34): 64 QPs, each moving 50 WRITEs.
+    pt(
+        "ib_write_bw 4 KiB -q 64",
+        "ib_write_bw",
+        "-F -s 4096 -n 50 -q 64",
+    ),
     pt(
         "ib_write_bw 64 KiB -q 8",
         "ib_write_bw",
