@@ -57,14 +57,17 @@ const fn oob_case(
     }
 }
 
+/// rping's connected ping-pong, 10 rounds (IPv4 and IPv6 sets).
+const RPING: CmCase = case(
+    "rping -C 10",
+    "rping -s -v -C 10 -a {addr} -p {port}",
+    "rping -c -v -C 10 -a {addr} -p {port}",
+    "rdma-ping-9:",
+);
+
 /// Every case.
 pub const CASES: &[CmCase] = &[
-    case(
-        "rping -C 10",
-        "rping -s -v -C 10 -a {addr} -p {port}",
-        "rping -c -v -C 10 -a {addr} -p {port}",
-        "rdma-ping-9:",
-    ),
+    RPING,
     // The application readies its own QP (rdma_init_qp_attr, rdma_establish).
     case(
         "rping -q -C 10",
@@ -174,12 +177,7 @@ pub const VETH_ONLY: &[CmCase] = &[
 /// Over IPv6 (burst to burst on the veth pair's fd00:198:18::/64
 /// addresses): connected, datagram and multicast.
 pub const V6_CASES: &[CmCase] = &[
-    case(
-        "rping -C 10",
-        "rping -s -v -C 10 -a {addr} -p {port}",
-        "rping -c -v -C 10 -a {addr} -p {port}",
-        "rdma-ping-9:",
-    ),
+    RPING,
     case(
         "udaddy",
         "udaddy -b {addr}",

@@ -1235,6 +1235,8 @@ impl Cm {
                 self.counters.duplicates += 1;
                 self.resend_last(r.remote_comm_id);
             }
+            // A REP for a REQ still waiting for room was never asked for.
+            State::ReqSent => self.counters.unknown += 1,
             _ => self.counters.duplicates += 1,
         }
     }

@@ -402,11 +402,6 @@ impl<T: Entry> ShmRing<T> {
         })
     }
 
-    /// Bytes of an entry in this ring.
-    pub fn entry_size(&self) -> usize {
-        self.entry
-    }
-
     /// Slots in the ring.
     pub fn capacity(&self) -> usize {
         self.mask as usize + 1
