@@ -1339,6 +1339,22 @@ fn with_ece(q: &Qp, mut t: QpAttr) -> QpAttr {
     t
 }
 
+/// The ECE options burst's rdma_cm agreed with the peer in the REQ and
+/// REP, set on the QP as librdmacm does with `ibv_set_ece` before the
+/// QP's RTR: `selective_repeat` is what both offered.
+pub(crate) fn set_agreed_ece(qp: *mut ibv_qp, selective_repeat: bool) {
+    let Some(q) = ours!(Qp, qp) else { return };
+    let options = if selective_repeat {
+        burst_verbs::ECE_SELECTIVE_REPEAT
+    } else {
+        0
+    };
+    *q.ece.lock().unwrap_or_else(|e| e.into_inner()) = Some(burst_verbs::Ece {
+        vendor_id: burst_verbs::VENDOR_ID,
+        options,
+    });
+}
+
 /// `struct ibv_ece`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]

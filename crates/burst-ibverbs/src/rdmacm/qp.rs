@@ -38,6 +38,11 @@ impl CmQp for CQp {
     }
 
     fn modify(&self, steps: &[CmQpAttr]) -> std::io::Result<()> {
+        // What the REQ and REP agreed beyond IBA's attributes (ECE): the C
+        // QP applies it at RTR, as after the application's ibv_set_ece.
+        if let Some(sr) = steps.iter().find_map(|s| s.attr.selective_repeat) {
+            set_agreed_ece(self.0, sr);
+        }
         let steps: Vec<(ibv_qp_attr, c_int)> = steps.iter().map(ibv_attr_of).collect();
         // One trip to the engine for the transitions; the C struct's
         // recorded state follows.

@@ -769,7 +769,7 @@ impl<P: Port> Drop for Device<P> {
             target: "burst::counters",
             "device {} closing: sent {} packets ({} request payload bytes), received {}, \
              retransmitted {} in {} go-backs, ACK timeouts {}, sequence errors (NAKs, READ gaps) {}, \
-             RETRY_EXC_ERR {}, CNPs sent {} received {}, CE seen {}, window cuts {}, rate cuts {}, \
+             selective repeat: {} packets held past a hole, {} probes, {} go-backs; RETRY_EXC_ERR {}, CNPs sent {} received {}, CE seen {}, window cuts {}, rate cuts {}, \
              ICRC errors {}, congestion control {}; copies: {:?}; port: {:?}",
             self.port.local_addr().ip(),
             c.sent_pkts,
@@ -779,6 +779,9 @@ impl<P: Port> Drop for Device<P> {
             c.qps.retransmits_started,
             c.qps.completer_retry_err,
             c.qps.rcvd_seq_err,
+            c.qps.sr_held_pkts,
+            c.qps.sr_probes,
+            c.qps.sr_go_backs,
             c.qps.retry_exceeded_err,
             c.cc.cnp_sent,
             c.cc.cnp_rcvd,

@@ -167,10 +167,30 @@ impl RdmaCm {
             .devices
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        all.iter()
-            .flatten()
-            .filter_map(|d| d.svc.counters_line(when))
-            .collect()
+        let mut lines = Vec::new();
+        for d in all.iter().flatten() {
+            let Some(line) = d.svc.counters_line(when) else {
+                continue;
+            };
+            lines.push(line);
+            // How the connections' traffic recovered: selective repeat is
+            // what the REQ and REP agreed between burst peers.
+            if let Ok(c) = d.ctx.counters() {
+                lines.push(format!(
+                    "device {} {when}: {} packets sent, {} received, {} retransmitted in {} go-backs; \
+                     selective repeat: {} packets held past a hole, {} probes, {} go-backs",
+                    self.shared.addrs[d.index],
+                    c.sent_pkts,
+                    c.rcvd_pkts,
+                    c.qps.retransmitted_pkts,
+                    c.qps.retransmits_started,
+                    c.qps.sr_held_pkts,
+                    c.qps.sr_probes,
+                    c.qps.sr_go_backs
+                ));
+            }
+        }
+        lines
     }
 
     /// How many devices it covers.
