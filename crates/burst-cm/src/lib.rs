@@ -50,6 +50,28 @@ pub mod sidr_status {
     pub const REJECT: u8 = 2;
 }
 
+/// burst's ECE (Enhanced Connection Establishment) options: where the
+/// kernel's CM carries `ibv_ece`, a vendor ID in the REQ and REP and the
+/// options in the MAD header's attribute modifier. The kernel's CM and
+/// RNICs hand another vendor's options to the application, which ignores
+/// them, so everything here is agreed only between burst peers.
+pub mod ece {
+    /// burst's vendor ID.
+    pub const VENDOR_ID: u32 = 0x00b0_57b0;
+    /// The QPs repeat selectively (a transport option: the application's
+    /// ECE, agreed by the rdma_cm layer).
+    pub const SELECTIVE_REPEAT: u32 = 1;
+    /// The CMs set the connection up in one round trip (a CM option, added
+    /// and answered by [`Cm`](crate::Cm) itself, see
+    /// [`CmConfig::fast_setup`](crate::CmConfig::fast_setup)).
+    pub const FAST_SETUP: u32 = 1 << 1;
+
+    /// Whether `e` is burst's and offers `option`.
+    pub fn offers(e: &crate::CmEce, option: u32) -> bool {
+        e.vendor_id == VENDOR_ID && e.options & option != 0
+    }
+}
+
 /// Settings of a CM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmConfig {
@@ -80,11 +102,21 @@ pub struct CmConfig {
     /// its timeout, halved when a REQ has to be sent again; this is its
     /// ceiling. 0: no window.
     pub max_reqs_in_flight: u32,
+    /// Offer and accept burst's one-round-trip setup ([`ece::FAST_SETUP`]
+    /// in the REQ's and REP's ECE): the passive side is established when
+    /// it sends its REP instead of at the RTU, so the whole setup takes
+    /// one round trip where the IB CM takes one and a half. Its QP must
+    /// not send before the active QP can receive (the RTU, or the first
+    /// packet from the peer, says so: [`CmEvent::PeerReady`]). Against the
+    /// kernel's CM and RNICs, which do not echo the option, nothing
+    /// changes: the same REQ, REP and RTU, established at the RTU.
+    pub fast_setup: bool,
 }
 
 impl CmConfig {
     /// Defaults: 268 ms response timeout (2^16), 15 retries (the kernel's
-    /// rdma_cm count), 1 s time-wait, 256 REQs in flight per peer.
+    /// rdma_cm count), 1 s time-wait, 256 REQs in flight per peer, fast
+    /// setup offered.
     pub fn new(ca_guid: u64, seed: u64) -> CmConfig {
         CmConfig {
             ca_guid,
@@ -94,6 +126,7 @@ impl CmConfig {
             time_wait_ns: 1_000_000_000,
             relisten_grace_ns: 2_000_000_000,
             max_reqs_in_flight: 256,
+            fast_setup: true,
         }
     }
 }
@@ -163,6 +196,13 @@ pub enum CmEvent {
     },
     /// The passive side's RTU arrived (or [`Cm::establish`] on it).
     Established {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// A connection set up fast (established at [`Cm::accept`]): the RTU
+    /// arrived, so the active side's QP receives; the passive QP may send
+    /// from now on.
+    PeerReady {
         /// The connection.
         conn: ConnId,
     },
@@ -282,6 +322,9 @@ struct Conn {
     /// A REQ waiting for room in its peer's window (built in `last`, not
     /// sent, no timer).
     queued: bool,
+    /// Set up in one round trip ([`CmConfig::fast_setup`]): on the
+    /// passive side, offered by the REQ (then established at the REP).
+    fast: bool,
 }
 
 /// A peer's REQ window: REQs in flight, how many may be, and those
@@ -598,6 +641,7 @@ impl Cm {
                 paced: false,
                 sent_at: 0,
                 queued: false,
+                fast: false,
             },
         );
         id
@@ -619,6 +663,15 @@ impl Cm {
         req.remote_cm_response_timeout = self.cfg.response_timeout;
         req.local_cm_response_timeout = self.cfg.response_timeout;
         req.max_cm_retries = self.cfg.max_retries.min(15);
+        if self.cfg.fast_setup {
+            // Beside the application's own burst options, or alone.
+            if req.ece.vendor_id == 0 {
+                req.ece.vendor_id = ece::VENDOR_ID;
+            }
+            if req.ece.vendor_id == ece::VENDOR_ID {
+                req.ece.options |= ece::FAST_SETUP;
+            }
+        }
         let wait = self.wait_for(self.cfg.response_timeout);
         let mad = CmMad::new(tid, CmMessage::Req(req));
         let max = self.cfg.max_reqs_in_flight;
@@ -721,10 +774,29 @@ impl Cm {
         }
     }
 
+    /// Whether `conn`, a request received, is set up in one round trip
+    /// (its REQ offered [`ece::FAST_SETUP`] and this CM accepts it): then
+    /// [`Cm::accept`] establishes it at once, and its QP must wait for
+    /// the peer before it sends (see [`CmConfig::fast_setup`]).
+    pub fn is_fast(&self, conn: ConnId) -> bool {
+        self.conns.get(&conn.0).is_some_and(|c| c.fast)
+    }
+
+    /// Sets `conn`, a request received, up the standard way even though
+    /// its REQ offered the fast setup (the application cannot hold its
+    /// QP back until the peer is ready).
+    pub fn decline_fast(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn.0) {
+            c.fast = false;
+        }
+    }
+
     /// Answers the REQ of `conn` (a [`CmEvent::Request`]) with `rep`; the
-    /// caller's QP must be ready (RTR) first. [`CmEvent::Established`]
-    /// follows the peer's RTU.
-    pub fn accept(&mut self, now: u64, conn: ConnId, mut rep: CmRep) -> Result<(), CmError> {
+    /// caller's QP must be ready first. Returns whether the connection is
+    /// established now ([`Cm::is_fast`]: the REP confirms the fast setup,
+    /// [`CmEvent::PeerReady`] follows the RTU); otherwise
+    /// [`CmEvent::Established`] follows the RTU.
+    pub fn accept(&mut self, now: u64, conn: ConnId, mut rep: CmRep) -> Result<bool, CmError> {
         let guid = self.cfg.ca_guid;
         let c = self.conn(conn)?;
         if !matches!(c.state, State::ReqRcvd | State::MraSent) {
@@ -734,10 +806,23 @@ impl Cm {
         rep.local_comm_id = conn.0;
         rep.remote_comm_id = c.remote_id;
         rep.local_ca_guid = guid;
+        if c.fast {
+            if rep.ece.vendor_id == 0 {
+                rep.ece.vendor_id = ece::VENDOR_ID;
+            }
+            if rep.ece.vendor_id == ece::VENDOR_ID {
+                rep.ece.options |= ece::FAST_SETUP;
+            } else {
+                // The application answers with another vendor's options:
+                // no room for ours, the standard exchange.
+                c.fast = false;
+            }
+        }
+        let fast = c.fast;
         let tid = c.tid;
         let wait = self.wait_for(self.cfg.response_timeout);
         self.send_reliably(now, conn.0, &CmMad::new(tid, CmMessage::Rep(rep)), wait);
-        Ok(())
+        Ok(fast)
     }
 
     /// Rejects the REQ of `conn` (or, on the active side, the REP) with
@@ -789,9 +874,15 @@ impl Cm {
             }
             State::RepSent => {
                 c.state = State::Established;
+                let fast = c.fast;
                 let mut at = c.deadline.take();
                 self.timers.set(conn.0, &mut at, None);
-                self.event(conn.0, CmEvent::Established { conn });
+                let ev = if fast {
+                    CmEvent::PeerReady { conn }
+                } else {
+                    CmEvent::Established { conn }
+                };
+                self.event(conn.0, ev);
                 Ok(())
             }
             State::Established => Ok(()),
@@ -997,6 +1088,13 @@ impl Cm {
                     self.event(id, CmEvent::Disconnected { conn });
                     self.enter_time_wait(now, id);
                 }
+                // Set up fast and so already established, but the RTU
+                // never came: the peer is gone, the connection with it.
+                State::RepSent if c.fast => {
+                    self.reject_timeout(id, 1);
+                    self.event(id, CmEvent::Disconnected { conn });
+                    self.enter_time_wait(now, id);
+                }
                 // No REP, or no RTU: tell the peer why (IBA 12.9.8.2:
                 // REJ "timeout" naming the message) and give up.
                 State::RepSent | State::ReqSent => {
@@ -1127,10 +1225,12 @@ impl Cm {
             return;
         }
         let id = self.new_conn(State::ReqRcvd, peer, tid);
+        let fast = self.cfg.fast_setup && ece::offers(&req.ece, ece::FAST_SETUP);
         if let Some(c) = self.conns.get_mut(&id) {
             c.remote_id = req.local_comm_id;
             c.remote_guid = req.local_ca_guid;
             c.remote_qpn = req.local_qpn;
+            c.fast = fast;
         }
         self.by_remote.insert(key, id);
         self.events.push_back(CmEvent::Request {
@@ -1247,7 +1347,12 @@ impl Cm {
                 c.state = State::Established;
                 self.timers.set(r.remote_comm_id, &mut c.deadline, None);
                 let id = r.remote_comm_id;
-                self.event(id, CmEvent::Established { conn: ConnId(id) });
+                let ev = if c.fast {
+                    CmEvent::PeerReady { conn: ConnId(id) }
+                } else {
+                    CmEvent::Established { conn: ConnId(id) }
+                };
+                self.event(id, ev);
             }
             _ => self.counters.unknown += 1,
         }

@@ -32,10 +32,19 @@ struct Net {
 
 impl Net {
     fn new() -> Net {
-        let mut b = Cm::new(CmConfig::new(0xb, 2));
+        Net::with_fast(true, true)
+    }
+
+    /// A and B offering (or not) the one-round-trip setup.
+    fn with_fast(fast_a: bool, fast_b: bool) -> Net {
+        let cfg = |guid, seed, fast_setup| CmConfig {
+            fast_setup,
+            ..CmConfig::new(guid, seed)
+        };
+        let mut b = Cm::new(cfg(0xb, 2, fast_b));
         b.listen(svc()).unwrap();
         Net {
-            a: Cm::new(CmConfig::new(0xa, 1)),
+            a: Cm::new(cfg(0xa, 1, fast_a)),
             b,
             now: 0,
             drops: Vec::new(),
@@ -131,6 +140,7 @@ fn connect_and_disconnect(net: &mut Net) -> (ConnId, ConnId) {
     let ca = net.a.connect(net.now, ip(B), req()).unwrap();
     let mut cb = None;
     let mut established = (false, false);
+    let mut peer_ready = false;
     for _ in 0..200 {
         net.settle();
         let busy = !net.events_a.is_empty() || !net.events_b.is_empty();
@@ -142,11 +152,26 @@ fn connect_and_disconnect(net: &mut Net) -> (ConnId, ConnId) {
                     assert_eq!(req.starting_psn.value(), 100);
                     assert_eq!(cb, None, "one request per connection");
                     cb = Some(conn);
-                    net.b.accept(net.now, conn, rep()).unwrap();
+                    // Established at once when set up fast (its QP waits
+                    // for PeerReady to send: so does this test).
+                    if net.b.accept(net.now, conn, rep()).unwrap() {
+                        established.1 = true;
+                    } else {
+                        peer_ready = true;
+                    }
                 }
                 CmEvent::Established { conn } => {
                     assert_eq!(Some(conn), cb);
+                    assert!(
+                        !net.b.is_fast(conn),
+                        "a fast connection is established once"
+                    );
                     established.1 = true;
+                }
+                CmEvent::PeerReady { conn } => {
+                    assert_eq!(Some(conn), cb);
+                    assert!(established.1 && net.b.is_fast(conn));
+                    peer_ready = true;
                 }
                 e => panic!("B: {e:?}"),
             }
@@ -162,7 +187,7 @@ fn connect_and_disconnect(net: &mut Net) -> (ConnId, ConnId) {
                 e => panic!("A: {e:?}"),
             }
         }
-        if established == (true, true) {
+        if established == (true, true) && peer_ready {
             break;
         }
         if !busy {
@@ -170,6 +195,7 @@ fn connect_and_disconnect(net: &mut Net) -> (ConnId, ConnId) {
         }
     }
     assert_eq!(established, (true, true));
+    assert!(peer_ready);
     let cb = cb.unwrap();
     net.a.disconnect(net.now, ca, b"bye").unwrap();
     let mut disconnected = (false, false);
@@ -222,8 +248,8 @@ fn each_lost_message_is_recovered() {
         (true, CmAttr::Dreq),
         (false, CmAttr::Drep),
     ] {
-        for n in [1, 3] {
-            let mut net = Net::new();
+        for (n, fast) in [(1, true), (3, true), (1, false), (3, false)] {
+            let mut net = Net::with_fast(fast, fast);
             net.drop_first(from_a, attr, n);
             connect_and_disconnect(&mut net);
             // The lost one was sent again (an RTU by the passive side's REP
@@ -567,8 +593,8 @@ proptest! {
     /// Any loss pattern of the first few of each message (short of all of
     /// them): the connection is made and torn down, once, on both sides.
     #[test]
-    fn any_bounded_loss_is_recovered(drops in proptest::collection::vec((any::<bool>(), 0x10u16..0x17, 0u32..4), 0..6)) {
-        let mut net = Net::new();
+    fn any_bounded_loss_is_recovered(drops in proptest::collection::vec((any::<bool>(), 0x10u16..0x17, 0u32..4), 0..6), fast in any::<(bool, bool)>()) {
+        let mut net = Net::with_fast(fast.0, fast.1);
         for (a, attr, n) in drops {
             net.drops.push((a, attr, n));
         }
@@ -583,10 +609,11 @@ proptest! {
 /// come out of the events as they went in; the MAD header says so too.
 #[test]
 fn ece_options_cross_in_the_req_and_the_rep() {
-    let mut net = Net::new();
+    // Without the CM's own option, which the next tests cover.
+    let mut net = Net::with_fast(false, false);
     let offer = CmEce {
-        vendor_id: 0xb0_57b0,
-        options: 1,
+        vendor_id: ece::VENDOR_ID,
+        options: ece::SELECTIVE_REPEAT,
     };
     let ca = net
         .a
@@ -674,8 +701,11 @@ fn connects_to_one_busy_peer_are_paced_without_retransmissions() {
             }
             while let Some(e) = b.poll_event() {
                 match e {
-                    CmEvent::Request { conn, .. } => b.accept(now, conn, rep()).unwrap(),
-                    CmEvent::Established { .. } => established += 1,
+                    CmEvent::Request { conn, .. } => {
+                        b.accept(now, conn, rep()).unwrap();
+                    }
+                    // The RTU arrived (the standard or the fast setup).
+                    CmEvent::Established { .. } | CmEvent::PeerReady { .. } => established += 1,
                     e => panic!("B: {e:?}"),
                 }
             }
@@ -718,4 +748,136 @@ fn connects_to_one_busy_peer_are_paced_without_retransmissions() {
         took <= took_unpaced,
         "{took} ns paced, {took_unpaced} unpaced"
     );
+}
+
+/// Both CMs burst's: the REQ offers the fast setup beside the
+/// application's ECE options, the passive side is established when it
+/// sends its REP (one round trip for the whole setup: REQ, REP), its REP
+/// confirms the option, and the RTU that follows only says the active QP
+/// receives (PeerReady). The wire is the IB CM's: the same three messages.
+#[test]
+fn burst_peers_set_up_in_one_round_trip() {
+    let mut net = Net::new();
+    let offer = CmEce {
+        vendor_id: ece::VENDOR_ID,
+        options: ece::SELECTIVE_REPEAT,
+    };
+    let ca = net
+        .a
+        .connect(
+            net.now,
+            ip(B),
+            CmReq {
+                ece: offer,
+                ..req()
+            },
+        )
+        .unwrap();
+    let mad = net.a.poll_transmit().expect("the REQ").mad;
+    assert_eq!(
+        &mad[20..24],
+        &(ece::SELECTIVE_REPEAT | ece::FAST_SETUP).to_be_bytes(),
+        "the application's option and the CM's"
+    );
+    net.b.handle_mad(net.now, ip(A), &mad);
+    let Some(CmEvent::Request { conn: cb, req, .. }) = net.b.poll_event() else {
+        panic!("no request")
+    };
+    assert!(ece::offers(&req.ece, ece::SELECTIVE_REPEAT));
+    assert!(net.b.is_fast(cb));
+    let agreed = CmRep {
+        ece: offer,
+        ..rep()
+    };
+    assert_eq!(
+        net.b.accept(net.now, cb, agreed),
+        Ok(true),
+        "established at the REP"
+    );
+    assert!(net.b.poll_event().is_none(), "no event: the caller knows");
+    let mad = net.b.poll_transmit().expect("the REP").mad;
+    net.a.handle_mad(net.now, ip(B), &mad);
+    let Some(CmEvent::Reply { conn, rep }) = net.a.poll_event() else {
+        panic!("no reply")
+    };
+    assert_eq!(conn, ca);
+    assert!(ece::offers(&rep.ece, ece::FAST_SETUP) && ece::offers(&rep.ece, ece::SELECTIVE_REPEAT));
+    net.a.establish(net.now, ca).unwrap();
+    net.settle();
+    assert_eq!(net.events_b, [CmEvent::PeerReady { conn: cb }]);
+    assert_eq!(net.sent(true, CmAttr::Rtu), 1);
+    assert_eq!(net.b.poll_timeout(), None, "the REP's timer stopped");
+}
+
+/// A fast REQ meeting a standard peer (a burst CM with the option off, as
+/// the kernel's CM which never echoes it), or a standard REQ meeting a
+/// fast CM, or a fast REQ whose application cannot hold its QP back
+/// (`decline_fast`): the standard exchange, established at the RTU.
+#[test]
+fn the_fast_setup_falls_back_to_the_standard_exchange() {
+    for (fast_a, fast_b, decline) in [
+        (true, false, false),
+        (false, true, false),
+        (true, true, true),
+    ] {
+        let mut net = Net::with_fast(fast_a, fast_b);
+        let ca = net.a.connect(net.now, ip(B), req()).unwrap();
+        net.settle();
+        let [CmEvent::Request {
+            conn: cb, ref req, ..
+        }] = net.events_b[..]
+        else {
+            panic!("{:?}", net.events_b)
+        };
+        assert_eq!(ece::offers(&req.ece, ece::FAST_SETUP), fast_a);
+        net.events_b.clear();
+        if decline {
+            net.b.decline_fast(cb);
+        }
+        assert!(!net.b.is_fast(cb));
+        assert_eq!(net.b.accept(net.now, cb, rep()), Ok(false));
+        net.settle();
+        let [CmEvent::Reply { ref rep, .. }] = net.events_a[..] else {
+            panic!("{:?}", net.events_a)
+        };
+        assert!(
+            !ece::offers(&rep.ece, ece::FAST_SETUP),
+            "the REP does not confirm"
+        );
+        assert!(net.events_b.is_empty(), "not established before the RTU");
+        net.a.establish(net.now, ca).unwrap();
+        net.settle();
+        assert_eq!(net.events_b, [CmEvent::Established { conn: cb }]);
+    }
+}
+
+/// Set up fast, and the active side goes away before its RTU: the REP is
+/// sent again until the retries run out, then the passive side, which was
+/// already established, is disconnected (not "unreachable") and told the
+/// peer why (REJ timeout).
+#[test]
+fn a_fast_connection_whose_rtu_never_comes_is_disconnected() {
+    let mut net = Net::new();
+    net.a.connect(net.now, ip(B), req()).unwrap();
+    net.settle();
+    let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
+        panic!("{:?}", net.events_b)
+    };
+    net.events_b.clear();
+    assert_eq!(net.b.accept(net.now, cb, rep()), Ok(true));
+    // A is gone: nothing B sends arrives.
+    net.drop_first(false, CmAttr::Rep, u32::MAX);
+    net.drop_first(false, CmAttr::Rej, u32::MAX);
+    while net.tick() {
+        if !net.events_b.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(net.events_b, [CmEvent::Disconnected { conn: cb }]);
+    assert_eq!(
+        net.b.counters().retransmits,
+        u64::from(net.b.config().max_retries)
+    );
+    while net.tick() {}
+    assert!(net.b.is_empty());
 }

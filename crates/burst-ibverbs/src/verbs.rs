@@ -1295,7 +1295,11 @@ pub(crate) unsafe extern "C" fn modify_qp(
 /// Several `ibv_modify_qp` calls in one trip to the engine (the connection
 /// manager's INIT, RTR, RTS): 0, or the errno of the first refused (those
 /// before it are applied).
-pub(crate) fn modify_qp_steps(qp: *mut ibv_qp, steps: &[(ibv_qp_attr, c_int)]) -> c_int {
+pub(crate) fn modify_qp_steps(
+    qp: *mut ibv_qp,
+    steps: &[(ibv_qp_attr, c_int)],
+    wait_for_peer: &[Option<bool>],
+) -> c_int {
     let Some(q) = ours!(Qp, qp) else {
         return libc::EINVAL;
     };
@@ -1303,9 +1307,13 @@ pub(crate) fn modify_qp_steps(qp: *mut ibv_qp, steps: &[(ibv_qp_attr, c_int)]) -
         return libc::EINVAL;
     };
     let mut attrs = Vec::with_capacity(steps.len());
-    for (a, m) in steps {
+    for (i, (a, m)) in steps.iter().enumerate() {
         match qp_attr_of(c, a, *m) {
-            Ok(t) => attrs.push(with_ece(q, t)),
+            Ok(mut t) => {
+                // burst's own attribute, which ibv_qp_attr cannot carry.
+                t.wait_for_peer = wait_for_peer.get(i).copied().flatten();
+                attrs.push(with_ece(q, t));
+            }
             Err(e) => return e,
         }
     }

@@ -638,6 +638,14 @@ pub struct QpAttr {
     /// repeat); either end alone stays correct.
     #[cfg_attr(feature = "serde", serde(default))]
     pub selective_repeat: Option<bool>,
+    /// An RC or UC QP that sends no request until a packet from its peer
+    /// arrives, or until a later transition clears it: burst's one
+    /// round-trip connection setup makes the passive side ready at its
+    /// REP, before the active side's QP can receive (a first packet would
+    /// be dropped and wait for the ACK timeout). Not an IBA attribute:
+    /// any transition may carry it; posting is accepted meanwhile.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub wait_for_peer: Option<bool>,
 }
 
 /// Fixed properties of a QP, given at creation.

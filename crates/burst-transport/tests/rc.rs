@@ -1179,3 +1179,72 @@ fn local_operations_complete_in_send_queue_order() {
     );
     assert_eq!(r[0].status, WcStatus::Success);
 }
+
+/// A QP that waits for its peer ([`QpAttr::wait_for_peer`], burst's
+/// one-round-trip connection setup) takes posts but sends nothing until a
+/// packet from the peer arrives; then its WRITE goes, and the peer's goes
+/// too. Clearing it by a transition lets a QP whose peer never speaks
+/// send.
+#[test]
+fn a_qp_waiting_for_its_peer_sends_after_the_peer_speaks() {
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    let wait = QpAttr {
+        state: Some(QpState::Rts),
+        wait_for_peer: Some(true),
+        ..QpAttr::default()
+    };
+    p.w.qps[p.b].1.modify(&wait).unwrap();
+    let (k, a) = p.buf(1, 2048, 3);
+    let (rk, ra) = p.buf(0, 2048, 0);
+    let write = |id, k, a, rk, ra| {
+        SendWr::new(
+            id,
+            SendOp::Write {
+                remote_addr: ra,
+                rkey: rk,
+            },
+            sge(k, a, 2048),
+        )
+    };
+    {
+        let (n, qp) = &mut p.w.qps[p.b];
+        qp.post_send(write(7, k, a, rk, ra), &mut p.w.mems[*n])
+            .unwrap();
+        assert!(qp.waits_for_peer());
+        assert!(!qp.has_transmit_pending(), "nothing to send yet");
+        assert!(qp.poll_transmit(0).is_none());
+    }
+    // The peer's first packet (a's WRITE) opens b's requester.
+    let (k2, a2) = p.buf(0, 2048, 5);
+    let (rk2, ra2) = p.buf(1, 2048, 0);
+    p.post_send(write(8, k2, a2, rk2, ra2));
+    let (b, a_) = (p.b, p.a);
+    let ok = p.w.run(1_000_000_000, |w| {
+        !w.completions[a_].is_empty() && !w.completions[b].is_empty()
+    });
+    assert!(ok, "both WRITEs complete");
+    assert!(!p.w.qps[p.b].1.waits_for_peer());
+    assert_eq!(p.w.qps[p.b].1.counters().retransmitted_pkts, 0);
+    assert_eq!(
+        p.w.mems[0].bytes(rk).to_vec(),
+        p.w.mems[1].bytes(k).to_vec()
+    );
+
+    // A transition clears it as well.
+    let mut p = pair(Faults::default(), Mtu::Mtu1024, 1);
+    p.w.qps[p.b].1.modify(&wait).unwrap();
+    let (k, a) = p.buf(1, 2048, 3);
+    let (rk, ra) = p.buf(0, 2048, 0);
+    let (n, qp) = &mut p.w.qps[p.b];
+    qp.post_send(write(7, k, a, rk, ra), &mut p.w.mems[*n])
+        .unwrap();
+    assert!(qp.poll_transmit(0).is_none());
+    qp.modify(&QpAttr {
+        state: Some(QpState::Rts),
+        wait_for_peer: Some(false),
+        ..QpAttr::default()
+    })
+    .unwrap();
+    assert!(qp.has_transmit_pending());
+    assert!(qp.poll_transmit(0).is_some());
+}

@@ -174,8 +174,9 @@ pub const MAX_SGE: u32 = burst_transport::MAX_SGE as u32;
 pub const MAX_INLINE: u32 = burst_transport::MAX_INLINE as u32;
 
 /// Vendor ID burst reports: not a real vendor's (so perftest takes its
-/// generic path); 0xb0 0x57 reads "burst".
-pub const VENDOR_ID: u32 = 0x00b0_57b0;
+/// generic path); 0xb0 0x57 reads "burst". Also the vendor of burst's ECE
+/// options (`burst_cm::ece`).
+pub const VENDOR_ID: u32 = burst_cm::ece::VENDOR_ID;
 
 /// Enhanced Connection Establishment options (`struct ibv_ece`): what a
 /// QP offers beyond IBA, exchanged with the peer at connection setup
@@ -202,7 +203,7 @@ pub struct Ece {
 }
 
 /// burst's ECE option bit: selective repeat (`QpAttr::selective_repeat`).
-pub const ECE_SELECTIVE_REPEAT: u32 = 1;
+pub const ECE_SELECTIVE_REPEAT: u32 = burst_cm::ece::SELECTIVE_REPEAT;
 
 impl Ece {
     /// What a burst QP offers.

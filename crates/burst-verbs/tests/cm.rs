@@ -60,7 +60,8 @@ fn two_cms_connect_reject_and_disconnect_over_qp1() {
         e => panic!("{e:?}"),
     };
     let rep = burst_cm::rep_template(Qpn::new(0x12).unwrap(), Psn::new(9));
-    b.with(|cm, now| cm.accept(now, cb, rep)).unwrap();
+    // Two burst CMs: set up in one round trip, B established at its REP.
+    assert!(b.with(|cm, now| cm.accept(now, cb, rep)).unwrap());
     match next(&ra) {
         CmEvent::Reply { conn, rep } => {
             assert_eq!(conn, ca);
@@ -69,7 +70,7 @@ fn two_cms_connect_reject_and_disconnect_over_qp1() {
         e => panic!("{e:?}"),
     }
     a.with(|cm, now| cm.establish(now, ca)).unwrap();
-    assert_eq!(next(&rb), CmEvent::Established { conn: cb });
+    assert_eq!(next(&rb), CmEvent::PeerReady { conn: cb });
 
     // Garbage to QP1 (not a MAD, wrong Q_Key): counted by QP1 or the CM,
     // and the connection still disconnects cleanly.

@@ -333,3 +333,63 @@ fn multicast_joins_report_the_group_as_the_kernel_does() {
     let e = rc.join_multicast(group).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
 }
+
+/// Between two burst CMs the connection is set up in one round trip: the
+/// passive side is established as `rdma_accept` returns (its event is
+/// already queued, before the active side has even seen the REP), and the
+/// SEND it posts at once waits for the active side's QP to be ready
+/// instead of being dropped there and resent after the ACK timeout.
+#[test]
+fn the_passive_side_is_established_at_its_rep_and_sends_at_once() {
+    let a = side("127.0.140.7");
+    let b = side("127.0.140.8");
+    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
+    listener.listen().unwrap();
+    for round in 0..5 {
+        let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
+        id.resolve_addr(None, SocketAddr::new(b.ip, 7000)).unwrap();
+        expect(&a.ch, CmEventKind::AddrResolved);
+        id.resolve_route().unwrap();
+        expect(&a.ch, CmEventKind::RouteResolved);
+        let mut abuf = vec![0u8; 64];
+        let (_aqp, acq, _) = qp_on(&id, QpType::Rc, &mut abuf);
+        id.connect(None).unwrap();
+        let child = expect(&b.ch, CmEventKind::ConnectRequest).id;
+        let mut bbuf = vec![0u8; 64];
+        let (bqp, bcq, blkey) = qp_on(&child, QpType::Rc, &mut bbuf);
+        child.accept(None).unwrap();
+        // Queued by rdma_accept itself: no wait.
+        let mut p = libc::pollfd {
+            fd: b.ch.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1, "round {round}");
+        expect(&b.ch, CmEventKind::Established);
+        bbuf[..4].copy_from_slice(b"pong");
+        let sge = Sge {
+            addr: bbuf.as_ptr() as u64,
+            length: 4,
+            lkey: blkey,
+        };
+        bqp.post_send(&SendWr::new(9, SendOp::Send, [sge])).unwrap();
+        expect(&a.ch, CmEventKind::Established);
+        let wc = poll(&acq);
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 4), "{wc:?}");
+        assert_eq!(&abuf[..4], b"pong");
+        assert_eq!(poll(&bcq).status, WcStatus::Success);
+        let c = b.ctx.qp_counters(bqp.qpn()).unwrap();
+        assert_eq!(
+            (c.retransmitted_pkts, c.retransmits_started),
+            (0, 0),
+            "round {round}: the first SEND waited for the peer"
+        );
+        assert!(id.disconnect().unwrap());
+        expect(&a.ch, CmEventKind::Disconnected);
+        expect(&b.ch, CmEventKind::Disconnected);
+        child.destroy();
+        id.destroy();
+    }
+}

@@ -43,10 +43,11 @@ impl CmQp for CQp {
         if let Some(sr) = steps.iter().find_map(|s| s.attr.selective_repeat) {
             set_agreed_ece(self.0, sr);
         }
+        let wait: Vec<Option<bool>> = steps.iter().map(|s| s.attr.wait_for_peer).collect();
         let steps: Vec<(ibv_qp_attr, c_int)> = steps.iter().map(ibv_attr_of).collect();
         // One trip to the engine for the transitions; the C struct's
         // recorded state follows.
-        match modify_qp_steps(self.0, &steps) {
+        match modify_qp_steps(self.0, &steps, &wait) {
             0 => Ok(()),
             e => Err(std::io::Error::from_raw_os_error(e)),
         }

@@ -99,6 +99,8 @@ struct Attrs {
     max_rd_atomic: u8,
     /// Selective repeat ([`QpAttr::selective_repeat`]).
     selective_repeat: bool,
+    /// No request leaves before the peer is heard ([`QpAttr::wait_for_peer`]).
+    wait_for_peer: bool,
 }
 
 /// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted.
@@ -330,6 +332,7 @@ impl Qp {
                 rnr_retry: 0,
                 max_rd_atomic: 0,
                 selective_repeat: false,
+                wait_for_peer: false,
             },
             req: Requester::default(),
             resp: Responder::default(),
@@ -531,6 +534,9 @@ impl Qp {
                 self.resp.held = None;
                 self.req.resend = None;
             }
+        }
+        if let Some(v) = attr.wait_for_peer {
+            a.wait_for_peer = v && self.cfg.qp_type != QpType::Ud;
         }
         if let Some(p) = attr.rq_psn {
             self.resp.epsn = p;
@@ -800,9 +806,17 @@ impl Qp {
     }
 
     /// Whether the requester has request packets it has not sent (new work
-    /// requests, or resends after a go-back).
+    /// requests, or resends after a go-back) and may send them (not
+    /// waiting for its peer, [`QpAttr::wait_for_peer`]).
     pub fn has_requests_pending(&self) -> bool {
-        self.req.send_idx < self.req.sq.len() || self.req.resend.is_some()
+        (self.req.send_idx < self.req.sq.len() || self.req.resend.is_some())
+            && !self.attrs.wait_for_peer
+    }
+
+    /// Whether the QP waits to hear from its peer before it sends
+    /// ([`QpAttr::wait_for_peer`]).
+    pub fn waits_for_peer(&self) -> bool {
+        self.attrs.wait_for_peer
     }
 
     /// Whether [`Qp::poll_transmit`] may have a packet: responses queued or
@@ -956,6 +970,8 @@ impl Qp {
             self.counters.dropped_pkts += 1;
             return;
         }
+        // The peer's QP sends, so it receives: ours may send too.
+        self.attrs.wait_for_peer = false;
         // o11-5.1.1: connected QPs only.
         if self.state == QpState::Rtr && !self.established && self.cfg.qp_type != QpType::Ud {
             self.established = true;

@@ -196,7 +196,10 @@ impl Qp {
     /// skips finished WQEs, then applies the admission rules (fence, READ
     /// and atomic credits, the packet window).
     pub(super) fn next_request(&mut self) -> Option<usize> {
-        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd)
+            || self.req.rnr_until.is_some()
+            || self.attrs.wait_for_peer
+        {
             return None;
         }
         // A selective resend replaces a packet the network or the

@@ -558,6 +558,21 @@ impl<P: Port> Device<P> {
         slot_in(&mut self.qps, self.lane, qpn)
     }
 
+    /// The lane this device is (its index among the engine's lanes).
+    pub fn lane(&self) -> usize {
+        self.lane.index as usize
+    }
+
+    /// Whether `qpn` has packets it may send now (a transition can let
+    /// out work posted before it: SQD back to RTS, a QP no longer
+    /// waiting for its peer).
+    pub fn transmit_pending(&self, qpn: Qpn) -> bool {
+        self.qp_index(qpn)
+            .ok()
+            .and_then(|i| self.qps[i].as_ref())
+            .is_some_and(|s| s.qp.has_transmit_pending())
+    }
+
     /// `ibv_modify_qp`.
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr) -> Result<(), VerbsError> {
         let _span =

@@ -264,6 +264,12 @@ impl Core {
             while let Ok(c) = self.control_rx.try_recv() {
                 if let Some(qpn) = control(dev, c) {
                     Core::publish_modified(dev, shared, qpn);
+                    // A control call steps nothing (it may run on the
+                    // caller's thread): work the transition let out is
+                    // the lane's driver's, wake it if it sleeps.
+                    if dev.transmit_pending(qpn) {
+                        shared.wake.nudge(dev.lane());
+                    }
                 }
             }
         }

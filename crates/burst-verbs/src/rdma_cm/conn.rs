@@ -8,7 +8,7 @@ use burst_cm::{reason, sidr_status, CmSidrReq};
 
 use super::id::Phase;
 use super::qp::{Negotiated, DEFAULT_ACK_TIMEOUT};
-use super::{errno, CmId, ConnParam};
+use super::{errno, CmEventKind, CmId, ConnParam, EventParam};
 use crate::{gid_of, Psn, QpType, Qpn};
 
 /// 0xff means "the device's maximum"; anything above it is refused.
@@ -193,6 +193,11 @@ impl CmId {
             p.map_or(&[][..], |p| &p.private_data),
             cma::REP_PRIVATE_DATA,
         )?;
+        // burst's one-round-trip setup when the REQ offered it and the
+        // QP is ours to hold back until the active side is ready (an
+        // application readying its own QP could not be held: standard).
+        let fast = qp.is_some() && d.svc.with(|c, _| c.is_fast(conn));
+        st.neg.fast_setup = fast;
         st.phase = Phase::Accepting;
         if let Err(e) = self.ready_qp(&st) {
             st.phase = Phase::RequestRcvd;
@@ -208,9 +213,22 @@ impl CmId {
         rep.private_data[..user.len()].copy_from_slice(user);
         // What both offered (nothing unless the REQ was burst's).
         rep.ece = super::qp::cm_ece(st.neg.ece);
-        d.svc
-            .with(|c, now| c.accept(now, conn, rep))
-            .map_err(|e| errno(e.errno()))
+        let established = d
+            .svc
+            .with(|c, now| {
+                if !fast {
+                    c.decline_fast(conn);
+                }
+                c.accept(now, conn, rep)
+            })
+            .map_err(|e| errno(e.errno()))?;
+        if established {
+            // Set up fast: established with the REP, no RTU to wait for.
+            st.phase = Phase::Established;
+            drop(st);
+            self.post(CmEventKind::Established, 0, None, EventParam::None);
+        }
+        Ok(())
     }
 
     /// `rdma_reject` on a request's id: a REJ (consumer reason) or a

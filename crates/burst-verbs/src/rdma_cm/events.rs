@@ -27,6 +27,14 @@ pub(super) fn on_cm_event(cm: &Arc<Shared>, dev: usize, e: CmEvent) {
             id.lock().phase = Phase::Established;
             id.post(CmEventKind::Established, 0, None, EventParam::None);
         }
+        CmEvent::PeerReady { conn } => {
+            // A connection set up fast: the active side's QP receives now,
+            // so ours may send (it may already: the peer's first packet
+            // opens it too).
+            if let Some(id) = cm.conn_id(dev, conn) {
+                id.peer_ready();
+            }
+        }
         CmEvent::Rejected { conn, rej } => {
             let Some(id) = lost(cm, dev, conn) else {
                 return;
@@ -136,6 +144,8 @@ fn on_request(cm: &Arc<Shared>, d: &Device, conn: ConnId, peer: IpAddr, req: &Cm
             burst_cm::CmTransport::Rc => crate::Ece::offered().agree(&ece_of(req.ece)),
             _ => crate::Ece::default(),
         },
+        // Decided at rdma_accept (it needs the id's QP).
+        fast_setup: false,
     };
     let param = EventParam::Conn(ConnParam {
         private_data: req.private_data[CMA_HEADER_LEN..].to_vec(),

@@ -611,6 +611,23 @@ impl CmId {
         qp.modify(&steps)
     }
 
+    /// The passive QP of a connection set up fast may send: the active
+    /// side's RTU says its QP receives. (A QP in another state by now,
+    /// ERROR after a disconnect, refuses; nothing to do then.)
+    pub(super) fn peer_ready(&self) {
+        if let Some(qp) = self.qp() {
+            let a = CmQpAttr {
+                attr: crate::QpAttr {
+                    state: Some(QpState::Rts),
+                    wait_for_peer: Some(false),
+                    ..Default::default()
+                },
+                av: None,
+            };
+            let _ = qp.modify(&[a]);
+        }
+    }
+
     /// The QP to ERROR (its work requests flush).
     pub(super) fn qp_to_error(&self) {
         if let Some(qp) = self.qp() {

@@ -93,6 +93,10 @@ pub(super) struct Negotiated {
     /// The ECE options both sides offered ([`crate::Ece::agree`]): the
     /// REQ's against ours on the passive side, the REP's on the active.
     pub ece: crate::Ece,
+    /// The passive side of a connection set up in one round trip
+    /// (`burst_cm::CmConfig::fast_setup`): its QP is ready at the REP and
+    /// sends nothing until the active side is ([`crate::QpAttr::wait_for_peer`]).
+    pub fast_setup: bool,
 }
 
 /// The ECE options a REQ or REP carried.
@@ -172,6 +176,9 @@ pub(super) fn attr_for(p: &QpPlan, state: QpState) -> io::Result<CmQpAttr> {
         }
         QpState::Rts => {
             a.sq_psn = Some(Psn::new(if ud { 0 } else { n.remote_psn }));
+            if n.fast_setup && !ud {
+                a.wait_for_peer = Some(true);
+            }
             if rc {
                 a.timeout = Some(n.ack_timeout);
                 a.retry_cnt = Some(n.retry_count.min(7));
@@ -203,6 +210,7 @@ mod tests {
                 rnr_retry_count: 7,
                 ack_timeout: 14,
                 ece: crate::Ece::default(),
+                fast_setup: false,
             },
             av: Some(AddressVector::default()),
         }
