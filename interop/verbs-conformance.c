@@ -750,6 +750,34 @@ static void rdmacm_rules(void)
 		rdma_ack_cm_event(ev);
 	rdma_destroy_id(id);
 	rdma_destroy_event_channel(ch);
+
+	/* librdmacm's ECE calls on an id with no QP (checked by the library
+	 * alone, so the same on every provider). */
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
+		check(0, "an id for the ECE calls");
+		return;
+	}
+	struct ibv_ece ece = { .vendor_id = 0, .options = 1 };
+	errno = 0;
+	r = rdma_set_local_ece(id, &ece);
+	snprintf(msg, sizeof(msg), "rdma_set_local_ece(vendor 0): %d errno %d (EINVAL)", r, errno);
+	check(r == -1 && errno == EINVAL, msg);
+	ece.vendor_id = 0x02c9;
+	ece.comp_mask = 1;
+	errno = 0;
+	r = rdma_set_local_ece(id, &ece);
+	snprintf(msg, sizeof(msg), "rdma_set_local_ece(comp_mask 1): %d errno %d (EINVAL)", r, errno);
+	check(r == -1 && errno == EINVAL, msg);
+	ece.comp_mask = 0;
+	r = rdma_set_local_ece(id, &ece);
+	check(r == 0, "rdma_set_local_ece(vendor 0x02c9) on an id without a QP");
+	struct ibv_ece remote = { .vendor_id = 7, .options = 7, .comp_mask = 7 };
+	r = rdma_get_remote_ece(id, &remote);
+	snprintf(msg, sizeof(msg),
+		 "rdma_get_remote_ece before any REQ or REP: %d, vendor %u options %u mask %u (all 0)",
+		 r, remote.vendor_id, remote.options, remote.comp_mask);
+	check(!r && !remote.vendor_id && !remote.options && !remote.comp_mask, msg);
+	rdma_destroy_id(id);
 }
 
 int main(int argc, char **argv)

@@ -36,6 +36,8 @@ pub mod reason {
     pub const INVALID_TRANSPORT: u16 = 9;
     /// A REQ for a connection in time-wait.
     pub const STALE_CONN: u16 = 10;
+    /// The REQ's vendor options (ECE) are not supported (`rdma_reject_ece`).
+    pub const VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
     /// Rejected by the application.
     pub const CONSUMER: u16 = 28;
 }

@@ -131,7 +131,6 @@ stubs! { libc::EOPNOTSUPP;
 
 stubs! { libc::ENOSYS;
     s_rsend = "rsend" @ "RDMACM_1.0" => Minus1;
-    s_rdma_get_remote_ece = "rdma_get_remote_ece" @ "RDMACM_1.3" => Minus1;
     s_rgetsockname = "rgetsockname" @ "RDMACM_1.0" => Minus1;
     s_riomap = "riomap" @ "RDMACM_1.0" => Minus1;
     s_rsendto = "rsendto" @ "RDMACM_1.0" => Minus1;
@@ -150,8 +149,6 @@ stubs! { libc::ENOSYS;
     s_raccept = "raccept" @ "RDMACM_1.0" => Minus1;
     s_rdma_create_srq_ex = "rdma_create_srq_ex" @ "RDMACM_1.0" => Minus1;
     s_rsocket = "rsocket" @ "RDMACM_1.0" => Minus1;
-    s_rdma_set_local_ece = "rdma_set_local_ece" @ "RDMACM_1.3" => Minus1;
-    s_rdma_reject_ece = "rdma_reject_ece" @ "RDMACM_1.3" => Minus1;
     s_riounmap = "riounmap" @ "RDMACM_1.0" => Minus1;
     s_rreadv = "rreadv" @ "RDMACM_1.0" => Minus1;
     s_rbind = "rbind" @ "RDMACM_1.0" => Minus1;

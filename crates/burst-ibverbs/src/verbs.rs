@@ -1367,9 +1367,9 @@ pub(crate) fn set_agreed_ece(qp: *mut ibv_qp, selective_repeat: bool) {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ibv_ece {
-    vendor_id: u32,
-    options: u32,
-    comp_mask: u32,
+    pub(crate) vendor_id: u32,
+    pub(crate) options: u32,
+    pub(crate) comp_mask: u32,
 }
 
 /// `ibv_query_ece`: burst's vendor ID and the options the QP offers, or

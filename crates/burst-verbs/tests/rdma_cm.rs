@@ -12,7 +12,9 @@ use burst_verbs::engine::{CompletionQueue, Context, Engine, QueuePair};
 use burst_verbs::rdma_cm::{
     CmEvent, CmEventKind, CmId, ConnParam, EventChannel, EventParam, PortSpace, RdmaCm,
 };
-use burst_verbs::{Access, Mtu, QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use burst_verbs::{
+    Access, Ece, Mtu, QpInit, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus,
+};
 
 struct Side {
     _engine: Engine,
@@ -392,4 +394,84 @@ fn the_passive_side_is_established_at_its_rep_and_sends_at_once() {
         child.destroy();
         id.destroy();
     }
+}
+
+/// librdmacm's ECE calls for applications that ready their own QPs: the
+/// REQ carries what `set_local_ece` set (burst's CM adds its fast-setup
+/// option only under burst's vendor ID), the passive side reads it with
+/// `remote_ece` and may refuse it (`reject_ece`: REJECTED, reason 35);
+/// another vendor's options cross untouched and the connection is made
+/// the standard way.
+#[test]
+fn ece_set_by_the_application_crosses_in_the_req_and_can_be_refused() {
+    let a = side("127.0.140.11");
+    let b = side("127.0.140.12");
+    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
+    listener.listen().unwrap();
+    let connect = |ece: Ece, buf: &mut [u8]| {
+        let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
+        assert_eq!(
+            id.set_local_ece(Ece {
+                vendor_id: 0,
+                options: 1
+            })
+            .unwrap_err()
+            .raw_os_error(),
+            Some(libc::EINVAL),
+            "vendor ID 0"
+        );
+        id.set_local_ece(ece).unwrap();
+        id.resolve_addr(None, SocketAddr::new(b.ip, 7000)).unwrap();
+        expect(&a.ch, CmEventKind::AddrResolved);
+        id.resolve_route().unwrap();
+        expect(&a.ch, CmEventKind::RouteResolved);
+        let _ = qp_on(&id, QpType::Rc, buf);
+        assert_eq!(
+            id.remote_ece().unwrap_err().raw_os_error(),
+            Some(libc::EINVAL),
+            "an id with a QP"
+        );
+        id.connect(None).unwrap();
+        id
+    };
+
+    // burst's options: the REQ also offers the one-round-trip setup.
+    let mut abuf = vec![0u8; 64];
+    let burst = Ece {
+        vendor_id: burst_verbs::VENDOR_ID,
+        options: burst_verbs::ECE_SELECTIVE_REPEAT,
+    };
+    let _id = connect(burst, &mut abuf);
+    let req = expect(&b.ch, CmEventKind::ConnectRequest);
+    let seen = req.id.remote_ece().unwrap();
+    assert_eq!(seen.vendor_id, burst_verbs::VENDOR_ID);
+    assert_eq!(
+        seen.options & burst_verbs::ECE_SELECTIVE_REPEAT,
+        burst_verbs::ECE_SELECTIVE_REPEAT
+    );
+    assert_ne!(
+        seen.options,
+        burst_verbs::ECE_SELECTIVE_REPEAT,
+        "and the CM's own"
+    );
+    req.id.reject_ece(b"no").unwrap();
+    let rej = expect(&a.ch, CmEventKind::Rejected);
+    assert_eq!(rej.status, 35, "vendor option not supported");
+    assert_eq!(&conn_data(&rej)[..2], b"no");
+
+    // Another vendor's options: carried as they are, standard setup.
+    let mut abuf2 = vec![0u8; 64];
+    let other = Ece {
+        vendor_id: 0x02c9,
+        options: 5,
+    };
+    let _id2 = connect(other, &mut abuf2);
+    let req = expect(&b.ch, CmEventKind::ConnectRequest);
+    assert_eq!(req.id.remote_ece().unwrap(), other);
+    let mut bbuf = vec![0u8; 64];
+    let (_bqp, _bcq, _) = qp_on(&req.id, QpType::Rc, &mut bbuf);
+    req.id.accept(None).unwrap();
+    expect(&a.ch, CmEventKind::Established);
+    expect(&b.ch, CmEventKind::Established);
 }

@@ -11,6 +11,7 @@ use burst_verbs::QpType;
 
 use super::abi::*;
 use super::*;
+use crate::verbs::ibv_ece;
 
 pub(super) fn create_id_common(
     channel: *mut rdma_event_channel,
@@ -289,6 +290,75 @@ unsafe extern "C" fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -
     })
 }
 export!("rdma_reject", "RDMACM_1.0", reject);
+
+unsafe extern "C" fn reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    guard("rdma_reject_ece", -1, || {
+        let Some(this) = id_of(id) else {
+            return fail(libc::EINVAL);
+        };
+        match this.cm.reject_ece(&private_data(data, len)) {
+            Ok(()) => 0,
+            Err(e) => fail_io(&e),
+        }
+    })
+}
+export!("rdma_reject_ece", "RDMACM_1.3", reject_ece);
+
+/// `rdma_set_local_ece`: as librdmacm, EINVAL for an id with a QP, no
+/// `ece`, vendor ID 0 or a completion mask.
+unsafe extern "C" fn set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    guard("rdma_set_local_ece", -1, || {
+        let Some(this) = id_of(id) else {
+            return fail(libc::EINVAL);
+        };
+        if ece.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: a readable ibv_ece (caller's contract), checked non-null.
+        let e = unsafe { ece.read() };
+        if e.comp_mask != 0 {
+            return fail(libc::EINVAL);
+        }
+        qp::sync_qp(&this);
+        let ece = burst_verbs::Ece {
+            vendor_id: e.vendor_id,
+            options: e.options,
+        };
+        match this.cm.set_local_ece(ece) {
+            Ok(()) => 0,
+            Err(e) => fail_io(&e),
+        }
+    })
+}
+export!("rdma_set_local_ece", "RDMACM_1.3", set_local_ece);
+
+/// `rdma_get_remote_ece`: the ECE the peer's REQ or REP carried (EINVAL
+/// for an id with a QP, as librdmacm).
+unsafe extern "C" fn get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    guard("rdma_get_remote_ece", -1, || {
+        let Some(this) = id_of(id) else {
+            return fail(libc::EINVAL);
+        };
+        if ece.is_null() {
+            return fail(libc::EINVAL);
+        }
+        qp::sync_qp(&this);
+        match this.cm.remote_ece() {
+            Ok(e) => {
+                let out = ibv_ece {
+                    vendor_id: e.vendor_id,
+                    options: e.options,
+                    comp_mask: 0,
+                };
+                // SAFETY: a writable ibv_ece (caller's contract), checked non-null.
+                unsafe { ece.write(out) };
+                0
+            }
+            Err(e) => fail_io(&e),
+        }
+    })
+}
+export!("rdma_get_remote_ece", "RDMACM_1.3", get_remote_ece);
 
 unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
     guard("rdma_establish", -1, || {

@@ -101,9 +101,10 @@ impl CmId {
         if qp.as_ref().is_some_and(|q| q.qp_type() == QpType::Uc) {
             req.transport = burst_cm::CmTransport::Uc;
         } else {
-            // burst's ECE offer (selective repeat); the kernel's CM hands
-            // it to its application, which has no use for it.
-            req.ece = super::qp::cm_ece(crate::Ece::offered());
+            // burst's ECE offer (selective repeat), or what the application
+            // set (rdma_set_local_ece); the kernel's CM hands it to its
+            // application, which has no use for ours.
+            req.ece = super::qp::cm_ece(st.local_ece.unwrap_or(crate::Ece::offered()));
         }
         req.path_mtu = d.mtu;
         let ack_timeout = st.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
@@ -211,8 +212,16 @@ impl CmId {
         rep.end_to_end_flow_control = p.is_none_or(|p| p.flow_control);
         rep.srq = p.is_some_and(|p| p.srq);
         rep.private_data[..user.len()].copy_from_slice(user);
-        // What both offered (nothing unless the REQ was burst's).
-        rep.ece = super::qp::cm_ece(st.neg.ece);
+        // What both offered (nothing unless the REQ was burst's); an
+        // application readying its own QP answers its QP's options under
+        // the peer's vendor ID, as librdmacm does.
+        rep.ece = super::qp::cm_ece(match st.local_ece {
+            Some(l) => crate::Ece {
+                vendor_id: st.remote_ece.vendor_id,
+                options: l.options,
+            },
+            None => st.neg.ece,
+        });
         let established = d
             .svc
             .with(|c, now| {
@@ -234,6 +243,16 @@ impl CmId {
     /// `rdma_reject` on a request's id: a REJ (consumer reason) or a
     /// SIDR_REP with status REJECT, carrying `private_data`.
     pub fn reject(&self, private: &[u8]) -> io::Result<()> {
+        self.reject_for(private, reason::CONSUMER)
+    }
+
+    /// `rdma_reject_ece`: a REJ saying the REQ's ECE options are not
+    /// supported (IBA reason 35), carrying `private_data`.
+    pub fn reject_ece(&self, private: &[u8]) -> io::Result<()> {
+        self.reject_for(private, reason::VENDOR_OPTION_NOT_SUPPORTED)
+    }
+
+    fn reject_for(&self, private: &[u8], why: u16) -> io::Result<()> {
         let cm = self.cm();
         let mut st = self.lock();
         let (Some(dev), Some(conn), Phase::RequestRcvd) = (st.dev, st.conn, st.phase) else {
@@ -247,7 +266,7 @@ impl CmId {
             d.svc.with(|c, now| c.sidr_reply(now, conn, rep))
         } else {
             let pd = private_data(private, cma::REJ_PRIVATE_DATA)?;
-            d.svc.with(|c, _| c.reject(conn, reason::CONSUMER, pd))
+            d.svc.with(|c, _| c.reject(conn, why, pd))
         };
         cm.unregister_conn(dev, conn);
         st.conn = None;

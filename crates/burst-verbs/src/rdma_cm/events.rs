@@ -123,6 +123,7 @@ fn on_request(cm: &Arc<Shared>, d: &Device, conn: ConnId, peer: IpAddr, req: &Cm
         return;
     };
     let child = CmId::child(&listener, d, conn, &hdr, port);
+    child.lock().remote_ece = ece_of(req.ece);
     // Our side of the QP is the mirror of theirs.
     child.lock().neg = Negotiated {
         remote_qpn: req.local_qpn.value(),
@@ -196,6 +197,7 @@ fn on_reply(cm: &Arc<Shared>, d: &Device, conn: ConnId, rep: &CmRep) {
         st.neg.initiator_depth = st.neg.initiator_depth.min(rep.responder_resources);
         st.neg.responder_resources = st.neg.responder_resources.min(rep.initiator_depth);
         st.neg.rnr_retry_count = rep.rnr_retry_count;
+        st.remote_ece = ece_of(rep.ece);
         st.neg.ece = crate::Ece::offered().agree(&ece_of(rep.ece));
         st.phase = Phase::RepRcvd;
         id.ready_qp(&st)

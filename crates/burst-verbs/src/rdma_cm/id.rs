@@ -53,6 +53,11 @@ pub(super) struct State {
     pub neg: Negotiated,
     /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`.
     pub ack_timeout: Option<u8>,
+    /// `rdma_set_local_ece`: what this id's REQ or REP carries instead of
+    /// burst's own offer (an application that manages its QP's ECE).
+    pub local_ece: Option<crate::Ece>,
+    /// The ECE the peer's REQ or REP carried (`rdma_get_remote_ece`).
+    pub remote_ece: crate::Ece,
 }
 
 impl State {
@@ -164,6 +169,8 @@ impl CmId {
                     peer: None,
                     neg: Negotiated::default(),
                     ack_timeout: None,
+                    local_ece: None,
+                    remote_ece: crate::Ece::default(),
                 }),
                 channel: Mutex::new(channel.clone()),
                 qp: Mutex::new(None),
@@ -609,6 +616,29 @@ impl CmId {
             .map(|s| attr_for(&plan, s))
             .collect::<io::Result<Vec<_>>>()?;
         qp.modify(&steps)
+    }
+
+    /// `rdma_set_local_ece`: the ECE this id's REQ or REP carries, for an
+    /// application that readies its own QP (`ibv_query_ece` on it, then
+    /// this). EINVAL when the id has a QP (the library takes that QP's
+    /// ECE) and for vendor ID 0.
+    pub fn set_local_ece(&self, ece: crate::Ece) -> io::Result<()> {
+        if self.qp().is_some() || ece.vendor_id == 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        self.lock().local_ece = Some(ece);
+        Ok(())
+    }
+
+    /// `rdma_get_remote_ece`: the ECE the peer's REQ (passive side) or REP
+    /// (active side) carried; vendor ID 0 when it carried none (the
+    /// kernel's CM with RXE) or none arrived yet. EINVAL when the id has a
+    /// QP (the library set it on that QP already).
+    pub fn remote_ece(&self) -> io::Result<crate::Ece> {
+        if self.qp().is_some() {
+            return Err(errno(libc::EINVAL));
+        }
+        Ok(self.lock().remote_ece)
     }
 
     /// The passive QP of a connection set up fast may send: the active
