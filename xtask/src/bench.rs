@@ -217,6 +217,10 @@ fn rxe_pair(
     ];
     let (mut server, mut client) = (String::new(), String::new());
     let mut port = 24000u16;
+    // Names this run's meeting files (the lab's folder outlives a boot).
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     for r in 1..=rounds {
         for (stack, switch, (name, gid), env) in stacks {
             server.push_str(&format!("{switch}; "));
@@ -237,6 +241,25 @@ fn rxe_pair(
                     labnet.display()
                 ));
             }
+            // Connection setup: cmtime's connect step (1 and 100
+            // connections, 3 runs each). Its server never ends and shows
+            // no TCP port, so the two VMs meet through files in the folder
+            // they share (names unique to this run): the server says it
+            // listens, the client says it is done.
+            port += 1;
+            let up = format!("$RXE_LAB_STATE/cmtime-up-{run}-{port}");
+            let done = format!("$RXE_LAB_STATE/cmtime-done-{run}-{port}");
+            server.push_str(&format!(
+                "{ld} timeout 150 cmtime -b $RXE_IP -p {port} >/dev/null 2>&1 & CMP=$!; sleep 2; touch {up}; \
+                 i=0; while [ ! -e {done} ] && [ $i -lt 700 ]; do sleep 0.2; i=$((i+1)); done; \
+                 kill $CMP 2>/dev/null; wait $CMP 2>/dev/null; "
+            ));
+            client.push_str(&format!(
+                "i=0; while [ ! -e {up} ] && [ $i -lt 700 ]; do sleep 0.2; i=$((i+1)); done; \
+                 {ld} timeout 20 cmtime -s $RXE_SERVER_IP -p {port} -c 1 >/dev/null 2>&1; \
+                 for n in 1 1 1 100 100 100; do {ld} timeout 60 cmtime -s $RXE_SERVER_IP -p {port} -c $n 2>&1 | grep '^connect ' | sed \"s/^/VMBENCH {stack} cmtime_$n {r} /\"; done; \
+                 touch {done}; "
+            ));
             port += 1;
             let (s, c) = kvbench::lab_commands(bench, &labnet, (stack, &ld, name, gid), r, port);
             server.push_str(&s);
@@ -266,6 +289,26 @@ fn rxe_pair(
         let Ok(round) = f[2].parse::<usize>() else {
             continue;
         };
+        // cmtime's row: connect : total-ms max-ms min-us us/conn.
+        let cmtime = match f[1] {
+            "cmtime_1" => Some("cmtime_1"),
+            "cmtime_100" => Some("cmtime_100"),
+            _ => None,
+        };
+        if let Some(test) = cmtime {
+            if let (Some(&"connect"), Some(Ok(value))) =
+                (f.get(3), f.get(5).map(|v| v.parse::<f64>()))
+            {
+                let stack = if f[0] == "rxe" { "rxe" } else { "burst" };
+                figs.push(VmFigure {
+                    stack,
+                    test,
+                    round,
+                    value,
+                });
+            }
+            continue;
+        }
         // perftest's numbers row: bytes, iterations, then the figures.
         let (Ok(bytes), Ok(_)) = (f[3].parse::<u64>(), f[4].parse::<u64>()) else {
             continue;
@@ -866,10 +909,12 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     md.push('\n');
     md.push_str("Medians with min-max over the rounds. TCP: one stream of 64 KiB writes; request/response busy-polled (non-blocking socket), or with blocking sockets in the event-driven rows. Raw UDP: the same datagrams through burst-io's port code (GSO runs and GRO, as burst uses them) with no transport, no ICRC and no placement (sender blasts, receiver counts); event-driven: blocking in poll(2). burst event-driven: `-e`, completions through a completion channel (the thread sleeps in the kernel).\n\n");
     if !vm.is_empty() {
-        md.push_str("## RXE vs burst between the two lab VMs (emulated)\n\nQEMU TCG, 1 vCPU and 1 GiB per VM, link MTU 1500 (RoCE MTU 1024), one boot of `../shared/rxe-lab/rxe-vm pair`; the stacks alternate round by round (each VM loads or unloads `rdma_rxe`). Debian's perftest binaries, unmodified: `ib_write_bw -F -s 65536 -n 200 --report_gbits` and `ib_send_lat -F -s 2 -n 500`; burst through its drop-in libibverbs. Emulated CPUs: the ratio compares the two stacks on the same slow machine, not real hardware.\n\n| figure | RXE to RXE | burst to burst | burst / RXE |\n|---|---|---|---|\n");
+        md.push_str("## RXE vs burst between the two lab VMs (emulated)\n\nQEMU TCG, 1 vCPU and 1 GiB per VM, link MTU 1500 (RoCE MTU 1024), one boot of `../shared/rxe-lab/rxe-vm pair`; the stacks alternate round by round (each VM loads or unloads `rdma_rxe`). Debian's perftest binaries, unmodified: `ib_write_bw -F -s 65536 -n 200 --report_gbits` and `ib_send_lat -F -s 2 -n 500`; burst through its drop-in libibverbs; `cmtime` (rdmacm-utils) through burst's drop-in librdmacm against the kernel's RDMA CM, its connect step for 1 and for 100 connections, 3 runs each per round (a time: below 1 is burst faster; BURST's claim is 1/12). Emulated CPUs: the ratio compares the two stacks on the same slow machine, not real hardware.\n\n| figure | RXE to RXE | burst to burst | burst / RXE |\n|---|---|---|---|\n");
         for (title, test) in [
             ("RDMA WRITE 64 KiB, Gb/s", "write_bw"),
             ("2 B SEND latency, typical, us", "send_lat"),
+            ("cmtime, 1 connection: connect step, ms", "cmtime_1"),
+            ("cmtime, 100 connections: connect step, ms", "cmtime_100"),
         ] {
             let (r, b) = (vm_pick("rxe", test), vm_pick("burst", test));
             let c = |v: &[f64]| {
