@@ -604,17 +604,16 @@ proptest! {
     }
 }
 
-/// ECE options ride the REQ and the REP where the kernel's CM puts them
-/// (vendor ID in the message, options in the attribute modifier), and
-/// come out of the events as they went in; the MAD header says so too.
-#[test]
-fn ece_options_cross_in_the_req_and_the_rep() {
-    // Without the CM's own option, which the next tests cover.
-    let mut net = Net::with_fast(false, false);
-    let offer = CmEce {
+/// The ECE a burst application offers (selective repeat).
+fn burst_offer() -> CmEce {
+    CmEce {
         vendor_id: ece::VENDOR_ID,
         options: ece::SELECTIVE_REPEAT,
-    };
+    }
+}
+
+/// A connects offering `offer`; its REQ, not delivered.
+fn req_offering(net: &mut Net, offer: CmEce) -> (ConnId, [u8; MAD_LEN]) {
     let ca = net
         .a
         .connect(
@@ -626,7 +625,18 @@ fn ece_options_cross_in_the_req_and_the_rep() {
             },
         )
         .unwrap();
-    let mad = net.a.poll_transmit().expect("the REQ").mad;
+    (ca, net.a.poll_transmit().expect("the REQ").mad)
+}
+
+/// ECE options ride the REQ and the REP where the kernel's CM puts them
+/// (vendor ID in the message, options in the attribute modifier), and
+/// come out of the events as they went in; the MAD header says so too.
+#[test]
+fn ece_options_cross_in_the_req_and_the_rep() {
+    // Without the CM's own option, which the next tests cover.
+    let mut net = Net::with_fast(false, false);
+    let offer = burst_offer();
+    let (ca, mad) = req_offering(&mut net, offer);
     assert_eq!(
         &mad[20..24],
         &1u32.to_be_bytes(),
@@ -758,22 +768,8 @@ fn connects_to_one_busy_peer_are_paced_without_retransmissions() {
 #[test]
 fn burst_peers_set_up_in_one_round_trip() {
     let mut net = Net::new();
-    let offer = CmEce {
-        vendor_id: ece::VENDOR_ID,
-        options: ece::SELECTIVE_REPEAT,
-    };
-    let ca = net
-        .a
-        .connect(
-            net.now,
-            ip(B),
-            CmReq {
-                ece: offer,
-                ..req()
-            },
-        )
-        .unwrap();
-    let mad = net.a.poll_transmit().expect("the REQ").mad;
+    let offer = burst_offer();
+    let (ca, mad) = req_offering(&mut net, offer);
     assert_eq!(
         &mad[20..24],
         &(ece::SELECTIVE_REPEAT | ece::FAST_SETUP).to_be_bytes(),
