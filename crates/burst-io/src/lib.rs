@@ -1159,16 +1159,35 @@ impl Port for UdpPort {
     }
 
     fn recv_batch(&mut self, rx: &mut RxBatch) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
         let asked = rx.want;
         rx.msgs.clear();
-        sys::recv_batch(&self.sock, rx, asked, None)?;
+        if self.addresses.is_empty() && self.groups.is_empty() {
+            sys::recv_batch(&self.sock, rx, asked, None)?;
+            rx.adapt(asked);
+            return Ok(rx.count());
+        }
+        // Several sockets (an interface's IPv6 link-local address beside
+        // its IPv4 one, groups): one system call says which hold
+        // datagrams, so a step that finds nothing costs one call, not one
+        // per socket (a polled ping-pong makes several empty steps per
+        // message).
+        let mut ready = [0; 16];
+        let n = sys::epoll_ready(&self.epoll, &mut ready)?;
+        let all = n == ready.len();
+        let has = |fd: std::os::fd::RawFd| all || ready[..n].contains(&fd);
+        if has(self.sock.as_raw_fd()) {
+            sys::recv_batch(&self.sock, rx, asked, None)?;
+        }
         rx.adapt(asked);
         // The other addresses' datagrams after the port's own, batched and
         // coalesced the same way.
         for (ip, sock) in &self.addresses {
-            sys::recv_batch(sock, rx, BURST, Some(*ip))?;
+            if has(sock.as_raw_fd()) {
+                sys::recv_batch(sock, rx, BURST, Some(*ip))?;
+            }
         }
-        if !self.groups.is_empty() {
+        if self.groups.iter().any(|(_, g)| has(g.as_raw_fd())) {
             self.recv_groups(rx);
         }
         Ok(rx.count())

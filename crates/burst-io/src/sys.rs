@@ -5,7 +5,7 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
 use crate::{gso_run, PacketBuf, RxBatch, RxMsg, BURST, MAX_GSO_SEGMENTS};
 
@@ -67,6 +67,30 @@ pub(crate) fn epoll() -> io::Result<std::os::fd::OwnedFd> {
     }
     // SAFETY: a descriptor we just opened and now own.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// The descriptors of epoll instance `ep` readable now (never waits),
+/// into `out`; how many. `out.len()` of them means there may be more.
+pub(crate) fn epoll_ready(ep: &impl AsRawFd, out: &mut [RawFd]) -> io::Result<usize> {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
+    let max = out.len().min(evs.len());
+    // SAFETY: `evs` is a live array of at least `max` events for the call.
+    let n = unsafe { libc::epoll_wait(ep.as_raw_fd(), evs.as_mut_ptr(), max as libc::c_int, 0) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        // A signal: nothing known to be ready, the caller looks again.
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    let n = n as usize;
+    for (o, e) in out.iter_mut().zip(&evs[..n]) {
+        // The data is the descriptor number (`epoll_add`).
+        *o = e.u64 as RawFd;
+    }
+    Ok(n)
 }
 
 /// Adds `fd` to epoll instance `ep` for readability (level-triggered).
