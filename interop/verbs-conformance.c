@@ -757,18 +757,18 @@ static void rdmacm_rules(void)
 		check(0, "an id for the ECE calls");
 		return;
 	}
-	struct ibv_ece ece = { .vendor_id = 0, .options = 1 };
-	errno = 0;
-	r = rdma_set_local_ece(id, &ece);
-	snprintf(msg, sizeof(msg), "rdma_set_local_ece(vendor 0): %d errno %d (EINVAL)", r, errno);
-	check(r == -1 && errno == EINVAL, msg);
-	ece.vendor_id = 0x02c9;
-	ece.comp_mask = 1;
-	errno = 0;
-	r = rdma_set_local_ece(id, &ece);
-	snprintf(msg, sizeof(msg), "rdma_set_local_ece(comp_mask 1): %d errno %d (EINVAL)", r, errno);
-	check(r == -1 && errno == EINVAL, msg);
-	ece.comp_mask = 0;
+	struct { const char *what; struct ibv_ece ece; } bad[] = {
+		{ "vendor 0", { .vendor_id = 0, .options = 1 } },
+		{ "comp_mask 1", { .vendor_id = 0x02c9, .comp_mask = 1 } },
+	};
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		errno = 0;
+		r = rdma_set_local_ece(id, &bad[i].ece);
+		snprintf(msg, sizeof(msg), "rdma_set_local_ece(%s): %d errno %d (EINVAL)",
+			 bad[i].what, r, errno);
+		check(r == -1 && errno == EINVAL, msg);
+	}
+	struct ibv_ece ece = { .vendor_id = 0x02c9 };
 	r = rdma_set_local_ece(id, &ece);
 	check(r == 0, "rdma_set_local_ece(vendor 0x02c9) on an id without a QP");
 	struct ibv_ece remote = { .vendor_id = 7, .options = 7, .comp_mask = 7 };

@@ -876,14 +876,9 @@ impl Cm {
             }
             State::RepSent => {
                 c.state = State::Established;
-                let fast = c.fast;
+                let ev = rtu_event(c.fast, conn);
                 let mut at = c.deadline.take();
                 self.timers.set(conn.0, &mut at, None);
-                let ev = if fast {
-                    CmEvent::PeerReady { conn }
-                } else {
-                    CmEvent::Established { conn }
-                };
                 self.event(conn.0, ev);
                 Ok(())
             }
@@ -1349,11 +1344,7 @@ impl Cm {
                 c.state = State::Established;
                 self.timers.set(r.remote_comm_id, &mut c.deadline, None);
                 let id = r.remote_comm_id;
-                let ev = if c.fast {
-                    CmEvent::PeerReady { conn: ConnId(id) }
-                } else {
-                    CmEvent::Established { conn: ConnId(id) }
-                };
+                let ev = rtu_event(c.fast, ConnId(id));
                 self.event(id, ev);
             }
             _ => self.counters.unknown += 1,
@@ -1456,6 +1447,17 @@ impl Cm {
             }
             _ => self.counters.unknown += 1,
         }
+    }
+}
+
+/// What the passive side learns when its RTU arrives (or the connection
+/// is established without it): a fast connection was established at its
+/// REP already, so only that the peer's QP is ready.
+fn rtu_event(fast: bool, conn: ConnId) -> CmEvent {
+    if fast {
+        CmEvent::PeerReady { conn }
+    } else {
+        CmEvent::Established { conn }
     }
 }
 

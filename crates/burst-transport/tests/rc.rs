@@ -1247,4 +1247,14 @@ fn a_qp_waiting_for_its_peer_sends_after_the_peer_speaks() {
     .unwrap();
     assert!(qp.has_transmit_pending());
     assert!(qp.poll_transmit(0).is_some());
+
+    // A reset forgets it: the QP connected again sends at once.
+    qp.modify(&wait).unwrap();
+    assert!(qp.waits_for_peer());
+    qp.modify(&QpAttr {
+        state: Some(QpState::Reset),
+        ..QpAttr::default()
+    })
+    .unwrap();
+    assert!(!qp.waits_for_peer(), "RESET clears it");
 }

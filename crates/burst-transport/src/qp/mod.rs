@@ -477,6 +477,9 @@ impl Qp {
                 self.resp = Responder::default();
                 self.completions.clear();
                 self.established = false;
+                // A QP connected again (by hand, or by another CM) must
+                // not stay held for a peer of its last connection.
+                self.attrs.wait_for_peer = false;
             }
             QpState::Err => self.enter_error(),
             _ => {}

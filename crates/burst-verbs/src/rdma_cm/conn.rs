@@ -236,6 +236,12 @@ impl CmId {
             st.phase = Phase::Established;
             drop(st);
             self.post(CmEventKind::Established, 0, None, EventParam::None);
+        } else if fast {
+            // The CM fell back to the standard exchange after the QP was
+            // readied to wait for its peer: nothing would open it for a
+            // protocol where this side speaks first.
+            drop(st);
+            self.peer_ready();
         }
         Ok(())
     }
