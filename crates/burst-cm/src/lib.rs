@@ -507,6 +507,35 @@ impl Cm {
         self.counters
     }
 
+    /// Disconnect requests still waiting for their DREP (released IDs
+    /// included). An embedded CM ends with its process: whoever ends it
+    /// waits for these first (see [`Cm::resend_disconnects`]), or a lost
+    /// DREQ leaves the peer connected to nobody.
+    pub fn disconnects_pending(&self) -> usize {
+        self.conns
+            .values()
+            .filter(|c| c.state == State::DreqSent)
+            .count()
+    }
+
+    /// Sends every unanswered DREQ again now, ahead of its timer: a CM
+    /// about to end cannot wait the peer's response timeout (hundreds of
+    /// milliseconds to seconds) for a retransmission. The DREQ's own
+    /// timer and retry count are unchanged (a peer answers a repeat with
+    /// its DREP again).
+    pub fn resend_disconnects(&mut self) {
+        let ids: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == State::DreqSent)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            self.counters.retransmits += 1;
+            self.resend_last(id);
+        }
+    }
+
     /// Connections (and SIDR exchanges) alive, time-wait included.
     pub fn len(&self) -> usize {
         self.conns.len()

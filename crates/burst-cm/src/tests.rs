@@ -419,6 +419,40 @@ fn the_peer_gone_during_disconnect_still_disconnects() {
     assert_eq!(net.events_a[0], CmEvent::Disconnected { conn: ca });
 }
 
+/// A process ending right after `rdma_disconnect` and `rdma_destroy_id`
+/// (rping's client): its lost DREQ is sent again at once on request, and
+/// the peer, told, answers; nothing is pending once the DREP is in.
+#[test]
+fn an_unanswered_dreq_is_counted_and_sent_again_on_request() {
+    let mut net = Net::new();
+    net.drop_first(true, CmAttr::Dreq, 1);
+    let ca = net.a.connect(0, ip(B), req()).unwrap();
+    net.settle();
+    let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
+        panic!()
+    };
+    net.b.accept(0, cb, rep()).unwrap();
+    net.settle();
+    net.a.establish(0, ca).unwrap();
+    net.settle();
+    net.events_b.clear();
+    assert_eq!(net.a.disconnects_pending(), 0);
+    net.a.disconnect(0, ca, &[]).unwrap();
+    net.a.release(0, ca);
+    net.settle();
+    // The DREQ was lost: B knows nothing, A still waits.
+    assert!(net.events_b.is_empty());
+    assert_eq!(net.a.disconnects_pending(), 1);
+    let before = net.a.counters().retransmits;
+    net.a.resend_disconnects();
+    net.settle();
+    assert_eq!(net.a.counters().retransmits, before + 1);
+    assert_eq!(net.events_b, [CmEvent::Disconnected { conn: cb }]);
+    assert_eq!(net.a.disconnects_pending(), 0);
+    assert_eq!(net.sent(true, CmAttr::Dreq), 1);
+    assert_eq!(net.sent(false, CmAttr::Drep), 1);
+}
+
 #[test]
 fn reject_reaches_the_requester_with_private_data() {
     let mut net = Net::new();

@@ -216,14 +216,47 @@ impl CmService {
         }
     }
 
+    /// Waits, at most `within`, for the DREPs of this CM's unanswered
+    /// DREQs, sending those again at growing intervals (10 ms, then
+    /// doubling); returns how many were still unanswered. The kernel's CM
+    /// outlives the process that disconnected; an embedded one does not,
+    /// and a process that exits right after `rdma_disconnect` (rping's
+    /// client) would leave a peer whose DREQ was lost waiting forever.
+    /// Not on any data path: a process's (or the service's) end.
+    pub fn finish_disconnects(&self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        let mut gap = Duration::from_millis(10);
+        let mut resend_at = Instant::now() + gap;
+        loop {
+            let pending = self.with(|cm, _| cm.disconnects_pending());
+            let now = Instant::now();
+            if pending == 0 || now >= deadline || self.inner.port.closed() {
+                return pending;
+            }
+            if now >= resend_at {
+                self.with(|cm, _| cm.resend_disconnects());
+                gap *= 2;
+                resend_at = now + gap;
+            }
+            // The DREP arrives on the service thread; look again shortly.
+            std::thread::sleep(Duration::from_millis(1).min(deadline - now));
+        }
+    }
+
     /// What the CM counted.
     pub fn counters(&self) -> burst_cm::CmCounters {
         self.with(|cm, _| cm.counters())
     }
 }
 
+/// How long a CM that ends waits for the answers to its DREQs
+/// ([`CmService::finish_disconnects`]): a DREQ and four repeats, a few
+/// of a loaded host's round trips each.
+pub const DISCONNECT_LINGER: Duration = Duration::from_millis(500);
+
 impl Drop for CmService {
     fn drop(&mut self) {
+        self.finish_disconnects(DISCONNECT_LINGER);
         self.inner.stop.store(true, Ordering::Release);
         self.inner.wake.signal();
         if let Some(t) = self.thread.take() {

@@ -97,9 +97,9 @@ fn rdma_cm() -> &'static RdmaCm {
     // thread-local state may be gone, so the line goes straight to
     // stderr. (A forked child inherits the registration.)
     crate::init_logging();
-    if first && tracing::enabled!(target: "burst::counters", tracing::Level::INFO) {
+    if first {
         // SAFETY: registering a plain function with no arguments.
-        unsafe { libc::atexit(print_cm_counters) };
+        unsafe { libc::atexit(at_exit) };
     }
     // One per process that uses rdma_cm: lives as long as the process.
     let made: &'static RdmaCm = Box::leak(Box::new(RdmaCm::new(addrs, Box::new(open_device))));
@@ -107,9 +107,18 @@ fn rdma_cm() -> &'static RdmaCm {
     made
 }
 
-extern "C" fn print_cm_counters() {
+/// At exit: the DREQs still unanswered get their DREPs (the CM ends with
+/// the process; the kernel's would go on), then the counters' lines.
+extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(cm) = rdma_cm_if_started() {
+        let Some(cm) = rdma_cm_if_started() else {
+            return;
+        };
+        let left = cm.finish_disconnects(burst_verbs::cm::DISCONNECT_LINGER);
+        if left > 0 && tracing::enabled!(tracing::Level::WARN) {
+            eprintln!("burst: rdma_cm at exit: {left} disconnect request(s) unanswered");
+        }
+        if tracing::enabled!(target: "burst::counters", tracing::Level::INFO) {
             for line in cm.counters_lines("at exit") {
                 eprintln!("burst: {line}");
             }

@@ -137,7 +137,7 @@ impl Qp {
             // The answer to a probe: what it acknowledged was there, and
             // the next unacknowledged packet, sent before the probe, was
             // most likely lost with the rest of the tail.
-            self.probe_oldest();
+            self.probe_oldest(true);
         }
         if progress {
             // Forward progress restores the retry counts and the timeout.

@@ -58,7 +58,7 @@ impl Qp {
             self.req.probes = self.req.probes.saturating_add(1);
             self.req.probe_from = now;
             self.counters.sr_probes += 1;
-            self.probe_oldest();
+            self.probe_oldest(false);
         }
         if self.req.timer.is_some_and(|t| t <= now) {
             self.req.timer = None;

@@ -18,7 +18,11 @@
 //! - The requester, on a sequence NAK for PSN `p` of a WRITE, resends only
 //!   what the responder cannot hold: `p` itself, or the whole message when
 //!   `p` is its first packet (the rest had nowhere to go). For any other
-//!   operation it goes back N from `p`. A timeout always goes back N.
+//!   operation it goes back N from `p`. When nothing progresses for a
+//!   few round trips (a lost tail draws no NAK) it probes: the oldest
+//!   unacknowledged SEND or WRITE packet again, or a READ's missing
+//!   responses asked for again (`Qp::probe_oldest`). A timeout always goes
+//!   back N.
 //!
 //! Either end alone is correct: a go-back-N requester resends what a
 //! selective responder already holds (duplicates, dropped); a selective
@@ -385,14 +389,21 @@ impl Qp {
 
     /// Requester: a probe resends the oldest unacknowledged packet when it
     /// is a SEND's or WRITE's (taken again at any responder: placed, or
-    /// answered with an ACK). A READ or atomic waits for the ACK timer.
-    pub(super) fn probe_oldest(&mut self) {
+    /// answered with an ACK). For a READ whose responses stopped short (the
+    /// tail lost: nothing behind it shows the gap), it asks again for the
+    /// rest, from the first missing response, as a timeout would, but
+    /// without spending a retry; the responder answers a duplicate READ
+    /// from the PSN it names. An atomic waits for the ACK timer.
+    /// `answered`: called for progress after a probe, where a READ, asked
+    /// for again already, is left alone (its responses are coming).
+    pub(super) fn probe_oldest(&mut self, answered: bool) {
         let una = self.req.una_psn;
         let Some(w) = self.req.sq.iter().find(|w| w.contains(una) && !w.done) else {
             return;
         };
         let k = w.first_psn.map_or(0, |f| f.distance_to(una) as u32);
-        if w.wr.op.is_read_or_atomic() || k >= w.next_pkt {
+        let read = matches!(w.wr.op, SendOp::Read { .. });
+        if w.wr.op.is_atomic() || (read && answered) || k >= w.next_pkt {
             return;
         }
         self.req.resend = Some((una, 1));

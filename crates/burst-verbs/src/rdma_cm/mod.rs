@@ -158,6 +158,31 @@ impl RdmaCm {
         )
     }
 
+    /// Waits, at most `within`, until every DREQ this process sent was
+    /// answered (sending unanswered ones again meanwhile); what a process
+    /// that embeds its CM does before it ends (see
+    /// [`CmService::finish_disconnects`](crate::cm::CmService::finish_disconnects)).
+    /// Returns how many were still unanswered.
+    pub fn finish_disconnects(&self, within: std::time::Duration) -> usize {
+        let started: Vec<Arc<Device>> = self
+            .shared
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        let deadline = std::time::Instant::now() + within;
+        started
+            .iter()
+            .map(|d| {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                d.svc.finish_disconnects(left)
+            })
+            .sum()
+    }
+
     /// Each started device's CM counters as a line (what the CM logs
     /// when it closes): for a process-wide instance that is never
     /// dropped, printed at exit by its owner.
