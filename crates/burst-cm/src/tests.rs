@@ -397,20 +397,27 @@ fn a_silent_peer_is_unreachable_after_the_retries() {
     assert!(net.now >= 16 * 2 * timeout_ns(16));
 }
 
-#[test]
-fn the_peer_gone_during_disconnect_still_disconnects() {
-    let mut net = Net::new();
-    net.drop_first(false, CmAttr::Drep, u32::MAX);
-    net.drop_first(true, CmAttr::Dreq, u32::MAX);
+/// A connects to B at time 0 and both are established (B answers the
+/// REQ at once); returns (A's connection, B's).
+fn established(net: &mut Net) -> (ConnId, ConnId) {
     let ca = net.a.connect(0, ip(B), req()).unwrap();
     net.settle();
     let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
-        panic!()
+        panic!("B: {:?}", net.events_b)
     };
     net.b.accept(0, cb, rep()).unwrap();
     net.settle();
     net.a.establish(0, ca).unwrap();
     net.settle();
+    (ca, cb)
+}
+
+#[test]
+fn the_peer_gone_during_disconnect_still_disconnects() {
+    let mut net = Net::new();
+    net.drop_first(false, CmAttr::Drep, u32::MAX);
+    net.drop_first(true, CmAttr::Dreq, u32::MAX);
+    let (ca, _) = established(&mut net);
     net.events_a.clear();
     net.a.disconnect(0, ca, &[]).unwrap();
     while net.events_a.is_empty() {
@@ -426,15 +433,7 @@ fn the_peer_gone_during_disconnect_still_disconnects() {
 fn an_unanswered_dreq_is_counted_and_sent_again_on_request() {
     let mut net = Net::new();
     net.drop_first(true, CmAttr::Dreq, 1);
-    let ca = net.a.connect(0, ip(B), req()).unwrap();
-    net.settle();
-    let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
-        panic!()
-    };
-    net.b.accept(0, cb, rep()).unwrap();
-    net.settle();
-    net.a.establish(0, ca).unwrap();
-    net.settle();
+    let (ca, cb) = established(&mut net);
     net.events_b.clear();
     assert_eq!(net.a.disconnects_pending(), 0);
     net.a.disconnect(0, ca, &[]).unwrap();

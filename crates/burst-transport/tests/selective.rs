@@ -29,24 +29,7 @@ impl Pair {
     /// Posts a WRITE of a fresh `len`-byte buffer; returns (source key,
     /// destination key).
     fn write(&mut self, id: u64, len: usize) -> (u32, u32) {
-        let (k, a) = self.buf(0, len, id as u8);
-        let (rk, ra) = self.buf(1, len, 0);
-        let sge = Sge {
-            addr: a,
-            length: len as u32,
-            lkey: k,
-        };
-        let wr = SendWr::new(
-            id,
-            SendOp::Write {
-                remote_addr: ra,
-                rkey: rk,
-            },
-            [sge],
-        );
-        let (n, qp) = &mut self.w.qps[self.a];
-        qp.post_send(wr, &mut self.w.mems[*n]).unwrap();
-        (k, rk)
+        self.post(id, len, false)
     }
     /// Runs until `n` send completions; all must succeed.
     fn complete(&mut self, n: usize) {
@@ -59,23 +42,29 @@ impl Pair {
     /// Posts a READ of a fresh `len`-byte remote buffer; returns (local
     /// destination key, remote source key).
     fn read(&mut self, id: u64, len: usize) -> (u32, u32) {
-        let (k, a) = self.buf(0, len, 0);
-        let (rk, ra) = self.buf(1, len, id as u8);
+        self.post(id, len, true)
+    }
+    /// A WRITE (local buffer filled from `id`) or a READ (remote buffer
+    /// filled from `id`) between fresh `len`-byte buffers; returns (local
+    /// key, remote key).
+    fn post(&mut self, id: u64, len: usize, read: bool) -> (u32, u32) {
+        let (fill_local, fill_remote) = if read { (0, id as u8) } else { (id as u8, 0) };
+        let (k, a) = self.buf(0, len, fill_local);
+        let (rk, ra) = self.buf(1, len, fill_remote);
         let sge = Sge {
             addr: a,
             length: len as u32,
             lkey: k,
         };
-        let wr = SendWr::new(
-            id,
-            SendOp::Read {
-                remote_addr: ra,
-                rkey: rk,
-            },
-            [sge],
-        );
+        let (remote_addr, rkey) = (ra, rk);
+        let op = if read {
+            SendOp::Read { remote_addr, rkey }
+        } else {
+            SendOp::Write { remote_addr, rkey }
+        };
         let (n, qp) = &mut self.w.qps[self.a];
-        qp.post_send(wr, &mut self.w.mems[*n]).unwrap();
+        qp.post_send(SendWr::new(id, op, [sge]), &mut self.w.mems[*n])
+            .unwrap();
         (k, rk)
     }
     fn same(&self, (k, rk): (u32, u32)) -> bool {
