@@ -222,6 +222,18 @@ pub const V6_CASES: &[CmCase] = &[
     ),
 ];
 
+/// Over IPv6 against RXE (in the same boot of the VM as the IPv4 cases):
+/// connected and datagram. Not mckey: RXE's own `mckey` cannot join
+/// `ff0e::101` in the lab (return status -1 after "joining", as sender
+/// and as receiver, before a packet of burst's matters).
+pub fn rxe_v6_cases(quick: bool) -> &'static [CmCase] {
+    if quick {
+        &V6_CASES[..1]
+    } else {
+        &V6_CASES[..2]
+    }
+}
+
 /// The name of the consecutive-connections case (interop/cm-consecutive.c).
 const CONSECUTIVE: &str = "20 consecutive connections, one process each side";
 
@@ -510,10 +522,13 @@ fn veth_on(dir: &Path, cases: &[&CmCase], base_port: u16, daemons: bool, v6: boo
 }
 
 /// Against RXE in the lab VM; `vm_serves`: the VM runs the servers.
+/// `cases` over IPv4, then `v6_cases` over IPv6 ([`crate::dropin::LAB_V6`])
+/// in the same boot.
 pub fn rxe(
     root: &Path,
     dir: &Path,
     cases: &[&CmCase],
+    v6_cases: &[CmCase],
     vm_serves: bool,
     base_port: u16,
 ) -> Vec<Outcome> {
@@ -524,9 +539,24 @@ pub fn rxe(
     } else {
         "rdma_cm RXE client -> burst server"
     };
-    let (vm_ip, host_ip) = ("198.18.0.2", "198.18.0.1");
-    let server_ip = if vm_serves { vm_ip } else { host_ip };
+    // Each case with its family: (case, IPv6).
+    let cases: Vec<(&CmCase, bool)> = cases
+        .iter()
+        .map(|c| (*c, false))
+        .chain(v6_cases.iter().map(|c| (c, true)))
+        .collect();
+    // (VM, host) addresses of a case.
+    let ips = |v6: bool| {
+        if v6 {
+            (crate::dropin::LAB_V6.1, crate::dropin::LAB_V6.0)
+        } else {
+            ("198.18.0.2", "198.18.0.1")
+        }
+    };
     let _ = Command::new("bash").arg(&lab).arg("setup").status();
+    if !v6_cases.is_empty() {
+        crate::dropin::lab_v6_host();
+    }
     let _ = std::fs::create_dir_all(state);
     for i in 0..cases.len() {
         let _ = std::fs::remove_file(state.join(format!("ready-{i}")));
@@ -534,8 +564,13 @@ pub fn rxe(
         let _ = std::fs::remove_file(state.join(format!("done-{i}")));
     }
     let mut script = String::new();
-    for (i, c) in cases.iter().enumerate() {
+    if !v6_cases.is_empty() {
+        script.push_str(&crate::dropin::lab_v6_vm());
+    }
+    for (i, &(c, v6)) in cases.iter().enumerate() {
         let port = base_port + i as u16;
+        let (vm_ip, host_ip) = ips(v6);
+        let server_ip = if vm_serves { vm_ip } else { host_ip };
         let (before, t, cmd, after) = if vm_serves {
             (
                 format!("touch $RXE_LAB_STATE/ready-{i}"),
@@ -568,8 +603,9 @@ pub fn rxe(
         Err(e) => return vec![outcome(label.into(), false, None, format!("VM: {e}"))],
     };
     let mut host: Vec<(bool, String)> = Vec::new();
-    for (i, c) in cases.iter().enumerate() {
+    for (i, &(c, v6)) in cases.iter().enumerate() {
         let port = base_port + i as u16;
+        let (vm_ip, host_ip) = ips(v6);
         let r = if vm_serves {
             let ready = state.join(format!("ready-{i}"));
             if wait_for(|| ready.exists(), Duration::from_secs(400)) {
@@ -632,7 +668,7 @@ pub fn rxe(
     }
     let (_, vm_out) = vm.wait();
     let mut out = Vec::new();
-    for (i, c) in cases.iter().enumerate() {
+    for (i, &(c, v6)) in cases.iter().enumerate() {
         let rc = vm_out
             .lines()
             .find_map(|l| l.strip_prefix(&format!("VMRESULT {i} ")))
@@ -664,7 +700,13 @@ pub fn rxe(
                 tail(&vm_log)
             )
         };
-        out.push(outcome(format!("{label}: {}", c.name), ok, nums, why));
+        let family = if v6 { " IPv6" } else { "" };
+        out.push(outcome(
+            format!("{label}{family}: {}", c.name),
+            ok,
+            nums,
+            why,
+        ));
     }
     out
 }

@@ -1083,6 +1083,31 @@ struct Lab<'a> {
 /// (unique local addresses: the lab's namespace routes nothing out).
 pub const LAB_V6: (&str, &str) = ("fd00:198:18::1", "fd00:198:18::2");
 
+/// Turns IPv6 on in the lab's namespace, which keeps it off, for the
+/// bridge (and the taps the VMs attach to), and gives burst [`LAB_V6`]'s
+/// first address there. Run after `rxe-vm setup`.
+pub fn lab_v6_host() {
+    for dev in ["rxebr0", "rxetap0", "rxetap1"] {
+        let _ = Command::new("ip")
+            .args(["netns", "exec", "burstlab", "sysctl", "-qw"])
+            .arg(format!("net.ipv6.conf.{dev}.disable_ipv6=0"))
+            .status();
+    }
+    let _ = Command::new("ip")
+        .args(["netns", "exec", "burstlab", "ip", "-6", "addr", "replace"])
+        .arg(format!("{}/64", LAB_V6.0))
+        .args(["dev", "rxebr0", "nodad"])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// The VM's half of [`lab_v6_host`]: a shell line that gives its eth0
+/// [`LAB_V6`]'s second address (no duplicate address detection: usable
+/// at once; RXE lists its GID a moment later).
+pub fn lab_v6_vm() -> String {
+    format!("ip -6 addr add {}/64 dev eth0 nodad; sleep 1; ", LAB_V6.1)
+}
+
 /// [`rxe`] over IPv6: burst on [`LAB_V6`]'s first address (IPv6 enabled on
 /// the lab's bridge for it), RXE through the GID of the second, which the
 /// VM adds to its interface first. The tools' own TCP stays on IPv4.
@@ -1183,20 +1208,7 @@ fn rxe_run(
     };
     let _ = Command::new("bash").arg(&lab).arg("setup").status();
     if v6 {
-        // The lab keeps IPv6 off; this run turns it on for the bridge
-        // (and the taps the VMs attach to) and gives burst its address.
-        for dev in ["rxebr0", "rxetap0", "rxetap1"] {
-            let _ = Command::new("ip")
-                .args(["netns", "exec", "burstlab", "sysctl", "-qw"])
-                .arg(format!("net.ipv6.conf.{dev}.disable_ipv6=0"))
-                .status();
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "exec", "burstlab", "ip", "-6", "addr", "replace"])
-            .arg(format!("{}/64", LAB_V6.0))
-            .args(["dev", "rxebr0", "nodad"])
-            .stderr(Stdio::null())
-            .status();
+        lab_v6_host();
     }
     let burst_addr = if v6 { LAB_V6.0 } else { "198.18.0.1" };
     let _daemon = start_daemon(Some("burstlab"), burst_addr, None);
@@ -1227,11 +1239,10 @@ fn rxe_run(
                     .join(":")
             })
             .unwrap_or_default();
+        script.push_str(&lab_v6_vm());
         script.push_str(&format!(
-            "ip -6 addr add {}/64 dev eth0 nodad; sleep 1; \
-             g=$(grep -lx {gid} /sys/class/infiniband/rxe0/ports/1/gids/* | head -n 1); \
-             RXE_GID_INDEX=${{g##*/}}; echo RXE IPv6 GID index $RXE_GID_INDEX; ",
-            LAB_V6.1
+            "g=$(grep -lx {gid} /sys/class/infiniband/rxe0/ports/1/gids/* | head -n 1); \
+             RXE_GID_INDEX=${{g##*/}}; echo RXE IPv6 GID index $RXE_GID_INDEX; "
         ));
     }
     for (i, c) in cases.iter().enumerate() {

@@ -1033,8 +1033,9 @@ fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<d
         runs.extend(cm::veth_v6(dir, 23060, daemons));
     }
     if rxe {
-        runs.extend(cm::rxe(root, dir, &rxe_cases(true), true, 23100));
-        runs.extend(cm::rxe(root, dir, &rxe_cases(false), false, 23200));
+        let v6 = cm::rxe_v6_cases(quick);
+        runs.extend(cm::rxe(root, dir, &rxe_cases(true), v6, true, 23100));
+        runs.extend(cm::rxe(root, dir, &rxe_cases(false), v6, false, 23200));
     }
     runs
 }
