@@ -199,12 +199,19 @@ fn rxe_pair(
         ("write_bw", "ib_write_bw -F -s 65536 -n 200 --report_gbits"),
         ("send_lat", "ib_send_lat -F -s 2 -n 500"),
     ];
+    // Each stack's user-space libraries (rdma-core's libibverbs and
+    // librdmacm for RXE, burst's drop-in for burst) are copied into the
+    // guest's RAM first: the VMs' root is the host's over 9p without a
+    // page cache, so every process reads every code page it runs over
+    // virtio again. That costs burst's 2.5 MB of code about 110 ms on a
+    // one-connection cmtime run and RXE's (in the kernel, its libraries
+    // 250 KB) about 2 ms (docs/performance.md, "cmtime in the lab, again").
     let stacks = [
         (
             "rxe",
             "modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0 2>/dev/null; sleep 1",
             ("rxe0", "$RXE_GID_INDEX"),
-            "",
+            "LD_LIBRARY_PATH=/tmp/bench-rdma-core",
         ),
         (
             "burst",
@@ -212,10 +219,15 @@ fn rxe_pair(
             // The VM's eth0 holds one IPv4 address: GID 1 in a table laid
             // out as RXE's (0: the link-local default GID).
             ("burst0", "1"),
-            "BURST_ADDR=$RXE_IP",
+            "BURST_ADDR=$RXE_IP LD_LIBRARY_PATH=/tmp/bench-burst",
         ),
     ];
-    let (mut server, mut client) = (String::new(), String::new());
+    let copy = format!(
+        "mkdir -p /tmp/bench-burst /tmp/bench-rdma-core; cp -a {}/. /tmp/bench-burst/; \
+         for l in librdmacm.so.1 libibverbs.so.1; do cp -L $(ldconfig -p | awk -v l=$l '$1 == l {{print $NF; exit}}') /tmp/bench-rdma-core/; done; ",
+        lib.display()
+    );
+    let (mut server, mut client) = (copy.clone(), copy);
     let mut port = 24000u16;
     // Names this run's meeting files (the lab's folder outlives a boot).
     let run = std::time::SystemTime::now()
@@ -225,11 +237,7 @@ fn rxe_pair(
         for (stack, switch, (name, gid), env) in stacks {
             server.push_str(&format!("{switch}; "));
             client.push_str(&format!("{switch}; "));
-            let ld = if env.is_empty() {
-                String::new()
-            } else {
-                format!("{env} LD_LIBRARY_PATH={}", lib.display())
-            };
+            let ld = env;
             let dev = format!("-d {name} -x {gid}");
             for (test, cmd) in tests {
                 port += 1;
@@ -278,7 +286,7 @@ fn rxe_pair(
                 ));
             }
             port += 1;
-            let (s, c) = kvbench::lab_commands(bench, &labnet, (stack, &ld, name, gid), r, port);
+            let (s, c) = kvbench::lab_commands(bench, &labnet, (stack, ld, name, gid), r, port);
             server.push_str(&s);
             client.push_str(&c);
         }
@@ -939,7 +947,7 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     md.push('\n');
     md.push_str("Medians with min-max over the rounds. TCP: one stream of 64 KiB writes; request/response busy-polled (non-blocking socket), or with blocking sockets in the event-driven rows. Raw UDP: the same datagrams through burst-io's port code (GSO runs and GRO, as burst uses them) with no transport, no ICRC and no placement (sender blasts, receiver counts); event-driven: blocking in poll(2). burst event-driven: `-e`, completions through a completion channel (the thread sleeps in the kernel).\n\n");
     if !vm.is_empty() {
-        md.push_str("## RXE vs burst between the two lab VMs (emulated)\n\nQEMU TCG, 1 vCPU and 1 GiB per VM, link MTU 1500 (RoCE MTU 1024), one boot of `../shared/rxe-lab/rxe-vm pair`; the stacks alternate round by round (each VM loads or unloads `rdma_rxe`). Debian's perftest binaries, unmodified: `ib_write_bw -F -s 65536 -n 200 --report_gbits` and `ib_send_lat -F -s 2 -n 500`; burst through its drop-in libibverbs; `cmtime` (rdmacm-utils) through burst's drop-in librdmacm against the kernel's RDMA CM, its connect step for 1 and for 100 connections, 3 runs each per round, each against a server of its own (cmtime's server serves one client run: later runs are rejected on every stack), runs that saw a CM error event left out and counted below (a time: below 1 is burst faster; BURST's claim is 1/12). Emulated CPUs: the ratio compares the two stacks on the same slow machine, not real hardware.\n\n| figure | RXE to RXE | burst to burst | burst / RXE |\n|---|---|---|---|\n");
+        md.push_str("## RXE vs burst between the two lab VMs (emulated)\n\nQEMU TCG, 1 vCPU and 1 GiB per VM, link MTU 1500 (RoCE MTU 1024), one boot of `../shared/rxe-lab/rxe-vm pair`; the stacks alternate round by round (each VM loads or unloads `rdma_rxe`). Debian's perftest binaries, unmodified: `ib_write_bw -F -s 65536 -n 200 --report_gbits` and `ib_send_lat -F -s 2 -n 500`; burst through its drop-in libibverbs; each stack's user-space libraries (rdma-core's libibverbs and librdmacm, burst's drop-in) copied into the guest's RAM first, since the VMs' root is the host's over 9p without a page cache (every process would read its code again over virtio); `cmtime` (rdmacm-utils) through burst's drop-in librdmacm against the kernel's RDMA CM, its connect step for 1 and for 100 connections, 3 runs each per round, each against a server of its own (cmtime's server serves one client run: later runs are rejected on every stack), runs that saw a CM error event left out and counted below (a time: below 1 is burst faster; BURST's claim is 1/12). Emulated CPUs: the ratio compares the two stacks on the same slow machine, not real hardware.\n\n| figure | RXE to RXE | burst to burst | burst / RXE |\n|---|---|---|---|\n");
         for (title, test) in [
             ("RDMA WRITE 64 KiB, Gb/s", "write_bw"),
             ("2 B SEND latency, typical, us", "send_lat"),
