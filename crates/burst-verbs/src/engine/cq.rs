@@ -27,6 +27,36 @@ pub struct CompChannel {
     pub(super) cqs: std::sync::Mutex<Vec<(CqId, Arc<Cq>)>>,
     /// burstd's handle of this channel (a daemon client's).
     pub(super) remote_id: std::sync::atomic::AtomicU32,
+    /// Events made by the thread that waits on this channel in
+    /// [`Context::wait_cq_event`] while it stepped the lane itself, handed
+    /// over in memory instead of through the descriptor (see
+    /// [`CompChannel::notify`]).
+    handed: std::sync::atomic::AtomicU32,
+    /// Events handed over so (a count for tests and reports).
+    in_memory: std::sync::atomic::AtomicU64,
+}
+
+std::thread_local! {
+    /// The channel this thread waits on in [`Context::wait_cq_event`], for
+    /// the steps it takes there (null otherwise).
+    static WAITING_ON: std::cell::Cell<*const CompChannel> =
+        const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// Clears [`WAITING_ON`] however [`Context::wait_cq_event`] returns.
+struct Waiting;
+
+impl Waiting {
+    fn on(ch: &CompChannel) -> Waiting {
+        WAITING_ON.with(|w| w.set(ch));
+        Waiting
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        WAITING_ON.with(|w| w.set(std::ptr::null()));
+    }
 }
 
 impl CompChannel {
@@ -35,6 +65,31 @@ impl CompChannel {
             fd,
             cqs: std::sync::Mutex::default(),
             remote_id: Default::default(),
+            handed: Default::default(),
+            in_memory: Default::default(),
+        }
+    }
+
+    /// How many events this channel handed over in memory to the thread
+    /// that waited on it (see [`CompChannel::notify`]), since it was made.
+    pub fn events_in_memory(&self) -> u64 {
+        self.in_memory.load(Ordering::Relaxed)
+    }
+
+    /// Tells the channel's reader of an event (counted on its CQ first).
+    /// When the thread making it is the one waiting on this channel in
+    /// [`Context::wait_cq_event`] (it stepped the lane itself), the event
+    /// is handed over in memory: that thread takes it right after its
+    /// step, so writing the descriptor only for the same thread to poll
+    /// and read it again would be three system calls per event for
+    /// nothing. (Another thread blocked on the descriptor meanwhile does
+    /// not see this event, as if the waiter had won the race to read it.)
+    pub(super) fn notify(&self) {
+        if WAITING_ON.with(|w| std::ptr::eq(w.get(), self)) {
+            self.handed.fetch_add(1, Ordering::Release);
+            self.in_memory.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.fd.signal();
         }
     }
 
@@ -76,6 +131,14 @@ impl CompChannel {
 
     /// The next CQ with an event, if one is pending (never blocks).
     pub fn try_get_cq_event(&self) -> Option<CqId> {
+        if self.handed.load(Ordering::Acquire) != 0
+            && self
+                .handed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return self.take_event();
+        }
         // One fd count per event, taken with the event: the fd stays
         // readable exactly while events are pending.
         if self.fd.drain() {
@@ -199,9 +262,6 @@ impl Context {
         timeout: Duration,
     ) -> std::io::Result<Option<CqId>> {
         use std::os::fd::AsFd;
-        if let Some(cq) = ch.try_get_cq_event() {
-            return Ok(Some(cq));
-        }
         let deadline = (timeout != Duration::MAX).then(|| std::time::Instant::now() + timeout);
         let left = || {
             deadline.map_or(Duration::MAX, |d| {
@@ -215,6 +275,8 @@ impl Context {
         };
         let Some((d, ready)) = lane else {
             loop {
+                // (First looked at here; the lane's waiter below looks
+                // after its first step, one system call fewer per event.)
                 if let Some(cq) = ch.try_get_cq_event() {
                     return Ok(Some(cq));
                 }
@@ -228,6 +290,9 @@ impl Context {
         d.add_waiter();
         // Whatever way this returns, the lane is handed back.
         let _back = Leave(self);
+        // Events this thread's steps make for `ch` come back in memory
+        // (`CompChannel::notify`), taken after each step below.
+        let _waiting = Waiting::on(ch);
         loop {
             let busy = self
                 .step_with(0, Round::Full, Stepper::Waiter, |_| ())

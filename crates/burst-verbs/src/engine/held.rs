@@ -113,7 +113,7 @@ impl Held {
     /// Signals the channels of CQs that got an event (outside any lock).
     pub(super) fn signal(&mut self) {
         for ch in self.signals.drain(..) {
-            ch.fd.signal();
+            ch.notify();
         }
     }
 }
