@@ -1,6 +1,7 @@
 //! Interface facts asked of the kernel with `SIOCGIF*` ioctls (MTU,
 //! hardware address, link state): not sysfs, which shows the network
-//! namespace it was mounted in, not the caller's.
+//! namespace it was mounted in, not the caller's; and the link's changes
+//! as the kernel announces them ([`LinkEvents`]).
 
 use std::io;
 
@@ -64,4 +65,103 @@ fn ifreq(name: &str, request: libc::c_ulong) -> io::Result<libc::ifreq> {
         ));
     }
     Ok(req)
+}
+
+/// The kernel's link notifications for the caller's network namespace
+/// (rtnetlink's `RTMGRP_LINK` group) on a non-blocking socket: readable
+/// when an interface goes up or down or changes carrier, so a device can
+/// follow its link by waiting on this (with its other descriptors) instead
+/// of asking the kernel every so often. What changed is not parsed: a
+/// notification says "look again" ([`link_up`]), which [`LinkEvents::changed`]
+/// reports once per batch.
+#[derive(Debug)]
+pub struct LinkEvents {
+    fd: std::os::fd::OwnedFd,
+    changed: std::sync::atomic::AtomicBool,
+}
+
+impl LinkEvents {
+    /// Subscribes to the link notifications.
+    pub fn open() -> io::Result<LinkEvents> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket(2); the result is checked before use.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor socket(2) just returned, owned by nobody else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        // SAFETY: sockaddr_nl is plain data; all-zero is a valid value.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        sa.nl_groups = libc::RTMGRP_LINK as u32;
+        // SAFETY: binds the socket we own to a live sockaddr_nl of the
+        // length given.
+        let r = unsafe {
+            libc::bind(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(LinkEvents {
+            fd,
+            changed: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Reads every pending notification (bounded: a namespace whose links
+    /// flap without end cannot hold the caller); when there was any (or
+    /// the socket overflowed and lost some), [`LinkEvents::changed`] says
+    /// so next. Returns whether there was any.
+    pub fn drain(&self) -> bool {
+        let mut buf = [0u8; 8192];
+        let mut any = false;
+        for _ in 0..64 {
+            // SAFETY: receives at most `buf.len()` bytes into a live buffer
+            // from the non-blocking socket we own.
+            let n = unsafe {
+                libc::recv(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                any = true;
+                continue;
+            }
+            // ENOBUFS: notifications were lost; the link may have changed.
+            any |= n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOBUFS);
+            break;
+        }
+        if any {
+            self.changed
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        any
+    }
+
+    /// Whether a notification came since the last call (taken: the next
+    /// call says false until another comes).
+    pub fn changed(&self) -> bool {
+        self.changed
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+}
+
+impl std::os::fd::AsFd for LinkEvents {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.fd)
+    }
 }

@@ -34,14 +34,51 @@ impl<P: Port> Device<P> {
             iface: iface.to_string(),
             up: crate::netif::link_up(iface).unwrap_or(true),
             next_ns: 0,
+            events: None,
         });
+    }
+
+    /// Follows the link by the kernel's notifications instead of looking
+    /// every [`LINK_CHECK_NS`] (after [`Device::watch_link`]): the caller
+    /// waits on the returned socket with its other descriptors and calls
+    /// [`burst_io::netdev::LinkEvents::drain`] when it is readable; the
+    /// device's next step looks at the link then. An idle device then has
+    /// no timer left. `None` (and the clock kept) when there is no link
+    /// watched or no notifications to be had.
+    pub fn follow_link_events(&mut self) -> Option<std::sync::Arc<burst_io::netdev::LinkEvents>> {
+        let l = self.link.as_mut()?;
+        match burst_io::netdev::LinkEvents::open() {
+            Ok(e) => {
+                let e = std::sync::Arc::new(e);
+                l.events = Some(std::sync::Arc::clone(&e));
+                // A change between the first look and the subscription.
+                l.up = crate::netif::link_up(&l.iface).unwrap_or(l.up);
+                Some(e)
+            }
+            Err(err) => {
+                tracing::warn!(iface = %l.iface, "no link notifications ({err}): the link is looked at every 100 ms");
+                None
+            }
+        }
     }
 
     pub(super) fn check_link(&mut self, now: u64) {
         let Some(l) = &mut self.link else {
             return;
         };
-        if now < l.next_ns {
+        if let Some(e) = &l.events {
+            let mut changed = e.changed();
+            if !changed && now >= l.next_ns {
+                // Steps that never let the engine sleep never have it
+                // drain the socket either: every LINK_CHECK_NS of them do
+                // (one recv).
+                l.next_ns = now + LINK_CHECK_NS;
+                changed = e.drain() && e.changed();
+            }
+            if !changed {
+                return;
+            }
+        } else if now < l.next_ns {
             return;
         }
         l.next_ns = now + LINK_CHECK_NS;

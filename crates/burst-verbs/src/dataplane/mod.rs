@@ -99,12 +99,17 @@ struct GidSource {
 struct LinkWatch {
     iface: String,
     up: bool,
-    /// When to look again (device clock, ns).
+    /// When to look again (device clock, ns), when no notifications come.
     next_ns: u64,
+    /// The kernel's link notifications, which an engine thread waits on:
+    /// then the link is looked at when one came, and no timer wakes an
+    /// idle device for it.
+    events: Option<std::sync::Arc<burst_io::netdev::LinkEvents>>,
 }
 
-/// How often the link is looked at (the engine steps at least every
-/// millisecond, idle or not).
+/// How often the link is looked at without notifications (a device no
+/// engine thread waits for), and how often busy steps that never sleep
+/// look at the notification socket themselves.
 const LINK_CHECK_NS: u64 = 100_000_000;
 
 /// How stale the GID table may be when it is read (an address added to the
@@ -718,7 +723,12 @@ impl<P: Port> Device<P> {
             .next_deadline()
             .into_iter()
             .chain(self.cc.pace_wakeup())
-            .chain(self.link.as_ref().map(|l| l.next_ns))
+            .chain(
+                self.link
+                    .as_ref()
+                    .filter(|l| l.events.is_none())
+                    .map(|l| l.next_ns),
+            )
             .min()
     }
 

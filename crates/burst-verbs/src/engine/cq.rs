@@ -445,3 +445,42 @@ impl Drop for Leave<'_> {
         sh.drivers[0].remove_waiter(sh.clock.now());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(ch: &CompChannel) -> bool {
+        ch.fd.wait(Duration::ZERO)
+    }
+
+    #[test]
+    fn an_event_for_the_channel_this_thread_waits_on_stays_in_memory() {
+        let ch = CompChannel::with_fd(crate::eventfd::EventFd::new().unwrap());
+        {
+            let _w = Waiting::on(&ch);
+            ch.notify();
+            assert!(!readable(&ch), "the descriptor was written");
+            assert_eq!(ch.events_in_memory(), 1);
+            assert_eq!(ch.handed.load(Ordering::Relaxed), 1);
+            // Taken by the next look (no CQ is attached: no CQ to name).
+            assert_eq!(ch.try_get_cq_event(), None);
+            assert_eq!(ch.handed.load(Ordering::Relaxed), 0);
+        }
+        // Not waiting (or waiting on another channel): the descriptor.
+        ch.notify();
+        assert!(readable(&ch));
+        let other = CompChannel::with_fd(crate::eventfd::EventFd::new().unwrap());
+        let _w = Waiting::on(&other);
+        ch.notify();
+        assert_eq!(ch.events_in_memory(), 1);
+        assert!(ch.fd.drain() && ch.fd.drain() && !ch.fd.drain());
+        // Another thread's notify while this one waits: the descriptor.
+        let ch = Arc::new(ch);
+        let c2 = Arc::clone(&ch);
+        let _mine = Waiting::on(&ch);
+        std::thread::spawn(move || c2.notify()).join().unwrap();
+        assert!(readable(&ch));
+        assert_eq!(ch.events_in_memory(), 1);
+    }
+}

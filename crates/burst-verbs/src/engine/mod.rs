@@ -323,6 +323,7 @@ impl Engine {
         let mut controls = Vec::new();
         let mut gid = [0u8; 16];
         let gsi = Arc::new(crate::gsi::Gsi::new()?);
+        let mut link_events = None;
         for (k, port) in ports.into_iter().enumerate() {
             drivers.push(drivers::Drivers::new(if threaded {
                 Some(port.readiness()?)
@@ -340,9 +341,13 @@ impl Engine {
             if let (Some(iface), 1) = (&o.interface, lanes) {
                 dev.set_interface(iface);
             }
-            // Port events once per device: from its first lane.
+            // Port events once per device: from its first lane, by the
+            // kernel's notifications where an engine thread waits for them.
             if let (Some(iface), 0) = (&o.interface, k) {
                 dev.watch_link(iface);
+                if threaded {
+                    link_events = dev.follow_link_events();
+                }
             }
             gid = dev.gid();
             let (control, control_rx) = bounded(64);
@@ -362,7 +367,13 @@ impl Engine {
                 .map(|_| Doorbells::new())
                 .collect::<std::io::Result<_>>()?,
             client_bells: Default::default(),
-            wake: Arc::new(Wake::new(lanes, o.shared_rings)?),
+            wake: {
+                let wake = Wake::new(lanes, o.shared_rings)?;
+                if let Some(e) = link_events {
+                    wake.watch_link(e)?;
+                }
+                Arc::new(wake)
+            },
             memfd: o.shared_rings,
             pd_owner: Default::default(),
             mr_owner: Default::default(),

@@ -17,6 +17,9 @@ use crate::shm::Segment;
 pub(crate) struct Wake {
     pub(super) seg: Arc<Segment>,
     pub(super) side: WakeSide,
+    /// The link notifications lane 0 also waits on (see
+    /// [`Wake::watch_link`]).
+    link: std::sync::OnceLock<Arc<burst_io::netdev::LinkEvents>>,
 }
 
 #[derive(Debug)]
@@ -46,6 +49,9 @@ pub(super) struct WakeReader {
 /// The token of a lane's own eventfd in its wait set.
 pub(super) const LOCAL_WAKE: u64 = u64::MAX;
 
+/// The token of the link notifications in lane 0's wait set.
+const LINK_WAKE: u64 = u64::MAX - 1;
+
 impl Wake {
     /// The engine's: one word (a cache line apart), one wait set and one
     /// eventfd of its own per lane.
@@ -73,6 +79,7 @@ impl Wake {
                 readers: RwLock::default(),
                 next_token: Default::default(),
             },
+            link: Default::default(),
         })
     }
 
@@ -90,7 +97,26 @@ impl Wake {
         Ok(Wake {
             seg,
             side: WakeSide::Client { writers },
+            link: Default::default(),
         })
+    }
+
+    /// Lane 0's engine also waits on the device's link notifications
+    /// ([`crate::dataplane::Device::follow_link_events`]) and drains them
+    /// when it wakes; once per engine.
+    pub(super) fn watch_link(
+        &self,
+        events: Arc<burst_io::netdev::LinkEvents>,
+    ) -> std::io::Result<()> {
+        let WakeSide::Engine { sets, .. } = &self.side else {
+            return Ok(());
+        };
+        let Some(set) = sets.first() else {
+            return Ok(());
+        };
+        set.add(std::os::fd::AsFd::as_fd(&*events), LINK_WAKE)?;
+        let _ = self.link.set(events);
+        Ok(())
     }
 
     /// The segment clients map.
@@ -186,6 +212,14 @@ impl Wake {
         for t in tokens.iter() {
             if *t == LOCAL_WAKE {
                 local[lane].drain_all();
+                continue;
+            }
+            if *t == LINK_WAKE {
+                // Marks the change for the device's next step, which the
+                // engine takes now that it woke.
+                if let Some(l) = self.link.get() {
+                    l.drain();
+                }
                 continue;
             }
             let fd = readers
