@@ -12,7 +12,7 @@ use burst_verbs::{AsyncEvent, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
 
 mod common;
-use common::poll_n;
+use common::{poll_n, readable};
 
 /// `fast_fail`: a 1 ms ACK timeout and one retry, so a QP whose peer is
 /// gone fails quickly; else the defaults (robust on a loaded machine).
@@ -31,16 +31,6 @@ fn connect(c: &Context, qpn: Qpn, peer_gid: [u8; 16], peer_qpn: Qpn, fast_fail: 
     for a in p.transitions(ah, &peer) {
         c.modify_qp(qpn, &a).unwrap().unwrap();
     }
-}
-
-fn readable(fd: i32, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) == 1 }
 }
 
 #[test]

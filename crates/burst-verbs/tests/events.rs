@@ -15,7 +15,7 @@ use burst_verbs::engine::{CompChannel, Context, CqId, Engine};
 use burst_wire::{Mtu, Qpn};
 
 mod common;
-use common::{connect_rc, poll_n};
+use common::{connect_rc, poll_n, readable};
 
 /// Two engines on `127.0.146.{x}`/`{x+1}`, an RC pair, a channel on B's CQ.
 struct Pair {
@@ -57,6 +57,31 @@ fn pair(x: u8) -> Pair {
     }
 }
 
+impl Pair {
+    /// Registers `on_a` on A (local access) and `on_b` on B with `b_access`.
+    ///
+    /// # Safety
+    /// Both buffers must outlive the engines.
+    unsafe fn register(
+        &self,
+        on_a: &mut [u8],
+        on_b: &mut [u8],
+        b_access: Access,
+    ) -> (burst_mem::MrKeys, burst_mem::MrKeys) {
+        // SAFETY: the caller keeps both buffers alive past the engines.
+        unsafe {
+            (
+                self.a
+                    .reg_mr(self.pa, on_a.as_mut_ptr(), on_a.len(), Access(1))
+                    .unwrap(),
+                self.b
+                    .reg_mr(self.pb, on_b.as_mut_ptr(), on_b.len(), b_access)
+                    .unwrap(),
+            )
+        }
+    }
+}
+
 /// B's next completion the Verbs way: poll, arm, poll again, block.
 fn next_event_driven(p: &Pair, deadline: Instant) -> WorkCompletion {
     loop {
@@ -80,16 +105,8 @@ fn a_blocked_thread_makes_the_completions_it_waits_for() {
     let p = pair(1);
     let mut sbuf: Vec<u8> = (0..64u8).collect();
     let mut rbuf = vec![0u8; 64 * 64];
-    let (pa, pb) = (p.pa, p.pb);
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kr) = unsafe {
-        (
-            p.a.reg_mr(pa, sbuf.as_mut_ptr(), sbuf.len(), Access(1))
-                .unwrap(),
-            p.b.reg_mr(pb, rbuf.as_mut_ptr(), rbuf.len(), Access(1))
-                .unwrap(),
-        )
-    };
+    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
     let recv = |i: u64| RecvWr {
         wr_id: i,
         sg_list: [Sge {
@@ -142,17 +159,6 @@ fn a_blocked_thread_makes_the_completions_it_waits_for() {
     assert_eq!(&rbuf[1..64], &(1..64u8).collect::<Vec<_>>()[..]);
 }
 
-/// Whether `fd` is readable within `ms` milliseconds.
-fn readable(fd: i32, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, count 1.
-    unsafe { libc::poll(&mut p, 1, ms) == 1 }
-}
-
 #[test]
 fn an_event_made_while_no_thread_waits_makes_the_channel_readable() {
     // The engine thread makes the completion (nobody waits in
@@ -161,16 +167,8 @@ fn an_event_made_while_no_thread_waits_makes_the_channel_readable() {
     let p = pair(5);
     let mut sbuf = vec![7u8; 64];
     let mut rbuf = vec![0u8; 64];
-    let (pa, pb) = (p.pa, p.pb);
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kr) = unsafe {
-        (
-            p.a.reg_mr(pa, sbuf.as_mut_ptr(), sbuf.len(), Access(1))
-                .unwrap(),
-            p.b.reg_mr(pb, rbuf.as_mut_ptr(), rbuf.len(), Access(1))
-                .unwrap(),
-        )
-    };
+    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
     let sge = |k: &burst_mem::MrKeys| Sge {
         addr: k.addr,
         length: 64,
@@ -247,15 +245,8 @@ fn after_the_waiter_returns_the_engine_takes_the_port_back() {
     let p = pair(5);
     let mut target = vec![0u8; 4096];
     let mut src = vec![0x5au8; 4096];
-    let (pa, pb) = (p.pa, p.pb);
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kt) = unsafe {
-        (
-            p.a.reg_mr(pa, src.as_mut_ptr(), 4096, Access(1)).unwrap(),
-            p.b.reg_mr(pb, target.as_mut_ptr(), 4096, Access(1 | 2))
-                .unwrap(),
-        )
-    };
+    let (ks, kt) = unsafe { p.register(&mut src, &mut target, Access(1 | 2)) };
     // B blocks for an event that comes from a SEND, then never calls in
     // again, as a passive target does.
     p.b.post_recv(

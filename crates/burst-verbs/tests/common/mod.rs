@@ -1,5 +1,5 @@
 //! What the integration tests share: connecting an RC pair, waiting for
-//! completions.
+//! completions and for descriptors.
 #![allow(dead_code)] // each test crate uses its part
 
 use std::time::{Duration, Instant};
@@ -97,4 +97,15 @@ pub fn veth_pair_in_own_namespace((a, b): (&str, &str), ips: (&str, &str), queue
         eprintln!("SKIPPED: cannot set a veth pair up (no `ip`?)");
     }
     set_up
+}
+
+/// Whether `fd` is readable within `ms` milliseconds.
+pub fn readable(fd: i32, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, count 1.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
 }
