@@ -11,6 +11,12 @@ use burst_transport::WorkCompletion;
 use super::*;
 use crate::AsyncEvent;
 
+/// [`Cq::armed`]: armed by `ibv_req_notify_cq`.
+const ARMED: u32 = 1;
+/// [`Cq::armed`]: armed, and an empty poll since skipped its step
+/// ([`Cq::poll_may_skip_step`]). The engine treats it as armed.
+const ARMED_LOOKED: u32 = 2;
+
 /// Handle of a completion queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub u32);
@@ -131,18 +137,27 @@ impl CompChannel {
 
     /// The next CQ with an event, if one is pending (never blocks).
     pub fn try_get_cq_event(&self) -> Option<CqId> {
+        if let Some(cq) = self.take_handed() {
+            return Some(cq);
+        }
+        // One fd count per event, taken with the event: the fd stays
+        // readable exactly while events are pending.
+        if self.fd.drain() {
+            // The engine counts the event before it signals.
+            return self.take_event();
+        }
+        None
+    }
+
+    /// An event handed over in memory ([`CompChannel::notify`]), if one
+    /// is (no system call).
+    fn take_handed(&self) -> Option<CqId> {
         if self.handed.load(Ordering::Acquire) != 0
             && self
                 .handed
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
                 .is_ok()
         {
-            return self.take_event();
-        }
-        // One fd count per event, taken with the event: the fd stays
-        // readable exactly while events are pending.
-        if self.fd.drain() {
-            // The engine counts the event before it signals.
             return self.take_event();
         }
         None
@@ -203,9 +218,27 @@ impl Cq {
         })
     }
 
-    /// Armed for the next completion.
+    /// Armed for the next completion: 0 not armed, [`ARMED`], or
+    /// [`ARMED_LOOKED`] (armed, and a poll found the ring empty since).
     pub(super) fn armed(&self) -> &std::sync::atomic::AtomicU32 {
         self.ring.segment().word(0)
+    }
+
+    /// Whether an empty poll of this CQ may leave the data plane alone:
+    /// the first empty poll since the CQ was armed. That poll is
+    /// rdma-core's race check between `ibv_req_notify_cq` and
+    /// `ibv_get_cq_event`: the application is about to wait, and the wait
+    /// steps the lane when its port has traffic (or the engine does), so
+    /// a step here would only look at an empty port once more (one system
+    /// call per event). Later empty polls of a CQ still armed step as
+    /// usual: an application that arms and then keeps polling is not left
+    /// without progress.
+    pub(super) fn poll_may_skip_step(&self) -> bool {
+        self.channel.is_some()
+            && self
+                .armed()
+                .compare_exchange(ARMED, ARMED_LOOKED, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Events raised on the channel and not yet taken.
@@ -293,21 +326,37 @@ impl Context {
         // Events this thread's steps make for `ch` come back in memory
         // (`CompChannel::notify`), taken after each step below.
         let _waiting = Waiting::on(ch);
+        // The thread steps when the wait says the port has traffic, and
+        // again while a step finds work (an answer goes out in the next
+        // round); it reads the descriptor only when the wait says it is
+        // readable (an event another thread made). Nothing else can need
+        // this thread: doorbells and timers are the engine's while a
+        // thread waits. So a wait for a reply not yet sent costs one
+        // system call, the wait itself.
+        let (mut step, mut fd_ready) = (false, false);
         loop {
-            let busy = self
-                .step_with(0, Round::Full, Stepper::Waiter, |_| ())
-                .is_some_and(|(b, _)| b);
-            if let Some(cq) = ch.try_get_cq_event() {
+            let busy = step
+                && self
+                    .step_with(0, Round::Full, Stepper::Waiter, |_| ())
+                    .is_some_and(|(b, _)| b);
+            if let Some(cq) = ch.take_handed() {
                 return Ok(Some(cq));
+            }
+            if fd_ready {
+                if let Some(cq) = ch.try_get_cq_event() {
+                    return Ok(Some(cq));
+                }
             }
             if busy {
                 continue;
             }
             let l = left();
             if l.is_zero() {
-                return Ok(None);
+                return Ok(ch.try_get_cq_event());
             }
-            ready.wait_with(true, &[ch.fd.as_fd()], l)?;
+            let woken = ready.wait_with(true, &[ch.fd.as_fd()], l)?;
+            step = woken.port;
+            fd_ready = woken.also & 1 != 0;
         }
     }
 
@@ -426,12 +475,21 @@ impl Context {
 
     /// `ibv_req_notify_cq`: the next completion added to `cq` raises one
     /// event on its channel (completions already in the ring do not).
+    ///
+    /// Arming says the thread is about to wait for an event, maybe in its
+    /// own `poll`/`epoll` on the channel's descriptor, where burst cannot
+    /// see it: its claim on the lanes ends here and the engine thread
+    /// watches the ports ([`Context::hand_over`]), so a completion
+    /// is made when its packet comes, not when the claim would have lapsed
+    /// (4 ms). A thread that waits in [`Context::wait_cq_event`] takes the
+    /// watch off again, and one that keeps polling claims the lanes back.
     pub fn req_notify_cq(&self, cq: CqId) -> Result<(), PostError> {
         let q = self.cq_ref(cq)?;
         if q.channel.is_none() {
             return Err(PostError::Invalid);
         }
-        q.armed().store(1, Ordering::Release);
+        q.armed().store(ARMED, Ordering::Release);
+        self.hand_over();
         Ok(())
     }
 }

@@ -191,6 +191,17 @@ impl Context {
             .collect()
     }
 
+    /// Whether an application thread's claim holds one of the lanes now:
+    /// it polls, and the engine threads leave it those ports (see
+    /// docs/architecture.md, "Who steps a lane"). Diagnostics.
+    pub fn claimed_by_application(&self) -> bool {
+        let now = self.shared.clock.now();
+        self.shared
+            .drivers
+            .iter()
+            .any(|d| matches!(d.owner(now), drivers::Owner::Polling(_)))
+    }
+
     /// The device clock (ns): the time base of [`Context::next_timeout`].
     pub fn now(&self) -> u64 {
         self.shared.clock.now()

@@ -12,8 +12,9 @@
 //!   context switch. A claim lasts [`CLAIM_NS`] after the thread's last
 //!   empty poll: that is how long a thread that stopped polling with work
 //!   outstanding (it computes) may leave packets to wait before the engine
-//!   takes the port back. One that took its last completion hands the port
-//!   over at once, watched ([`Drivers::shorten`]).
+//!   takes the port back. One that took its last completion, or armed a CQ
+//!   to wait for its event, hands the port over at once, watched
+//!   ([`Drivers::shorten`]).
 //! - **Waiting**: a thread blocked in `ibv_get_cq_event` waits on the port
 //!   as well as on its channel and steps the lane when packets come, so the
 //!   thread that the event is for is the one that wakes (one wake-up per
@@ -180,7 +181,9 @@ impl Drivers {
     }
 
     /// A poll took the last completion of a CQ and the lane's QPs have no
-    /// work outstanding: the thread has nothing left to poll for, and may
+    /// work outstanding, or the thread armed a CQ to wait for its event
+    /// (maybe in its own `poll` on the channel, out of burst's sight): the
+    /// thread has nothing left to poll for, and may
     /// go and spin on memory (perftest's write_lat waits so for the peer's
     /// WRITE, which only the engine can place). With a port watch the claim
     /// ends now and the port is watched: the engine, still waiting as
@@ -190,10 +193,14 @@ impl Drivers {
     /// twice per round trip cost perftest's ib_read_lat 15 us of its 23 in
     /// this VM. Without one the claim ends [`SHORT_CLAIM_NS`] from now by
     /// the claim timer.
-    pub(super) fn shorten(&self, now: u64) {
+    ///
+    /// Returns whether the engine thread must be woken: it waits without
+    /// the port and without the watch (it parked while a thread waited
+    /// for an event), so it would see neither.
+    pub(super) fn shorten(&self, now: u64) -> bool {
         let claim = self.claim.load(Ordering::Acquire);
         if claim == 0 {
-            return;
+            return false;
         }
         if self.watch.is_some() {
             if self
@@ -202,12 +209,13 @@ impl Drivers {
                 .is_ok()
             {
                 self.set_watch(true);
+                return self.excluded.load(Ordering::Acquire) && self.timer_wait() != 0;
             }
-            return;
+            return false;
         }
         let end = now.saturating_add(SHORT_CLAIM_NS);
         if claim.saturating_add(CLAIM_NS) <= end {
-            return;
+            return false;
         }
         let short = end.saturating_sub(CLAIM_NS).max(1);
         if self
@@ -220,6 +228,7 @@ impl Drivers {
                 t.arm(std::time::Duration::from_nanos(SHORT_CLAIM_NS));
             }
         }
+        false
     }
 
     /// Whether no application thread of this process has polled or posted
@@ -238,9 +247,13 @@ impl Drivers {
         self.excluded.load(Ordering::Acquire)
     }
 
-    /// A thread starts waiting for an event on the lane's port.
+    /// A thread starts waiting for an event on the lane's port: the
+    /// engine need not watch it too (both would wake for each packet).
     pub(super) fn add_waiter(&self) {
         self.waiters.fetch_add(1, Ordering::AcqRel);
+        if self.watched.load(Ordering::Acquire) {
+            self.set_watch(false);
+        }
     }
 
     /// A waiting thread returns (with its event, or interrupted): the lane
@@ -401,5 +414,41 @@ mod tests {
         d.claim(6_000);
         d.claim(6_001);
         assert!(!readable());
+    }
+
+    #[test]
+    fn a_waiter_takes_the_watch_off_and_an_engine_parked_for_waiters_is_woken() {
+        use burst_io::Port;
+        use std::os::fd::AsFd;
+        let port = burst_io::UdpPort::bind("127.0.151.3".parse().unwrap()).unwrap();
+        let d = Drivers::new(Some(port.readiness().unwrap())).unwrap();
+        let watch = d.watch.as_ref().unwrap();
+        let readable = || {
+            burst_io::wait_fds(&[watch.as_fd()], std::time::Duration::from_millis(100)).unwrap()
+                != 0
+        };
+        let peer = std::net::UdpSocket::bind("127.0.151.4:0").unwrap();
+        peer.send_to(b"traffic", port.local_addr()).unwrap();
+        // The engine parked while a thread polled: it waits on the watch,
+        // so handing over needs no wake-up.
+        d.claim(1_000);
+        d.parking(Owner::Polling(1_000 + CLAIM_NS), 1_000 + CLAIM_NS);
+        assert!(!d.shorten(2_000), "the engine sees the watch");
+        assert!(readable());
+        // A thread waits for an event on the port itself: the engine need
+        // not watch it too.
+        d.add_waiter();
+        assert!(!readable(), "waiter and engine would both wake");
+        d.remove_waiter(3_000);
+        // The engine parked while the thread waited (doorbells and timers,
+        // no port, no watch): handing over must wake it.
+        d.parking(Owner::Waiting, 9_000_000);
+        assert!(
+            d.shorten(4_000),
+            "the engine would see neither port nor watch"
+        );
+        d.unparked();
+        d.claim(5_000);
+        assert!(!d.shorten(6_000), "an engine awake needs no wake-up");
     }
 }

@@ -123,9 +123,13 @@ impl CompletionQueue {
     }
 
     /// `ibv_poll_cq` for one completion (never blocks; steps the data
-    /// plane once when the ring is empty).
+    /// plane once when the ring is empty, unless this is the first empty
+    /// poll since the CQ was armed: see `Cq::poll_may_skip_step`).
     pub fn poll(&self) -> Option<WorkCompletion> {
         let wc = self.cq.ring.pop().or_else(|| {
+            if self.cq.poll_may_skip_step() {
+                return None;
+            }
             self.ctx.progress();
             self.cq.ring.pop()
         });

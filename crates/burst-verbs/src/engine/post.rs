@@ -110,7 +110,8 @@ impl Context {
     }
 
     /// Takes a completion from a CQ ring (never blocks; steps the data
-    /// plane once when the ring is empty).
+    /// plane once when the ring is empty, unless this is the first empty
+    /// poll since the CQ was armed: see `Cq::poll_may_skip_step`).
     #[must_use = "a completion not taken is lost"]
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
         let q = self.cq_ref(cq).ok()?;
@@ -119,6 +120,7 @@ impl Context {
                 self.took_completion(&q);
                 Some(wc)
             }
+            None if q.poll_may_skip_step() => None,
             None => {
                 self.progress();
                 let wc = q.ring.pop();
@@ -140,9 +142,23 @@ impl Context {
         if self.work_outstanding() {
             return;
         }
-        let now = self.shared.clock.now();
-        for d in &self.shared.drivers {
-            d.shorten(now);
+        self.hand_over();
+    }
+
+    /// The calling thread has nothing left to poll for (it took its last
+    /// completion, or armed a CQ to wait for an event): its claims end and
+    /// the engine threads watch the ports ([`drivers::Drivers::shorten`]).
+    pub(super) fn hand_over(&self) {
+        let sh = &*self.shared;
+        // No engine thread (a simulation, a daemon client): nobody to hand to.
+        if sh.drivers.iter().all(|d| d.ready.is_none()) {
+            return;
+        }
+        let now = sh.clock.now();
+        for (lane, d) in sh.drivers.iter().enumerate() {
+            if d.shorten(now) {
+                sh.wake.wake(lane);
+            }
         }
     }
 
