@@ -377,3 +377,77 @@ fn a_thread_that_arms_its_cq_and_waits_in_its_own_poll_hands_the_port_over() {
     // Timing is printed, not asserted (the claim it replaces lasted 4 ms).
     eprintln!("round trip through the engine thread: p50 {:?}", rounds[50]);
 }
+
+#[test]
+fn arming_a_cq_that_got_completions_without_an_event_raises_one_at_once() {
+    // UCX arms its CQs one after the other and sleeps without polling
+    // them again: a completion that came to one while it armed another
+    // must still wake it. A completion that raised its event, or that the
+    // application already found, does not raise another.
+    let p = pair(23);
+    let mut sbuf = vec![3u8; 64];
+    let mut rbuf = vec![0u8; 64 * 4];
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
+    for i in 0..4u64 {
+        let sge = Sge {
+            addr: kr.addr + i * 64,
+            length: 64,
+            lkey: kr.lkey,
+        };
+        p.b.post_recv(
+            p.qb,
+            &RecvWr {
+                wr_id: i,
+                sg_list: [sge].into(),
+            },
+        )
+        .unwrap();
+    }
+    let send = |i: u64| {
+        let sge = Sge {
+            addr: ks.addr,
+            length: 64,
+            lkey: ks.lkey,
+        };
+        p.a.post_send(p.qa, &SendWr::new(i, SendOp::Send, [sge]))
+            .unwrap();
+        poll_n(&p.a, p.cqa, 1);
+    };
+    let cq = p.b.cq(p.cqb).unwrap();
+    let landed = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cq.len() < n {
+            assert!(Instant::now() < deadline, "B's engine never delivered");
+            std::thread::yield_now();
+        }
+    };
+    // Not armed: B's engine delivers without an event.
+    send(0);
+    landed(1);
+    assert!(!readable(p.ch.fd(), 0));
+    p.b.req_notify_cq(p.cqb).unwrap();
+    assert!(readable(p.ch.fd(), 0), "arming over an unseen completion");
+    assert_eq!(
+        p.b.wait_cq_event(&p.ch, Duration::ZERO).unwrap(),
+        Some(p.cqb)
+    );
+    assert_eq!(cq.poll().map(|w| w.wr_id), Some(0));
+    // Found empty: arming now raises nothing.
+    assert!(cq.poll().is_none());
+    p.b.req_notify_cq(p.cqb).unwrap();
+    assert!(!readable(p.ch.fd(), 50), "nothing unseen, nothing raised");
+    // The next completion raises its event; arming again before polling
+    // it (rdma-core's ack, arm, poll) raises no second one.
+    send(1);
+    assert!(readable(p.ch.fd(), 10_000));
+    assert_eq!(
+        p.b.wait_cq_event(&p.ch, Duration::ZERO).unwrap(),
+        Some(p.cqb)
+    );
+    p.b.req_notify_cq(p.cqb).unwrap();
+    assert!(!readable(p.ch.fd(), 50), "that completion had its event");
+    assert_eq!(cq.poll().map(|w| w.wr_id), Some(1));
+    drop(p);
+    assert_eq!(rbuf[64], 3);
+}

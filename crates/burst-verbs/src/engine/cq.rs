@@ -188,6 +188,10 @@ pub struct Cq {
     /// on an RNIC; the paused QPs refilling a CQ polled two at a time would
     /// otherwise raise one per refill).
     pub(super) overrun: AtomicBool,
+    /// Completions went into the ring without an event since a poll last
+    /// found it empty ([`Cq::arm`]). Set by the engine of this process (a
+    /// daemon client's CQ never sees it set: burstd delivers).
+    unseen: AtomicBool,
 }
 
 pub(super) const CQ_RING: usize = 64;
@@ -215,7 +219,51 @@ impl Cq {
             channel,
             owner,
             overrun: AtomicBool::new(false),
+            unseen: AtomicBool::new(false),
         })
+    }
+
+    /// Takes the next completion; one found missing clears
+    /// [`Cq::unseen`] (and looks once more, so one put in meanwhile is
+    /// not left behind a cleared flag).
+    pub(super) fn pop(&self) -> Option<WorkCompletion> {
+        if let Some(wc) = self.ring.pop() {
+            return Some(wc);
+        }
+        if !self.unseen.load(Ordering::Acquire) {
+            return None;
+        }
+        self.unseen.store(false, Ordering::Release);
+        self.ring.pop()
+    }
+
+    /// `ibv_req_notify_cq`. The ring may hold completions that came after
+    /// the application last found it empty and raised no event (it was
+    /// not armed): an application that arms several CQs one after the
+    /// other and then sleeps without polling them again (UCX's verbs
+    /// transports) would never hear of one that came to the second while
+    /// it armed the first. Those raise the event at once: a spurious
+    /// event costs the application a look at an empty CQ, a lost one
+    /// hangs it. Returns the channel to signal.
+    pub(super) fn arm(&self) -> Option<&Arc<CompChannel>> {
+        self.armed().store(ARMED, Ordering::Release);
+        if !self.unseen.load(Ordering::Acquire) || self.ring.is_empty() {
+            return None;
+        }
+        self.unseen.store(false, Ordering::Release);
+        self.fire()
+    }
+
+    /// The event of an armed CQ, once (whoever disarms it counts it);
+    /// returns the channel to signal.
+    fn fire(&self) -> Option<&Arc<CompChannel>> {
+        if self.armed().swap(0, Ordering::AcqRel) == 0 {
+            return None;
+        }
+        let ch = self.channel.as_ref()?;
+        // Counted before the signal, so a reader woken by it finds it.
+        self.events().fetch_add(1, Ordering::AcqRel);
+        Some(ch)
     }
 
     /// Armed for the next completion: 0 not armed, [`ARMED`], or
@@ -266,14 +314,13 @@ pub(super) fn deliver(
     wc: WorkCompletion,
 ) -> Result<Option<Arc<CompChannel>>, WorkCompletion> {
     q.ring.push(wc)?;
-    if q.armed().swap(0, Ordering::AcqRel) != 0 {
-        if let Some(ch) = &q.channel {
-            // Counted before the signal, so a reader woken by it finds it.
-            q.events().fetch_add(1, Ordering::AcqRel);
-            return Ok(Some(Arc::clone(ch)));
+    match q.fire() {
+        Some(ch) => Ok(Some(Arc::clone(ch))),
+        None => {
+            q.unseen.store(true, Ordering::Release);
+            Ok(None)
         }
     }
-    Ok(None)
 }
 
 impl Context {
@@ -488,7 +535,9 @@ impl Context {
         if q.channel.is_none() {
             return Err(PostError::Invalid);
         }
-        q.armed().store(ARMED, Ordering::Release);
+        if let Some(ch) = q.arm() {
+            ch.notify();
+        }
         self.hand_over();
         Ok(())
     }

@@ -115,7 +115,7 @@ impl Context {
     #[must_use = "a completion not taken is lost"]
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
         let q = self.cq_ref(cq).ok()?;
-        match q.ring.pop() {
+        match q.pop() {
             Some(wc) => {
                 self.took_completion(&q);
                 Some(wc)
@@ -123,7 +123,7 @@ impl Context {
             None if q.poll_may_skip_step() => None,
             None => {
                 self.progress();
-                let wc = q.ring.pop();
+                let wc = q.pop();
                 if wc.is_some() {
                     self.took_completion(&q);
                 }
@@ -181,7 +181,7 @@ impl Context {
     /// plane (a caller that steps it itself, such as a simulator).
     #[must_use = "a completion not taken is lost"]
     pub fn take_completion(&self, cq: CqId) -> Option<WorkCompletion> {
-        self.cq_ref(cq).ok()?.ring.pop()
+        self.cq_ref(cq).ok()?.pop()
     }
 
     /// A handle on CQ `cq` that polls without any lookup.
