@@ -188,10 +188,6 @@ pub struct Cq {
     /// on an RNIC; the paused QPs refilling a CQ polled two at a time would
     /// otherwise raise one per refill).
     pub(super) overrun: AtomicBool,
-    /// Completions went into the ring without an event since a poll last
-    /// found it empty ([`Cq::arm`]). Set by the engine of this process (a
-    /// daemon client's CQ never sees it set: burstd delivers).
-    unseen: AtomicBool,
 }
 
 pub(super) const CQ_RING: usize = 64;
@@ -219,8 +215,14 @@ impl Cq {
             channel,
             owner,
             overrun: AtomicBool::new(false),
-            unseen: AtomicBool::new(false),
         })
+    }
+
+    /// Completions went into the ring without an event since a poll last
+    /// found it empty (nonzero). Shared with burstd like the other words:
+    /// its engine delivers, the client arms.
+    fn unseen(&self) -> &std::sync::atomic::AtomicU32 {
+        self.ring.segment().word(8)
     }
 
     /// Takes the next completion; one found missing clears
@@ -230,27 +232,33 @@ impl Cq {
         if let Some(wc) = self.ring.pop() {
             return Some(wc);
         }
-        if !self.unseen.load(Ordering::Acquire) {
+        if self.unseen().load(Ordering::Acquire) == 0 {
             return None;
         }
-        self.unseen.store(false, Ordering::Release);
+        self.unseen().store(0, Ordering::Release);
         self.ring.pop()
     }
 
-    /// `ibv_req_notify_cq`. The ring may hold completions that came after
-    /// the application last found it empty and raised no event (it was
-    /// not armed): an application that arms several CQs one after the
-    /// other and then sleeps without polling them again (UCX's verbs
+    /// `ibv_req_notify_cq`; returns whether the CQ holds completions that
+    /// came after the application last found it empty and raised no event
+    /// (it was not armed). An application that arms several CQs one after
+    /// the other and then sleeps without polling them again (UCX's verbs
     /// transports) would never hear of one that came to the second while
-    /// it armed the first. Those raise the event at once: a spurious
-    /// event costs the application a look at an empty CQ, a lost one
-    /// hangs it. Returns the channel to signal.
-    pub(super) fn arm(&self) -> Option<&Arc<CompChannel>> {
+    /// it armed the first: those raise the event at once
+    /// ([`Cq::fire_unseen`], by whoever can signal the channel). A
+    /// spurious event costs the application a look at an empty CQ; a lost
+    /// one hangs it.
+    pub(super) fn arm(&self) -> bool {
         self.armed().store(ARMED, Ordering::Release);
-        if !self.unseen.load(Ordering::Acquire) || self.ring.is_empty() {
+        self.unseen().load(Ordering::Acquire) != 0 && !self.ring.is_empty()
+    }
+
+    /// The event of an armed CQ whose ring holds unseen completions
+    /// ([`Cq::arm`]); returns the channel to signal.
+    pub(super) fn fire_unseen(&self) -> Option<&Arc<CompChannel>> {
+        if self.unseen().swap(0, Ordering::AcqRel) == 0 || self.ring.is_empty() {
             return None;
         }
-        self.unseen.store(false, Ordering::Release);
         self.fire()
     }
 
@@ -317,7 +325,7 @@ pub(super) fn deliver(
     match q.fire() {
         Some(ch) => Ok(Some(Arc::clone(ch))),
         None => {
-            q.unseen.store(true, Ordering::Release);
+            q.unseen().store(1, Ordering::Release);
             Ok(None)
         }
     }
@@ -535,8 +543,13 @@ impl Context {
         if q.channel.is_none() {
             return Err(PostError::Invalid);
         }
-        if let Some(ch) = q.arm() {
-            ch.notify();
+        if q.arm() {
+            if self.plane.client_id().is_some() {
+                // Only burstd can signal a client's channel.
+                self.shared.doorbells[0].ring(CQ_DOORBELL | cq.0);
+            } else if let Some(ch) = q.fire_unseen() {
+                ch.notify();
+            }
         }
         self.hand_over();
         Ok(())

@@ -446,6 +446,8 @@ impl Core {
             if lane == 0 {
                 let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
                 missed.extend((0..srqs.len() as u32).map(|i| SRQ_DOORBELL | i));
+                let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+                missed.extend((0..cqs.len() as u32).map(|i| CQ_DOORBELL | i));
             }
         }
         Core::collect_client_bells(client_bells, shared, lane);
@@ -460,6 +462,16 @@ impl Core {
             busy = true;
             if bell & SRQ_DOORBELL != 0 {
                 Core::take_srq(dev, bad, shared, owner, SrqId(bell & !SRQ_DOORBELL));
+                continue;
+            }
+            if bell & CQ_DOORBELL != 0 {
+                let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+                match cqs.get((bell & !CQ_DOORBELL) as usize) {
+                    Some(Some(q)) if q.owner == owner => {
+                        held.signals.extend(q.fire_unseen().cloned());
+                    }
+                    _ => bad_input(bad, owner, "doorbell for another client's CQ ignored"),
+                }
                 continue;
             }
             let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
@@ -498,6 +510,12 @@ impl Core {
                         s.as_ref()
                             .filter(|s| s.owner == b.owner)
                             .map(|_| (b.owner, SRQ_DOORBELL | i as u32))
+                    }));
+                    let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
+                    client_bells.extend(cqs.iter().enumerate().filter_map(|(i, q)| {
+                        q.as_ref()
+                            .filter(|q| q.owner == b.owner)
+                            .map(|_| (b.owner, CQ_DOORBELL | i as u32))
                     }));
                 }
             }

@@ -305,3 +305,7 @@ pub(super) struct SrqRing {
 
 /// Doorbells carry a QPN (24 bits) or, with this bit, an SRQ index.
 pub(super) const SRQ_DOORBELL: u32 = 1 << 31;
+
+/// ... or, with this bit, a CQ index: the CQ was armed over completions
+/// that raised no event (`Cq::arm`), and the engine signals its channel.
+pub(super) const CQ_DOORBELL: u32 = 1 << 30;
