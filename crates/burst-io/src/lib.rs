@@ -790,10 +790,16 @@ impl Readiness {
         let Some(fd) = &self.0 else {
             return Ok(None);
         };
-        Ok(Some(PortWatch {
+        let w = PortWatch {
             ep: sys::epoll()?,
             port: fd.try_clone()?,
-        }))
+        };
+        // In the set from the start, reporting nothing: turning the watch
+        // on or off is then an `EPOLL_CTL_MOD`, not an add of one epoll
+        // instance to another (which runs the kernel's loop check under a
+        // global lock) and a delete, twice per event-driven round trip.
+        sys::epoll_add_events(&w.ep, &w.port, 0)?;
+        Ok(Some(w))
     }
 
     /// Blocks until the port (when `port` is true and it can be waited on)
@@ -857,14 +863,11 @@ pub struct PortWatch {
 }
 
 impl PortWatch {
-    /// Watches the port (`true`) or stops (`false`); watching twice, or
-    /// stopping what is not watched, is an error (`EEXIST`, `ENOENT`).
+    /// Watches the port (`true`) or stops (`false`); either twice is the
+    /// same as once.
     pub fn set(&self, on: bool) -> io::Result<()> {
-        if on {
-            sys::epoll_add(&self.ep, &self.port)
-        } else {
-            sys::epoll_del(&self.ep, &self.port)
-        }
+        let events = if on { libc::EPOLLIN as u32 } else { 0 };
+        sys::epoll_mod(&self.ep, &self.port, events)
     }
 }
 

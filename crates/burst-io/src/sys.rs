@@ -95,30 +95,32 @@ pub(crate) fn epoll_ready(ep: &impl AsRawFd, out: &mut [RawFd]) -> io::Result<us
 
 /// Adds `fd` to epoll instance `ep` for readability (level-triggered).
 pub(crate) fn epoll_add(ep: &impl AsRawFd, fd: &impl AsRawFd) -> io::Result<()> {
+    epoll_add_events(ep, fd, libc::EPOLLIN as u32)
+}
+
+/// Adds `fd` to epoll instance `ep` for `events` (0: reports nothing until
+/// [`epoll_mod`] asks for more).
+pub(crate) fn epoll_add_events(
+    ep: &impl AsRawFd,
+    fd: &impl AsRawFd,
+    events: u32,
+) -> io::Result<()> {
+    epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, events)
+}
+
+/// Changes the events `ep` reports for `fd`, which it holds; a change that
+/// makes it report readiness already there wakes its waiters.
+pub(crate) fn epoll_mod(ep: &impl AsRawFd, fd: &impl AsRawFd, events: u32) -> io::Result<()> {
+    epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, events)
+}
+
+fn epoll_ctl(ep: &impl AsRawFd, op: libc::c_int, fd: &impl AsRawFd, events: u32) -> io::Result<()> {
     let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
+        events,
         u64: fd.as_raw_fd() as u64,
     };
     // SAFETY: both descriptors are live; `ev` is a valid event.
-    let rc =
-        unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd.as_raw_fd(), &mut ev) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Takes `fd` out of epoll instance `ep`.
-pub(crate) fn epoll_del(ep: &impl AsRawFd, fd: &impl AsRawFd) -> io::Result<()> {
-    // SAFETY: both descriptors are live; DEL ignores the event argument.
-    let rc = unsafe {
-        libc::epoll_ctl(
-            ep.as_raw_fd(),
-            libc::EPOLL_CTL_DEL,
-            fd.as_raw_fd(),
-            std::ptr::null_mut(),
-        )
-    };
+    let rc = unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd.as_raw_fd(), &mut ev) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }

@@ -77,7 +77,7 @@ impl CompChannel {
     }
 
     /// How many events this channel handed over in memory to the thread
-    /// that waited on it (see [`CompChannel::notify`]), since it was made.
+    /// that waited on it (see `CompChannel::notify`), since it was made.
     pub fn events_in_memory(&self) -> u64 {
         self.in_memory.load(Ordering::Relaxed)
     }
@@ -534,7 +534,7 @@ impl Context {
     /// Arming says the thread is about to wait for an event, maybe in its
     /// own `poll`/`epoll` on the channel's descriptor, where burst cannot
     /// see it: its claim on the lanes ends here and the engine thread
-    /// watches the ports ([`Context::hand_over`]), so a completion
+    /// watches the ports (`Context::hand_over`), so a completion
     /// is made when its packet comes, not when the claim would have lapsed
     /// (4 ms). A thread that waits in [`Context::wait_cq_event`] takes the
     /// watch off again, and one that keeps polling claims the lanes back.
