@@ -82,6 +82,15 @@ impl Pair {
     }
 }
 
+/// 64 bytes at `off` in the region `k` names.
+fn sge(k: &burst_mem::MrKeys, off: u64) -> Sge {
+    Sge {
+        addr: k.addr + off,
+        length: 64,
+        lkey: k.lkey,
+    }
+}
+
 /// B's next completion the Verbs way: poll, arm, poll again, block.
 fn next_event_driven(p: &Pair, deadline: Instant) -> WorkCompletion {
     loop {
@@ -169,21 +178,16 @@ fn an_event_made_while_no_thread_waits_makes_the_channel_readable() {
     let mut rbuf = vec![0u8; 64];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
     let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
-    let sge = |k: &burst_mem::MrKeys| Sge {
-        addr: k.addr,
-        length: 64,
-        lkey: k.lkey,
-    };
     p.b.post_recv(
         p.qb,
         &RecvWr {
             wr_id: 1,
-            sg_list: [sge(&kr)].into(),
+            sg_list: [sge(&kr, 0)].into(),
         },
     )
     .unwrap();
     p.b.req_notify_cq(p.cqb).unwrap();
-    p.a.post_send(p.qa, &SendWr::new(1, SendOp::Send, [sge(&ks)]))
+    p.a.post_send(p.qa, &SendWr::new(1, SendOp::Send, [sge(&ks, 0)]))
         .unwrap();
     assert!(
         readable(p.ch.fd(), 10_000),
@@ -309,11 +313,6 @@ fn a_thread_that_arms_its_cq_and_waits_in_its_own_poll_hands_the_port_over() {
     let mut bbuf = vec![2u8; 256];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
     let (ka, kb) = unsafe { p.register(&mut abuf, &mut bbuf, Access(1)) };
-    let sge = |k: &burst_mem::MrKeys, off: u64| Sge {
-        addr: k.addr + off,
-        length: 64,
-        lkey: k.lkey,
-    };
     let recv = move |k: &burst_mem::MrKeys, i: u64| RecvWr {
         wr_id: i,
         sg_list: [sge(k, 0)].into(),
@@ -390,27 +389,17 @@ fn arming_a_cq_that_got_completions_without_an_event_raises_one_at_once() {
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
     let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
     for i in 0..4u64 {
-        let sge = Sge {
-            addr: kr.addr + i * 64,
-            length: 64,
-            lkey: kr.lkey,
-        };
         p.b.post_recv(
             p.qb,
             &RecvWr {
                 wr_id: i,
-                sg_list: [sge].into(),
+                sg_list: [sge(&kr, i * 64)].into(),
             },
         )
         .unwrap();
     }
     let send = |i: u64| {
-        let sge = Sge {
-            addr: ks.addr,
-            length: 64,
-            lkey: ks.lkey,
-        };
-        p.a.post_send(p.qa, &SendWr::new(i, SendOp::Send, [sge]))
+        p.a.post_send(p.qa, &SendWr::new(i, SendOp::Send, [sge(&ks, 0)]))
             .unwrap();
         poll_n(&p.a, p.cqa, 1);
     };

@@ -378,17 +378,19 @@ mod tests {
         assert!(!readable(0));
     }
 
+    /// Whether the engine, waiting on `watch`, would wake within 100 ms.
+    fn watch_readable(watch: &burst_io::PortWatch) -> bool {
+        use std::os::fd::AsFd;
+        burst_io::wait_fds(&[watch.as_fd()], std::time::Duration::from_millis(100)).unwrap() != 0
+    }
+
     #[test]
     fn a_thread_with_nothing_to_poll_for_hands_the_port_over_watched() {
         use burst_io::Port;
-        use std::os::fd::AsFd;
         let port = burst_io::UdpPort::bind("127.0.151.1".parse().unwrap()).unwrap();
         let d = Drivers::new(Some(port.readiness().unwrap())).unwrap();
         let watch = d.watch.as_ref().expect("a socket port can be watched");
-        let readable = || {
-            burst_io::wait_fds(&[watch.as_fd()], std::time::Duration::from_millis(100)).unwrap()
-                != 0
-        };
+        let readable = || watch_readable(watch);
         let peer = std::net::UdpSocket::bind("127.0.151.2:0").unwrap();
         peer.send_to(b"traffic", port.local_addr()).unwrap();
         d.claim(1_000);
@@ -419,14 +421,10 @@ mod tests {
     #[test]
     fn a_waiter_takes_the_watch_off_and_an_engine_parked_for_waiters_is_woken() {
         use burst_io::Port;
-        use std::os::fd::AsFd;
         let port = burst_io::UdpPort::bind("127.0.151.3".parse().unwrap()).unwrap();
         let d = Drivers::new(Some(port.readiness().unwrap())).unwrap();
         let watch = d.watch.as_ref().unwrap();
-        let readable = || {
-            burst_io::wait_fds(&[watch.as_fd()], std::time::Duration::from_millis(100)).unwrap()
-                != 0
-        };
+        let readable = || watch_readable(watch);
         let peer = std::net::UdpSocket::bind("127.0.151.4:0").unwrap();
         peer.send_to(b"traffic", port.local_addr()).unwrap();
         // The engine parked while a thread polled: it waits on the watch,

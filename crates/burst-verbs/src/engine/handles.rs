@@ -126,17 +126,7 @@ impl CompletionQueue {
     /// plane once when the ring is empty, unless this is the first empty
     /// poll since the CQ was armed: see `Cq::poll_may_skip_step`).
     pub fn poll(&self) -> Option<WorkCompletion> {
-        let wc = self.cq.pop().or_else(|| {
-            if self.cq.poll_may_skip_step() {
-                return None;
-            }
-            self.ctx.progress();
-            self.cq.pop()
-        });
-        if wc.is_some() {
-            self.ctx.took_completion(&self.cq);
-        }
-        wc
+        self.ctx.poll_one(&self.cq)
     }
 
     /// Completions waiting.

@@ -114,22 +114,23 @@ impl Context {
     /// poll since the CQ was armed: see `Cq::poll_may_skip_step`).
     #[must_use = "a completion not taken is lost"]
     pub fn poll_cq(&self, cq: CqId) -> Option<WorkCompletion> {
-        let q = self.cq_ref(cq).ok()?;
-        match q.pop() {
-            Some(wc) => {
-                self.took_completion(&q);
-                Some(wc)
+        self.poll_one(&*self.cq_ref(cq).ok()?)
+    }
+
+    /// [`Context::poll_cq`] on a CQ already looked up (a
+    /// [`CompletionQueue`] handle's poll too).
+    pub(super) fn poll_one(&self, q: &Cq) -> Option<WorkCompletion> {
+        let wc = q.pop().or_else(|| {
+            if q.poll_may_skip_step() {
+                return None;
             }
-            None if q.poll_may_skip_step() => None,
-            None => {
-                self.progress();
-                let wc = q.pop();
-                if wc.is_some() {
-                    self.took_completion(&q);
-                }
-                wc
-            }
+            self.progress();
+            q.pop()
+        });
+        if wc.is_some() {
+            self.took_completion(q);
         }
+        wc
     }
 
     /// A poll took a completion from `q`: if that was its last one and no
