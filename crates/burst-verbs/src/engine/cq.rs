@@ -249,23 +249,37 @@ impl Cq {
     /// spurious event costs the application a look at an empty CQ; a lost
     /// one hangs it.
     pub(super) fn arm(&self) -> bool {
-        self.armed().store(ARMED, Ordering::Release);
-        self.unseen().load(Ordering::Acquire) != 0 && !self.ring.is_empty()
+        // SeqCst with `deliver`'s flag-then-look (a store then a load on
+        // each side): one of the two sees the other's store.
+        self.armed().store(ARMED, Ordering::SeqCst);
+        self.unseen().load(Ordering::SeqCst) != 0 && !self.ring.is_empty()
     }
 
     /// The event of an armed CQ whose ring holds unseen completions
     /// ([`Cq::arm`]); returns the channel to signal.
     pub(super) fn fire_unseen(&self) -> Option<&Arc<CompChannel>> {
-        if self.unseen().swap(0, Ordering::AcqRel) == 0 || self.ring.is_empty() {
+        if self.unseen().swap(0, Ordering::SeqCst) == 0 || self.ring.is_empty() {
             return None;
         }
         self.fire()
     }
 
+    /// A completion went in and raised no event (the CQ was not armed
+    /// when [`Cq::fire`] looked): flags it for the next arm. An arm
+    /// between that look and this flag found no flag, so its event is
+    /// raised here; returns the channel to signal.
+    fn flag_unseen(&self) -> Option<&Arc<CompChannel>> {
+        self.unseen().store(1, Ordering::SeqCst);
+        if self.armed().load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        self.fire_unseen()
+    }
+
     /// The event of an armed CQ, once (whoever disarms it counts it);
     /// returns the channel to signal.
     fn fire(&self) -> Option<&Arc<CompChannel>> {
-        if self.armed().swap(0, Ordering::AcqRel) == 0 {
+        if self.armed().swap(0, Ordering::SeqCst) == 0 {
             return None;
         }
         let ch = self.channel.as_ref()?;
@@ -322,13 +336,7 @@ pub(super) fn deliver(
     wc: WorkCompletion,
 ) -> Result<Option<Arc<CompChannel>>, WorkCompletion> {
     q.ring.push(wc)?;
-    match q.fire() {
-        Some(ch) => Ok(Some(Arc::clone(ch))),
-        None => {
-            q.unseen().store(1, Ordering::Release);
-            Ok(None)
-        }
-    }
+    Ok(q.fire().or_else(|| q.flag_unseen()).map(Arc::clone))
 }
 
 impl Context {
@@ -572,6 +580,66 @@ mod tests {
 
     fn readable(ch: &CompChannel) -> bool {
         ch.fd.wait(Duration::ZERO)
+    }
+
+    fn completion(wr_id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: burst_transport::WcStatus::Success,
+            opcode: burst_transport::WcOpcode::Recv,
+            byte_len: 8,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num: burst_wire::Qpn::new(0x11).unwrap(),
+            src_qp: burst_wire::Qpn::new(0x22).unwrap(),
+            grh: None,
+        }
+    }
+
+    fn cq_with_channel() -> (Cq, Arc<CompChannel>) {
+        let ch = Arc::new(CompChannel::with_fd(
+            crate::eventfd::EventFd::new().unwrap(),
+        ));
+        let slots = ShmRing::<WorkCompletion>::slots_for(16);
+        let seg = Arc::new(Segment::anonymous(Cq::bytes(slots)).unwrap());
+        let q = Cq::new(seg, slots, true, Some(Arc::clone(&ch)), 0).unwrap();
+        (q, ch)
+    }
+
+    /// UCX's sleep: the application finds the CQ empty, arms it and
+    /// sleeps, while an engine on another core completes into it. The
+    /// interleaving that hung `ucx_perftest -E sleep` through burstd one
+    /// run in three: the engine looks (not armed), the application arms
+    /// (no flag yet), the engine flags. One event must still come.
+    #[test]
+    fn an_arm_between_the_engines_look_and_its_flag_still_raises_the_event() {
+        let (q, _ch) = cq_with_channel();
+        q.ring.push(completion(1)).unwrap();
+        assert!(q.fire().is_none(), "not armed yet");
+        assert!(!q.arm(), "the flag is not set yet");
+        assert!(q.flag_unseen().is_some(), "the event was lost");
+        // Raised once: the arm is spent.
+        assert!(q.fire_unseen().is_none() && q.fire().is_none());
+    }
+
+    /// The other orders raise one event each, and a completion that
+    /// raised its event leaves no flag behind (the next arm over it, the
+    /// usual get-event / arm / poll loop, raises no spurious event).
+    #[test]
+    fn a_completion_before_or_after_the_arm_raises_one_event() {
+        let (q, _ch) = cq_with_channel();
+        // Before: flagged, and the arm raises it.
+        deliver(&q, completion(1)).unwrap();
+        assert!(q.arm());
+        assert!(q.fire_unseen().is_some());
+        assert!(q.fire_unseen().is_none());
+        // After: the delivery raises it, and no flag is left.
+        assert!(!q.arm());
+        assert!(deliver(&q, completion(2)).unwrap().is_some());
+        assert!(
+            !q.arm(),
+            "a completion that raised its event flagged itself"
+        );
     }
 
     #[test]
