@@ -292,6 +292,7 @@ fn rxe_pair(
         }
     }
     let _ = Command::new("bash").arg(&lab).arg("setup").status();
+    crate::dropin::wait_lab_slot("pair");
     let out = Command::new("timeout")
         .arg((600 + 600 * rounds).to_string())
         .arg("bash")

@@ -590,6 +590,7 @@ pub fn rxe(
             "{before}; timeout {t} {cmd} > /tmp/cm{i}.log 2>&1; rc=$?; {after}; echo VMRESULT {i} $rc; tail -n 12 /tmp/cm{i}.log | sed 's/^/VMLOG {i} /'; "
         ));
     }
+    crate::dropin::wait_lab_slot("run-a");
     let vm = match spawn(&[
         "bash".into(),
         lab.to_string_lossy().into_owned(),

@@ -599,6 +599,61 @@ pub(crate) struct Run {
     out: std::thread::JoinHandle<String>,
 }
 
+/// Waits (up to 2 minutes) until the lab's VM slot `slot` (`run-a`,
+/// `pair`) is free: `rxe-vm` refuses a locked slot at once, and the VM of
+/// the case before may still be shutting down (a run that started then
+/// failed every case with "never listened" after two 300 s waits).
+pub(crate) fn wait_lab_slot(slot: &str) {
+    let base = std::env::var_os("RXE_LAB_RUNDIR")
+        .map_or_else(|| PathBuf::from("/run/rxe-lab"), PathBuf::from);
+    let lock = base.join(format!("{slot}.lock"));
+    if !lock.exists() {
+        return;
+    }
+    let free = Command::new("flock")
+        .args(["-w", "120"])
+        .arg(&lock)
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !free {
+        println!(
+            "xtask: lab slot {slot} still locked after 120 s ({})",
+            lock.display()
+        );
+    }
+}
+
+/// Waits until the VM of `vm` listens on `port` (the lab's `wait-port`,
+/// up to 300 s), giving up as soon as the VM's run has ended.
+fn wait_vm_listening(lab: &Path, port: u16, vm: &mut Run) -> bool {
+    use std::os::unix::process::CommandExt;
+    let Ok(mut w) = Command::new("bash")
+        .arg(lab)
+        .args(["wait-port", &port.to_string(), "300"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+    else {
+        return false;
+    };
+    loop {
+        if let Ok(Some(s)) = w.try_wait() {
+            return s.success();
+        }
+        if let Ok(Some(_)) = vm.child.try_wait() {
+            // Its probe too (a process group of its own).
+            let _ = Command::new("kill")
+                .args(["-TERM", "--", &format!("-{}", w.id())])
+                .status();
+            let _ = w.wait();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 pub(crate) fn spawn(argv: &[String]) -> std::io::Result<Run> {
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
@@ -1267,6 +1322,7 @@ fn rxe_run(
             "timeout 150 {argv} > /tmp/case{i}.log 2>&1; rc=$?; echo VMRESULT {i} $rc; tail -n 4 /tmp/case{i}.log | sed 's/^/VMLOG {i} /'; "
         ));
     }
+    wait_lab_slot("run-a");
     let vm = match spawn(
         &[
             "bash".into(),
@@ -1296,18 +1352,12 @@ fn rxe_run(
             }];
         }
     };
+    let mut vm = vm;
     let mut host_results: Vec<(bool, String)> = Vec::new();
     for (i, c) in cases.iter().enumerate() {
         let port = base_port + i as u16;
         let r = if vm_serves {
-            let up = Command::new("bash")
-                .arg(&lab)
-                .args(["wait-port", &port.to_string(), "300"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if up {
+            if wait_vm_listening(&lab, port, &mut vm) {
                 match spawn(&host.argv(c, port, Some("198.18.0.2"))) {
                     Ok(r) => r.wait(),
                     Err(e) => (false, format!("spawn: {e}")),
@@ -1344,6 +1394,13 @@ fn rxe_run(
         let ok = *hok && vm_ok && numbers.is_some();
         let why = if ok {
             String::new()
+        } else if vm_rc.is_none() {
+            // The VM never ran the case: what the lab said instead.
+            format!(
+                "burst: {} / RXE did not run it: {}",
+                tail(hout),
+                vm_out.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+            )
         } else {
             format!(
                 "burst: {} / RXE exit {}: {}",
@@ -1703,6 +1760,7 @@ pub fn conformance_rxe(root: &Path) -> Vec<Outcome> {
         return vec![not_built(name)];
     };
     let lab = root.join("../shared/rxe-lab/rxe-vm");
+    wait_lab_slot("run-a");
     let mut c = Command::new("bash");
     c.arg(&lab)
         .args(["run", "--timeout", "200", "--"])

@@ -885,6 +885,7 @@ fn interop(args: &[String]) -> ExitCode {
             }
             c
         };
+        dropin::wait_lab_slot("run-a");
         let mut vm = Command::new("bash");
         let vm_cmd = sc.vm.replace("{target}", &target_bin.to_string_lossy());
         vm.arg(&lab).args([
