@@ -122,8 +122,22 @@ impl Router {
 
     /// A client is gone: its socket, listens and IDs go.
     pub fn detach(&self, client: u32) {
+        let sock = self.table().sockets.remove(&client);
+        // What it sent before it went still leaves, as the kernel's CM
+        // sends what an exiting process sent: a server that accepts and
+        // exits at once (its REP not read yet) left its peer to send the
+        // REQ again, to no listener, and be rejected. Bounded: QP1's
+        // queue refuses past its depth anyway.
+        if let Some(s) = sock {
+            for _ in 0..1024 {
+                match p::recv_mad(s.as_fd()) {
+                    MadRecv::Mad(m) => self.depart(client, m),
+                    MadRecv::Bad => self.table().dropped += 1,
+                    MadRecv::Empty | MadRecv::Closed => break,
+                }
+            }
+        }
         let mut t = self.table();
-        t.sockets.remove(&client);
         t.listeners.retain(|_, c| *c != client);
         t.ids.retain(|_, c| *c != client);
         t.held.remove(&client);
@@ -310,6 +324,49 @@ mod tests {
             }
             assert!(Instant::now() < end, "no MAD for the client");
             std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// A client that answers and exits at once (cm-fork's server accepts
+    /// and returns): burstd sends what it wrote before its socket is
+    /// dropped, as the kernel's CM sends what an exiting process sent.
+    #[test]
+    fn what_a_client_sent_before_it_left_still_leaves() {
+        let (ia, ib) = (
+            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 3)),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 4)),
+        );
+        let ea = Engine::start(ia, Mtu::Mtu1024).unwrap();
+        let eb = Engine::start(ib, Mtu::Mtu1024).unwrap();
+        // No router thread: nothing reads the client's socket but detach.
+        let router = Router::new(&ea.context()).unwrap().unwrap();
+        let (c1, d1) = p::mad_socketpair().unwrap();
+        router.attach(1, d1);
+        let (tb, rb) = mpsc::channel();
+        let b = CmService::start(&eb.context(), Box::new(move |e| drop(tb.send(e)))).unwrap();
+        let svc = PortSpace::Tcp.service_id(5002);
+        let req = burst_cm::req_template(svc, Qpn::new(0x11).unwrap(), Psn::new(1));
+        let cb = b.with(|cm, now| cm.connect(now, ia, req)).unwrap();
+        let rej = burst_wire::mad::CmRej {
+            local_comm_id: 78,
+            remote_comm_id: cb.0,
+            message_rejected: 0,
+            reject_info_length: 0,
+            reason: reason::CONSUMER,
+            ari: [0; 72],
+            private_data: [0; 148],
+        };
+        let mut mad = [0u8; MAD_LEN];
+        CmMad::new(1, CmMessage::Rej(rej)).emit(&mut mad).unwrap();
+        assert!(p::send_mad(c1.as_fd(), &GsiMad { peer: ib, mad }));
+        drop(c1);
+        router.detach(1);
+        match rb.recv_timeout(Duration::from_secs(5)) {
+            Ok(CmEvent::Rejected { conn, rej }) => {
+                assert_eq!(conn, cb);
+                assert_eq!(rej.reason, reason::CONSUMER);
+            }
+            e => panic!("the departed client's REJ never left: {e:?}"),
         }
     }
 

@@ -416,10 +416,16 @@ impl CmId {
             self.lock().phase = Phase::Bound;
             return Err(errno(libc::ENODEV));
         }
+        // Registered before the device's CM takes requests for the
+        // service: a REQ that came in between found no listener here and
+        // was rejected (INVALID_SERVICE_ID) although the listen succeeded
+        // (two forked processes on one burstd, 2 connects in 10).
+        cm.with_reg(|r| r.listeners.push(self.clone()));
         for dev in devs {
             // Several listeners (other addresses) may share a service ID.
             if let Err(e) = cm.device(dev).and_then(|d| d.svc.listen(svc)) {
                 tracing::warn!("rdma_listen: {e}");
+                cm.with_reg(|r| r.listeners.retain(|l| l != self));
                 self.lock().phase = Phase::Bound;
                 return Err(match e.raw_os_error() {
                     Some(_) => e,
@@ -428,7 +434,6 @@ impl CmId {
                 });
             }
         }
-        cm.with_reg(|r| r.listeners.push(self.clone()));
         Ok(())
     }
 
