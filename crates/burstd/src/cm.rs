@@ -327,29 +327,23 @@ mod tests {
         }
     }
 
-    /// A client that answers and exits at once (cm-fork's server accepts
-    /// and returns): burstd sends what it wrote before its socket is
-    /// dropped, as the kernel's CM sends what an exiting process sent.
-    #[test]
-    fn what_a_client_sent_before_it_left_still_leaves() {
+    /// Engines on 127.0.92.`a` and .`a + 1`, and a router on the first.
+    fn two_engines(a: u8) -> (IpAddr, Engine, IpAddr, Engine, Arc<Router>) {
         let (ia, ib) = (
-            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 3)),
-            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 4)),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 92, a)),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 92, a + 1)),
         );
         let ea = Engine::start(ia, Mtu::Mtu1024).unwrap();
         let eb = Engine::start(ib, Mtu::Mtu1024).unwrap();
-        // No router thread: nothing reads the client's socket but detach.
         let router = Router::new(&ea.context()).unwrap().unwrap();
-        let (c1, d1) = p::mad_socketpair().unwrap();
-        router.attach(1, d1);
-        let (tb, rb) = mpsc::channel();
-        let b = CmService::start(&eb.context(), Box::new(move |e| drop(tb.send(e)))).unwrap();
-        let svc = PortSpace::Tcp.service_id(5002);
-        let req = burst_cm::req_template(svc, Qpn::new(0x11).unwrap(), Psn::new(1));
-        let cb = b.with(|cm, now| cm.connect(now, ia, req)).unwrap();
+        (ia, ea, ib, eb, router)
+    }
+
+    /// A REJ (reason CONSUMER) from communication ID `local` to `remote`.
+    fn consumer_rej(local: u32, remote: u32) -> [u8; MAD_LEN] {
         let rej = burst_wire::mad::CmRej {
-            local_comm_id: 78,
-            remote_comm_id: cb.0,
+            local_comm_id: local,
+            remote_comm_id: remote,
             message_rejected: 0,
             reject_info_length: 0,
             reason: reason::CONSUMER,
@@ -358,6 +352,24 @@ mod tests {
         };
         let mut mad = [0u8; MAD_LEN];
         CmMad::new(1, CmMessage::Rej(rej)).emit(&mut mad).unwrap();
+        mad
+    }
+
+    /// A client that answers and exits at once (cm-fork's server accepts
+    /// and returns): burstd sends what it wrote before its socket is
+    /// dropped, as the kernel's CM sends what an exiting process sent.
+    #[test]
+    fn what_a_client_sent_before_it_left_still_leaves() {
+        // No router thread: nothing reads the client's socket but detach.
+        let (ia, _ea, ib, eb, router) = two_engines(3);
+        let (c1, d1) = p::mad_socketpair().unwrap();
+        router.attach(1, d1);
+        let (tb, rb) = mpsc::channel();
+        let b = CmService::start(&eb.context(), Box::new(move |e| drop(tb.send(e)))).unwrap();
+        let svc = PortSpace::Tcp.service_id(5002);
+        let req = burst_cm::req_template(svc, Qpn::new(0x11).unwrap(), Psn::new(1));
+        let cb = b.with(|cm, now| cm.connect(now, ia, req)).unwrap();
+        let mad = consumer_rej(78, cb.0);
         assert!(p::send_mad(c1.as_fd(), &GsiMad { peer: ib, mad }));
         drop(c1);
         router.detach(1);
@@ -372,13 +384,7 @@ mod tests {
 
     #[test]
     fn requests_go_to_the_listener_ids_to_their_owner_strays_are_answered() {
-        let (ia, ib) = (
-            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 1)),
-            IpAddr::V4(Ipv4Addr::new(127, 0, 92, 2)),
-        );
-        let ea = Engine::start(ia, Mtu::Mtu1024).unwrap();
-        let eb = Engine::start(ib, Mtu::Mtu1024).unwrap();
-        let router = Router::new(&ea.context()).unwrap().unwrap();
+        let (ia, _ea, ib, eb, router) = two_engines(1);
         let stop = Arc::new(AtomicBool::new(false));
         let (r2, s2) = (Arc::clone(&router), Arc::clone(&stop));
         let thread = std::thread::spawn(move || r2.run(&s2));
@@ -404,17 +410,7 @@ mod tests {
 
         // Client 1 answers as comm ID 77 (a REJ): the ID is now its own;
         // client 2 speaking for it is dropped.
-        let rej = burst_wire::mad::CmRej {
-            local_comm_id: 77,
-            remote_comm_id: cb.0,
-            message_rejected: 0,
-            reject_info_length: 0,
-            reason: reason::CONSUMER,
-            ari: [0; 72],
-            private_data: [0; 148],
-        };
-        let mut mad = [0u8; MAD_LEN];
-        CmMad::new(1, CmMessage::Rej(rej)).emit(&mut mad).unwrap();
+        let mut mad = consumer_rej(77, cb.0);
         assert!(p::send_mad(c1.as_fd(), &GsiMad { peer: ib, mad }));
         match rb.recv_timeout(Duration::from_secs(5)).unwrap() {
             CmEvent::Rejected { conn, rej } => {
