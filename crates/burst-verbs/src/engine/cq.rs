@@ -336,6 +336,11 @@ pub(super) fn deliver(
     wc: WorkCompletion,
 ) -> Result<Option<Arc<CompChannel>>, WorkCompletion> {
     q.ring.push(wc)?;
+    // A CQ without a channel is never armed: no event, no flag, no fence
+    // per completion (a polled application's CQs).
+    if q.channel.is_none() {
+        return Ok(None);
+    }
     Ok(q.fire().or_else(|| q.flag_unseen()).map(Arc::clone))
 }
 

@@ -446,8 +446,8 @@ impl Core {
             if lane == 0 {
                 let srqs = shared.srqs.read().unwrap_or_else(|e| e.into_inner());
                 missed.extend((0..srqs.len() as u32).map(|i| SRQ_DOORBELL | i));
-                let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
-                missed.extend((0..cqs.len() as u32).map(|i| CQ_DOORBELL | i));
+                // No CQ doorbells here: only daemon clients ring them (this
+                // process's own arms signal their channels directly).
             }
         }
         Core::collect_client_bells(client_bells, shared, lane);
