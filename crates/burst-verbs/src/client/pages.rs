@@ -271,12 +271,23 @@ fn check_private_anonymous(start: usize, end: usize, maps: &[Mapping]) -> Result
 /// memfd, shared with the parent and the daemon; RDMA memory of a forked
 /// parent is the parent's alone (rdma-core: the child gets a copy, or, with
 /// `ibv_fork_init`, nothing). The child handler gives it private copies.
+///
+/// The copy is read from pages the parent still writes (they are shared):
+/// the parent waits in its handler until the child has its copy, as the
+/// kernel copies a pinned page for the child before `fork` returns. A
+/// parent that went on at once would change the child's snapshot under it
+/// (malloc's chunk headers live in moved heap pages: the child's heap came
+/// out corrupted, rdma-core's rdma_cm tests through burstd).
 fn install_fork_handler() {
-    type Held = Option<std::sync::MutexGuard<'static, Vec<Area>>>;
+    type Held = Option<(
+        std::sync::MutexGuard<'static, Vec<Area>>,
+        Option<(OwnedFd, OwnedFd)>,
+    )>;
     thread_local! {
         // AREAS, locked by `prepare` across the fork: no registration can
         // move pages between the snapshot and the fork, and the child (the
-        // forking thread's copy) owns the lock it inherits.
+        // forking thread's copy) owns the lock it inherits. With it, the
+        // pipe the child says "copied" on.
         static HELD: std::cell::RefCell<Held> = const { std::cell::RefCell::new(None) };
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -287,51 +298,104 @@ fn install_fork_handler() {
         if let Ok(maps) = maps() {
             prune(&mut areas, &maps);
         }
-        HELD.with(|h| *h.borrow_mut() = Some(areas));
+        let pipe = if areas.is_empty() { None } else { sys::pipe() };
+        HELD.with(|h| *h.borrow_mut() = Some((areas, pipe)));
     }
     extern "C" fn parent() {
-        HELD.with(|h| drop(h.borrow_mut().take()));
+        let Some((areas, pipe)) = HELD.with(|h| h.borrow_mut().take()) else {
+            return;
+        };
+        if let Some((read, write)) = pipe {
+            // Only the child holds a write end now: its byte, or its end
+            // (it exited or exec'd; no child at all if fork failed), wakes us.
+            drop(write);
+            sys::wait_readable(&read);
+        }
+        drop(areas);
     }
     extern "C" fn child() {
-        let Some(mut areas) = HELD.with(|h| h.borrow_mut().take()) else {
+        let Some((mut areas, pipe)) = HELD.with(|h| h.borrow_mut().take()) else {
             return;
         };
         for a in areas.drain(..) {
-            let size = a.end - a.start;
-            // SAFETY: an anonymous scratch mapping of `size` bytes.
-            let tmp = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if tmp == libc::MAP_FAILED {
-                continue;
-            }
-            // SAFETY: copies the shared pages into the scratch mapping,
-            // then moves the scratch pages over the range: the child's
-            // pages become private with the contents they had at fork.
-            unsafe {
-                std::ptr::copy_nonoverlapping(a.start as *const u8, tmp.cast::<u8>(), size);
-                libc::mremap(
-                    tmp,
-                    size,
-                    size,
-                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                    a.start as *mut libc::c_void,
-                );
-            }
+            sys::make_private(a.start, a.end - a.start);
+        }
+        if let Some((_read, write)) = pipe {
+            sys::say_done(&write);
         }
     }
     ONCE.call_once(|| {
-        // SAFETY: registers handlers that read /proc and lock (prepare, in
-        // the parent), and make system calls and copy memory (the child).
+        // SAFETY: registers handlers that read /proc, lock and make a pipe
+        // (prepare, in the parent), wait on it (parent), and make system
+        // calls and copy memory (the child).
         unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     });
+}
+
+/// The fork handlers' system calls.
+mod sys {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    /// A close-on-exec pipe (read end, write end).
+    pub(super) fn pipe() -> Option<(OwnedFd, OwnedFd)> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors on success.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        // SAFETY: both descriptors are fresh and ours.
+        Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    }
+
+    /// Blocks until `fd` has a byte or its writers are gone.
+    pub(super) fn wait_readable(fd: &OwnedFd) {
+        let mut b = 0u8;
+        loop {
+            // SAFETY: reads one byte into a local.
+            let n = unsafe { libc::read(fd.as_raw_fd(), (&mut b as *mut u8).cast(), 1) };
+            if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+    }
+
+    /// Writes the one byte [`wait_readable`] waits for.
+    pub(super) fn say_done(fd: &OwnedFd) {
+        // SAFETY: writes one byte from a local.
+        unsafe { libc::write(fd.as_raw_fd(), b"1".as_ptr().cast(), 1) };
+    }
+
+    /// Gives `start..start+size` private pages holding what the shared
+    /// ones hold now.
+    pub(super) fn make_private(start: usize, size: usize) {
+        // SAFETY: an anonymous scratch mapping of `size` bytes.
+        let tmp = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if tmp == libc::MAP_FAILED {
+            return;
+        }
+        // SAFETY: copies the shared pages into the scratch mapping, then
+        // moves the scratch pages over the range: the child's pages become
+        // private with the contents they had at fork.
+        unsafe {
+            std::ptr::copy_nonoverlapping(start as *const u8, tmp.cast::<u8>(), size);
+            libc::mremap(
+                tmp,
+                size,
+                size,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                start as *mut libc::c_void,
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -448,6 +512,37 @@ mod tests {
             assert_eq!(*seg.as_ptr(), 8, "the parent's pages are still shared");
             libc::munmap(p.cast(), len);
         }
+    }
+
+    #[test]
+    fn the_parent_going_on_after_fork_does_not_reach_the_childs_copy() {
+        // A large area takes the child a while to copy; the parent writes
+        // its last page the moment fork returns (as a parent's malloc does
+        // in moved heap pages). The child must see the page as at fork.
+        let len = 64 << 20;
+        let p = anon(len, 0);
+        // SAFETY: `len` bytes we just mapped.
+        unsafe { std::ptr::write_bytes(p, 7, len) };
+        let _fd = remap(p as usize, len).unwrap().1.remove(0).fd;
+        let last = len - 1;
+        // SAFETY: fork; the child reads its copy and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: in the child: its copy of the buffer, then exit.
+            unsafe { libc::_exit(if *p.add(last) == 7 { 0 } else { 1 }) };
+        }
+        // SAFETY: in bounds; the parent's own pages.
+        unsafe { *p.add(last) = 9 };
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "the child saw the parent's write made after fork"
+        );
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), len) };
     }
 
     #[test]
