@@ -14,7 +14,8 @@
 //!   opens them, software that checks them finds them);
 //! - `/sys/class/infiniband/<dev>/`: node type, GUIDs, and port 1's state,
 //!   link layer, and its GID table (each entry with its type, `RoCE v2`,
-//!   and network device), as the device lists it when it opens;
+//!   and network device), as the device lists it when it opens, and
+//!   `device/net/<netdev>` (a link to the interface's directory);
 //! - `/sys/class/infiniband_verbs/`: the ABI version and `uverbsN/ibdev`.
 //!
 //! Nothing outside the namespace changes. Where a directory is missing
@@ -163,6 +164,15 @@ pub fn enter(devices: &[DeviceFiles]) -> Result<(), DevFilesError> {
     for d in devices {
         for (rel, text) in d.sysfs_files() {
             write(&class.join(&d.name).join(rel), &text)?;
+        }
+        // `device/net/<netdev>`, as the kernel's RoCE devices have: how
+        // rdma-core's tests, UCX and `ibdev2netdev` find the interface.
+        if let Some(n) = &d.netdev {
+            let dir = class.join(&d.name).join("device/net");
+            fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+            let link = dir.join(n);
+            symlink(Path::new("/sys/class/net").join(n), &link)
+                .map_err(io_err("create link", &link))?;
         }
         let u = verbs.join(format!("uverbs{}", d.index));
         write(&u.join("ibdev"), &d.name)?;

@@ -16,6 +16,8 @@ fn burst_run_gives_the_command_the_device_files_ucx_looks_for() {
                     /sys/class/infiniband/burst0/ports/1/gids/1 \
                     /sys/class/infiniband/burst0/ports/1/gid_attrs/ndevs/1 \
                     /sys/class/infiniband_verbs/uverbs0/ibdev \
+             && ls /sys/class/infiniband/burst0/device/net \
+             && test -e /sys/class/infiniband/burst0/device/net/lo/ifindex \
              && test -e /dev/null && test -d /sys/class/net/lo",
         )
         // An address of lo: its GIDs are lo's addresses, laid out as
@@ -33,7 +35,7 @@ fn burst_run_gives_the_command_the_device_files_ucx_looks_for() {
     assert!(out.status.success(), "{err}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "RoCE v2\n0000:0000:0000:0000:0000:ffff:7f00:0001\nlo\nburst0\n"
+        "RoCE v2\n0000:0000:0000:0000:0000:ffff:7f00:0001\nlo\nburst0\nlo\n"
     );
     // The rest of the host is as it was.
     if !Path::new("/dev/infiniband").exists() {
