@@ -267,10 +267,11 @@ const REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
 const REREG_MR_ERR_INPUT: c_int = -1;
 const REREG_MR_ERR_CMD: c_int = -4;
 
-/// `ibv_rereg_mr`: a new registration with what `flags` changes (address
-/// and length, PD, access), then the old one dropped; the MR keeps its
-/// handle and takes the new keys (rdma-core lets keys change). A refused
-/// registration leaves the MR as it was (IBV_REREG_MR_ERR_CMD, errno).
+/// `ibv_rereg_mr`: what `flags` changes (address and length, PD, access)
+/// takes effect and the MR keeps its handle and its keys, as on RXE and
+/// mlx5 (applications and their peers go on using the keys they hold). A
+/// refused registration leaves the MR as it was (IBV_REREG_MR_ERR_CMD,
+/// errno).
 unsafe extern "C" fn rereg_mr(
     mr: *mut ibv_mr,
     flags: c_int,
@@ -315,19 +316,23 @@ unsafe extern "C" fn rereg_mr(
         };
         // SAFETY: the application's contract for the new range, as for
         // ibv_reg_mr; the old range stays registered until the new one is.
-        let (lkey, rkey, new_access) =
+        let (fresh, new_access) =
             match unsafe { register(p, new_addr, new_len, new_iova, new_access) } {
-                Ok((k, a)) => (k.lkey, k.rkey, a),
+                Ok(r) => r,
                 Err(e) => {
                     set_errno(e);
                     return REREG_MR_ERR_CMD;
                 }
             };
-        if let Err(e) = c.ctx.dereg_mr(m.raw.lkey) {
-            let _ = c.ctx.dereg_mr(lkey);
-            set_errno(e.errno());
-            return REREG_MR_ERR_CMD;
-        }
+        let (lkey, rkey) = match c.ctx.replace_mr(m.raw.lkey, fresh.lkey) {
+            Ok(k) => (k.lkey, k.rkey),
+            Err(e) => {
+                tracing::warn!("ibv_rereg_mr refused: {e}");
+                let _ = c.ctx.dereg_mr(fresh.lkey);
+                set_errno(e.errno());
+                return REREG_MR_ERR_CMD;
+            }
+        };
         // SAFETY: the caller's MR (ours); C owns the struct, so the new
         // values are written through the pointer.
         unsafe {

@@ -66,7 +66,9 @@ pub struct Pd(pub u32);
 pub struct MrKeys {
     /// Local key.
     pub lkey: u32,
-    /// Remote key (0 without remote rights, as RXE reports).
+    /// Remote key: the lkey, with or without remote rights, as RXE and
+    /// mlx5 report it (a peer's access is refused by the region's rights,
+    /// and a re-registration that grants them keeps the key).
     pub rkey: u32,
     /// Start of the region in the address space the keys use (the IOVA).
     pub addr: u64,
@@ -224,7 +226,7 @@ impl MrTable {
         regions.insert(key, Arc::new(region(key)));
         Ok(MrKeys {
             lkey: key,
-            rkey: if access.any_remote() { key } else { 0 },
+            rkey: key,
             addr: iova,
             len: len as u64,
         })
@@ -273,6 +275,38 @@ impl MrTable {
             std::thread::yield_now();
         }
         Ok(())
+    }
+
+    /// `ibv_rereg_mr`'s step: the region registered as `new` (its PD,
+    /// range and access) takes over the keys of `old`, whose region is
+    /// dropped. The keys stay what the application and its peers hold, as
+    /// RXE and mlx5 keep them. Returns once no in-flight operation holds
+    /// the old region. Refused while windows are bound to `old`.
+    pub fn replace(&self, old: u32, new: u32) -> Result<MrKeys, RegError> {
+        let windows = self.windows.read().unwrap_or_else(|e| e.into_inner());
+        let mut regions = self.regions.write().unwrap_or_else(|e| e.into_inner());
+        if old == new || !regions.contains_key(&old) || !regions.contains_key(&new) {
+            return Err(RegError::NoSuchRegion);
+        }
+        if window::bound_to(&windows, old) {
+            return Err(RegError::InUse);
+        }
+        let fresh = regions.remove(&new).ok_or(RegError::NoSuchRegion)?;
+        let moved = Arc::new(fresh.with_key(old));
+        let keys = MrKeys {
+            lkey: old,
+            rkey: old,
+            addr: moved.iova(),
+            len: moved.len(),
+        };
+        // One step under the lock: a lookup of `old` finds either region.
+        let gone = regions.insert(old, moved).ok_or(RegError::NoSuchRegion)?;
+        drop(regions);
+        drop(windows);
+        while Arc::strong_count(&gone) > 1 {
+            std::thread::yield_now();
+        }
+        Ok(keys)
     }
 
     /// The region of `key`, held for the duration of an operation.

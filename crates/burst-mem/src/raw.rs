@@ -85,6 +85,19 @@ impl Region {
         }
     }
 
+    /// The same memory under another key (a re-registration).
+    pub(crate) fn with_key(&self, key: u32) -> Region {
+        Region {
+            pd: self.pd,
+            base: self.base,
+            len: self.len,
+            iova: self.iova,
+            access: self.access,
+            key,
+            mem: self.mem.clone(),
+        }
+    }
+
     /// Copies between `local` and `len` bytes at `off` of the other
     /// address space; false if the kernel refused (the process exited or
     /// exec'd, the range is unmapped). Partial transfers are finished or

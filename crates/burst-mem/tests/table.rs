@@ -32,7 +32,7 @@ fn keys_are_fresh_random_32_bit_values() {
     let mut bits_clear = 0u32;
     for _ in 0..200 {
         let k = reg(&t, pd, &mut buf, Access::LOCAL_WRITE);
-        assert_eq!(k.rkey, 0, "no remote rights: rkey 0");
+        assert_eq!(k.rkey, k.lkey, "one key, as RXE and mlx5 give");
         assert_ne!(k.lkey, 0);
         if let Some(prev) = last {
             // a stale key misses
@@ -277,4 +277,63 @@ fn local_gathers_and_placements_check_the_pd() {
     // The owner's PD reaches it.
     m.read_local(theirs.0, &sges, 0, &mut out).unwrap();
     assert_eq!(out, [0x5au8; 64]);
+}
+
+#[test]
+fn a_reregistration_keeps_the_keys_and_takes_the_new_pd_range_and_rights() {
+    let t = MrTable::new();
+    let pd = t.alloc_pd();
+    let other = t.alloc_pd();
+    let mut buf = vec![0u8; 4096];
+    let mut moved = vec![0u8; 8192];
+    let k = reg(&t, pd, &mut buf, Access::LOCAL_WRITE);
+    assert_eq!(k.rkey, k.lkey);
+    assert_eq!(
+        t.memory()
+            .check_remote(qp(pd.0), k.rkey, k.addr, 8, RemoteAccess::Read),
+        Err(MemError::NoAccess),
+        "no remote right: the key is refused"
+    );
+    // Remote write and another PD, then another range: the keys stay.
+    let n = reg(
+        &t,
+        other,
+        &mut buf,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    );
+    let r = t.replace(k.lkey, n.lkey).unwrap();
+    assert_eq!((r.lkey, r.rkey), (k.lkey, k.lkey));
+    assert!(
+        t.lookup(n.lkey).is_none(),
+        "the new registration's key is gone"
+    );
+    assert_eq!(t.len(), 1);
+    let m = t.memory();
+    m.check_remote(qp(other.0), r.rkey, k.addr, 4096, RemoteAccess::Write)
+        .unwrap();
+    assert_eq!(
+        m.check_remote(qp(pd.0), r.rkey, k.addr, 8, RemoteAccess::Write),
+        Err(MemError::PdMismatch)
+    );
+    let n = reg(
+        &t,
+        other,
+        &mut moved,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    );
+    let r = t.replace(k.lkey, n.lkey).unwrap();
+    assert_eq!(
+        (r.lkey, r.addr, r.len),
+        (k.lkey, moved.as_ptr() as u64, 8192)
+    );
+    assert_eq!(
+        m.check_remote(qp(other.0), r.rkey, k.addr, 8, RemoteAccess::Write),
+        Err(MemError::OutOfBounds),
+        "the old range is no longer reachable"
+    );
+    // Unknown keys, and a key replacing itself, are refused.
+    assert_eq!(t.replace(k.lkey, k.lkey ^ 1), Err(RegError::NoSuchRegion));
+    assert_eq!(t.replace(k.lkey, k.lkey), Err(RegError::NoSuchRegion));
+    t.deregister(k.lkey).unwrap();
+    assert!(t.is_empty());
 }

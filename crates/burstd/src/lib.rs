@@ -560,6 +560,10 @@ impl Daemon {
             }
         }
         let release = release_of(&req);
+        let replaced = match &req {
+            Request::ReplaceMr { old, new } => Some((u64::from(*new), u64::from(*old))),
+            _ => None,
+        };
         let listen = match &req {
             Request::CmListen {
                 service_id,
@@ -588,6 +592,12 @@ impl Daemon {
             u.0.entry(c.uid).or_default().remove(id, kind, h);
             u.1.remove(id, kind, h);
         }
+        if let (Reply::Mr { .. }, Some((from, to))) = (&reply, replaced) {
+            u.0.entry(c.uid)
+                .or_default()
+                .rename(id, limits::Kind::Mr, from, to);
+            u.1.rename(id, limits::Kind::Mr, from, to);
+        }
         drop(u);
         (reply, out)
     }
@@ -600,6 +610,7 @@ impl Daemon {
             | Request::DeallocMw { .. }
             | Request::DeallocPd { .. }
             | Request::DeregMr { .. }
+            | Request::ReplaceMr { .. }
             | Request::RegMr { .. }
             | Request::RegMrCopy { .. }) => self.memory(c, r, fds),
             r @ (Request::CreateCompChannel
@@ -681,6 +692,10 @@ impl Daemon {
                     Err(e) => Reply::failed(e, "reg_mr"),
                 }
             }
+            Request::ReplaceMr { old, new } => match ctx.replace_mr(old, new) {
+                Ok(keys) => Reply::Mr { keys },
+                Err(e) => Reply::failed(e, "rereg_mr"),
+            },
             Request::DeregMr { lkey } => match ctx.dereg_mr(lkey) {
                 Ok(()) => Reply::Done,
                 Err(e) => Reply::failed(e, "dereg_mr"),

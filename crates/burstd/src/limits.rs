@@ -303,6 +303,18 @@ impl Usage {
         self.total.wqes = self.total.wqes.saturating_sub(c.wqes);
     }
 
+    /// Client `client`'s object `from` of `kind` becomes `to`, whose
+    /// own count is given back (a re-registration keeps the old keys and
+    /// the new registration's cost).
+    pub fn rename(&mut self, client: u32, kind: Kind, from: u64, to: u64) {
+        let Some(c) = self.held.get(&(client, kind, from)).copied() else {
+            return;
+        };
+        self.remove(client, kind, to);
+        self.remove(client, kind, from);
+        self.add(client, kind, to, c);
+    }
+
     /// Gives back everything client `client` held (it is gone).
     pub fn forget(&mut self, client: u32) {
         let mine: Vec<(u32, Kind, u64)> = self

@@ -363,6 +363,17 @@ impl ControlPlane for Remote {
         self.done(&Request::DeregMr { lkey }).map_err(Failure::reg)
     }
 
+    fn replace_mr(&self, _: &Context, old: u32, new: u32) -> Result<MrKeys, RegError> {
+        match self
+            .ask(&Request::ReplaceMr { old, new })
+            .map_err(Failure::reg)?
+            .0
+        {
+            Reply::Mr { keys } => Ok(keys),
+            _ => Err(RegError::Exhausted),
+        }
+    }
+
     fn alloc_mw(&self, _: &Context, pd: Pd, kind: MwType) -> Result<MwKeys, RegError> {
         match self
             .ask(&Request::AllocMw { pd: pd.0, kind })

@@ -186,6 +186,36 @@ impl Context {
         self.plane.dereg_mr(self, lkey)
     }
 
+    /// `ibv_rereg_mr`'s step: the region registered as `new` takes over
+    /// the keys of `old` (both this handle's), whose region is dropped once
+    /// the engine no longer uses it. See [`burst_mem::MrTable::replace`].
+    pub fn replace_mr(&self, old: u32, new: u32) -> Result<MrKeys, RegError> {
+        self.plane.replace_mr(self, old, new)
+    }
+
+    /// `ibv_rereg_mr`: registers `ptr..ptr+len` of `pd` with `access`
+    /// (peers address it from `iova`) in place of the region of `lkey`,
+    /// which keeps its keys, as RXE and mlx5 keep them. A refused
+    /// registration leaves the region as it was.
+    ///
+    /// # Safety
+    /// As [`Context::reg_mr_iova`] for the new range.
+    pub unsafe fn rereg_mr(
+        &self,
+        lkey: u32,
+        pd: Pd,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, RegError> {
+        // SAFETY: forwarded contract.
+        let fresh = unsafe { self.reg_mr_iova(pd, ptr, len, iova, access)? };
+        self.replace_mr(lkey, fresh.lkey).inspect_err(|_| {
+            let _ = self.dereg_mr(fresh.lkey);
+        })
+    }
+
     /// `ibv_alloc_mw`: a memory window of `pd` (see [`burst_mem::MwType`]);
     /// it is bound by a [`burst_transport::SendOp::BindMw`] work request.
     pub fn alloc_mw(&self, pd: Pd, kind: MwType) -> Result<MwKeys, RegError> {

@@ -63,6 +63,9 @@ pub(crate) trait ControlPlane: Send + Sync + std::fmt::Debug {
     unsafe fn reg_mr(&self, ctx: &Context, r: &Registration) -> Result<MrKeys, RegError>;
     /// `ibv_dereg_mr`: returns once the engine no longer uses the region.
     fn dereg_mr(&self, ctx: &Context, lkey: u32) -> Result<(), RegError>;
+    /// `ibv_rereg_mr`'s step: the region registered as `new` takes over
+    /// `old`'s keys ([`burst_mem::MrTable::replace`]).
+    fn replace_mr(&self, ctx: &Context, old: u32, new: u32) -> Result<MrKeys, RegError>;
     /// `ibv_alloc_mw`.
     fn alloc_mw(&self, ctx: &Context, pd: Pd, kind: MwType) -> Result<MwKeys, RegError>;
     /// `ibv_dealloc_mw`.
@@ -197,6 +200,37 @@ impl ControlPlane for InProcess {
         // The daemon's mapping goes only now, after the last user let go.
         drop(held);
         r
+    }
+
+    fn replace_mr(&self, ctx: &Context, old: u32, new: u32) -> Result<MrKeys, RegError> {
+        let owners = ctx
+            .shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mine = |k: &u32| ctx.reaches(owners.get(k).map(|(o, _)| *o));
+        if !mine(&old) || !mine(&new) {
+            return Err(RegError::NoSuchRegion);
+        }
+        // Not held while the table waits for the old region's last user.
+        drop(owners);
+        let keys = ctx.shared.mrs.replace(old, new)?;
+        // The new registration's record (a daemon's mapping of its pages)
+        // now belongs to the old key; the old one's mapping goes only now,
+        // after the table let go of its region.
+        let mut owners = ctx
+            .shared
+            .mr_owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let fresh = owners.remove(&new);
+        let held = match fresh {
+            Some(f) => owners.insert(old, f),
+            None => owners.remove(&old),
+        };
+        drop(owners);
+        drop(held);
+        Ok(keys)
     }
 
     fn alloc_mw(&self, ctx: &Context, pd: Pd, kind: MwType) -> Result<MwKeys, RegError> {

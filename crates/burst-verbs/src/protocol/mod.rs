@@ -92,6 +92,14 @@ pub enum Request {
         /// Its lkey.
         lkey: u32,
     },
+    /// `ibv_rereg_mr`'s step: the region registered as `new` takes over
+    /// `old`'s keys (both the client's).
+    ReplaceMr {
+        /// The region whose keys stay.
+        old: u32,
+        /// The registration that replaces it.
+        new: u32,
+    },
     /// `ibv_alloc_mw`.
     AllocMw {
         /// The PD.
