@@ -600,7 +600,8 @@ pub struct QpAccess {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpAttr {
-    /// IBV_QP_STATE: the target state (required).
+    /// IBV_QP_STATE: the target state (`None`: stay in the current one,
+    /// changing only the attributes that state allows).
     pub state: Option<QpState>,
     /// IBV_QP_PKEY_INDEX.
     pub pkey_index: Option<u16>,

@@ -297,3 +297,31 @@ fn uc_rejects_reads_and_ud_rejects_writes() {
         Err(VerbsError::BadWr(_))
     ));
 }
+
+#[test]
+fn a_modify_without_a_state_changes_attributes_in_the_current_one() {
+    // ibv_modify_qp with IBV_QP_MIN_RNR_TIMER alone on an RTS QP (qperf's
+    // server does it): RTS to RTS, as the kernel takes a mask without
+    // IBV_QP_STATE. In RTR no such transition exists.
+    let only_rnr = QpAttr {
+        min_rnr_timer: Some(14),
+        ..QpAttr::default()
+    };
+    let mut q = qp(QpType::Rc);
+    q.modify(&init(QpType::Rc)).unwrap();
+    q.modify(&rtr()).unwrap();
+    assert_eq!(
+        q.modify(&only_rnr),
+        Err(VerbsError::InvalidState(QpState::Rtr))
+    );
+    q.modify(&rts()).unwrap();
+    q.modify(&only_rnr).unwrap();
+    assert_eq!(q.state(), QpState::Rts);
+    // Still only what the state allows: a path MTU is not changed in RTS.
+    let mtu = QpAttr {
+        path_mtu: Some(Mtu::Mtu1024),
+        ..QpAttr::default()
+    };
+    assert!(q.modify(&mtu).is_err());
+    assert_eq!(q.state(), QpState::Rts);
+}

@@ -465,7 +465,9 @@ impl Qp {
     /// rdma-core's `ibv_modify_qp` and the kernel's `ib_modify_qp_is_ok` apply).
     pub fn modify(&mut self, attr: &QpAttr) -> Result<(), VerbsError> {
         use QpState::{Reset, Sqd};
-        let to = attr.state.ok_or(VerbsError::MissingAttr("IBV_QP_STATE"))?;
+        // Without IBV_QP_STATE: attributes changed in the current state
+        // (RTS to RTS and the like), as the kernel's ib_modify_qp_is_ok.
+        let to = attr.state.unwrap_or(self.state);
         let t = self.cfg.qp_type;
         let from = self.state;
         let (req, opt) = transition_attrs(from, to, t).ok_or(VerbsError::InvalidState(from))?;
@@ -742,8 +744,11 @@ impl Qp {
 
     /// Takes a receive that passed [`QpConfig::check_recv`] when it was
     /// posted (as [`Qp::post_send_checked`] for sends): only what depends
-    /// on the moment is checked (state, room in the receive queue).
-    pub fn post_recv_checked(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
+    /// on the moment is checked (state, room in the receive queue). The
+    /// SGEs' keys are checked when a message lands in them, as RXE and
+    /// RNICs do: a bad one completes that receive with LOC_PROT_ERR (and,
+    /// on RC, NAKs the sender with a remote operational error).
+    pub fn post_recv_checked(&mut self, wr: RecvWr, _mem: &impl Memory) -> Result<(), VerbsError> {
         debug_assert_eq!(self.cfg.check_recv(&wr).err(), None);
         if self.state == QpState::Reset {
             return Err(VerbsError::InvalidState(self.state));
@@ -756,16 +761,6 @@ impl Qp {
                 self.cfg.qpn,
                 wr.wr_id,
                 WcStatus::WrFlushErr,
-                WcOpcode::Recv,
-                0,
-            ));
-            return Ok(());
-        }
-        if mem.check_local(self.cfg.pd, &wr.sg_list, true).is_err() {
-            self.completions.push_back(recv_wc(
-                self.cfg.qpn,
-                wr.wr_id,
-                WcStatus::LocProtErr,
                 WcOpcode::Recv,
                 0,
             ));
