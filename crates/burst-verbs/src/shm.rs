@@ -486,6 +486,35 @@ impl<T: Entry> ShmRing<T> {
     /// Takes the oldest entry. An entry that does not decode (written by a
     /// misbehaving peer) is consumed and reported as `Some(None)`.
     pub fn pop_raw(&self) -> Option<Option<T>> {
+        self.pop_slot().map(|(_, v)| v)
+    }
+
+    /// The position the next entry pushed will take: every entry pushed
+    /// before now has a smaller one ([`ShmRing::pop_positioned`]).
+    pub fn next_position(&self) -> u64 {
+        self.tail().load(Ordering::Acquire)
+    }
+
+    /// [`ShmRing::pop`], with the position the entry had.
+    pub fn pop_positioned(&self) -> Option<(u64, T)> {
+        for _ in 0..=self.mask {
+            match self.pop_slot()? {
+                (pos, Some(v)) => return Some((pos, v)),
+                (_, None) => {
+                    let n = self.undecodable.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(
+                            dropped = n,
+                            "shared ring: entries that do not decode were dropped"
+                        );
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn pop_slot(&self) -> Option<(u64, Option<T>)> {
         let head = self.head();
         let mut pos = head.load(Ordering::Relaxed);
         for _ in 0..MAX_RACES {
@@ -513,7 +542,7 @@ impl<T: Entry> ShmRing<T> {
                             )
                         };
                         self.set_seq(pos, pos.wrapping_add(self.mask + 1));
-                        return Some(T::decode(&buf[..self.entry]));
+                        return Some((pos, T::decode(&buf[..self.entry])));
                     }
                     Err(now) => pos = now,
                 }
@@ -532,21 +561,7 @@ impl<T: Entry> ShmRing<T> {
     /// and logged at the 1st, 2nd, 4th, 8th... so that a flood of them
     /// costs a log line per doubling, not one each.
     pub fn pop(&self) -> Option<T> {
-        for _ in 0..=self.mask {
-            match self.pop_raw()? {
-                Some(v) => return Some(v),
-                None => {
-                    let n = self.undecodable.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n.is_power_of_two() {
-                        tracing::warn!(
-                            dropped = n,
-                            "shared ring: entries that do not decode were dropped"
-                        );
-                    }
-                }
-            }
-        }
-        None
+        self.pop_positioned().map(|(_, v)| v)
     }
 
     /// Entries [`ShmRing::pop`] dropped because they did not decode.

@@ -519,3 +519,79 @@ fn a_full_cq_raises_cq_err_once_and_loses_nothing() {
     drop((c, e));
     drop(buf);
 }
+
+/// A QP reset to be used again, or destroyed, leaves none of its
+/// completions in its CQ to poll (as mlx5's provider cleans the CQ); the
+/// other QPs' completions and the QP's own later ones stay.
+#[test]
+fn a_reset_or_destroyed_qp_leaves_no_completion_to_poll() {
+    use burst_verbs::{QpAttr, QpInit};
+    let e = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 83, 13)), Mtu::Mtu4096).unwrap();
+    let c = e.context();
+    let pd = c.alloc_pd();
+    let cq = c.create_cq(64);
+    let q = c.cq(cq).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` outlives the engine's use of it (the QPs are in error).
+    let k = unsafe { c.reg_mr(pd, buf.as_mut_ptr(), buf.len(), Access(1)) }.unwrap();
+    let recv = |id| RecvWr {
+        wr_id: id,
+        sg_list: [Sge {
+            addr: k.addr,
+            length: 8,
+            lkey: k.lkey,
+        }]
+        .into(),
+    };
+    let state = |s| QpAttr {
+        state: Some(s),
+        ..QpAttr::default()
+    };
+    let peer = RcPeer {
+        gid: burst_wire::gid_of(IpAddr::V4(Ipv4Addr::new(127, 0, 83, 14))),
+        qpn: Qpn::new(0x99).unwrap(),
+        psn: Psn::new(1),
+    };
+    let init = c
+        .create_ah(peer.gid)
+        .map(|ah| RcParams::new(Psn::new(1), Mtu::Mtu1024).transitions(ah, &peer)[0]);
+    let init = init.unwrap();
+    // Three QPs on one CQ, each with receives flushed into it.
+    let qps: Vec<_> = (0..3)
+        .map(|i| {
+            let qp = c
+                .create_qp_with(&QpInit::new(QpType::Rc, pd), cq, cq)
+                .unwrap();
+            qp.modify(&init).unwrap();
+            for n in 0..2 {
+                qp.post_recv(&recv(10 * i + n)).unwrap();
+            }
+            qp.modify(&state(QpState::Err)).unwrap();
+            qp
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while q.settled_len() < 6 {
+        assert!(Instant::now() < deadline, "flushes never came");
+    }
+    // QP 0 reset, QP 2 destroyed: only QP 1's two flushes are polled.
+    qps[0].modify(&state(QpState::Reset)).unwrap();
+    let gone = qps[2].qpn();
+    c.destroy_qp(gone).unwrap();
+    let ids: Vec<u64> = std::iter::from_fn(|| q.poll()).map(|w| w.wr_id).collect();
+    assert_eq!(ids, [10, 11]);
+    // QP 0 used again: its new completions are polled.
+    qps[0].modify(&init).unwrap();
+    qps[0].post_recv(&recv(7)).unwrap();
+    qps[0].modify(&state(QpState::Err)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let wc = loop {
+        if let Some(w) = q.poll() {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "the new flush never came");
+    };
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::WrFlushErr));
+    assert!(q.poll().is_none());
+    drop(buf);
+}

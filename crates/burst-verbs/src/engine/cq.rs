@@ -188,6 +188,13 @@ pub struct Cq {
     /// on an RNIC; the paused QPs refilling a CQ polled two at a time would
     /// otherwise raise one per refill).
     pub(super) overrun: AtomicBool,
+    /// QPs reset or destroyed while their completions were in the ring:
+    /// (QPN, the ring position before which its entries are dropped at
+    /// poll), as mlx5 cleans a CQ of a QP moved to RESET. Set only by the
+    /// consumer's own verbs, so a daemon client's view needs no daemon.
+    stale: std::sync::Mutex<Vec<(burst_wire::Qpn, u64)>>,
+    /// `stale` is not empty (the poll looks at it only then).
+    any_stale: AtomicBool,
 }
 
 pub(super) const CQ_RING: usize = 64;
@@ -215,7 +222,42 @@ impl Cq {
             channel,
             owner,
             overrun: AtomicBool::new(false),
+            stale: std::sync::Mutex::new(Vec::new()),
+            any_stale: AtomicBool::new(false),
         })
+    }
+
+    /// QP `qpn` was reset or destroyed: the completions it has in the
+    /// ring now are never polled (an application that resets a QP to use
+    /// it again must not find the old connection's flushes first).
+    pub(super) fn drop_completions_of(&self, qpn: burst_wire::Qpn) {
+        let fence = self.ring.next_position();
+        let mut stale = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+        stale.retain(|(q, _)| *q != qpn);
+        stale.push((qpn, fence));
+        self.any_stale.store(true, Ordering::Release);
+    }
+
+    /// The oldest completion that is not stale ([`Cq::drop_completions_of`]).
+    fn take(&self) -> Option<WorkCompletion> {
+        loop {
+            let (pos, wc) = self.ring.pop_positioned()?;
+            if !self.any_stale.load(Ordering::Acquire) {
+                return Some(wc);
+            }
+            let mut stale = self.stale.lock().unwrap_or_else(|e| e.into_inner());
+            // Fences the consumer has passed are done with.
+            stale.retain(|(_, fence)| fence.wrapping_sub(pos) as i64 > 0);
+            let dropped = stale
+                .iter()
+                .any(|(q, fence)| *q == wc.qp_num && (fence.wrapping_sub(pos) as i64) > 0);
+            if stale.is_empty() {
+                self.any_stale.store(false, Ordering::Release);
+            }
+            if !dropped {
+                return Some(wc);
+            }
+        }
     }
 
     /// Completions went into the ring without an event since a poll last
@@ -229,14 +271,14 @@ impl Cq {
     /// [`Cq::unseen`] (and looks once more, so one put in meanwhile is
     /// not left behind a cleared flag).
     pub(super) fn pop(&self) -> Option<WorkCompletion> {
-        if let Some(wc) = self.ring.pop() {
+        if let Some(wc) = self.take() {
             return Some(wc);
         }
         if self.unseen().load(Ordering::Acquire) == 0 {
             return None;
         }
         self.unseen().store(0, Ordering::Release);
-        self.ring.pop()
+        self.take()
     }
 
     /// `ibv_req_notify_cq`; returns whether the CQ holds completions that

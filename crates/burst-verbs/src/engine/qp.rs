@@ -70,8 +70,22 @@ impl Context {
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), CreateError> {
-        self.ring(qpn)?;
-        self.plane.destroy_qp(self, qpn)
+        let ring = self.ring(qpn)?;
+        self.plane.destroy_qp(self, qpn)?;
+        self.drop_completions_of(&ring);
+        Ok(())
+    }
+
+    /// The completions QP `ring` left in its CQs are never polled: it was
+    /// reset or destroyed (mlx5's libibverbs provider cleans its CQs the
+    /// same way; a completion of a gone QP would name work the
+    /// application already took back).
+    fn drop_completions_of(&self, ring: &QpRings) {
+        for cq in [ring.send_cq, ring.recv_cq] {
+            if let Ok(q) = self.cq_ref(cq) {
+                q.drop_completions_of(ring.qpn);
+            }
+        }
     }
 
     /// Drops QP `qpn` from this process's table (no more posts reach it).
@@ -261,6 +275,9 @@ impl Context {
         })?;
         if let (Ok(()), Some(s)) = (&r, attr.state) {
             ring.words.set_state(s);
+            if s == burst_transport::QpState::Reset {
+                self.drop_completions_of(&ring);
+            }
         }
         Ok(r)
     }
@@ -300,6 +317,12 @@ impl Context {
         };
         if let Some(s) = attrs[..made].iter().rev().find_map(|a| a.state) {
             ring.words.set_state(s);
+        }
+        if attrs[..made]
+            .iter()
+            .any(|a| a.state == Some(burst_transport::QpState::Reset))
+        {
+            self.drop_completions_of(&ring);
         }
         Ok(r)
     }
