@@ -401,42 +401,17 @@ fn forked(root: &Path, libdir: &Path, d: &Daemons) -> Vec<Outcome> {
     )]
 }
 
-/// Test cases of rdma-core's own suite (Debian's python3-pyverbs) that must
-/// run, not skip, here: everything a RoCE device without the vendor
-/// extensions (mlx5, EFA, ODP, device memory, XRC, raw packet QPs) offers.
-/// RXE 6.1 in the lab runs 87 of them.
-const RDMA_CORE_TESTS_RUN: usize = 100;
-
-/// rdma-core's test suite (`tests/run_tests.py` over pyverbs, as shipped in
-/// `/usr/share/doc/rdma-core/tests`) through burstd, under `burst run` so
-/// that it finds the device's sysfs files and interface: the verbs, the
-/// CQ events, MRs and MWs, the extended QP and CQ APIs, and the rdma_cm
-/// cases, whose two players are processes forked from the runner.
+/// rdma-core's test suite ([`crate::dropin::rdma_core_suite`]) through
+/// burstd, under `burst run` so that it finds the device's sysfs files and
+/// interface: the verbs, the CQ events, MRs and MWs, the extended QP and CQ
+/// APIs, and the rdma_cm cases, whose two players are processes forked from
+/// the runner (which embedded mode cannot serve).
 fn rdma_core_tests(root: &Path, libdir: &Path, d: &Daemons) -> Vec<Outcome> {
     let name = "burstd: rdma-core's test suite (pyverbs) passes, every case of a RoCE device run";
-    let src = Path::new("/usr/share/doc/rdma-core/tests");
-    let dir = root.join("target/rdma-core-tests");
-    let _ = std::fs::remove_dir_all(&dir);
-    let copied = Path::new("/usr/lib/python3/dist-packages/pyverbs").is_dir()
-        && Command::new("cp")
-            .arg("-r")
-            .arg(src)
-            .arg(&dir)
-            .status()
-            .is_ok_and(|s| s.success())
-        && Command::new("sh")
-            .arg("-c")
-            .arg(format!("gunzip -f {}/*.gz", dir.display()))
-            .status()
-            .is_ok_and(|s| s.success());
-    if !copied {
-        return vec![outcome(
-            name,
-            false,
-            None,
-            "needs Debian's python3-pyverbs (apt-get install python3-pyverbs)".into(),
-        )];
-    }
+    let dir = match crate::dropin::rdma_core_suite(root) {
+        Ok(dir) => dir,
+        Err(why) => return vec![outcome(name, false, None, why)],
+    };
     let argv = vec![
         "timeout".to_string(),
         "600".into(),
@@ -450,34 +425,8 @@ fn rdma_core_tests(root: &Path, libdir: &Path, d: &Daemons) -> Vec<Outcome> {
     let r = spawn(NS[0], &tool_env(libdir, d, 0, true), &argv)
         .map(|p| p.wait(Duration::from_secs(660)));
     let (ok, out) = r.unwrap_or_else(|e| (false, e.to_string()));
-    // "Ran 273 tests in 9.4s" and "OK (skipped=173)".
-    let count = |key: &str| {
-        out.lines()
-            .find_map(|l| l.split(key).nth(1))
-            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|n| n.parse::<usize>().ok())
-    };
-    let ran = count("Ran ").unwrap_or(0);
-    let skipped = count("skipped=").unwrap_or(0);
-    let run = ran.saturating_sub(skipped);
-    let ok = ok && out.lines().any(|l| l.starts_with("OK")) && run >= RDMA_CORE_TESTS_RUN;
-    let failed: Vec<&str> = out
-        .lines()
-        .filter(|l| l.ends_with("... ERROR") || l.ends_with("... FAIL") || l.starts_with("ERROR:"))
-        .collect();
-    vec![outcome(
-        name,
-        ok,
-        Some(format!("{run} run, {skipped} skipped (vendor features)")),
-        if failed.is_empty() {
-            format!(
-                "{run} cases run (at least {RDMA_CORE_TESTS_RUN} expected)\n{}",
-                tail(&out)
-            )
-        } else {
-            failed.join("\n")
-        },
-    )]
+    let o = crate::dropin::rdma_core_outcome(name, ok, &out, crate::dropin::RDMA_CORE_RUN);
+    vec![outcome(&o.name, o.ok, o.numbers, o.why)]
 }
 
 /// SIGKILL of an application in the middle of a transfer.

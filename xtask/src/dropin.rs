@@ -1770,6 +1770,129 @@ pub fn conformance_rxe(root: &Path) -> Vec<Outcome> {
     vec![o]
 }
 
+/// Cases of rdma-core's own test suite (Debian's python3-pyverbs) that
+/// must run, not skip, through burstd: everything a RoCE device without
+/// the vendor extensions (mlx5, EFA, ODP, device memory, XRC, raw packet
+/// QPs) offers. RXE 6.1 in the lab runs 87 of them (one fails there:
+/// atomic write). Embedded, the 10 rdma_cm cases are left out: their two
+/// players are forked from the runner, which needs burstd.
+pub const RDMA_CORE_RUN: usize = 100;
+const RDMA_CORE_RUN_EMBEDDED: usize = RDMA_CORE_RUN - 10;
+
+/// rdma-core's test suite as Debian ships it
+/// (`/usr/share/doc/rdma-core/tests`, some files compressed), unpacked
+/// under `target/rdma-core-tests`; run by `/usr/bin/python3` (pyverbs is
+/// Debian's, for its Python).
+pub fn rdma_core_suite(root: &Path) -> Result<PathBuf, String> {
+    let src = Path::new("/usr/share/doc/rdma-core/tests");
+    if !Path::new("/usr/lib/python3/dist-packages/pyverbs").is_dir() || !src.is_dir() {
+        return Err("needs Debian's python3-pyverbs (apt-get install python3-pyverbs)".into());
+    }
+    let dir = root.join("target/rdma-core-tests");
+    let _ = std::fs::remove_dir_all(&dir);
+    let unpacked = Command::new("cp")
+        .arg("-r")
+        .arg(src)
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new("sh")
+            .arg("-c")
+            .arg(format!("gunzip -f {}/*.gz", dir.display()))
+            .status()
+            .is_ok_and(|s| s.success());
+    if unpacked {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "cannot unpack {} into {}",
+            src.display(),
+            dir.display()
+        ))
+    }
+}
+
+/// The suite's verdict: it exited 0, said OK, and ran (not skipped) at
+/// least `floor` cases (a device that stopped offering something shows as
+/// fewer cases run, not as a failure of the suite).
+pub fn rdma_core_outcome(name: &str, exited_ok: bool, out: &str, floor: usize) -> Outcome {
+    // "Ran 273 tests in 9.4s" and "OK (skipped=173)".
+    let count = |key: &str| {
+        out.lines()
+            .find_map(|l| l.split(key).nth(1))
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<usize>().ok())
+    };
+    let ran = count("Ran ").unwrap_or(0);
+    let skipped = count("skipped=").unwrap_or(0);
+    let run = ran.saturating_sub(skipped);
+    let failed: Vec<&str> = out
+        .lines()
+        .filter(|l| l.ends_with("... ERROR") || l.ends_with("... FAIL") || l.starts_with("ERROR:"))
+        .collect();
+    Outcome {
+        name: name.into(),
+        ok: exited_ok && out.lines().any(|l| l.starts_with("OK")) && run >= floor,
+        numbers: Some(format!("{run} run, {skipped} skipped (vendor features)")),
+        why: if failed.is_empty() {
+            format!("{run} cases run (at least {floor} expected): {}", tail(out))
+        } else {
+            failed.join("; ")
+        },
+    }
+}
+
+/// rdma-core's test suite on the drop-in, embedded, on an address of
+/// loopback: every module but the rdma_cm one (see [`RDMA_CORE_RUN`]).
+pub fn rdma_core_tests(root: &Path, dir: &Path) -> Vec<Outcome> {
+    let name = "rdma-core's test suite (pyverbs) on the drop-in, embedded";
+    let suite = match rdma_core_suite(root) {
+        Ok(s) => s,
+        Err(why) => {
+            let o = Outcome {
+                name: name.into(),
+                ok: false,
+                numbers: None,
+                why,
+            };
+            report(&o);
+            return vec![o];
+        }
+    };
+    let modules: Vec<String> = std::fs::read_dir(&suite)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|f| f.starts_with("test_") && f.ends_with(".py") && f != "test_rdmacm.py")
+        .map(|f| f.trim_end_matches(".py").to_string())
+        .collect();
+    let out = Command::new("timeout")
+        .arg("600")
+        .arg("/usr/bin/python3")
+        .arg(suite.join("run_tests.py"))
+        .arg("-v")
+        .args(&modules)
+        .env("BURST_ADDR", "127.0.96.5")
+        .env("LD_LIBRARY_PATH", dir)
+        .output();
+    let o = match out {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned()
+                + &String::from_utf8_lossy(&o.stderr);
+            rdma_core_outcome(name, o.status.success(), &text, RDMA_CORE_RUN_EMBEDDED)
+        }
+        Err(e) => Outcome {
+            name: name.into(),
+            ok: false,
+            numbers: None,
+            why: format!("spawn: {e}"),
+        },
+    };
+    report(&o);
+    vec![o]
+}
+
 fn build_conformance(root: &Path) -> Option<PathBuf> {
     let bin = root.join("target/interop/verbs-conformance");
     let _ = std::fs::create_dir_all(root.join("target/interop"));

@@ -486,6 +486,8 @@ fn test(args: &[String]) -> ExitCode {
             // (Its build failing says what to install when this cannot.)
             let _ = ensure_debs(&["gcc", "libibverbs-dev"]);
             runs.extend(dropin::conformance(&root, &dir));
+            let _ = ensure_debs(&["python3-pyverbs"]);
+            runs.extend(dropin::rdma_core_tests(&root, &dir));
             let ok = dropin::summary("dropin (loopback)", &runs) && exports;
             results.push(("burst-xfer over libibverbs", xfer_over_dropin(&root, &dir)));
             ok
@@ -1244,6 +1246,7 @@ fn dropin_cmd(args: &[String]) -> ExitCode {
     if has("--loopback") || !(veth || rxe || has("--numbers") || has("--v6")) {
         all.extend(dropin::device_listing(&dir));
         all.extend(dropin_loopback(&dir, cases));
+        all.extend(dropin::rdma_core_tests(&root, &dir));
     }
     if veth {
         all.extend(dropin::veth(&dir, cases, c4));
