@@ -1052,6 +1052,131 @@ pub fn veth_teardown() {
 }
 
 /// burst to burst over the veth pair, every case at MTU 1024 and 4096.
+/// Open MPI (Debian's openmpi-bin) over UCX's verbs transports on burst,
+/// one rank on each side of the veth pair, embedded: `mpirun` in the first
+/// namespace starts the second rank through an `ssh` stand-in that enters
+/// the other namespace. `interop/mpi-pingpong.c` checks every byte of a
+/// ping-pong from 8 B to 4 MiB, then an allreduce.
+pub fn mpi_veth(root: &Path, dir: &Path) -> Vec<Outcome> {
+    let name =
+        "Open MPI over UCX (rc_verbs), burst<->burst veth: ping-pong 8 B-4 MiB checked, allreduce";
+    let fail = |why: String| {
+        let o = Outcome {
+            name: name.into(),
+            ok: false,
+            numbers: None,
+            why,
+        };
+        report(&o);
+        vec![o]
+    };
+    let bin = root.join("target/interop/mpi-pingpong");
+    let _ = std::fs::create_dir_all(root.join("target/interop"));
+    let built = Command::new("mpicc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&bin)
+        .arg(root.join("interop/mpi-pingpong.c"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        return fail(
+            "cannot build interop/mpi-pingpong.c (openmpi-bin and libopenmpi-dev needed)".into(),
+        );
+    }
+    if !veth_setup(1500) {
+        return fail("ip netns failed".into());
+    }
+    let burst = root.join("target/release/burst");
+    // mpirun's remote shell: the host is an address of one namespace.
+    let agent = root.join("target/interop/mpi-agent.sh");
+    let script = format!(
+        "#!/bin/bash\n\
+         # plm_rsh_agent for cargo xtask interop: HOST CMD... runs CMD in HOST's namespace on burst\n\
+         case $1 in 198.18.0.101) ns=burstbb1;; 198.18.0.102) ns=burstbb2;; *) echo \"unknown host $1\" >&2; exit 1;; esac\n\
+         h=$1; shift\n\
+         exec ip netns exec $ns env BURST_ADDR=$h LD_LIBRARY_PATH={} {} run -- bash -c \"$*\"\n",
+        dir.display(),
+        burst.display()
+    );
+    let written = std::fs::write(&agent, script).is_ok()
+        && Command::new("chmod")
+            .arg("+x")
+            .arg(&agent)
+            .status()
+            .is_ok_and(|s| s.success());
+    if !written {
+        return fail(format!("cannot write {}", agent.display()));
+    }
+    let out = Command::new("timeout")
+        .arg("180")
+        .args([
+            "ip",
+            "netns",
+            "exec",
+            "burstbb1",
+            "env",
+            "BURST_ADDR=198.18.0.101",
+        ])
+        .arg(format!("LD_LIBRARY_PATH={}", dir.display()))
+        .arg(&burst)
+        .args(["run", "--", "mpirun", "--allow-run-as-root"])
+        // Both "hosts" are this machine: each would bind its rank to its
+        // first core, the same one.
+        .args([
+            "--bind-to",
+            "none",
+            "-np",
+            "2",
+            "-H",
+            "198.18.0.101,198.18.0.102",
+        ])
+        .arg("--mca")
+        .arg("plm_rsh_agent")
+        .arg(&agent)
+        .args(["--mca", "pml", "ucx", "--mca", "btl", "^openib,ofi"])
+        .args([
+            "-x",
+            "UCX_TLS=rc_verbs,ud_verbs,self",
+            "-x",
+            "UCX_NET_DEVICES=burst0:1",
+        ])
+        .args(["-x", "LD_LIBRARY_PATH"])
+        .arg(&bin)
+        .output();
+    let o = match out {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned()
+                + &String::from_utf8_lossy(&o.stderr);
+            let sizes = text.lines().filter(|l| l.starts_with("size ")).count();
+            let ok = o.status.success()
+                && sizes == 5
+                && text.contains("allreduce ok")
+                && !text.contains("BAD");
+            // "size 8: 24.29 us half round trip, 0.3 MB/s"
+            let line = |size: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(size))
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            Outcome {
+                name: name.into(),
+                ok,
+                numbers: Some(format!("{}; {}", line("size 8:"), line("size 4194304:"))),
+                why: tail(&text),
+            }
+        }
+        Err(e) => Outcome {
+            name: name.into(),
+            ok: false,
+            numbers: None,
+            why: format!("spawn: {e}"),
+        },
+    };
+    report(&o);
+    vec![o]
+}
+
 pub fn veth(dir: &Path, cases: &[Case], cases_4096: &[Case]) -> Vec<Outcome> {
     let a = BurstSide {
         ns: Some("burstbb1".into()),

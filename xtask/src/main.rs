@@ -808,6 +808,8 @@ fn interop(args: &[String]) -> ExitCode {
         "ibverbs-utils",
         "perftest",
         "ucx-utils",
+        "openmpi-bin",
+        "libopenmpi-dev",
         "iproute2",
         "gcc",
     ]) {
@@ -987,6 +989,7 @@ fn interop(args: &[String]) -> ExitCode {
                 };
                 runs.extend(dropin::veth(&dir, v, &[]));
                 if embedded {
+                    runs.extend(dropin::mpi_veth(&root, &dir));
                     runs.extend(dropin::rxe(&root, &dir, r, "1500", true, 23700));
                     runs.extend(dropin::rxe(&root, &dir, r, "1500", false, 23800));
                 }
