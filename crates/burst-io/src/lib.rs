@@ -308,6 +308,12 @@ burst_wire::counters! {
         /// RoCE frames a lane received for another lane's QP and handed over
         /// (links whose queues do not steer by QPN).
         pub rx_handed_off: u64,
+        /// Packets to the port's own address (another QP of the same
+        /// device) delivered to its own receive, never put on the link.
+        pub looped_back: u64,
+        /// Packets to the port's own address dropped: too many waited for
+        /// the next receive.
+        pub looped_dropped: u64,
     }
 }
 

@@ -243,7 +243,17 @@ pub struct RawPort<L> {
     /// Scratch: the lent frames of a send burst, and which packet each is.
     lent_tx: Vec<(usize, usize, usize)>,
     lent_of: Vec<usize>,
+    /// Packets to this port's own address (a QP of the same device): whole
+    /// frames the next receive takes, as RXE and RNICs loop them back; the
+    /// link would carry them to a peer that drops them.
+    looped: VecDeque<Vec<u8>>,
+    /// Loopback frames already taken, for the next ones.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Loopback frames a port holds for its next receive before it drops them
+/// (a receive takes them all: only one round's sends wait here).
+const MAX_LOOPED: usize = 1024;
 
 /// Names of ports that lend frames: a frame goes back only to its lender.
 static LENDERS: AtomicU64 = AtomicU64::new(1);
@@ -373,6 +383,8 @@ impl<L: FrameLink> RawPort<L> {
             lender: LENDERS.fetch_add(1, Ordering::Relaxed),
             lent_tx: Vec::new(),
             lent_of: Vec::new(),
+            looped: VecDeque::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -755,6 +767,10 @@ impl<L: FrameLink> RawPort<L> {
         let mut last: Option<(IpAddr, [u8; 6])> = None;
         for (i, b) in bufs.iter().enumerate() {
             let ip = b.peer.ip();
+            if ip == self.local.ip() {
+                self.loop_back(b);
+                continue;
+            }
             let mac = match last {
                 Some((l, m)) if l == ip => Some(m),
                 _ => match self.neighbour(ip) {
@@ -789,6 +805,31 @@ impl<L: FrameLink> RawPort<L> {
             }
         }
         self.flush_control()
+    }
+
+    /// Queues a packet to this port's own address as the frame the link
+    /// would have carried (same headers, so the ICRC checks as any other),
+    /// for the next [`Port::recv_frames`].
+    fn loop_back(&mut self, b: &PacketBuf) {
+        if self.looped.len() >= MAX_LOOPED {
+            self.counters.looped_dropped += 1;
+            return;
+        }
+        let mut f = self.spare.pop().unwrap_or_default();
+        // Room for the longest headers (IPv6), cut to the ones written.
+        f.clear();
+        f.resize(ETH_LEN + 40 + UDP_LEN, 0);
+        let (mac, local) = (self.mac, self.local);
+        let at = write_headers(&mut f, mac, mac, local, b.peer, b.ip_id, b.len);
+        if at == 0 {
+            self.counters.tx_errors += 1;
+            self.spare.push(f);
+            return;
+        }
+        f.truncate(at);
+        f.extend_from_slice(b.bytes());
+        self.looped.push_back(f);
+        self.counters.looped_back += 1;
     }
 
     /// Sends the `ready` packets of `bufs`, copying each into a frame of
@@ -875,8 +916,17 @@ impl<L: FrameLink> Port for RawPort<L> {
                 Rx::Dropped => {}
             }
         };
-        // Frames other lanes received for this one first, then the link's.
+        // Frames this port sent itself first, then those other lanes
+        // received for this one, then the link's.
         let mut left = max;
+        let mut looped = std::mem::take(&mut self.looped);
+        let mut spare = std::mem::take(&mut self.spare);
+        while left > 0 {
+            let Some(f) = looped.pop_front() else { break };
+            take(&f, None);
+            spare.push(f);
+            left -= 1;
+        }
         if let Some(l) = lanes {
             while left > 0 {
                 let Some(h) = l.inbox().pop() else { break };
@@ -885,9 +935,13 @@ impl<L: FrameLink> Port for RawPort<L> {
                 left -= 1;
             }
         }
-        self.link.recv(left, &mut |frame| take(frame, None))?;
+        let r = self.link.recv(left, &mut |frame| take(frame, None));
+        self.looped = looped;
+        self.spare = spare;
+        r?;
         for &(ip, smac) in &learned {
-            if self.neighbours.get(&ip).is_none_or(|n| n.mac.is_none()) {
+            // Our own address is never a neighbour: its packets loop back.
+            if ip != self.local.ip() && self.neighbours.get(&ip).is_none_or(|n| n.mac.is_none()) {
                 self.learn(ip, smac);
             }
         }

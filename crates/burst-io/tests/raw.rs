@@ -453,3 +453,28 @@ fn packets_built_in_lent_frames_leave_in_them_and_unsent_frames_go_back() {
     assert!(bufs.iter().all(|p| p.data.lent().is_none()));
     assert_eq!(a.link().lent, 0, "every frame went back");
 }
+
+/// A packet to the port's own address (two QPs of one device) comes back
+/// through its own receive, as RXE and RNICs loop it, with its ICRC
+/// checked over the headers it would have had on the wire; the link never
+/// carries it (the peer would drop a frame to an address not its own).
+#[test]
+fn a_packet_to_its_own_address_loops_back() {
+    let (mut a, b) = port_a();
+    let mut bufs = vec![packet(sa(A), sa(A), 100, 0)];
+    a.assign_ip_ids(&mut bufs);
+    assert_eq!(burst_io::seal_all(sa(A), &mut bufs), 1);
+    assert_eq!(a.send_burst(&bufs).unwrap(), 1);
+    assert!(b.take_received().is_empty(), "nothing on the link");
+    let mut rx = RxBatch::default();
+    assert_eq!(a.recv_batch(&mut rx).unwrap(), 1);
+    let (meta, bytes) = rx.frames().next().unwrap();
+    assert_eq!(meta.peer, sa(A));
+    assert!(meta.icrc_verified);
+    assert_eq!(bytes, bufs[0].bytes());
+    let c = a.counters();
+    assert_eq!((c.looped_back, c.looped_dropped, c.rx_bad_icrc), (1, 0, 0));
+    // Our own address never becomes a neighbour to resolve.
+    assert_eq!(a.neighbour(A.into()), None);
+    assert_eq!(a.recv_batch(&mut rx).unwrap(), 0, "taken once");
+}
