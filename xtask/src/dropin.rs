@@ -1060,16 +1060,7 @@ pub fn veth_teardown() {
 pub fn mpi_veth(root: &Path, dir: &Path) -> Vec<Outcome> {
     let name =
         "Open MPI over UCX (rc_verbs), burst<->burst veth: ping-pong 8 B-4 MiB checked, allreduce";
-    let fail = |why: String| {
-        let o = Outcome {
-            name: name.into(),
-            ok: false,
-            numbers: None,
-            why,
-        };
-        report(&o);
-        vec![o]
-    };
+    let fail = |why: String| failed(name, why);
     let bin = root.join("target/interop/mpi-pingpong");
     let _ = std::fs::create_dir_all(root.join("target/interop"));
     let built = Command::new("mpicc")
@@ -1166,12 +1157,7 @@ pub fn mpi_veth(root: &Path, dir: &Path) -> Vec<Outcome> {
                 why: tail(&text),
             }
         }
-        Err(e) => Outcome {
-            name: name.into(),
-            ok: false,
-            numbers: None,
-            why: format!("spawn: {e}"),
-        },
+        Err(e) => return fail(format!("spawn: {e}")),
     };
     report(&o);
     vec![o]
@@ -1895,6 +1881,18 @@ pub fn conformance_rxe(root: &Path) -> Vec<Outcome> {
     vec![o]
 }
 
+/// A failed outcome of `name`, reported.
+fn failed(name: &str, why: String) -> Vec<Outcome> {
+    let o = Outcome {
+        name: name.into(),
+        ok: false,
+        numbers: None,
+        why,
+    };
+    report(&o);
+    vec![o]
+}
+
 /// Cases of rdma-core's own test suite (Debian's python3-pyverbs) that
 /// must run, not skip, through burstd: everything a RoCE device without
 /// the vendor extensions (mlx5, EFA, ODP, device memory, XRC, raw packet
@@ -1973,16 +1971,7 @@ pub fn rdma_core_tests(root: &Path, dir: &Path) -> Vec<Outcome> {
     let name = "rdma-core's test suite (pyverbs) on the drop-in, embedded";
     let suite = match rdma_core_suite(root) {
         Ok(s) => s,
-        Err(why) => {
-            let o = Outcome {
-                name: name.into(),
-                ok: false,
-                numbers: None,
-                why,
-            };
-            report(&o);
-            return vec![o];
-        }
+        Err(why) => return failed(name, why),
     };
     let modules: Vec<String> = std::fs::read_dir(&suite)
         .into_iter()
@@ -2007,12 +1996,7 @@ pub fn rdma_core_tests(root: &Path, dir: &Path) -> Vec<Outcome> {
                 + &String::from_utf8_lossy(&o.stderr);
             rdma_core_outcome(name, o.status.success(), &text, RDMA_CORE_RUN_EMBEDDED)
         }
-        Err(e) => Outcome {
-            name: name.into(),
-            ok: false,
-            numbers: None,
-            why: format!("spawn: {e}"),
-        },
+        Err(e) => return failed(name, format!("spawn: {e}")),
     };
     report(&o);
     vec![o]
