@@ -114,6 +114,18 @@ impl std::fmt::Debug for CmService {
 impl CmService {
     /// Starts the CM of `ctx`'s device; `sink` gets every event.
     pub fn start(ctx: &Context, sink: EventSink) -> std::io::Result<CmService> {
+        CmService::start_listening(ctx, sink, None)
+    }
+
+    /// [`CmService::start`], listening on `service_id` before it takes its
+    /// first MAD: the device may have received a REQ for it since it
+    /// opened (a peer that retried while this process started), which a
+    /// CM without the listener would reject.
+    pub fn start_listening(
+        ctx: &Context,
+        sink: EventSink,
+        service_id: Option<u64>,
+    ) -> std::io::Result<CmService> {
         let port = match ctx.gsi() {
             Some(gsi) => Port1::Local(ctx.clone(), Arc::clone(gsi)),
             None => {
@@ -147,14 +159,20 @@ impl CmService {
             stop: AtomicBool::new(false),
             start: Instant::now(),
         });
-        let run = Arc::clone(&inner);
-        let thread = std::thread::Builder::new()
-            .name("burst-cm".into())
-            .spawn(move || serve(&run, sink))?;
-        Ok(CmService {
+        let mut svc = CmService {
             inner,
-            thread: Some(thread),
-        })
+            thread: None,
+        };
+        if let Some(id) = service_id {
+            svc.listen(id)?;
+        }
+        let run = Arc::clone(&svc.inner);
+        svc.thread = Some(
+            std::thread::Builder::new()
+                .name("burst-cm".into())
+                .spawn(move || serve(&run, sink))?,
+        );
+        Ok(svc)
     }
 
     /// Runs `f` on the state machine with the current time; sends what it

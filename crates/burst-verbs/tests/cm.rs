@@ -92,3 +92,47 @@ fn two_cms_connect_reject_and_disconnect_over_qp1() {
     assert!(a.counters().sent >= 4 && b.counters().rcvd >= 4);
     assert_eq!(b.counters().malformed, 0);
 }
+
+/// A REQ that reached a device before its CM started (a peer that
+/// retried while the listening process was starting up) finds the
+/// listener: a CM started for a service listens before it takes its first
+/// MAD (qperf's server children, each a new process on one address, had a
+/// connection in ten rejected).
+#[test]
+fn a_req_queued_before_the_cm_started_finds_its_listener() {
+    let (ia, ib) = (
+        IpAddr::V4(Ipv4Addr::new(127, 0, 91, 5)),
+        IpAddr::V4(Ipv4Addr::new(127, 0, 91, 6)),
+    );
+    let ea = Engine::start(ia, Mtu::Mtu1024).unwrap();
+    let eb = Engine::start(ib, Mtu::Mtu1024).unwrap();
+    let (ta, ra) = mpsc::channel();
+    let a = CmService::start(&ea.context(), Box::new(move |e| drop(ta.send(e)))).unwrap();
+    let svc = PortSpace::Tcp.service_id(4100);
+    let req = burst_cm::req_template(svc, Qpn::new(0x11).unwrap(), Psn::new(3));
+    a.with(|cm, now| cm.connect(now, ib, req)).unwrap();
+    // The REQ waits in B's QP1 queue: B has no CM yet.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while eb.context().gsi().is_none_or(|g| g.counters().rcvd == 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the REQ never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (tb, rb) = mpsc::channel();
+    let _b = CmService::start_listening(
+        &eb.context(),
+        Box::new(move |e| drop(tb.send(e))),
+        Some(svc),
+    )
+    .unwrap();
+    match next(&rb) {
+        CmEvent::Request { peer, req, .. } => {
+            assert_eq!(peer, ia);
+            assert_eq!(req.starting_psn.value(), 3);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(ra.try_recv().is_err(), "no REJ reached A");
+}

@@ -423,7 +423,7 @@ impl CmId {
         cm.with_reg(|r| r.listeners.push(self.clone()));
         for dev in devs {
             // Several listeners (other addresses) may share a service ID.
-            if let Err(e) = cm.device(dev).and_then(|d| d.svc.listen(svc)) {
+            if let Err(e) = cm.device_listening(dev, Some(svc)) {
                 tracing::warn!("rdma_listen: {e}");
                 cm.with_reg(|r| r.listeners.retain(|l| l != self));
                 self.lock().phase = Phase::Bound;

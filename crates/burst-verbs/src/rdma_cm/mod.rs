@@ -253,22 +253,38 @@ impl RdmaCm {
 impl Shared {
     /// Device `index`'s CM, started on first use.
     pub(crate) fn device(self: &Arc<Self>, index: usize) -> io::Result<Arc<Device>> {
+        self.device_listening(index, None)
+    }
+
+    /// [`Shared::device`], its CM listening on `service_id` too; a CM
+    /// started for it listens before it takes its first MAD.
+    pub(crate) fn device_listening(
+        self: &Arc<Self>,
+        index: usize,
+        service_id: Option<u64>,
+    ) -> io::Result<Arc<Device>> {
         let mut all = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         let Some(slot) = all.get_mut(index) else {
             return Err(io::Error::from_raw_os_error(libc::ENODEV));
         };
         if let Some(d) = slot {
-            return Ok(Arc::clone(d));
+            let d = Arc::clone(d);
+            drop(all);
+            if let Some(id) = service_id {
+                d.svc.listen(id)?;
+            }
+            return Ok(d);
         }
         let ctx = (self.open)(index)?;
         let weak: Weak<Shared> = Arc::downgrade(self);
-        let svc = CmService::start(
+        let svc = CmService::start_listening(
             &ctx,
             Box::new(move |e| {
                 if let Some(shared) = weak.upgrade() {
                     events::on_cm_event(&shared, index, e);
                 }
             }),
+            service_id,
         )?;
         let attr = ctx.query_device();
         let d = Arc::new(Device {
