@@ -440,3 +440,118 @@ fn arming_a_cq_that_got_completions_without_an_event_raises_one_at_once() {
     drop(p);
     assert_eq!(rbuf[64], 3);
 }
+
+#[test]
+fn a_thread_that_posts_and_spins_on_memory_leaves_the_lane_to_the_engine() {
+    // The write-and-spin ping-pong of MPIs and of qperf's
+    // rc_rdma_write_poll_lat: post a WRITE, poll the CQ once, then spin on
+    // memory until the peer's WRITE lands; neither side calls burst while
+    // it spins, so only an engine thread can place the peer's WRITE.
+    // Before, each post claimed the lane and every round trip waited for
+    // the claim to lapse (4 ms: qperf measured 2 ms per half round trip);
+    // now the first lapse that finds work waiting leaves the lane to the
+    // engine.
+    let p = pair(25);
+    let mut abuf = vec![0u8; 128];
+    let mut bbuf = vec![0u8; 128];
+    let access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ka, kb) = unsafe {
+        (
+            p.a.reg_mr(p.pa, abuf.as_mut_ptr(), abuf.len(), access)
+                .unwrap(),
+            p.b.reg_mr(p.pb, bbuf.as_mut_ptr(), bbuf.len(), access)
+                .unwrap(),
+        )
+    };
+    let (abase, bbase) = (abuf.as_mut_ptr() as usize, bbuf.as_mut_ptr() as usize);
+    const ROUNDS: u8 = 200;
+    // One side of the ping-pong: `first` sends first; each WRITE carries
+    // the round's number in its first byte.
+    let side = move |ctx: Context,
+                     qp: Qpn,
+                     cq: CqId,
+                     base: usize,
+                     mine: burst_mem::MrKeys,
+                     peer: burst_mem::MrKeys,
+                     first: bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let flag = base as *const u8;
+        let src = (base + 64) as *mut u8;
+        for round in 1..=ROUNDS {
+            let send = |marker: u8| {
+                // SAFETY: `src` is in this side's registered buffer, alive
+                // until the test ends.
+                unsafe { std::ptr::write_volatile(src, marker) };
+                let wr = SendWr::new(
+                    u64::from(marker),
+                    SendOp::Write {
+                        remote_addr: peer.addr,
+                        rkey: peer.rkey,
+                    },
+                    [sge(&mine, 64)],
+                );
+                ctx.post_send(qp, &wr).unwrap();
+                // One poll, as qperf: it rarely finds the completion.
+                while let Some(w) = ctx.poll_cq(cq) {
+                    assert_eq!(w.status, WcStatus::Success);
+                }
+            };
+            if first {
+                send(round);
+            }
+            // SAFETY: `flag` is in this side's registered buffer; the
+            // peer's WRITE lands there through the engine.
+            while unsafe { std::ptr::read_volatile(flag) } != round {
+                assert!(Instant::now() < deadline, "round {round} never came");
+                std::hint::spin_loop();
+            }
+            if !first {
+                send(round);
+            }
+        }
+        // The last completions, the ordinary way.
+        while ctx.poll_cq(cq).is_some() {}
+    };
+    let (a, qa, cqa) = (p.a.clone(), p.qa, p.cqa);
+    let echo = std::thread::spawn(move || side(a, qa, cqa, abase, ka, kb, false));
+    side(p.b.clone(), p.qb, p.cqb, bbase, kb, ka, true);
+    echo.join().unwrap();
+    // Each side's lane lapsed once (its claim found work waiting), not
+    // once per round trip; a reclaim and a second lapse are allowed.
+    let lapses = (p.a.claim_lapses(), p.b.claim_lapses());
+    eprintln!("claims lapsed with work waiting: {lapses:?} in {ROUNDS} round trips");
+    assert!(lapses.0 <= 2 && lapses.1 <= 2, "{lapses:?}");
+    // B turns into a thread that polls for its completions: its polls take
+    // the ACKs before the engine does, and claim the lane again.
+    let mut reclaimed = false;
+    for i in 0..500u64 {
+        let wr = SendWr::new(
+            i,
+            SendOp::Write {
+                remote_addr: ka.addr,
+                rkey: ka.rkey,
+            },
+            [sge(&kb, 64)],
+        );
+        p.b.post_send(p.qb, &wr).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(w) = p.b.poll_cq(p.cqb) {
+                assert_eq!(w.status, WcStatus::Success);
+                break;
+            }
+            reclaimed |= p.b.claimed_by_application();
+            assert!(Instant::now() < deadline, "write {i} never completed");
+        }
+        if reclaimed {
+            break;
+        }
+    }
+    assert!(
+        reclaimed,
+        "a thread that polls never claimed the lane again"
+    );
+    drop(p);
+    drop((abuf, bbuf));
+}

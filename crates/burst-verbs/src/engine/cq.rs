@@ -617,7 +617,9 @@ struct Leave<'a>(&'a Context);
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
         let sh = &*self.0.shared;
-        sh.drivers[0].remove_waiter(sh.clock.now());
+        if sh.drivers[0].remove_waiter(sh.clock.now()) {
+            sh.wake.wake(0);
+        }
     }
 }
 

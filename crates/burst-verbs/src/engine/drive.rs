@@ -152,6 +152,11 @@ impl Context {
         };
         let r = core.contained(sh, first);
         let busy = core.step_contained(sh, lane, round, now);
+        if who == Stepper::Poller {
+            if let Some(d) = d {
+                d.poller_stepped();
+            }
+        }
         // A post or a waiter's step may arm a transport timer earlier than
         // the one the engine thread waits for (a poller's own steps run
         // the timers, and the engine runs none while one polls): wake it
@@ -200,6 +205,14 @@ impl Context {
             .drivers
             .iter()
             .any(|d| matches!(d.owner(now), drivers::Owner::Polling(_)))
+    }
+
+    /// How many times an application thread's claim on a lane lapsed with
+    /// work waiting, so that the engine thread took the lane back until
+    /// polls show a thread that polls again (see docs/architecture.md,
+    /// "Who steps a lane"). Diagnostics.
+    pub fn claim_lapses(&self) -> u64 {
+        self.shared.drivers.iter().map(|d| d.lapses()).sum()
     }
 
     /// The device clock (ns): the time base of [`Context::next_timeout`].

@@ -15,6 +15,14 @@
 //!   takes the port back. One that took its last completion, or armed a CQ
 //!   to wait for its event, hands the port over at once, watched
 //!   ([`Drivers::shorten`]).
+//! - A claim that *lapsed* with work waiting (the thread posted, polled
+//!   once and went to spin on memory for the peer's WRITE, as MPIs and
+//!   qperf's `rc_rdma_write_poll_lat` do) shows the lane's threads do not
+//!   come back: the lane is *unclaimed* ([`Drivers::unclaim`]) and the
+//!   engine drives while their posts and polls still step it when they
+//!   can. Polls that keep finding the work before the engine does show a
+//!   thread that polls after all, and the lane is claimed again
+//!   ([`Drivers::poller_stepped`]).
 //! - **Waiting**: a thread blocked in `ibv_get_cq_event` waits on the port
 //!   as well as on its channel and steps the lane when packets come, so the
 //!   thread that the event is for is the one that wakes (one wake-up per
@@ -52,6 +60,15 @@ pub(super) const PUSH_NS: u64 = 3_000_000;
 /// short against a round trip for one that goes to spin on memory.
 pub(super) const SHORT_CLAIM_NS: u64 = 20_000;
 
+/// How far empty polls must outnumber the engine thread's steps that
+/// found work (each weighing [`ENGINE_WORK_WEIGHT`]) on an unclaimed lane
+/// before polls claim it again ([`Drivers::poller_stepped`]).
+pub(super) const RECLAIM_AFTER: u32 = 64;
+
+/// What a step of the engine thread that found work weighs against empty
+/// polls on an unclaimed lane ([`Drivers::poller_stepped`]).
+pub(super) const ENGINE_WORK_WEIGHT: u32 = 4;
+
 /// How long after an application thread's last poll or post its lane
 /// counts as passive ([`Drivers::passive`]).
 pub(super) const PASSIVE_NS: u64 = 10_000_000;
@@ -87,6 +104,17 @@ pub(super) struct Drivers {
     /// `watch_lock`, so the flag and the epoll set agree.
     watched: AtomicBool,
     watch_lock: std::sync::Mutex<()>,
+    /// The claim was ended by [`Drivers::shorten`] (its lapse is the
+    /// hand-over, not a thread gone away).
+    shortened: AtomicBool,
+    /// A claim lapsed with work waiting: posts and polls no longer claim
+    /// the lane ([`Drivers::unclaim`]).
+    unclaimed: AtomicBool,
+    /// While unclaimed: packets polling threads took, less those the engine
+    /// took ([`Drivers::poller_stepped`]).
+    reclaim: AtomicU32,
+    /// Claims that lapsed with work waiting (diagnostics).
+    lapses: AtomicU64,
 }
 
 /// What the engine thread of a lane does next.
@@ -125,6 +153,10 @@ impl Drivers {
             watch,
             watched: AtomicBool::new(false),
             watch_lock: std::sync::Mutex::new(()),
+            shortened: AtomicBool::new(false),
+            unclaimed: AtomicBool::new(false),
+            reclaim: AtomicU32::new(0),
+            lapses: AtomicU64::new(0),
         })
     }
 
@@ -159,10 +191,15 @@ impl Drivers {
     }
 
     /// An application thread polled an empty CQ or posted, and stepped the
-    /// lane: it drives until [`CLAIM_NS`] after now.
+    /// lane: it drives until [`CLAIM_NS`] after now (unless the lane is
+    /// unclaimed: [`Drivers::unclaim`]).
     pub(super) fn claim(&self, now: u64) {
-        self.claim.store(now.max(1), Ordering::Release);
         self.last_claim.store(now.max(1), Ordering::Relaxed);
+        if self.unclaimed.load(Ordering::Relaxed) {
+            return;
+        }
+        self.claim.store(now.max(1), Ordering::Release);
+        self.shortened.store(false, Ordering::Relaxed);
         if self.watched.load(Ordering::Acquire) {
             self.set_watch(false);
         }
@@ -208,6 +245,7 @@ impl Drivers {
                 .compare_exchange(claim, 0, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
+                self.shortened.store(true, Ordering::Relaxed);
                 self.set_watch(true);
                 return self.excluded.load(Ordering::Acquire) && self.timer_wait() != 0;
             }
@@ -223,12 +261,77 @@ impl Drivers {
             .compare_exchange(claim, short, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
+            self.shortened.store(true, Ordering::Relaxed);
             if let Some(t) = &self.timer {
                 self.armed.store(end, Ordering::Release);
                 t.arm(std::time::Duration::from_nanos(SHORT_CLAIM_NS));
             }
         }
         false
+    }
+
+    /// The engine thread is about to step the lane at `now`: whether a
+    /// claim lapsed since (the thread that held it neither polled nor
+    /// posted for [`CLAIM_NS`], and did not hand the lane over). The claim
+    /// is cleared, so each lapse is seen once; if the step finds work, the
+    /// engine calls [`Drivers::unclaim`].
+    pub(super) fn lapsed(&self, now: u64) -> bool {
+        let claim = self.claim.load(Ordering::Acquire);
+        if claim == 0 || now < claim.saturating_add(CLAIM_NS) {
+            return false;
+        }
+        self.claim
+            .compare_exchange(claim, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+            && !self.shortened.swap(false, Ordering::Relaxed)
+    }
+
+    /// A claim lapsed with work waiting: the lane's threads post and go
+    /// away (they spin on memory for a peer's WRITE, or compute), so every
+    /// round trip would wait for the claim to lapse again. From now on the
+    /// engine drives the lane, waiting on its port; posts and polls still
+    /// step it when they find its core free, without claiming it.
+    pub(super) fn unclaim(&self) {
+        self.lapses.fetch_add(1, Ordering::Relaxed);
+        self.reclaim.store(0, Ordering::Relaxed);
+        self.unclaimed.store(true, Ordering::Release);
+    }
+
+    /// Claims that lapsed with work waiting, so far (diagnostics).
+    pub(super) fn lapses(&self) -> u64 {
+        self.lapses.load(Ordering::Relaxed)
+    }
+
+    /// While the lane is unclaimed, a thread polled an empty CQ and stepped
+    /// the lane. A thread that spins on its CQ polls many times for each
+    /// packet the engine takes (the engine, woken per packet, mostly finds
+    /// it taken); one that posts, polls once and goes away polls about
+    /// once. Each poll counts one, each step of the engine that found work
+    /// takes [`ENGINE_WORK_WEIGHT`] off ([`Drivers::engine_found_work`]);
+    /// at [`RECLAIM_AFTER`] the lane is claimed again. Returns whether it
+    /// was.
+    pub(super) fn poller_stepped(&self) -> bool {
+        if !self.unclaimed.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.reclaim.fetch_add(1, Ordering::Relaxed) + 1 < RECLAIM_AFTER {
+            return false;
+        }
+        self.reclaim.store(0, Ordering::Relaxed);
+        self.unclaimed.store(false, Ordering::Release);
+        true
+    }
+
+    /// While the lane is unclaimed, the engine thread's step found work
+    /// (see [`Drivers::poller_stepped`]).
+    pub(super) fn engine_found_work(&self) {
+        if self.unclaimed.load(Ordering::Relaxed) {
+            let _ = self
+                .reclaim
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(ENGINE_WORK_WEIGHT))
+                });
+        }
     }
 
     /// Whether no application thread of this process has polled or posted
@@ -259,10 +362,14 @@ impl Drivers {
     /// A waiting thread returns (with its event, or interrupted): the lane
     /// is handed back as a claim ([`Drivers::claim`]), since the thread
     /// polls its CQ next, or comes back to wait; the claim timer wakes the
-    /// engine if it does neither.
-    pub(super) fn remove_waiter(&self, now: u64) {
-        self.waiters.fetch_sub(1, Ordering::AcqRel);
+    /// engine if it does neither. Returns whether the engine thread must be
+    /// woken now: the lane is unclaimed ([`Drivers::unclaim`]), so the
+    /// engine drives, but it waits without the port (it parked while the
+    /// thread waited), and traffic that comes now would wake nobody.
+    pub(super) fn remove_waiter(&self, now: u64) -> bool {
+        let left = self.waiters.fetch_sub(1, Ordering::AcqRel) == 1;
         self.claim(now);
+        left && self.unclaimed.load(Ordering::Relaxed) && self.excluded.load(Ordering::Acquire)
     }
 
     /// The engine thread is about to wait in the kernel until `until`
@@ -320,13 +427,54 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_that_lapsed_with_work_waiting_is_not_taken_again_until_polls_find_work() {
+        let d = Drivers::new(None).unwrap();
+        // A thread posts, polls once and goes away: its claim lapses.
+        d.claim(1_000);
+        assert!(!d.lapsed(1_000 + CLAIM_NS - 1), "still claimed");
+        assert!(d.lapsed(1_000 + CLAIM_NS));
+        assert!(!d.lapsed(1_000 + CLAIM_NS + 1), "a lapse is seen once");
+        // The engine's step found work: posts and polls no longer claim.
+        d.unclaim();
+        assert_eq!(d.lapses(), 1);
+        d.claim(10_000_000);
+        assert_eq!(d.owner(10_000_001), Owner::Engine);
+        assert!(!d.passive(10_000_001), "the thread still posts");
+        // A thread that waited for an event returns: no claim hands the
+        // lane back, so the engine, parked without the port, is woken.
+        d.add_waiter();
+        d.parking(Owner::Waiting, u64::MAX);
+        assert!(d.remove_waiter(10_000_002));
+        d.unparked();
+        assert_eq!(d.owner(10_000_003), Owner::Engine);
+        // A thread that spins on its CQ polls many times for each packet
+        // the engine takes; one that posts and polls once does not.
+        for _ in 0..RECLAIM_AFTER * 4 {
+            assert!(!d.poller_stepped());
+            d.engine_found_work();
+        }
+        for _ in 0..RECLAIM_AFTER - 1 {
+            assert!(!d.poller_stepped());
+        }
+        assert!(d.poller_stepped(), "reclaimed");
+        d.claim(11_000_000);
+        assert_eq!(d.owner(11_000_001), Owner::Polling(11_000_000 + CLAIM_NS));
+        // A claim handed over (shortened) that then lapses is no lapse: the
+        // thread said it had nothing left to poll for.
+        d.claim(20_000_000);
+        d.shorten(20_000_100);
+        assert!(!d.lapsed(20_000_100 + CLAIM_NS));
+        assert_eq!(d.lapses(), 1);
+    }
+
+    #[test]
     fn waiters_own_the_port_and_hand_it_back_as_a_claim() {
         let d = Drivers::new(None).unwrap();
         d.add_waiter();
         assert_eq!(d.owner(10), Owner::Waiting);
         d.parking(Owner::Waiting, u64::MAX);
         assert_eq!(d.timer_wait(), u64::MAX, "the engine runs the timers");
-        d.remove_waiter(20);
+        assert!(!d.remove_waiter(20), "the claim timer wakes the engine");
         assert_eq!(d.owner(21), Owner::Polling(20 + CLAIM_NS));
         d.parking(Owner::Polling(20 + CLAIM_NS), 20 + CLAIM_NS);
         assert_eq!(d.timer_wait(), 0, "the polling thread runs the timers");

@@ -75,8 +75,16 @@ pub(super) fn run(shared: &Shared, lane: usize) {
             Owner::Waiting | Owner::Engine => {
                 // Blocks while another thread is inside a step (a futex
                 // wait, woken when it lets go).
+                let lapsed = d.lapsed(now);
                 let mut core = shared.cores[lane].lock().unwrap_or_else(|e| e.into_inner());
                 if core.step_contained(shared, lane, Round::Full, now) {
+                    // A claim that lapsed with work waiting: its thread
+                    // will not come back for it (see `Drivers::unclaim`).
+                    if lapsed {
+                        d.unclaim();
+                    } else {
+                        d.engine_found_work();
+                    }
                     last_work = now;
                     continue;
                 }
