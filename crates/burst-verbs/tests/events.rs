@@ -246,7 +246,7 @@ fn a_signal_interrupts_a_blocked_wait_with_eintr() {
 
 #[test]
 fn after_the_waiter_returns_the_engine_takes_the_port_back() {
-    let p = pair(5);
+    let p = pair(7);
     let mut target = vec![0u8; 4096];
     let mut src = vec![0x5au8; 4096];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).

@@ -231,13 +231,12 @@ impl Drivers {
     /// this VM. Without one the claim ends [`SHORT_CLAIM_NS`] from now by
     /// the claim timer.
     ///
-    /// Returns whether the engine thread must be woken: it waits without
-    /// the port and without the watch (it parked while a thread waited
-    /// for an event), so it would see neither.
-    pub(super) fn shorten(&self, now: u64) -> bool {
+    /// The engine thread needs no wake-up: parked for a polling thread or
+    /// for waiters, it waits on the watch too.
+    pub(super) fn shorten(&self, now: u64) {
         let claim = self.claim.load(Ordering::Acquire);
         if claim == 0 {
-            return false;
+            return;
         }
         if self.watch.is_some() {
             if self
@@ -246,14 +245,15 @@ impl Drivers {
                 .is_ok()
             {
                 self.shortened.store(true, Ordering::Relaxed);
+                // The engine waits on the watch whether it parked for a
+                // polling thread or for waiters: no wake-up.
                 self.set_watch(true);
-                return self.excluded.load(Ordering::Acquire) && self.timer_wait() != 0;
             }
-            return false;
+            return;
         }
         let end = now.saturating_add(SHORT_CLAIM_NS);
         if claim.saturating_add(CLAIM_NS) <= end {
-            return false;
+            return;
         }
         let short = end.saturating_sub(CLAIM_NS).max(1);
         if self
@@ -267,7 +267,6 @@ impl Drivers {
                 t.arm(std::time::Duration::from_nanos(SHORT_CLAIM_NS));
             }
         }
-        false
     }
 
     /// The engine thread is about to step the lane at `now`: whether a
@@ -567,7 +566,7 @@ mod tests {
     }
 
     #[test]
-    fn a_waiter_takes_the_watch_off_and_an_engine_parked_for_waiters_is_woken() {
+    fn a_waiter_takes_the_watch_off_and_an_engine_parked_for_waiters_watches_it_after() {
         use burst_io::Port;
         let port = burst_io::UdpPort::bind("127.0.151.3".parse().unwrap()).unwrap();
         let d = Drivers::new(Some(port.readiness().unwrap())).unwrap();
@@ -579,22 +578,19 @@ mod tests {
         // so handing over needs no wake-up.
         d.claim(1_000);
         d.parking(Owner::Polling(1_000 + CLAIM_NS), 1_000 + CLAIM_NS);
-        assert!(!d.shorten(2_000), "the engine sees the watch");
-        assert!(readable());
+        d.shorten(2_000);
+        assert!(readable(), "the engine sees the watch");
         // A thread waits for an event on the port itself: the engine need
         // not watch it too.
         d.add_waiter();
         assert!(!readable(), "waiter and engine would both wake");
-        d.remove_waiter(3_000);
-        // The engine parked while the thread waited (doorbells and timers,
-        // no port, no watch): handing over must wake it.
+        assert!(!d.remove_waiter(3_000));
+        // The engine parked while the thread waited (doorbells, timers and
+        // the watch, switched off): handing over switches the watch on, and
+        // the traffic wakes the engine; no wake-up by the thread.
         d.parking(Owner::Waiting, 9_000_000);
-        assert!(
-            d.shorten(4_000),
-            "the engine would see neither port nor watch"
-        );
-        d.unparked();
-        d.claim(5_000);
-        assert!(!d.shorten(6_000), "an engine awake needs no wake-up");
+        assert!(!readable());
+        d.shorten(4_000);
+        assert!(readable(), "the engine parked for waiters sees the watch");
     }
 }

@@ -150,9 +150,11 @@ pub(super) fn run(shared: &Shared, lane: usize) {
                     Duration::from_nanos(until.saturating_sub(now))
                 };
                 use std::os::fd::AsFd;
-                // While a thread polls, the port as far as it is watched:
-                // that thread took its last completion (`Drivers::shorten`).
-                let watch = d.watch.as_ref().filter(|_| polling);
+                // While a thread polls or waits, the port as far as it is
+                // watched: a thread took its last completion or armed a CQ
+                // (`Drivers::shorten`; a waiter takes the watch off while
+                // it waits on the port itself).
+                let watch = d.watch.as_ref().filter(|_| owner != Owner::Engine);
                 let also = [fd, timer.as_fd(), watch.map_or(fd, |w| w.as_fd())];
                 let n = match owner {
                     Owner::Engine => 1,

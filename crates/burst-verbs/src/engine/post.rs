@@ -156,10 +156,8 @@ impl Context {
             return;
         }
         let now = sh.clock.now();
-        for (lane, d) in sh.drivers.iter().enumerate() {
-            if d.shorten(now) {
-                sh.wake.wake(lane);
-            }
+        for d in sh.drivers.iter() {
+            d.shorten(now);
         }
     }
 
