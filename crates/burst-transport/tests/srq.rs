@@ -223,3 +223,38 @@ fn a_qp_in_error_leaves_the_srq_wqes_to_the_others() {
     assert_eq!(s.w.completions[b1][0].status, WcStatus::Success);
     assert_eq!(s.w.srqs[s.srq].1.len(), 2);
 }
+
+#[test]
+fn a_bad_lkey_in_an_srq_wqe_fails_the_qp_that_takes_it_not_the_post() {
+    // As RXE: ibv_post_srq_recv takes the WQE; the QP that consumes it
+    // completes it with LOC_PROT_ERR and NAKs the sender (remote
+    // operational error); the SRQ's other WQEs stay for the other QPs.
+    let mut s = setup(Faults::default(), 2, 8);
+    let (k, addr) = s.w.mems[1].register(1, 4096, Access::ALL);
+    let bad = RecvWr {
+        wr_id: 66,
+        sg_list: [Sge {
+            addr,
+            length: 4096,
+            lkey: k ^ 0xff00,
+        }]
+        .into(),
+    };
+    let (_, srq) = &mut s.w.srqs[s.srq];
+    srq.post_recv(bad, &s.w.mems[1]).unwrap();
+    s.post_srq(67, 4096);
+    let (a0, b0) = (s.a[0], s.b[0]);
+    s.send(a0, 1, &message(0, 0));
+    assert!(s.w.run(1_000_000_000, |w| !w.completions[a0].is_empty()));
+    assert_eq!(s.w.completions[a0][0].status, WcStatus::RemOpErr);
+    assert_eq!(s.w.completions[b0][0].wr_id, 66);
+    assert_eq!(s.w.completions[b0][0].status, WcStatus::LocProtErr);
+    assert_eq!(s.w.qps[b0].1.state(), QpState::Err);
+    // The good WQE went to nobody yet, and serves the other pair.
+    assert_eq!(s.w.srqs[s.srq].1.len(), 1);
+    let (a1, b1) = (s.a[1], s.b[1]);
+    s.send(a1, 2, &message(1, 0));
+    assert!(s.w.run(1_000_000_000, |w| !w.completions[a1].is_empty()));
+    assert_eq!(s.w.completions[a1][0].status, WcStatus::Success);
+    assert_eq!(s.w.completions[b1][0].wr_id, 67);
+}
