@@ -127,6 +127,7 @@ fn run(o: Opts) -> Result<(), String> {
             dpdk: String::new(),
             threads: 1,
             copy: Default::default(),
+            engine: Default::default(),
         },
         burst_verbs::config::PortKind::Dpdk => {
             let mut c = DeviceConfig::owned_link("burst0", o.local);

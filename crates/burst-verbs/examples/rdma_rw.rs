@@ -86,6 +86,7 @@ fn run() -> Result<(), String> {
         dpdk: String::new(),
         threads: 1,
         copy: Default::default(),
+        engine: Default::default(),
     })
     .map_err(|e| e.to_string())?;
     let pd = dev.alloc_pd();

@@ -64,6 +64,7 @@ fn run() -> Result<(), String> {
         dpdk: String::new(),
         threads: 1,
         copy: Default::default(),
+        engine: Default::default(),
     })
     .map_err(|e| e.to_string())?;
     if size > Mtu::Mtu1024.bytes() {

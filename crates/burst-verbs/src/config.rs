@@ -15,6 +15,8 @@
 //! | `BURST_CC` | congestion control: `loss-window` (default), `dcqcn`, `dcqcn+loss-window`, `none` |
 //! | `BURST_PORT` | packet port: `udp` (default: a kernel UDP socket), `af-xdp` (AF_XDP socket and XDP program on the device's interface; built with feature `af-xdp`, needs root), `af-xdp-generic` (the same in the kernel's generic XDP path), `dpdk` (a DPDK port burst owns; feature `dpdk`; the address need not be the host's) |
 //! | `BURST_THREADS` | engine threads per device (default 1): each owns its own port queue and the QPs placed on it (UDP and DPDK ports) |
+//! | `BURST_ENGINE_CPUS` | comma-separated CPUs the engine threads are pinned to, lane k on the k-th (wrapping); unset, not pinned |
+//! | `BURST_BUSY_POLL` | `1`: each engine thread owns its core and spins (it never waits in the kernel, and application threads never step its lane: posts go through the doorbell rings, polls read the CQ rings); for hosts with a core to spare per lane, pinned with `BURST_ENGINE_CPUS` |
 //! | `BURST_DAEMON` | burstd's control socket (e.g. `/run/burst/burstd.sock`): daemon mode, the device is burstd's; unset, the application embeds its own engine |
 //! | `BURST_MR` | daemon mode: `copy` makes burstd reach registered memory through the application's `/proc/self/mem` descriptor instead of remapping it onto a shared memfd |
 //! | `BURST_COPY` | what moves payload: `cpu` (default: the CPU, the payload's CRC taken while it is gathered), `cpu-plain` (memcpy, then a separate ICRC pass), `dsa` (an Intel DSA work queue found under `/dev/dsa`), `dsa-model` (burst-dsa's software model of a DSA on a thread of its own: the offload path without the hardware), `dmadev` (a DPDK DMA device named in `BURST_DPDK`'s `dma=NAME`; feature `dpdk`) |
@@ -34,6 +36,8 @@
 //! congestion_control = "dcqcn"  # optional; default "loss-window"
 //! port = "af-xdp"            # optional; default "udp"
 //! threads = 2                # optional engine threads; default 1
+//! engine_cpus = [2, 3]       # optional: pin lane k's engine thread to the k-th CPU
+//! busy_poll = false          # optional: engine threads spin on cores of their own
 //! copy = "cpu"               # optional copy backend (BURST_COPY); default "cpu"
 //! copy_min = 4096            # optional: smallest copy an offload backend takes
 //! dpdk = "--vdev=net_memif0,role=client device=net_memif0"  # with port = "dpdk"
@@ -117,6 +121,37 @@ pub struct DeviceConfig {
     pub threads: u32,
     /// What moves payload between packets and memory.
     pub copy: CopyConfig,
+    /// Where the engine threads run, and whether they sleep.
+    pub engine: EngineConfig,
+}
+
+/// Where a device's engine threads run, and whether they sleep
+/// (`BURST_ENGINE_CPUS`, `BURST_BUSY_POLL`).
+///
+/// ```
+/// use burst_verbs::config::Config;
+/// let env = |k: &str| match k {
+///     "BURST_ADDR" => Some("127.0.0.1".to_string()),
+///     "BURST_ENGINE_CPUS" => Some("0".to_string()),
+///     "BURST_BUSY_POLL" => Some("1".to_string()),
+///     _ => None,
+/// };
+/// let cfg = Config::from_sources(env, None).unwrap();
+/// assert_eq!(cfg.devices[0].engine.cpus, [0]);
+/// assert!(cfg.devices[0].engine.busy_poll);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EngineConfig {
+    /// CPUs the engine threads are pinned to: lane k on `cpus[k % len]`
+    /// (empty: not pinned). Each must be one this process may run on.
+    pub cpus: Vec<usize>,
+    /// Each engine thread owns its core and spins: it never waits in the
+    /// kernel, and application threads never step its lane (posts go
+    /// through the doorbell rings, polls read the CQ rings), so an
+    /// application thread that spins on memory for a peer's WRITE, or
+    /// computes, never leaves packets waiting. Costs a core per lane,
+    /// busy or idle.
+    pub busy_poll: bool,
 }
 
 /// Which engine moves payload ([`burst_mem::Copier`]; `BURST_COPY`).
@@ -291,6 +326,19 @@ fn parse_threads(key: &str, v: &str) -> Result<u32, ConfigError> {
         })
 }
 
+/// CPU numbers for the engine threads: each one this process may run on.
+fn check_cpus(key: &str, cpus: Vec<usize>) -> Result<Vec<usize>, ConfigError> {
+    let allowed = crate::thread::allowed_cpus();
+    match cpus.iter().find(|c| !allowed.contains(c)) {
+        Some(c) => Err(ConfigError::BadValue {
+            key: key.into(),
+            value: c.to_string(),
+            why: "a CPU this process may run on (see its affinity, `taskset -p`)",
+        }),
+        None => Ok(cpus),
+    }
+}
+
 fn parse_port(key: &str, v: &str) -> Result<PortKind, ConfigError> {
     PortKind::from_name(v).ok_or(ConfigError::BadValue {
         key: key.into(),
@@ -339,6 +387,10 @@ struct FileDevice {
     copy: Option<String>,
     /// Smallest copy an offload backend takes.
     copy_min: Option<u64>,
+    /// CPUs to pin the engine threads to.
+    engine_cpus: Option<Vec<usize>>,
+    /// Engine threads that spin on cores of their own.
+    busy_poll: Option<bool>,
 }
 
 fn parse_cc(key: &str, v: &str) -> Result<burst_cc::Algorithm, ConfigError> {
@@ -391,6 +443,7 @@ impl DeviceConfig {
             dpdk: String::new(),
             threads: 1,
             copy: CopyConfig::default(),
+            engine: EngineConfig::default(),
         })
     }
 
@@ -408,6 +461,7 @@ impl DeviceConfig {
             dpdk: String::new(),
             threads: 1,
             copy: CopyConfig::default(),
+            engine: EngineConfig::default(),
         }
     }
 
@@ -445,6 +499,7 @@ impl DeviceConfig {
             dpdk: String::new(),
             threads: 1,
             copy: CopyConfig::default(),
+            engine: EngineConfig::default(),
         })
     }
 }
@@ -592,6 +647,12 @@ fn file_device(
     if let Some(t) = d.threads {
         dc.threads = parse_threads(&format!("device {name}: threads"), &t.to_string())?;
     }
+    if let Some(c) = &d.engine_cpus {
+        dc.engine.cpus = check_cpus(&format!("device {name}: engine_cpus"), c.clone())?;
+    }
+    if let Some(b) = d.busy_poll {
+        dc.engine.busy_poll = b;
+    }
     Ok(dc)
 }
 
@@ -635,6 +696,30 @@ fn apply_env(
     if let Some(t) = env("BURST_THREADS") {
         let n = parse_threads("BURST_THREADS", &t)?;
         devices.iter_mut().for_each(|d| d.threads = n);
+    }
+    if let Some(c) = env("BURST_ENGINE_CPUS").filter(|c| !c.trim().is_empty()) {
+        let cpus = c
+            .split(',')
+            .map(|x| parse_number("BURST_ENGINE_CPUS", x, "comma-separated CPU numbers"))
+            .collect::<Result<Vec<usize>, _>>()?;
+        let cpus = check_cpus("BURST_ENGINE_CPUS", cpus)?;
+        devices
+            .iter_mut()
+            .for_each(|d| d.engine.cpus.clone_from(&cpus));
+    }
+    if let Some(b) = env("BURST_BUSY_POLL") {
+        let on = match b.trim() {
+            "1" | "true" | "yes" | "on" => true,
+            "0" | "false" | "no" | "off" | "" => false,
+            _ => {
+                return Err(ConfigError::BadValue {
+                    key: "BURST_BUSY_POLL".into(),
+                    value: b,
+                    why: "1 or 0",
+                })
+            }
+        };
+        devices.iter_mut().for_each(|d| d.engine.busy_poll = on);
     }
     for d in devices.iter_mut() {
         d.copy = CopyConfig::from_vars(env, d.copy)?;

@@ -1,5 +1,5 @@
-//! Settings of the engine thread (system calls; with `eventfd.rs`, the only
-//! `unsafe` of burst-verbs).
+//! Settings of the engine thread: timer slack, CPU affinity (system
+//! calls; with `eventfd.rs`, the only `unsafe` of burst-verbs).
 
 /// Asks the kernel to wake this thread from its waits on time: the
 /// default timer slack (50 us) would make every transport timer and claim
@@ -39,4 +39,41 @@ pub(crate) fn poll_two(
     // SAFETY: `fds` is a live array of two pollfds for the call; both
     // descriptors are borrowed, so open, for its duration.
     let _ = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+}
+
+/// The CPUs this process may run on (its affinity mask).
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is the
+    // calling thread.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET reads the set in bounds (below CPU_SETSIZE).
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+pub(crate) fn pin_to(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("CPU {cpu} is beyond the kernel's CPU set"),
+        ));
+    }
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is the
+    // calling thread, the only one affected.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

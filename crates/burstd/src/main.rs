@@ -118,14 +118,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             cfg.devices.len()
         );
     }
-    let mut o = EngineOptions::new(dev.mtu);
-    o.name.clone_from(&dev.name);
-    o.interface.clone_from(&dev.interface);
-    o.drop_every = dev.drop_every;
-    o.congestion_control = dev.congestion_control;
-    o.port = dev.port;
-    o.copy = dev.copy;
-    o.dpdk.clone_from(&dev.dpdk);
+    let mut o = EngineOptions::for_device(dev);
     o.shared_rings = true;
     let tap = burst_verbs::ports::Tap::new();
     let ports = open_ports(dev)?

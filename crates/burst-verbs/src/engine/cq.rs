@@ -438,7 +438,9 @@ impl Context {
         };
         let sh = &*self.shared;
         let lane = match (&sh.drivers[..], self.plane.client_id()) {
-            ([d], None) => d.ready.as_ref().filter(|r| r.waitable()).map(|r| (d, r)),
+            // A busy-polling engine makes every completion: wait for the
+            // channel alone.
+            ([d], None) if !d.busy => d.ready.as_ref().filter(|r| r.waitable()).map(|r| (d, r)),
             _ => None,
         };
         let Some((d, ready)) = lane else {

@@ -397,6 +397,7 @@ impl Context {
                 dpdk: String::new(),
                 threads: lanes as u32,
                 copy: Default::default(),
+                engine: Default::default(),
             }),
         })
     }

@@ -134,6 +134,11 @@ impl Context {
         }
         let now = sh.clock.now();
         let d = sh.drivers.get(lane);
+        // A busy-polling engine owns its lane: posts go through the rings,
+        // polls read the CQs, and nobody else takes the core.
+        if d.is_some_and(|d| d.busy) {
+            return None;
+        }
         // A poll claims the lane even when another thread holds the core
         // right now: this thread polls all the same.
         // A poll or a post claims the lane even when another thread holds

@@ -115,6 +115,9 @@ pub(super) struct Drivers {
     reclaim: AtomicU32,
     /// Claims that lapsed with work waiting (diagnostics).
     lapses: AtomicU64,
+    /// Busy polling ([`super::Drive::Spin`]): the engine thread owns the
+    /// lane; application threads never step it or claim it.
+    pub(super) busy: bool,
 }
 
 /// What the engine thread of a lane does next.
@@ -157,6 +160,7 @@ impl Drivers {
             unclaimed: AtomicBool::new(false),
             reclaim: AtomicU32::new(0),
             lapses: AtomicU64::new(0),
+            busy: false,
         })
     }
 

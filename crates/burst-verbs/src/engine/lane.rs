@@ -173,6 +173,36 @@ pub(super) fn run(shared: &Shared, lane: usize) {
     }
 }
 
+/// The engine thread of lane `lane` when it busy-polls
+/// ([`super::Drive::Spin`]): it owns a core and steps the lane without
+/// end, never waiting in the kernel, so no packet, doorbell or timer waits
+/// for a wake-up, and no application thread steps the lane (see
+/// `Context::step_with`). Between idle steps it only hints the CPU that it
+/// spins, so a control call waiting for the core gets it.
+pub(super) fn spin(shared: &Shared, lane: usize) {
+    let mut tokens = Vec::new();
+    let mut idle = 0u32;
+    while !shared.stop.load(Ordering::Acquire) {
+        let now = shared.clock.now();
+        let busy = shared.cores[lane]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .step_contained(shared, lane, Round::Full, now);
+        if busy {
+            idle = 0;
+            continue;
+        }
+        idle = idle.wrapping_add(1);
+        // Wake-ups nobody waits for (a QP1 MAD queued, a waiter leaving)
+        // still count up in the lane's descriptors: take them now and
+        // then, so they never fill.
+        if idle % 65_536 == 0 {
+            shared.wake.drain(lane, &mut tokens);
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// Whether a daemon client polls its CQs: each empty poll counts in the
 /// lane's word of the wake segment ([`Wake::client_polled`]); the engine
 /// stays awake while the count moved within [`CLIENT_POLL_NS`].

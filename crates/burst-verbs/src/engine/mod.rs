@@ -163,6 +163,10 @@ pub enum Drive {
     /// [`Context::progress`]: no thread is started (simulations, and
     /// applications that run their own event loop).
     Caller,
+    /// Busy polling: an engine thread per lane that owns its core and
+    /// spins, never waiting in the kernel; application threads never step
+    /// the lane (see [`crate::config::EngineConfig::busy_poll`]).
+    Spin,
 }
 
 /// How [`Engine::with_port`] builds an engine.
@@ -195,6 +199,9 @@ pub struct EngineOptions {
     pub copy: crate::config::CopyConfig,
     /// DPDK EAL arguments and keys (the `dmadev` copy backend's `dma=`).
     pub dpdk: String,
+    /// CPUs the engine threads are pinned to, lane k on `cpus[k % len]`
+    /// (empty: not pinned).
+    pub cpus: Vec<usize>,
 }
 
 impl EngineOptions {
@@ -214,7 +221,26 @@ impl EngineOptions {
             shared_rings: false,
             copy: Default::default(),
             dpdk: String::new(),
+            cpus: Vec::new(),
         }
+    }
+
+    /// The options of configured device `cfg` (name, MTU, interface,
+    /// congestion control, copy backend, engine CPUs and busy polling).
+    pub fn for_device(cfg: &DeviceConfig) -> EngineOptions {
+        let mut o = EngineOptions::new(cfg.mtu);
+        o.name.clone_from(&cfg.name);
+        o.interface.clone_from(&cfg.interface);
+        o.drop_every = cfg.drop_every;
+        o.congestion_control = cfg.congestion_control;
+        o.port = cfg.port;
+        o.copy = cfg.copy;
+        o.dpdk.clone_from(&cfg.dpdk);
+        o.cpus.clone_from(&cfg.engine.cpus);
+        if cfg.engine.busy_poll {
+            o.drive = Drive::Spin;
+        }
+        o
     }
 }
 
@@ -253,6 +279,7 @@ impl Engine {
             dpdk: String::new(),
             threads: 1,
             copy: Default::default(),
+            engine: Default::default(),
         })
     }
 
@@ -268,15 +295,7 @@ impl Engine {
     /// Opens a device as `cfg` describes and starts its engine thread.
     pub fn start_config(cfg: &DeviceConfig) -> std::io::Result<Engine> {
         let ports = open_ports(cfg)?;
-        let mut o = EngineOptions::new(cfg.mtu);
-        o.name.clone_from(&cfg.name);
-        o.interface.clone_from(&cfg.interface);
-        o.drop_every = cfg.drop_every;
-        o.congestion_control = cfg.congestion_control;
-        o.port = cfg.port;
-        o.copy = cfg.copy;
-        o.dpdk.clone_from(&cfg.dpdk);
-        Engine::with_ports(ports, o)
+        Engine::with_ports(ports, EngineOptions::for_device(cfg))
     }
 
     /// An engine over any packet port (`burst_io::SimPort`, a wrapper
@@ -317,7 +336,14 @@ impl Engine {
             ));
         }
         let addr = ports[0].local_addr().ip();
-        let threaded = o.drive == Drive::Thread;
+        let threaded = o.drive != Drive::Caller;
+        let allowed = crate::thread::allowed_cpus();
+        if let Some(c) = o.cpus.iter().find(|c| !allowed.contains(c)) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("engine CPU {c}: this process may not run there (allowed: {allowed:?})"),
+            ));
+        }
         let mut drivers = Vec::new();
         let mut cores = Vec::new();
         let mut controls = Vec::new();
@@ -325,11 +351,13 @@ impl Engine {
         let gsi = Arc::new(crate::gsi::Gsi::new()?);
         let mut link_events = None;
         for (k, port) in ports.into_iter().enumerate() {
-            drivers.push(drivers::Drivers::new(if threaded {
+            let mut d = drivers::Drivers::new(if threaded {
                 Some(port.readiness()?)
             } else {
                 None
-            })?);
+            })?;
+            d.busy = o.drive == Drive::Spin;
+            drivers.push(d);
             let mut dev = Device::with_port(port, o.port_mtu, Arc::clone(&o.mrs));
             dev.set_clock(o.clock.clone());
             dev.set_congestion_control(o.congestion_control);
@@ -407,18 +435,36 @@ impl Engine {
                 dpdk: String::new(),
                 threads: lanes as u32,
                 copy: o.copy,
+                engine: crate::config::EngineConfig {
+                    cpus: o.cpus.clone(),
+                    busy_poll: o.drive == Drive::Spin,
+                },
             }),
         };
         let mut threads = Vec::new();
         for k in (0..lanes).filter(|_| threaded) {
             let shared = Arc::clone(&shared);
+            let cpu = (!o.cpus.is_empty()).then(|| o.cpus[k % o.cpus.len()]);
+            let spin = o.drive == Drive::Spin;
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("burst-engine-{k}"))
                     .spawn(move || {
                         let _span = tracing::info_span!("burst-engine", %addr, lane = k).entered();
-                        tracing::info!("engine started");
-                        run(&shared, k);
+                        if let Some(cpu) = cpu {
+                            // Checked against the affinity above; a
+                            // failure here is logged, not fatal.
+                            match crate::thread::pin_to(cpu) {
+                                Ok(()) => tracing::info!(cpu, "engine pinned"),
+                                Err(e) => tracing::warn!(cpu, "engine not pinned: {e}"),
+                            }
+                        }
+                        tracing::info!(busy_poll = spin, "engine started");
+                        if spin {
+                            lane::spin(&shared, k);
+                        } else {
+                            run(&shared, k);
+                        }
                         tracing::info!("engine stopped");
                     })?,
             );
