@@ -1,7 +1,7 @@
 //! Shared receive queues.
 
 use crate::recvq::RecvQueue;
-use crate::{Memory, RecvWr, VerbsError};
+use crate::{RecvWr, VerbsError};
 
 /// A shared receive queue (`ibv_srq`): receive WQEs that any QP created
 /// with it consumes, in posting order, as requests arrive.
@@ -19,10 +19,10 @@ use crate::{Memory, RecvWr, VerbsError};
 /// let mut srq = Srq::new(pd, 16, 1);
 /// srq.set_limit(2).unwrap();
 /// let sge = Sge { addr, length: 64, lkey: key };
-/// srq.post_recv(RecvWr { wr_id: 7, sg_list: [sge].into() }, &mem).unwrap();
+/// srq.post_recv(RecvWr { wr_id: 7, sg_list: [sge].into() }).unwrap();
 /// assert_eq!(srq.len(), 1);
 /// // More SGEs than the SRQ was created with are refused at post time.
-/// assert!(srq.post_recv(RecvWr { wr_id: 8, sg_list: [sge, sge].into() }, &mem).is_err());
+/// assert!(srq.post_recv(RecvWr { wr_id: 8, sg_list: [sge, sge].into() }).is_err());
 /// ```
 #[derive(Debug)]
 pub struct Srq {
@@ -84,7 +84,7 @@ impl Srq {
     /// for a QP's own receive queue and as RXE does: a bad one completes
     /// that receive on the QP that took it with LOC_PROT_ERR (and, on RC,
     /// NAKs the sender with a remote operational error).
-    pub fn post_recv(&mut self, wr: RecvWr, _mem: &impl Memory) -> Result<(), VerbsError> {
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
         if self.queue.len() >= self.max_wr as usize {
             return Err(VerbsError::QueueFull);
         }

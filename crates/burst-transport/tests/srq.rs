@@ -43,7 +43,7 @@ impl Setup {
             .into(),
         };
         let (_, srq) = &mut self.w.srqs[self.srq];
-        srq.post_recv(wr, &self.w.mems[1]).unwrap();
+        srq.post_recv(wr).unwrap();
         (k, addr)
     }
 
@@ -150,10 +150,7 @@ fn qp_on_srq_refuses_post_recv_and_advertises_no_credits() {
         .into(),
     };
     let (_, qp) = &mut s.w.qps[b];
-    assert!(matches!(
-        qp.post_recv(wr, &s.w.mems[1]),
-        Err(VerbsError::InvalidValue(_))
-    ));
+    assert!(matches!(qp.post_recv(wr), Err(VerbsError::InvalidValue(_))));
     // EINVAL, as RXE's post_recv answers for a QP on an SRQ.
     assert_eq!(VerbsError::InvalidValue("x").errno(), 22);
 
@@ -241,7 +238,7 @@ fn a_bad_lkey_in_an_srq_wqe_fails_the_qp_that_takes_it_not_the_post() {
         .into(),
     };
     let (_, srq) = &mut s.w.srqs[s.srq];
-    srq.post_recv(bad, &s.w.mems[1]).unwrap();
+    srq.post_recv(bad).unwrap();
     s.post_srq(67, 4096);
     let (a0, b0) = (s.a[0], s.b[0]);
     s.send(a0, 1, &message(0, 0));

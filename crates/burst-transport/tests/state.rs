@@ -154,18 +154,15 @@ fn post_checks() {
     q.modify(&init(QpType::Rc)).unwrap();
     assert!(q.post_send(wr, &mut mem).is_err(), "no sends before RTS");
     // receives may be posted from INIT on
-    q.post_recv(
-        RecvWr {
-            wr_id: 1,
-            sg_list: [Sge {
-                addr: a,
-                length: 64,
-                lkey: k,
-            }]
-            .into(),
-        },
-        &mem,
-    )
+    q.post_recv(RecvWr {
+        wr_id: 1,
+        sg_list: [Sge {
+            addr: a,
+            length: 64,
+            lkey: k,
+        }]
+        .into(),
+    })
     .unwrap();
     q.modify(&rtr()).unwrap();
     q.modify(&rts()).unwrap();

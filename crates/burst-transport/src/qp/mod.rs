@@ -737,9 +737,9 @@ impl Qp {
     }
 
     /// `ibv_post_recv`.
-    pub fn post_recv(&mut self, wr: RecvWr, mem: &impl Memory) -> Result<(), VerbsError> {
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
         self.cfg.check_recv(&wr)?;
-        self.post_recv_checked(wr, mem)
+        self.post_recv_checked(wr)
     }
 
     /// Takes a receive that passed [`QpConfig::check_recv`] when it was
@@ -748,7 +748,7 @@ impl Qp {
     /// SGEs' keys are checked when a message lands in them, as RXE and
     /// RNICs do: a bad one completes that receive with LOC_PROT_ERR (and,
     /// on RC, NAKs the sender with a remote operational error).
-    pub fn post_recv_checked(&mut self, wr: RecvWr, _mem: &impl Memory) -> Result<(), VerbsError> {
+    pub fn post_recv_checked(&mut self, wr: RecvWr) -> Result<(), VerbsError> {
         debug_assert_eq!(self.cfg.check_recv(&wr).err(), None);
         if self.state == QpState::Reset {
             return Err(VerbsError::InvalidState(self.state));

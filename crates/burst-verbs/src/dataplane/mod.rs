@@ -471,8 +471,7 @@ impl<P: Port> Device<P> {
 
     /// `ibv_post_srq_recv`.
     pub fn post_srq_recv(&mut self, id: SrqId, wr: RecvWr) -> Result<(), VerbsError> {
-        let mem = self.mrs.memory();
-        srq_in(&mut self.srqs, id)?.post_recv(wr, &mem)
+        srq_in(&mut self.srqs, id)?.post_recv(wr)
     }
 
     /// `ibv_modify_srq`: `max_wr` resizes, `limit` arms the limit event.
@@ -614,11 +613,10 @@ impl<P: Port> Device<P> {
 
     /// Takes a receive that passed `QpConfig::check_recv` when it was posted.
     pub fn post_recv_checked(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
-        let mem = self.mrs.memory();
         let i = qp_index_in(&self.qps, self.lane, qpn)?;
         self.ready.touch(i);
         let s = self.qps[i].as_mut().expect("qp_index_in checked");
-        s.qp.post_recv_checked(wr, &mem)?;
+        s.qp.post_recv_checked(wr)?;
         s.accepted.1 += 1;
         Ok(())
     }
