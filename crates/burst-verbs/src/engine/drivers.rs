@@ -20,9 +20,11 @@
 //!   qperf's `rc_rdma_write_poll_lat` do) shows the lane's threads do not
 //!   come back: the lane is *unclaimed* ([`Drivers::unclaim`]) and the
 //!   engine drives while their posts and polls still step it when they
-//!   can. Polls that keep finding the work before the engine does show a
-//!   thread that polls after all, and the lane is claimed again
+//!   can. Empty polls that outnumber the engine's busy steps show a
+//!   thread that spins on its CQ after all, and the lane is claimed again
 //!   ([`Drivers::poller_stepped`]).
+//! - **Busy** ([`super::Drive::Spin`]): the engine thread owns its core
+//!   and the lane; nobody else steps or claims it.
 //! - **Waiting**: a thread blocked in `ibv_get_cq_event` waits on the port
 //!   as well as on its channel and steps the lane when packets come, so the
 //!   thread that the event is for is the one that wakes (one wake-up per
@@ -110,8 +112,8 @@ pub(super) struct Drivers {
     /// A claim lapsed with work waiting: posts and polls no longer claim
     /// the lane ([`Drivers::unclaim`]).
     unclaimed: AtomicBool,
-    /// While unclaimed: packets polling threads took, less those the engine
-    /// took ([`Drivers::poller_stepped`]).
+    /// While unclaimed: empty polls, less [`ENGINE_WORK_WEIGHT`] per step
+    /// of the engine that found work ([`Drivers::poller_stepped`]).
     reclaim: AtomicU32,
     /// Claims that lapsed with work waiting (diagnostics).
     lapses: AtomicU64,
