@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use burst_mem::{Access, MrKeys};
 use burst_transport::*;
 use burst_verbs::config::DeviceConfig;
-use burst_verbs::engine::{Context, CqId, Engine};
-use burst_wire::{Mtu, Qpn};
+use burst_verbs::engine::{Context, Engine};
+use burst_wire::Mtu;
 
 mod common;
-use common::connect_rc;
+use common::{connect_rc, write_and_spin};
 
 /// The CPU affinity of every thread of this process named `name`.
 fn affinities_of(name: &str) -> Vec<String> {
@@ -112,53 +112,10 @@ fn a_busy_polling_engine_is_pinned_and_leaves_no_packet_to_the_application() {
 
     // The write-and-spin ping-pong: post a WRITE, poll once, spin on memory.
     const ROUNDS: u8 = 100;
-    let side = move |ctx: Context,
-                     qp: Qpn,
-                     cq: CqId,
-                     base: usize,
-                     mine: MrKeys,
-                     peer: MrKeys,
-                     first: bool|
-          -> (bool, usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let (flag, src) = (base as *const u8, (base + 64) as *mut u8);
-        let mut claimed = false;
-        let mut completed = 0;
-        for round in 1..=ROUNDS {
-            let mut send = |marker: u8, claimed: &mut bool| {
-                // SAFETY: `src` is in this side's registered buffer, alive
-                // until the test ends.
-                unsafe { std::ptr::write_volatile(src, marker) };
-                let op = SendOp::Write {
-                    remote_addr: peer.addr,
-                    rkey: peer.rkey,
-                };
-                let wr = SendWr::new(u64::from(marker), op, [sge(&mine, 64)]);
-                ctx.post_send(qp, &wr).unwrap();
-                while let Some(w) = ctx.poll_cq(cq) {
-                    assert_eq!(w.status, WcStatus::Success);
-                    completed += 1;
-                }
-                *claimed |= ctx.claimed_by_application();
-            };
-            if first {
-                send(round, &mut claimed);
-            }
-            // SAFETY: `flag` is in this side's registered buffer; the
-            // peer's WRITE lands there through the engine.
-            while unsafe { std::ptr::read_volatile(flag) } != round {
-                assert!(Instant::now() < deadline, "round {round} never came");
-                std::hint::spin_loop();
-            }
-            if !first {
-                send(round, &mut claimed);
-            }
-        }
-        (claimed, completed)
-    };
     let (b2, qb2) = (b.clone(), qb);
-    let echo = std::thread::spawn(move || side(b2, qb2, cqb, bbase, kb, ka, false));
-    let (claimed, mut done) = side(a.clone(), qa, cqa, abase, ka, kb, true);
+    let echo =
+        std::thread::spawn(move || write_and_spin(&b2, qb2, cqb, bbase, &kb, &ka, false, ROUNDS));
+    let (claimed, mut done) = write_and_spin(&a, qa, cqa, abase, &ka, &kb, true, ROUNDS);
     echo.join().unwrap();
     // A's polls and posts never stepped or claimed its lane, and no claim
     // ever lapsed there.

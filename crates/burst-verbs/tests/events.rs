@@ -15,7 +15,7 @@ use burst_verbs::engine::{CompChannel, Context, CqId, Engine};
 use burst_wire::{Mtu, Qpn};
 
 mod common;
-use common::{connect_rc, poll_n, readable};
+use common::{connect_rc, poll_n, readable, write_and_spin};
 
 /// Two engines on `127.0.146.{x}`/`{x+1}`, an RC pair, a channel on B's CQ.
 struct Pair {
@@ -466,56 +466,14 @@ fn a_thread_that_posts_and_spins_on_memory_leaves_the_lane_to_the_engine() {
     };
     let (abase, bbase) = (abuf.as_mut_ptr() as usize, bbuf.as_mut_ptr() as usize);
     const ROUNDS: u8 = 200;
-    // One side of the ping-pong: `first` sends first; each WRITE carries
-    // the round's number in its first byte.
-    let side = move |ctx: Context,
-                     qp: Qpn,
-                     cq: CqId,
-                     base: usize,
-                     mine: burst_mem::MrKeys,
-                     peer: burst_mem::MrKeys,
-                     first: bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let flag = base as *const u8;
-        let src = (base + 64) as *mut u8;
-        for round in 1..=ROUNDS {
-            let send = |marker: u8| {
-                // SAFETY: `src` is in this side's registered buffer, alive
-                // until the test ends.
-                unsafe { std::ptr::write_volatile(src, marker) };
-                let wr = SendWr::new(
-                    u64::from(marker),
-                    SendOp::Write {
-                        remote_addr: peer.addr,
-                        rkey: peer.rkey,
-                    },
-                    [sge(&mine, 64)],
-                );
-                ctx.post_send(qp, &wr).unwrap();
-                // One poll, as qperf: it rarely finds the completion.
-                while let Some(w) = ctx.poll_cq(cq) {
-                    assert_eq!(w.status, WcStatus::Success);
-                }
-            };
-            if first {
-                send(round);
-            }
-            // SAFETY: `flag` is in this side's registered buffer; the
-            // peer's WRITE lands there through the engine.
-            while unsafe { std::ptr::read_volatile(flag) } != round {
-                assert!(Instant::now() < deadline, "round {round} never came");
-                std::hint::spin_loop();
-            }
-            if !first {
-                send(round);
-            }
-        }
-        // The last completions, the ordinary way.
-        while ctx.poll_cq(cq).is_some() {}
-    };
     let (a, qa, cqa) = (p.a.clone(), p.qa, p.cqa);
-    let echo = std::thread::spawn(move || side(a, qa, cqa, abase, ka, kb, false));
-    side(p.b.clone(), p.qb, p.cqb, bbase, kb, ka, true);
+    let echo = std::thread::spawn(move || {
+        write_and_spin(&a, qa, cqa, abase, &ka, &kb, false, ROUNDS);
+        // The last completions, the ordinary way.
+        while a.poll_cq(cqa).is_some() {}
+    });
+    write_and_spin(&p.b, p.qb, p.cqb, bbase, &kb, &ka, true, ROUNDS);
+    while p.b.poll_cq(p.cqb).is_some() {}
     echo.join().unwrap();
     // Each side's lane lapsed once (its claim found work waiting), not
     // once per round trip; a reclaim and a second lapse are allowed.

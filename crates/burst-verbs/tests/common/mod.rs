@@ -109,3 +109,67 @@ pub fn readable(fd: i32, ms: i32) -> bool {
     // SAFETY: one live pollfd, count 1.
     unsafe { libc::poll(&mut p, 1, ms) == 1 }
 }
+
+/// One side of the write-and-spin ping-pong of MPIs and of qperf's
+/// `rc_rdma_write_poll_lat`, for `rounds` rounds: post a WRITE of the
+/// round's number (from `base + 64` of this side's buffer, registered as
+/// `mine`) to the start of the peer's buffer (`peer`), poll the CQ once,
+/// then spin on memory at `base` until the peer's WRITE of the same number
+/// lands (`first` sends first). Returns whether a poll or post of this side
+/// was seen to claim its lane, and how many completions its polls took.
+///
+/// `base` must be the address of this side's registered buffer, of at
+/// least 65 bytes, alive until this returns.
+#[allow(clippy::too_many_arguments)]
+pub fn write_and_spin(
+    ctx: &Context,
+    qp: Qpn,
+    cq: CqId,
+    base: usize,
+    mine: &burst_mem::MrKeys,
+    peer: &burst_mem::MrKeys,
+    first: bool,
+    rounds: u8,
+) -> (bool, usize) {
+    use burst_transport::{SendOp, SendWr, Sge, WcStatus};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (flag, src) = (base as *const u8, (base + 64) as *mut u8);
+    let (mut claimed, mut completed) = (false, 0);
+    let mut send = |marker: u8| {
+        // SAFETY: `src` is in this side's registered buffer, alive until
+        // this returns (the caller's promise).
+        unsafe { std::ptr::write_volatile(src, marker) };
+        let op = SendOp::Write {
+            remote_addr: peer.addr,
+            rkey: peer.rkey,
+        };
+        let sge = Sge {
+            addr: mine.addr + 64,
+            length: 64,
+            lkey: mine.lkey,
+        };
+        ctx.post_send(qp, &SendWr::new(u64::from(marker), op, [sge]))
+            .unwrap();
+        // One poll, as qperf: it rarely finds the completion.
+        while let Some(w) = ctx.poll_cq(cq) {
+            assert_eq!(w.status, WcStatus::Success);
+            completed += 1;
+        }
+        claimed |= ctx.claimed_by_application();
+    };
+    for round in 1..=rounds {
+        if first {
+            send(round);
+        }
+        // SAFETY: `flag` is in this side's registered buffer; the peer's
+        // WRITE lands there through the engine.
+        while unsafe { std::ptr::read_volatile(flag) } != round {
+            assert!(Instant::now() < deadline, "round {round} never came");
+            std::hint::spin_loop();
+        }
+        if !first {
+            send(round);
+        }
+    }
+    (claimed, completed)
+}
