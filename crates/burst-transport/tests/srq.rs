@@ -30,18 +30,23 @@ fn setup(faults: Faults, pairs: usize, depth: u32) -> Setup {
     Setup { w, a, b, srq }
 }
 
+/// A receive WR of one SGE: `len` bytes at `addr` under `lkey`.
+fn recv_wr(wr_id: u64, addr: u64, len: u32, lkey: u32) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: [Sge {
+            addr,
+            length: len,
+            lkey,
+        }]
+        .into(),
+    }
+}
+
 impl Setup {
     fn post_srq(&mut self, wr_id: u64, len: u32) -> (u32, u64) {
         let (k, addr) = self.w.mems[1].register(1, len as usize, Access::ALL);
-        let wr = RecvWr {
-            wr_id,
-            sg_list: [Sge {
-                addr,
-                length: len,
-                lkey: k,
-            }]
-            .into(),
-        };
+        let wr = recv_wr(wr_id, addr, len, k);
         let (_, srq) = &mut self.w.srqs[self.srq];
         srq.post_recv(wr).unwrap();
         (k, addr)
@@ -140,15 +145,7 @@ fn qp_on_srq_refuses_post_recv_and_advertises_no_credits() {
     let mut s = setup(Faults::default(), 1, 8);
     let b = s.b[0];
     let (k, addr) = s.w.mems[1].register(1, 64, Access::ALL);
-    let wr = RecvWr {
-        wr_id: 1,
-        sg_list: [Sge {
-            addr,
-            length: 64,
-            lkey: k,
-        }]
-        .into(),
-    };
+    let wr = recv_wr(1, addr, 64, k);
     let (_, qp) = &mut s.w.qps[b];
     assert!(matches!(qp.post_recv(wr), Err(VerbsError::InvalidValue(_))));
     // EINVAL, as RXE's post_recv answers for a QP on an SRQ.
@@ -228,15 +225,7 @@ fn a_bad_lkey_in_an_srq_wqe_fails_the_qp_that_takes_it_not_the_post() {
     // operational error); the SRQ's other WQEs stay for the other QPs.
     let mut s = setup(Faults::default(), 2, 8);
     let (k, addr) = s.w.mems[1].register(1, 4096, Access::ALL);
-    let bad = RecvWr {
-        wr_id: 66,
-        sg_list: [Sge {
-            addr,
-            length: 4096,
-            lkey: k ^ 0xff00,
-        }]
-        .into(),
-    };
+    let bad = recv_wr(66, addr, 4096, k ^ 0xff00);
     let (_, srq) = &mut s.w.srqs[s.srq];
     srq.post_recv(bad).unwrap();
     s.post_srq(67, 4096);
