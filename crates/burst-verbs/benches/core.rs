@@ -22,7 +22,8 @@ use burst_verbs::clock::Clock;
 use burst_verbs::config::CopyBackend;
 use burst_verbs::engine::{Context, CqId, Drive, Engine, EngineOptions};
 use burst_verbs::{
-    Access, MrKeys, Mtu, Psn, QpAccess, QpType, RcParams, RcPeer, SendOp, SendWr, Sge, WcStatus,
+    Access, MrKeys, Mtu, Psn, QpAccess, QpType, RcParams, RcPeer, RecvWr, SendOp, SendWr, Sge,
+    WcStatus,
 };
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -36,7 +37,9 @@ struct Pair {
     b: Context,
     net: SimNet,
     qa: burst_verbs::Qpn,
+    qb: burst_verbs::Qpn,
     cqa: CqId,
+    cqb: CqId,
     src: MrKeys,
     dst: MrKeys,
     now: u64,
@@ -112,7 +115,9 @@ fn pair(copy: CopyBackend) -> Pair {
         b,
         net,
         qa,
+        qb,
         cqa,
+        cqb,
         src,
         dst,
         now: 0,
@@ -148,6 +153,53 @@ impl Pair {
                 return;
             }
         }
+    }
+}
+
+impl Pair {
+    /// One 64 B SEND each way, as a polled ping-pong does it: each side
+    /// posts a receive, the sender posts, the receiver polls until the
+    /// message lands and answers; ends when the answer lands.
+    fn ping_pong(&mut self) {
+        let sge = |k: &MrKeys| Sge {
+            addr: k.addr,
+            length: 64,
+            lkey: k.lkey,
+        };
+        let recv = |k: &MrKeys| RecvWr {
+            wr_id: 2,
+            sg_list: [Sge {
+                addr: k.addr + 4096,
+                ..sge(k)
+            }]
+            .into(),
+        };
+        let (sa, sb) = (sge(&self.src), sge(&self.dst));
+        self.a.post_recv(self.qa, &recv(&self.src)).unwrap();
+        self.b.post_recv(self.qb, &recv(&self.dst)).unwrap();
+        self.a
+            .post_send(self.qa, &SendWr::new(1, SendOp::Send, [sa]))
+            .unwrap();
+        // Each side polls until its receive completes (its send's
+        // completion comes with the ACK, taken on the way).
+        let turn = |me: &Context, cq: CqId, now: &mut u64, net: &SimNet| loop {
+            *now += 1_000;
+            net.set_now(*now);
+            me.advance_clock_to(*now);
+            if let Some(wc) = me.poll_cq(cq) {
+                assert_eq!(wc.status, WcStatus::Success);
+                if wc.wr_id == 2 {
+                    return;
+                }
+            }
+        };
+        turn(&self.b, self.cqb, &mut self.now, &self.net);
+        self.b
+            .post_send(self.qb, &SendWr::new(1, SendOp::Send, [sb]))
+            .unwrap();
+        turn(&self.a, self.cqa, &mut self.now, &self.net);
+        // The other side's clock keeps up (ACK timers).
+        self.b.advance_clock_to(self.now);
     }
 }
 
@@ -203,6 +255,13 @@ fn core(c: &mut Criterion) {
             b.iter(|| p.write())
         });
     }
+    g.finish();
+    // Latency's share of the core: the user-space work of one polled
+    // 64 B round trip (both sides' receive, completion, post, transmit).
+    let mut g = c.benchmark_group("core_ping_pong");
+    g.throughput(Throughput::Elements(1));
+    let mut p = pair(CopyBackend::Cpu);
+    g.bench_function("rc_send_64_round_trip", |b| b.iter(|| p.ping_pong()));
     g.finish();
 }
 

@@ -165,9 +165,9 @@ impl Context {
         // A post or a waiter's step may arm a transport timer earlier than
         // the one the engine thread waits for (a poller's own steps run
         // the timers, and the engine runs none while one polls): wake it
-        // to wait again.
+        // to wait again. (A caller-driven lane has no engine thread.)
         if busy && who != Stepper::Poller {
-            if let Some(d) = d {
+            if let Some(d) = d.filter(|d| d.ready.is_some()) {
                 let until = d.timer_wait();
                 if until != 0 && super::lane::idle_until(&core, now) < until {
                     sh.wake.wake(lane);
