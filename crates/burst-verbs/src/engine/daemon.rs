@@ -122,11 +122,7 @@ impl Context {
                 lane,
             )?));
         }
-        self.shared
-            .client_bells
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(bells);
+        self.shared.client_bells.add(bells);
         let link = ClientLink {
             owner: self.owner,
             layout: ClientLayout {
@@ -267,11 +263,7 @@ impl Context {
                 tracing::warn!(pd = p, "cleanup: dealloc PD: {e:?}");
             }
         }
-        self.shared
-            .client_bells
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|b| b.owner != self.owner);
+        self.shared.client_bells.remove(self.owner);
         self.shared.wake.remove_client(self.owner);
         all
     }

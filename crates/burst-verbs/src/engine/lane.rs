@@ -530,10 +530,9 @@ impl Core {
     /// rings.
     fn collect_client_bells(client_bells: &mut Vec<(u32, u32)>, shared: &Shared, lane: usize) {
         client_bells.clear();
-        let clients = shared
-            .client_bells
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let Some(clients) = shared.client_bells.read() else {
+            return;
+        };
         for b in clients.iter().filter(|b| b.lane == lane) {
             if b.take_overflow() {
                 let rings = shared.rings.read().unwrap_or_else(|e| e.into_inner());
@@ -604,9 +603,13 @@ impl Core {
         shared: &Shared,
     ) -> bool {
         let mut busy = false;
+        dev.take_completed(completed);
+        // Most steps complete nothing and hold nothing: no lock taken.
+        if completed.is_empty() && held.by_cq.is_empty() {
+            return false;
+        }
         let cqs = shared.cqs.read().unwrap_or_else(|e| e.into_inner());
         held.flush(&cqs);
-        dev.take_completed(completed);
         if completed.is_empty() {
             return false;
         }

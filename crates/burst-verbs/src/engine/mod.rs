@@ -75,7 +75,7 @@ struct Shared {
     /// (A daemon client's are its own, in memory it shares with burstd.)
     doorbells: Vec<Doorbells>,
     /// Every daemon client's doorbells (each for one lane).
-    client_bells: std::sync::RwLock<Vec<Arc<Doorbells>>>,
+    client_bells: ClientBells,
     /// How clients wake a sleeping lane (a daemon client: the daemon's).
     wake: Arc<Wake>,
     /// Rings go into memfds (a daemon: clients map them).
@@ -123,7 +123,9 @@ impl Shared {
         if lane == 0 && self.gsi.as_ref().is_some_and(|g| g.has_transmit()) {
             return true;
         }
-        let clients = self.client_bells.read().unwrap_or_else(|e| e.into_inner());
+        let Some(clients) = self.client_bells.read() else {
+            return false;
+        };
         clients.iter().any(|b| {
             b.lane == lane && (!b.queue.is_empty() || b.overflow().load(Ordering::Relaxed) != 0)
         })

@@ -103,7 +103,45 @@ impl Doorbells {
     }
 
     pub(super) fn take_overflow(&self) -> bool {
-        self.overflow().swap(0, Ordering::AcqRel) != 0
+        // A plain load first: the locked swap only when there is one
+        // (every step looks, a queue almost never overflows).
+        let word = self.overflow();
+        word.load(Ordering::Acquire) != 0 && word.swap(0, Ordering::AcqRel) != 0
+    }
+}
+
+/// Every daemon client's doorbells (each for one lane), with their count
+/// beside them: a step of an engine that serves no client (every embedded
+/// one) looks at the count, not the lock.
+#[derive(Debug, Default)]
+pub(super) struct ClientBells {
+    bells: std::sync::RwLock<Vec<Arc<Doorbells>>>,
+    count: std::sync::atomic::AtomicUsize,
+}
+
+impl ClientBells {
+    /// Adds a client's doorbells.
+    pub(super) fn add(&self, bells: impl IntoIterator<Item = Arc<Doorbells>>) {
+        let mut all = self.bells.write().unwrap_or_else(|e| e.into_inner());
+        all.extend(bells);
+        self.count.store(all.len(), Ordering::Release);
+    }
+
+    /// Removes client `owner`'s doorbells.
+    pub(super) fn remove(&self, owner: u32) {
+        let mut all = self.bells.write().unwrap_or_else(|e| e.into_inner());
+        all.retain(|b| b.owner != owner);
+        self.count.store(all.len(), Ordering::Release);
+    }
+
+    /// The doorbells, read-locked; `None` when no client has any. (A
+    /// client's first doorbells may be missed by a step that looks as they
+    /// are added: its nudge brings the next.)
+    pub(super) fn read(&self) -> Option<std::sync::RwLockReadGuard<'_, Vec<Arc<Doorbells>>>> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(self.bells.read().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
