@@ -178,9 +178,11 @@ fn gso_run_rule() {
     let v = bufs(&[(100, peer_a), (20, peer_a)]);
     assert_eq!(
         gso_run(&v, true),
-        1,
-        "a shorter one does not join a lone packet"
+        2,
+        "a shorter one joins a lone packet (a reply and the ACK after it)"
     );
+    let v = bufs(&[(100, peer_a), (20, peer_a), (20, peer_a)]);
+    assert_eq!(gso_run(&v, true), 2, "and closes its run");
     let v = bufs(&vec![(10, peer_a); 100]);
     assert_eq!(gso_run(&v, true), MAX_GSO_SEGMENTS);
 }

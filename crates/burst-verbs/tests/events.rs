@@ -513,3 +513,50 @@ fn a_thread_that_posts_and_spins_on_memory_leaves_the_lane_to_the_engine() {
     drop(p);
     drop((abuf, bbuf));
 }
+
+/// As on RXE and RNICs, which ACK a message when it lands: the ACK of A's
+/// message completes A's send before B's reply completes A's receive,
+/// even though burst sends that ACK after the reply (one GSO datagram,
+/// taken in one round). A's send and receive share one CQ here, so the
+/// order is the CQ's; perftest's `ib_send_lat -e`, with a CQ each on one
+/// channel, waits for the send's event and polls the send CQ once.
+#[test]
+fn the_ack_of_a_message_completes_its_send_before_the_reply_lands() {
+    let p = pair(27);
+    let mut sbuf = vec![3u8; 128];
+    let mut rbuf = vec![0u8; 128];
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
+    let recv_a = RecvWr {
+        wr_id: 2,
+        sg_list: [sge(&ks, 64)].into(),
+    };
+    let recv_b = RecvWr {
+        wr_id: 2,
+        sg_list: [sge(&kr, 64)].into(),
+    };
+    let send = |k: &burst_mem::MrKeys| SendWr::new(1, SendOp::Send, [sge(k, 0)]);
+    let mut inverted = 0;
+    for _ in 0..300 {
+        p.a.post_recv(p.qa, &recv_a).unwrap();
+        p.b.post_recv(p.qb, &recv_b).unwrap();
+        p.a.post_send(p.qa, &send(&ks)).unwrap();
+        // B answers as soon as A's message lands.
+        let got = poll_n(&p.b, p.cqb, 1);
+        assert_eq!(got[0].wr_id, 2, "B's first completion is the receive");
+        p.b.post_send(p.qb, &send(&kr)).unwrap();
+        let order: Vec<u64> = poll_n(&p.a, p.cqa, 2).iter().map(|w| w.wr_id).collect();
+        if order != [1, 2] {
+            inverted += 1;
+        }
+        assert_eq!(poll_n(&p.b, p.cqb, 1)[0].wr_id, 1, "B's send completes");
+    }
+    assert_eq!(
+        inverted, 0,
+        "round trips whose receive completed before the send"
+    );
+    // A took both completions in one step and had nothing left to poll
+    // for: the ACK of B's reply left then, not with B's retransmission.
+    let resent = p.b.qp_counters(p.qb).unwrap().retransmits_started;
+    assert_eq!(resent, 0, "B resent a reply whose ACK A held back");
+}

@@ -199,6 +199,7 @@ impl<P: Port> Device<P> {
                 s.completions.push_back(wc);
             }
             if s.completions.len() > had {
+                sends_first(&mut s.completions, had);
                 self.ready.mark_completed(i);
             }
             let qpn = s.qp.qpn();
@@ -551,5 +552,35 @@ impl<P: Port> Device<P> {
         self.tx[..n].rotate_left(took);
         self.tx_held = n - took;
         took
+    }
+}
+
+/// Moves the send completions among `completions[from..]` ahead of the
+/// receive completions, each kind in its own order (no allocation).
+///
+/// IBA orders a work queue's completions, not a QP's send queue against
+/// its receive queue, but applications see the order RNICs and RXE give:
+/// they ACK a message when it lands, so the ACK of a peer's message comes
+/// before the peer's reply, and the send completes before the reply's
+/// receive. burst's peer sends its ACK with the reply (after it: the reply
+/// is on the critical path), in one GSO datagram: taken in one round here,
+/// they complete in the order an RNIC's would. perftest's `ib_send_lat -e`
+/// waits for its send's event on a channel both CQs share, and read a
+/// completion that was not there when the receive's event came first.
+fn sends_first(
+    completions: &mut std::collections::VecDeque<burst_transport::WorkCompletion>,
+    from: usize,
+) {
+    let new = &mut completions.make_contiguous()[from..];
+    let mut first_recv: Option<usize> = None;
+    for j in 0..new.len() {
+        match (new[j].is_recv(), first_recv) {
+            (true, None) => first_recv = Some(j),
+            (false, Some(k)) => {
+                new[k..=j].rotate_right(1);
+                first_recv = Some(k + 1);
+            }
+            _ => {}
+        }
     }
 }

@@ -460,6 +460,10 @@ impl Context {
         d.add_waiter();
         // Whatever way this returns, the lane is handed back.
         let _back = Leave(self);
+        // What this thread's last steps left for the next round (an ACK)
+        // leaves before it sleeps: the peer may wait for it. Nothing to
+        // send costs no system call.
+        let _ = self.step_with(0, Round::Transmit, Stepper::Waiter, |_| ());
         // Events this thread's steps make for `ch` come back in memory
         // (`CompChannel::notify`), taken after each step below.
         let _waiting = Waiting::on(ch);

@@ -143,6 +143,11 @@ impl Context {
         if self.work_outstanding() {
             return;
         }
+        // What its steps left for the next round goes now (the ACK of the
+        // message it just took: with nothing left to poll for, this thread
+        // may not step again, and the peer's send would wait for traffic
+        // or its retransmission timer).
+        self.progress_transmit();
         self.hand_over();
     }
 
