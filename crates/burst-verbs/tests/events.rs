@@ -82,6 +82,14 @@ impl Pair {
     }
 }
 
+/// A receive WR of one SGE.
+fn recv_wr(wr_id: u64, s: Sge) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sg_list: [s].into(),
+    }
+}
+
 /// 64 bytes at `off` in the region `k` names.
 fn sge(k: &burst_mem::MrKeys, off: u64) -> Sge {
     Sge {
@@ -178,14 +186,7 @@ fn an_event_made_while_no_thread_waits_makes_the_channel_readable() {
     let mut rbuf = vec![0u8; 64];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
     let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
-    p.b.post_recv(
-        p.qb,
-        &RecvWr {
-            wr_id: 1,
-            sg_list: [sge(&kr, 0)].into(),
-        },
-    )
-    .unwrap();
+    p.b.post_recv(p.qb, &recv_wr(1, sge(&kr, 0))).unwrap();
     p.b.req_notify_cq(p.cqb).unwrap();
     p.a.post_send(p.qa, &SendWr::new(1, SendOp::Send, [sge(&ks, 0)]))
         .unwrap();
@@ -313,10 +314,7 @@ fn a_thread_that_arms_its_cq_and_waits_in_its_own_poll_hands_the_port_over() {
     let mut bbuf = vec![2u8; 256];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
     let (ka, kb) = unsafe { p.register(&mut abuf, &mut bbuf, Access(1)) };
-    let recv = move |k: &burst_mem::MrKeys, i: u64| RecvWr {
-        wr_id: i,
-        sg_list: [sge(k, 0)].into(),
-    };
+    let recv = move |k: &burst_mem::MrKeys, i: u64| recv_wr(i, sge(k, 0));
     for i in 0..8u64 {
         p.a.post_recv(p.qa, &recv(&ka, i)).unwrap();
         p.b.post_recv(p.qb, &recv(&kb, i)).unwrap();
@@ -389,14 +387,7 @@ fn arming_a_cq_that_got_completions_without_an_event_raises_one_at_once() {
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
     let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
     for i in 0..4u64 {
-        p.b.post_recv(
-            p.qb,
-            &RecvWr {
-                wr_id: i,
-                sg_list: [sge(&kr, i * 64)].into(),
-            },
-        )
-        .unwrap();
+        p.b.post_recv(p.qb, &recv_wr(i, sge(&kr, i * 64))).unwrap();
     }
     let send = |i: u64| {
         p.a.post_send(p.qa, &SendWr::new(i, SendOp::Send, [sge(&ks, 0)]))
@@ -527,14 +518,8 @@ fn the_ack_of_a_message_completes_its_send_before_the_reply_lands() {
     let mut rbuf = vec![0u8; 128];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
     let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
-    let recv_a = RecvWr {
-        wr_id: 2,
-        sg_list: [sge(&ks, 64)].into(),
-    };
-    let recv_b = RecvWr {
-        wr_id: 2,
-        sg_list: [sge(&kr, 64)].into(),
-    };
+    let recv_a = recv_wr(2, sge(&ks, 64));
+    let recv_b = recv_wr(2, sge(&kr, 64));
     let send = |k: &burst_mem::MrKeys| SendWr::new(1, SendOp::Send, [sge(k, 0)]);
     let mut inverted = 0;
     for _ in 0..300 {

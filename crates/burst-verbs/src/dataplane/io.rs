@@ -571,6 +571,11 @@ fn sends_first(
     completions: &mut std::collections::VecDeque<burst_transport::WorkCompletion>,
     from: usize,
 ) {
+    // Usually one kind only: nothing to move, no rearranging of the deque.
+    let mut kinds = completions.range(from..).map(|w| w.is_recv());
+    if !kinds.any(|r| r) || !kinds.any(|r| !r) {
+        return;
+    }
     let new = &mut completions.make_contiguous()[from..];
     let mut first_recv: Option<usize> = None;
     for j in 0..new.len() {

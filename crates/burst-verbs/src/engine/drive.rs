@@ -20,6 +20,10 @@ pub(super) enum Stepper {
     /// Blocked for a completion event, woken by the port: waits for the
     /// core rather than leave the packets to a thread that may be asleep.
     Waiter,
+    /// Took its last completion with nothing left to poll for: sends what
+    /// its steps left (an ACK) without claiming the lane it is leaving; if
+    /// another thread holds the core, that thread's rounds send it.
+    Leaving,
 }
 
 impl Context {

@@ -146,8 +146,10 @@ impl Context {
         // What its steps left for the next round goes now (the ACK of the
         // message it just took: with nothing left to poll for, this thread
         // may not step again, and the peer's send would wait for traffic
-        // or its retransmission timer).
-        self.progress_transmit();
+        // or its retransmission timer). No claim: it is handing over.
+        for lane in 0..self.shared.cores.len() {
+            let _ = self.step_with(lane, Round::Transmit, Stepper::Leaving, |_| ());
+        }
         self.hand_over();
     }
 
