@@ -103,6 +103,10 @@ burst_wire::counters! {
         /// backend's faults and fallbacks ([`config::CopyBackend`]).
         #[serde(default)]
         pub copy: burst_mem::CopierCounters,
+        /// Sends whose transmit waited for the lane's next round, corked
+        /// behind their QP's packets in flight ([`engine::Context::post_send`]).
+        #[serde(default)]
+        pub corked_posts: u64,
     }
 }
 

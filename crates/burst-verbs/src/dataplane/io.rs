@@ -373,7 +373,9 @@ impl<P: Port> Device<P> {
 
     /// Returns the packets handed to the port.
     pub(super) fn transmit(&mut self, now: u64) -> usize {
-        // What was posted or touched since the last round joins the queue.
+        // What was posted or touched since the last round joins the queue,
+        // corked sends too.
+        self.corked = 0;
         self.settle();
         let mut sent = 0;
         if self.tx_held > 0 {

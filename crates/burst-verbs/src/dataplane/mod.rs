@@ -149,6 +149,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// QPs, so a slow port holds the transport back instead of losing what
     /// it already handed out.
     tx_held: usize,
+    /// Packets of sends corked since the last transmit round
+    /// ([`Device::cork_post`]).
+    corked: usize,
     clock: clock::Clock,
     /// When a packet last arrived (ns on the device clock, [`Device::now`]).
     last_rx: u64,
@@ -236,6 +239,7 @@ impl<P: Port> Device<P> {
             tx: (0..TX_BURST).map(|_| PacketBuf::new()).collect(),
             copier: burst_mem::Copier::default(),
             tx_held: 0,
+            corked: 0,
             clock: clock::Clock::wall(),
             last_rx: 0,
             port_mtu,
@@ -643,6 +647,48 @@ impl<P: Port> Device<P> {
         s.qp.post_send_checked(wr, &mut mem)?;
         s.accepted.0 += 1;
         Ok(())
+    }
+
+    /// Whether the send just posted to `qpn` (`op`, `len` bytes) may wait
+    /// for the lane's next transmit round instead of going out on its own
+    /// system call; counted in the cork if so.
+    ///
+    /// Nagle's rule for posts (TCP's autocork is the same idea): an RC QP
+    /// with request packets in flight will hear an ACK, a NAK or its
+    /// retransmission timer, and whoever steps the lane then sends what is
+    /// corked, together. A post to a QP with nothing in flight (a
+    /// ping-pong, the first post of a burst) never waits, and neither do
+    /// UC and UD sends (nothing comes back). The cork holds one GSO run
+    /// at most ([`MAX_GSO_SEGMENTS`] packets): a bandwidth loop that posts
+    /// faster than a system call per message pays one per run. A local
+    /// operation (a memory-window bind, a local invalidate) sends nothing
+    /// and completes when its round takes it: never corked.
+    pub fn cork_post(&mut self, qpn: Qpn, op: &burst_transport::SendOp, len: u64) -> bool {
+        let Some(s) = self.qp_index(qpn).ok().and_then(|i| self.qps[i].as_ref()) else {
+            return false;
+        };
+        if op.is_local() || s.qp.packets_in_flight() == 0 {
+            return false;
+        }
+        // A READ or an atomic is one request packet, whatever it asks for.
+        let bytes = if op.is_read_or_atomic() { 0 } else { len };
+        let pkts = bytes.div_ceil(s.qp.mtu().bytes() as u64).max(1);
+        let Some(corked) = usize::try_from(pkts)
+            .ok()
+            .and_then(|p| self.corked.checked_add(p))
+            .filter(|&c| c <= burst_io::MAX_GSO_SEGMENTS)
+        else {
+            return false;
+        };
+        self.corked = corked;
+        self.counters.corked_posts += 1;
+        true
+    }
+
+    /// Whether sends wait in the cork for the next transmit round
+    /// ([`Device::cork_post`]).
+    pub fn corked(&self) -> bool {
+        self.corked > 0
     }
 
     /// Takes a completion of `qpn` gathered by earlier progress.

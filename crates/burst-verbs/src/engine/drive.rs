@@ -111,7 +111,7 @@ impl Context {
     pub(super) fn step(&self, round: Round) -> bool {
         let who = match round {
             Round::Full => Stepper::Poller,
-            Round::Transmit => Stepper::Poster,
+            Round::Transmit | Round::Post => Stepper::Poster,
         };
         let mut busy = false;
         for lane in 0..self.shared.cores.len() {

@@ -26,6 +26,9 @@ pub(super) struct Core {
     pub(super) bad_input: u64,
     /// QPs with completions this round (kept between rounds, as `bells`).
     pub(super) completed: Vec<Qpn>,
+    /// The send just posted waits in the device's cork: the post's round
+    /// sends nothing ([`Round::Post`]).
+    pub(super) post_corked: bool,
 }
 
 /// Counts an entry of a client's rings the engine refused and logs the
@@ -386,14 +389,24 @@ impl Core {
 
     /// Posts a checked send WR straight into the transport (the posting
     /// thread holds the core); WRs already in the QP's ring go first.
-    pub(super) fn post_send_now(&mut self, r: &QpRings, wr: SendWr) -> Result<(), PostError> {
+    /// `len`: the WR's length, for the cork ([`Device::cork_post`]).
+    pub(super) fn post_send_now(
+        &mut self,
+        r: &QpRings,
+        wr: SendWr,
+        len: u64,
+    ) -> Result<(), PostError> {
         let dev = self.dev.as_mut().ok_or(PostError::Stopped)?;
         Core::take_rings(dev, &mut self.held, r);
         if self.held.blocks(r) {
             // Behind the held completions, as a ring's WRs wait.
             return r.send.push(wr).map_err(|_| PostError::Full);
         }
-        dev.post_send_checked(r.qpn, wr).map_err(PostError::Refused)
+        let op = wr.op;
+        dev.post_send_checked(r.qpn, wr)
+            .map_err(PostError::Refused)?;
+        self.post_corked = dev.cork_post(r.qpn, &op, len);
+        Ok(())
     }
 
     /// [`Core::post_send_now`] for a receive.
@@ -435,6 +448,8 @@ impl Core {
         busy |= match round {
             Round::Full => dev.progress_at(now),
             Round::Transmit => dev.transmit_at(now),
+            Round::Post if std::mem::take(&mut self.post_corked) => false,
+            Round::Post => dev.transmit_at(now),
         };
         for ev in dev.take_async_events() {
             shared.events.push(ev);
@@ -646,6 +661,9 @@ impl Core {
 pub(super) enum Round {
     /// Transmit, receive, timers.
     Full,
-    /// Transmit only (after a post).
+    /// Transmit only.
     Transmit,
+    /// A post's: transmit only, and nothing when the post was corked
+    /// (`Device::cork_post`: a round soon sends it with others).
+    Post,
 }

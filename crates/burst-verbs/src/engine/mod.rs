@@ -389,6 +389,7 @@ impl Engine {
                 bells: Vec::new(),
                 bad_input: 0,
                 completed: Vec::new(),
+                post_corked: false,
             }));
         }
         let shared = Arc::new(Shared {

@@ -47,8 +47,8 @@ impl Context {
         if wr.inline && wr.inline_data.is_none() {
             self.plane.gather_inline(self, ring.cfg.pd, &mut wr, len)?;
         }
-        match self.step_with(ring.lane, Round::Transmit, Stepper::Poster, |core| {
-            core.post_send_now(ring, wr)
+        match self.step_with(ring.lane, Round::Post, Stepper::Poster, |core| {
+            core.post_send_now(ring, wr, len)
         }) {
             Some((_, Some(r))) => r,
             // A fault contained while posting: the QPs are in error now.
@@ -161,6 +161,17 @@ impl Context {
         // No engine thread (a simulation, a daemon client): nobody to hand to.
         if sh.drivers.iter().all(|d| d.ready.is_none()) {
             return;
+        }
+        // Sends corked behind packets in flight would go with the ACK
+        // that the engine now waits for; the thread is about to wait for
+        // their completions, so they go now.
+        for (lane, core) in sh.cores.iter().enumerate() {
+            let corked = core
+                .try_lock()
+                .is_ok_and(|c| c.dev.as_ref().is_some_and(Device::corked));
+            if corked {
+                let _ = self.step_with(lane, Round::Transmit, Stepper::Leaving, |_| ());
+            }
         }
         let now = sh.clock.now();
         for d in sh.drivers.iter() {
