@@ -564,10 +564,15 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
     let bw_args = ["-s", "65536", "-D", &secs, "-m", "4096"];
     let lat_args = ["-s", "64", "-D", &secs, "-m", "4096"];
     let lat_e_args = ["-s", "64", "-D", &secs, "-m", "4096", "-e"];
+    // Message rate: small WRITEs posted back to back (one QP), where a
+    // stack pays per message, not per byte.
+    let rate_args = ["-s", "64", "-D", &secs, "-m", "4096"];
+    let rate_q64_args = ["-s", "64", "-q", "64", "-D", &secs, "-m", "4096"];
     for r in 0..rounds {
         for t in TRANSPORTS {
             for (test, a) in [
                 ("write_bw", &bw_args[..]),
+                ("write_bw", &rate_args[..]),
                 ("send_lat", &lat_args[..]),
                 ("send_lat", &lat_e_args[..]),
             ] {
@@ -595,12 +600,18 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             ("send_bw", &bw_args[..]),
             ("read_bw", &bw_args[..]),
             ("atomic_bw", &["-D", &secs][..]),
+            ("write_bw", &rate_q64_args[..]),
         ] {
             port += 1;
             println!("xtask: bench round {} {test} over burst", r + 1);
+            let q64 = a == &rate_q64_args[..];
             match run_pair(&env, test, a, port) {
                 Ok(v) => results.extend(v.into_iter().map(|mut x| {
                     x["round"] = json!(r + 1);
+                    // Its own row in the report (not the 1-QP figures).
+                    if q64 {
+                        x["test"] = json!("write_rate_64_qps");
+                    }
                     x
                 })),
                 Err(e) => errors.push(e),
@@ -661,30 +672,38 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         }
     };
     // Summaries.
-    let pick = |test: &str, t: &str, field: &str, events: bool| -> Vec<f64> {
+    // A run of `test` with `bytes` per message over transport `t`.
+    let is = |x: &Value, test: &str, t: &str, bytes: u64| {
+        x["test"] == test && x["transport"] == t && x["bytes"].as_u64() == Some(bytes)
+    };
+    let pick = |test: &str, t: &str, field: &str, events: bool, bytes: u64| -> Vec<f64> {
         results
             .iter()
-            .filter(|x| x["test"] == test && x["transport"] == t)
+            .filter(|x| is(x, test, t, bytes))
             .filter(|x| x["events"].as_bool().unwrap_or(false) == events)
             .filter_map(|x| x[field].as_f64())
             .collect()
     };
     let mut summary = BTreeMap::new();
-    // (summary key, test, field, event-driven)
+    // (summary key, test, field, event-driven, bytes per message)
     let figures = [
-        ("write_bw", "write_bw", "gbps", false),
-        ("send_lat", "send_lat", "p50", false),
-        ("send_lat", "send_lat", "p99", false),
-        ("send_lat_e", "send_lat", "p50", true),
-        ("send_lat_e", "send_lat", "p99", true),
+        ("write_bw", "write_bw", "gbps", false, 65536),
+        ("write_rate", "write_bw", "mpps", false, 64),
+        ("send_lat", "send_lat", "p50", false, 64),
+        ("send_lat", "send_lat", "p99", false, 64),
+        ("send_lat_e", "send_lat", "p50", true, 64),
+        ("send_lat_e", "send_lat", "p99", true, 64),
     ];
     for t in TRANSPORTS {
-        for (key, test, field, events) in figures {
-            summary.insert(format!("{key} {t} {field}"), pick(test, t, field, events));
+        for (key, test, field, events, bytes) in figures {
+            summary.insert(
+                format!("{key} {t} {field}"),
+                pick(test, t, field, events, bytes),
+            );
             // CPU cores both sides kept busy (burst-bench's cpu_secs / secs).
             let cores: Vec<f64> = results
                 .iter()
-                .filter(|x| x["test"] == test && x["transport"] == t)
+                .filter(|x| is(x, test, t, bytes))
                 .filter(|x| x["events"].as_bool().unwrap_or(false) == events)
                 .filter_map(|x| Some(x["cpu_secs"].as_f64()? / x["secs"].as_f64()?.max(1e-9)))
                 .collect();
@@ -695,7 +714,7 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             for field in ["ns_per_pkt", "cores_at_400g"] {
                 let v: Vec<f64> = results
                     .iter()
-                    .filter(|x| x["test"] == "write_bw" && x["transport"] == t)
+                    .filter(|x| is(x, "write_bw", t, 65536))
                     .filter_map(|x| x[field][i].as_f64())
                     .filter(|v| *v > 0.0)
                     .collect();
@@ -723,6 +742,8 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             "server": format!("ip netns exec burstbb1 taskset -c {} burst-bench TEST --server --local 198.18.0.101 -p PORT", env.server_cpu),
             "client": format!("ip netns exec burstbb2 taskset -c {} burst-bench TEST ARGS --transport T --json --local 198.18.0.102 -p PORT 198.18.0.101", env.client_cpu),
             "write_bw": bw_args.join(" "),
+            "write_rate": rate_args.join(" "),
+            "write_rate_64_qps": rate_q64_args.join(" "),
             "send_lat": lat_args.join(" "),
         },
         "rounds": rounds,
@@ -814,6 +835,12 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             ">= 0.9 and >= 2",
         ),
         (
+            "RDMA WRITE 64 B, one QP, M messages/s",
+            "write_rate",
+            "mpps",
+            "",
+        ),
+        (
             "64 B ping-pong half RTT p50, us",
             "send_lat",
             "p50",
@@ -830,7 +857,7 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         let vs_ceiling = m(&key("burst")) / m(&key("raw-udp"));
         // A stack cannot beat the path it runs on: above 1.0 for a rate (or
         // below 1.0 for a latency) the ceiling was mismeasured.
-        let beats_ceiling = if field == "gbps" {
+        let beats_ceiling = if field == "gbps" || field == "mpps" {
             vs_ceiling > 1.0
         } else {
             vs_ceiling < 1.0
@@ -991,6 +1018,7 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
         "send_bw",
         "read_bw",
         "atomic_bw",
+        "write_rate_64_qps",
     ] {
         let rows: Vec<&Value> = results
             .iter()
@@ -1000,7 +1028,9 @@ pub fn bench(root: &Path, args: &[String]) -> ExitCode {
             continue;
         };
         let bytes = first["bytes"].as_u64().unwrap_or(0);
-        let (field, unit) = if test.ends_with("_bw") {
+        let (field, unit) = if test.starts_with("write_rate") {
+            ("mpps", "M messages/s")
+        } else if test.ends_with("_bw") {
             ("gbps", "Gb/s")
         } else if first["half_rtt"].as_bool().unwrap_or(false) {
             ("p50", "us half RTT p50")
