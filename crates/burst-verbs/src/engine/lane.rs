@@ -427,6 +427,12 @@ impl Core {
         let Some(dev) = self.dev.as_mut() else {
             return false;
         };
+        // A corked post sent nothing and completed nothing: the round that
+        // sends it (sure to come, `Device::cork_post`) takes the control
+        // requests and doorbells too.
+        if round == Round::Post && std::mem::take(&mut self.post_corked) {
+            return false;
+        }
         let mut busy = false;
         while let Ok(c) = self.control_rx.try_recv() {
             busy = true;
@@ -447,9 +453,7 @@ impl Core {
         // answered (READ response, ACK) in the next round's transmit.
         busy |= match round {
             Round::Full => dev.progress_at(now),
-            Round::Transmit => dev.transmit_at(now),
-            Round::Post if std::mem::take(&mut self.post_corked) => false,
-            Round::Post => dev.transmit_at(now),
+            Round::Transmit | Round::Post => dev.transmit_at(now),
         };
         for ev in dev.take_async_events() {
             shared.events.push(ev);
