@@ -5,18 +5,19 @@
 //! send to a QP with nothing in flight (a ping-pong) still leaves at once.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burst_mem::{Access, MrKeys, Pd};
 use burst_transport::*;
-use burst_verbs::engine::{Context, CqId, Engine};
+use burst_verbs::engine::{CompChannel, Context, CqId, Engine};
 use burst_wire::{Mtu, Qpn};
 
 mod common;
-use common::{connect_rc, poll_n};
+use common::{connect_rc, poll_n, readable};
 
 /// Two engines on `127.0.148.{x}`/`{x+1}`, an RC pair; A writes into a
-/// buffer of B's.
+/// buffer of B's. A's CQ has a completion channel.
 struct Pair {
     a: Context,
     b: Context,
@@ -26,6 +27,7 @@ struct Pair {
     pb: Pd,
     cqa: CqId,
     cqb: CqId,
+    ch: Arc<CompChannel>,
     _e: (Engine, Engine),
 }
 
@@ -34,7 +36,8 @@ fn pair(x: u8) -> Pair {
     let eb = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 148, x + 1)), Mtu::Mtu1024).unwrap();
     let (a, b) = (ea.context(), eb.context());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let cqa = a.create_cq(256);
+    let ch = a.create_comp_channel().unwrap();
+    let cqa = a.create_cq_with(256, Some(Arc::clone(&ch)));
     let cqb = b.create_cq(256);
     let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 128).unwrap();
     let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 128).unwrap();
@@ -49,6 +52,7 @@ fn pair(x: u8) -> Pair {
         pb,
         cqa,
         cqb,
+        ch,
         _e: (ea, eb),
     }
 }
@@ -234,4 +238,60 @@ fn a_send_to_a_qp_with_nothing_in_flight_is_never_corked() {
     assert_eq!((corked(&p.a), corked(&p.b)), (0, 0));
     drop(p);
     drop((abuf, bbuf));
+}
+
+#[test]
+fn arming_a_cq_sends_the_cork_before_the_thread_waits() {
+    // A thread that posts and then arms its CQ is about to wait, maybe in
+    // its own poll(2) on the channel (UCX, libfabric): what it corked goes
+    // out as it arms, not one ACK later through the engine.
+    let p = pair(7);
+    let mut src = vec![9u8; 4096];
+    let mut dst = vec![0u8; 4096];
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ks, kd) = unsafe {
+        (
+            p.a.reg_mr(p.pa, src.as_mut_ptr(), src.len(), RW).unwrap(),
+            p.b.reg_mr(p.pb, dst.as_mut_ptr(), dst.len(), RW).unwrap(),
+        )
+    };
+    let sent = |c: &Context| c.counters().unwrap().sent_pkts;
+    let mut checked = 0;
+    for round in 0..8u64 {
+        let off = round * 256;
+        assert!(p.a.poll_cq(p.cqa).is_none());
+        let before = (corked(&p.a), sent(&p.a));
+        p.a.post_send(p.qa, &write(2 * round, &ks, &kd, off, 128))
+            .unwrap();
+        p.a.post_send(p.qa, &write(2 * round + 1, &ks, &kd, off + 128, 128))
+            .unwrap();
+        let was_corked = corked(&p.a) > before.0;
+        p.a.req_notify_cq(p.cqa).unwrap();
+        if was_corked {
+            // Both WRITEs left by the time arming returned (had the engine
+            // sent the second on the first one's ACK, it left too).
+            assert!(
+                sent(&p.a) >= before.1 + 2,
+                "round {round}: the corked WRITE was still corked after arming"
+            );
+            checked += 1;
+        }
+        // Wait the Verbs way, in poll(2) on the channel.
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got < 2 {
+            assert!(Instant::now() < deadline, "round {round}: no completion");
+            while let Some(w) = p.a.poll_cq(p.cqa) {
+                assert_eq!(w.status, WcStatus::Success);
+                got += 1;
+            }
+            if got < 2 && readable(p.ch.fd(), 100) {
+                let _ = p.a.wait_cq_event(&p.ch, Duration::ZERO);
+                p.a.req_notify_cq(p.cqa).unwrap();
+            }
+        }
+    }
+    assert!(checked > 0, "no round corked its second WRITE");
+    drop(p);
+    assert!(dst[..2048].iter().all(|&x| x == 9));
 }
