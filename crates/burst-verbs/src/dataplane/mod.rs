@@ -659,7 +659,7 @@ impl<P: Port> Device<P> {
     /// corked, together. A post to a QP with nothing in flight (a
     /// ping-pong, the first post of a burst) never waits, and neither do
     /// UC and UD sends (nothing comes back). The cork holds one GSO run
-    /// at most ([`MAX_GSO_SEGMENTS`] packets): a bandwidth loop that posts
+    /// at most ([`burst_io::MAX_GSO_SEGMENTS`] packets): a bandwidth loop that posts
     /// faster than a system call per message pays one per run. A local
     /// operation (a memory-window bind, a local invalidate) sends nothing
     /// and completes when its round takes it: never corked.
