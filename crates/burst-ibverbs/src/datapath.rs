@@ -93,7 +93,8 @@ fn bind_op(mw: *mut ibv_mw, rkey: u32, info: &ibv_mw_bind_info) -> Result<SendOp
 
 /// Posts one `ibv_send_wr`: it becomes a [`SendWr`] (SGEs and inline bytes
 /// held in place, no allocation) that the engine checks and posts.
-fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
+/// `more`: WRs of the same list follow (see `QueuePair::post_send_more`).
+fn post_one(q: &Qp, w: &ibv_send_wr, more: bool) -> Result<(), c_int> {
     // SAFETY: the WR's sg_list holds num_sge entries (caller's contract).
     let list = unsafe { sg_list(w.sg_list, w.num_sge) }?;
     let imm = u32::from_be(w.imm_data);
@@ -166,7 +167,12 @@ fn post_one(q: &Qp, w: &ibv_send_wr) -> Result<(), c_int> {
         ud,
         inline_data,
     };
-    q.qp.post_send(&wr).map_err(PostError::errno)
+    if more {
+        q.qp.post_send_more(&wr)
+    } else {
+        q.qp.post_send(&wr)
+    }
+    .map_err(PostError::errno)
 }
 
 /// `ops.bind_mw` (`ibv_bind_mw`, type 1 windows): posts the bind on `qp`
@@ -218,12 +224,18 @@ pub(crate) unsafe extern "C" fn post_send(
         let Some(q) = ours!(Qp, qp) else {
             return libc::EINVAL;
         };
+        // A list goes out together, at its last WR (an RNIC's one
+        // doorbell per list).
         let mut cur = wr;
         while !cur.is_null() {
             // SAFETY: a readable WR list (caller's contract).
             let w = unsafe { &*cur };
-            let r = post_one(q, w);
+            let r = post_one(q, w, !w.next.is_null());
             if let Err(e) = r {
+                if cur != wr {
+                    // The WRs before it were posted: they leave now.
+                    q.qp.send_posted();
+                }
                 if !bad.is_null() {
                     // SAFETY: writable out-pointer.
                     unsafe { *bad = cur };
@@ -525,8 +537,17 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
         if b.error != 0 {
             return b.error;
         }
-        for wr in &b.wrs {
-            if let Err(e) = q.qp.post_send(wr) {
+        // The batch goes out together, at its last WR, as a list does.
+        for (i, wr) in b.wrs.iter().enumerate() {
+            let r = if i + 1 < b.wrs.len() {
+                q.qp.post_send_more(wr)
+            } else {
+                q.qp.post_send(wr)
+            };
+            if let Err(e) = r {
+                if i > 0 {
+                    q.qp.send_posted();
+                }
                 return e.errno();
             }
         }

@@ -651,7 +651,10 @@ impl<P: Port> Device<P> {
 
     /// Whether the send just posted to `qpn` (`op`, `len` bytes) may wait
     /// for the lane's next transmit round instead of going out on its own
-    /// system call; counted in the cork if so.
+    /// system call; counted in the cork if so. `more`: more WRs of the
+    /// same `ibv_post_send` list follow, and the list's last post (or the
+    /// poster's flush, [`crate::engine::QueuePair::send_posted`]) sends
+    /// them all, as an RNIC takes a list with one doorbell.
     ///
     /// Nagle's rule for posts (TCP's autocork is the same idea): an RC QP
     /// with request packets in flight will hear an ACK, a NAK or its
@@ -663,11 +666,17 @@ impl<P: Port> Device<P> {
     /// faster than a system call per message pays one per run. A local
     /// operation (a memory-window bind, a local invalidate) sends nothing
     /// and completes when its round takes it: never corked.
-    pub fn cork_post(&mut self, qpn: Qpn, op: &burst_transport::SendOp, len: u64) -> bool {
+    pub fn cork_post(
+        &mut self,
+        qpn: Qpn,
+        op: &burst_transport::SendOp,
+        len: u64,
+        more: bool,
+    ) -> bool {
         let Some(s) = self.qp_index(qpn).ok().and_then(|i| self.qps[i].as_ref()) else {
             return false;
         };
-        if op.is_local() || s.qp.packets_in_flight() == 0 {
+        if !more && (op.is_local() || s.qp.packets_in_flight() == 0) {
             return false;
         }
         // A READ or an atomic is one request packet, whatever it asks for.

@@ -32,6 +32,34 @@ impl QueuePair {
         self.ctx.post_send_to(&self.rings, wr)
     }
 
+    /// One WR of an `ibv_post_send` list with more to follow: taken now
+    /// (checked as [`QueuePair::post_send`] checks it) and sent with the
+    /// list's last, which is posted with [`QueuePair::post_send`], as an
+    /// RNIC takes a whole list at one doorbell. A list refused part-way
+    /// ends with [`QueuePair::send_posted`].
+    ///
+    /// ```no_run
+    /// # fn f(qp: &burst_verbs::engine::QueuePair, list: &[burst_verbs::SendWr]) {
+    /// let Some((last, first)) = list.split_last() else { return };
+    /// for wr in first {
+    ///     if qp.post_send_more(wr).is_err() {
+    ///         qp.send_posted();
+    ///         return;
+    ///     }
+    /// }
+    /// qp.post_send(last).unwrap();
+    /// # }
+    /// ```
+    pub fn post_send_more(&self, wr: &SendWr) -> Result<(), PostError> {
+        self.ctx.post_send_in_list(&self.rings, wr, true)
+    }
+
+    /// Sends what [`QueuePair::post_send_more`] left waiting for a list's
+    /// last WR (the list stopped short: a WR refused).
+    pub fn send_posted(&self) {
+        self.ctx.send_posted(self.rings.lane);
+    }
+
     /// `ibv_post_recv` ([`Context::post_recv`]).
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), PostError> {
         self.ctx.post_recv_to(&self.rings, wr)

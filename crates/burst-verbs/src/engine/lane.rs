@@ -389,12 +389,14 @@ impl Core {
 
     /// Posts a checked send WR straight into the transport (the posting
     /// thread holds the core); WRs already in the QP's ring go first.
-    /// `len`: the WR's length, for the cork ([`Device::cork_post`]).
+    /// `len`: the WR's length, for the cork, and `more`: more WRs of the
+    /// same list follow ([`Device::cork_post`]).
     pub(super) fn post_send_now(
         &mut self,
         r: &QpRings,
         wr: SendWr,
         len: u64,
+        more: bool,
     ) -> Result<(), PostError> {
         let dev = self.dev.as_mut().ok_or(PostError::Stopped)?;
         Core::take_rings(dev, &mut self.held, r);
@@ -405,7 +407,7 @@ impl Core {
         let op = wr.op;
         dev.post_send_checked(r.qpn, wr)
             .map_err(PostError::Refused)?;
-        self.post_corked = dev.cork_post(r.qpn, &op, len);
+        self.post_corked = dev.cork_post(r.qpn, &op, len, more);
         Ok(())
     }
 

@@ -17,6 +17,18 @@ impl Context {
     }
 
     pub(super) fn post_send_to(&self, ring: &QpRings, wr: &SendWr) -> Result<(), PostError> {
+        self.post_send_in_list(ring, wr, false)
+    }
+
+    /// [`Context::post_send_to`] of one WR of an `ibv_post_send` list;
+    /// `more`: WRs follow, whose last post (or the caller's
+    /// [`Context::send_posted`] if the list stops short) sends them all.
+    pub(super) fn post_send_in_list(
+        &self,
+        ring: &QpRings,
+        wr: &SendWr,
+        more: bool,
+    ) -> Result<(), PostError> {
         let wr = *wr;
         let len = ring.cfg.check_send(&wr).map_err(PostError::Refused)?;
         if self.plane.gone() {
@@ -31,7 +43,7 @@ impl Context {
         if !ring.words.reserve(false, ring.cfg.max_send_wr) {
             return Err(PostError::Refused(VerbsError::QueueFull));
         }
-        let r = self.post_send_reserved(ring, wr, len);
+        let r = self.post_send_reserved(ring, wr, len, more);
         if r.is_err() {
             ring.words.unreserve(false);
         }
@@ -43,12 +55,13 @@ impl Context {
         ring: &QpRings,
         mut wr: SendWr,
         len: u64,
+        more: bool,
     ) -> Result<(), PostError> {
         if wr.inline && wr.inline_data.is_none() {
             self.plane.gather_inline(self, ring.cfg.pd, &mut wr, len)?;
         }
         match self.step_with(ring.lane, Round::Post, Stepper::Poster, |core| {
-            core.post_send_now(ring, wr, len)
+            core.post_send_now(ring, wr, len, more)
         }) {
             Some((_, Some(r))) => r,
             // A fault contained while posting: the QPs are in error now.
@@ -62,6 +75,13 @@ impl Context {
                 Ok(())
             }
         }
+    }
+
+    /// Sends what posts of this thread left in the cork of `lane` (an
+    /// `ibv_post_send` list refused part-way: the WRs before the refused
+    /// one were posted as "more to follow").
+    pub(super) fn send_posted(&self, lane: usize) {
+        let _ = self.step_with(lane, Round::Transmit, Stepper::Poster, |_| ());
     }
 
     /// `ibv_post_recv`: checked now ([`crate::QpConfig::check_recv`]), then into
@@ -199,6 +219,14 @@ impl Context {
     #[must_use = "a completion not taken is lost"]
     pub fn take_completion(&self, cq: CqId) -> Option<WorkCompletion> {
         self.cq_ref(cq).ok()?.pop()
+    }
+
+    /// A handle on QP `qpn` that posts without any lookup.
+    pub fn qp(&self, qpn: Qpn) -> Option<QueuePair> {
+        self.ring(qpn).ok().map(|rings| QueuePair {
+            rings,
+            ctx: self.clone(),
+        })
     }
 
     /// A handle on CQ `cq` that polls without any lookup.
