@@ -327,3 +327,58 @@ fn a_fault_outside_any_qp_fails_the_device_not_the_caller() {
     d.progress();
     assert_eq!(d.take_async_event(), None);
 }
+
+#[test]
+fn an_ack_waiting_in_the_port_stops_its_timer_before_it_fires() {
+    // A thread posts, then does not step the lane for longer than the ACK
+    // timeout (it posts to a thousand QPs, or is descheduled); the ACK came
+    // meanwhile and waits in the port. An RNIC takes ACKs as they come: the
+    // lane's next step reads the port before it runs an expired timer, so
+    // nothing is resent and no retry is spent.
+    let mut p = pair(SimFaults::default(), "10.0.0.1:4791", "10.0.0.2:4791");
+    let mut src = vec![7u8; 64];
+    let mut dst = vec![0u8; 64];
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ks, kd) = unsafe {
+        (
+            p.a.reg_mr(burst_mem::Pd(1), src.as_mut_ptr(), 64, ALL)
+                .unwrap(),
+            p.b.reg_mr(burst_mem::Pd(1), dst.as_mut_ptr(), 64, ALL)
+                .unwrap(),
+        )
+    };
+    let wr = SendWr::new(
+        1,
+        SendOp::Write {
+            remote_addr: kd.addr,
+            rkey: kd.rkey,
+        },
+        SgList::from([Sge {
+            addr: ks.addr,
+            length: 64,
+            lkey: ks.lkey,
+        }]),
+    );
+    p.qa.post_send(&wr).unwrap();
+    // Only B steps: it takes the WRITE and sends its ACK.
+    for _ in 0..100 {
+        p.now += 10_000;
+        p.net.set_now(p.now);
+        p.b.advance_clock_to(p.now);
+        p.b.progress();
+    }
+    assert_eq!(dst, src, "B placed the WRITE");
+    // A steps again long after its ACK timeout (4.2 ms at timeout 10).
+    p.now += 100_000_000;
+    p.net.set_now(p.now);
+    p.a.advance_clock_to(p.now);
+    p.a.progress();
+    let w = p.a.take_completion(p.cqa).expect("the WRITE completed");
+    assert_eq!(w.status, WcStatus::Success);
+    let c = p.a.counters().unwrap().qps;
+    assert_eq!(
+        (c.retransmitted_pkts, c.completer_retry_err),
+        (0, 0),
+        "the ACK in the port was not taken before the timer: {c:?}"
+    );
+}

@@ -53,9 +53,14 @@ impl<P: Port> Device<P> {
     }
 
     pub(super) fn progress_inner(&mut self, now: u64) -> bool {
-        // Expired timers first: a retransmission they start leaves in this
-        // round's transmit, not a round (or, idle, a whole timeout) later.
-        let mut fired = 0;
+        // Expired timers before the transmit: a retransmission they start
+        // leaves in this round's transmit, not a round (or, idle, a whole
+        // timeout) later. But what the port holds is taken first when one
+        // expired: an ACK that came while nobody stepped the lane (a thread
+        // posting for longer than the timeout, one descheduled, a claim
+        // lapsing) stops its timer before it fires, as on an RNIC, which
+        // takes ACKs as they come.
+        let mut due = std::mem::take(&mut self.due);
         while let Some(i) = self.ready.pop_expired(now) {
             let Some(s) = self.qps[i].as_mut() else {
                 continue;
@@ -63,6 +68,16 @@ impl<P: Port> Device<P> {
             // The heap's deadline is a hint: the QP's own timer decides
             // (settling arms it again when it moved later).
             self.ready.touch(i);
+            if s.qp.poll_timeout().is_some_and(|t| t <= now) {
+                due.push(i);
+            }
+        }
+        let early = if due.is_empty() { 0 } else { self.receive(now) };
+        let mut fired = 0;
+        for i in due.drain(..) {
+            let Some(s) = self.qps[i].as_mut() else {
+                continue;
+            };
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 fired += 1;
                 if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
@@ -72,6 +87,7 @@ impl<P: Port> Device<P> {
                 }
             }
         }
+        self.due = due;
         self.trim_idle(now);
         self.check_link(now);
         let sent = self.transmit(now);
@@ -80,7 +96,7 @@ impl<P: Port> Device<P> {
         // Frames the link still holds count as work: nothing else would
         // wake the engine to push them out.
         let held = self.port.flush_tx();
-        sent + received + fired > 0 || held
+        sent + early + received + fired > 0 || held
     }
 
     /// Contains a fault of the QP in slot `i`: error state (flushing its

@@ -152,6 +152,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// Packets of sends corked since the last transmit round
     /// ([`Device::cork_post`]).
     corked: usize,
+    /// QPs whose timers expired this round (kept between rounds: no
+    /// allocation per round).
+    due: Vec<usize>,
     clock: clock::Clock,
     /// When a packet last arrived (ns on the device clock, [`Device::now`]).
     last_rx: u64,
@@ -240,6 +243,7 @@ impl<P: Port> Device<P> {
             copier: burst_mem::Copier::default(),
             tx_held: 0,
             corked: 0,
+            due: Vec::new(),
             clock: clock::Clock::wall(),
             last_rx: 0,
             port_mtu,
