@@ -57,6 +57,27 @@ fn pair(x: u8) -> Pair {
     }
 }
 
+impl Pair {
+    /// Registers `on_a` on A and `on_b` on B, both for local and remote
+    /// writes.
+    ///
+    /// # Safety
+    /// Both buffers must outlive the engines.
+    unsafe fn register(&self, on_a: &mut [u8], on_b: &mut [u8]) -> (MrKeys, MrKeys) {
+        // SAFETY: the caller keeps both buffers alive past the engines.
+        unsafe {
+            (
+                self.a
+                    .reg_mr(self.pa, on_a.as_mut_ptr(), on_a.len(), RW)
+                    .unwrap(),
+                self.b
+                    .reg_mr(self.pb, on_b.as_mut_ptr(), on_b.len(), RW)
+                    .unwrap(),
+            )
+        }
+    }
+}
+
 const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
 
 /// A WRITE of `len` bytes from `src` at `off` to `dst` at `off`.
@@ -105,12 +126,7 @@ fn sends_posted_behind_packets_in_flight_leave_together_and_in_order() {
     let mut src: Vec<u8> = (0..N * 64).map(|i| (i / 64) as u8 ^ (i as u8)).collect();
     let mut dst = vec![0u8; N * 64];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe {
-        (
-            p.a.reg_mr(p.pa, src.as_mut_ptr(), src.len(), RW).unwrap(),
-            p.b.reg_mr(p.pb, dst.as_mut_ptr(), dst.len(), RW).unwrap(),
-        )
-    };
+    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
     for i in 0..N as u64 {
         p.a.post_send(p.qa, &write(i, &ks, &kd, i * 64, 64))
             .unwrap();
@@ -143,12 +159,7 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
     let mut src = vec![7u8; 2048];
     let mut dst = vec![0u8; 2048];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe {
-        (
-            p.a.reg_mr(p.pa, src.as_mut_ptr(), src.len(), RW).unwrap(),
-            p.b.reg_mr(p.pb, dst.as_mut_ptr(), dst.len(), RW).unwrap(),
-        )
-    };
+    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
     let landed = |off: usize| {
         // SAFETY: B's engine places into `dst` while this reads it; a
         // volatile read of one byte per check, the buffer outlives `p`.
@@ -193,12 +204,7 @@ fn a_send_to_a_qp_with_nothing_in_flight_is_never_corked() {
     let mut abuf = vec![1u8; 256];
     let mut bbuf = vec![2u8; 256];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ka, kb) = unsafe {
-        (
-            p.a.reg_mr(p.pa, abuf.as_mut_ptr(), abuf.len(), RW).unwrap(),
-            p.b.reg_mr(p.pb, bbuf.as_mut_ptr(), bbuf.len(), RW).unwrap(),
-        )
-    };
+    let (ka, kb) = unsafe { p.register(&mut abuf, &mut bbuf) };
     p.b.post_recv(p.qb, &recv(0, &kb)).unwrap();
     let (b, qb, cqb) = (p.b.clone(), p.qb, p.cqb);
     const ROUNDS: u64 = 200;
@@ -249,12 +255,7 @@ fn arming_a_cq_sends_the_cork_before_the_thread_waits() {
     let mut src = vec![9u8; 4096];
     let mut dst = vec![0u8; 4096];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe {
-        (
-            p.a.reg_mr(p.pa, src.as_mut_ptr(), src.len(), RW).unwrap(),
-            p.b.reg_mr(p.pb, dst.as_mut_ptr(), dst.len(), RW).unwrap(),
-        )
-    };
+    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
     let sent = |c: &Context| c.counters().unwrap().sent_pkts;
     let mut checked = 0;
     for round in 0..8u64 {
@@ -306,12 +307,7 @@ fn a_list_of_work_requests_leaves_together_at_its_last() {
     let mut src = vec![5u8; 4096];
     let mut dst = vec![0u8; 4096];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe {
-        (
-            p.a.reg_mr(p.pa, src.as_mut_ptr(), src.len(), RW).unwrap(),
-            p.b.reg_mr(p.pb, dst.as_mut_ptr(), dst.len(), RW).unwrap(),
-        )
-    };
+    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
     let qp = p.a.qp(p.qa).unwrap();
     let sent = |c: &Context| c.counters().unwrap().sent_pkts;
     let mut whole = 0;
