@@ -101,6 +101,64 @@ fn step(name: &str, cmd: &mut Command) -> bool {
     ok
 }
 
+/// [`step`], keeping the lines that say what failed (the failing tests,
+/// their panics and cargo's rerun hints) in `notes`, at most 60.
+fn step_noting_failures(name: &str, cmd: &mut Command, notes: &mut Vec<String>) -> bool {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    use std::sync::Mutex;
+    println!("xtask: ==> {name}: {cmd:?}");
+    let t = Instant::now();
+    let kept = Mutex::new(Vec::new());
+    let ok = match cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+        Ok(mut child) => {
+            let (out, err) = (child.stdout.take(), child.stderr.take());
+            // Echoes one stream line by line, keeping what names a failure
+            // and the line after a panic (its message).
+            let tee = |r: Box<dyn std::io::Read + Send>, to_err: bool| {
+                let mut after_panic = false;
+                for line in BufReader::new(r).lines().map_while(Result::ok) {
+                    if to_err {
+                        let _ = writeln!(std::io::stderr(), "{line}");
+                    } else {
+                        let _ = writeln!(std::io::stdout(), "{line}");
+                    }
+                    let keep = after_panic
+                        || line.contains("panicked at")
+                        || (line.starts_with("test ") && line.ends_with("FAILED"))
+                        || line.starts_with("error: test failed")
+                        || line.starts_with("error: ") && line.contains("target");
+                    after_panic = line.contains("panicked at");
+                    let mut k = kept.lock().unwrap();
+                    if keep && k.len() < 60 {
+                        k.push(line);
+                    }
+                }
+            };
+            std::thread::scope(|s| {
+                if let Some(o) = out {
+                    s.spawn(|| tee(Box::new(o), false));
+                }
+                if let Some(e) = err {
+                    s.spawn(|| tee(Box::new(e), true));
+                }
+            });
+            child.wait().map(|s| s.success()).unwrap_or(false)
+        }
+        Err(e) => {
+            eprintln!("xtask: cannot run {name}: {e}");
+            false
+        }
+    };
+    notes.extend(kept.into_inner().unwrap());
+    println!(
+        "xtask: <== {name}: {} in {:.1}s",
+        if ok { "ok" } else { "FAILED" },
+        t.elapsed().as_secs_f64()
+    );
+    ok
+}
+
 fn cargo(root: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root).args(args);
@@ -359,6 +417,8 @@ fn test(args: &[String]) -> ExitCode {
         }
     }
     let mut results: Vec<(&str, bool)> = Vec::new();
+    // What failed, by name, for the end of the output.
+    let mut failure_notes: Vec<String> = Vec::new();
     let mut skipped: Vec<&str> = Vec::new();
     results.push((
         "fmt",
@@ -383,7 +443,11 @@ fn test(args: &[String]) -> ExitCode {
     ));
     results.push((
         "test",
-        step("test", &mut cargo(&root, &["test", "--workspace"])),
+        step_noting_failures(
+            "test",
+            &mut cargo(&root, &["test", "--workspace", "--no-fail-fast"]),
+            &mut failure_notes,
+        ),
     ));
     // Every library crate packages and builds from its package alone
     // (one command, so each finds the others it depends on).
@@ -673,6 +737,10 @@ fn test(args: &[String]) -> ExitCode {
 
     let failed: Vec<&str> = results.iter().filter(|r| !r.1).map(|r| r.0).collect();
     if !failed.is_empty() {
+        // Repeated at the end: CI keeps only the tail of a run's output.
+        for l in &failure_notes {
+            println!("xtask: failure: {l}");
+        }
         println!("xtask: failed steps: {}", failed.join(", "));
     }
     if !skipped.is_empty() {
