@@ -107,6 +107,10 @@ burst_wire::counters! {
         /// behind their QP's packets in flight ([`engine::Context::post_send`]).
         #[serde(default)]
         pub corked_posts: u64,
+        /// Lanes that stopped corking posts because a cork outlived the
+        /// claim of the thread that posted ([`dataplane::Device::stop_corking`]).
+        #[serde(default)]
+        pub cork_lapses: u64,
     }
 }
 

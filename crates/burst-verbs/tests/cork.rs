@@ -181,7 +181,7 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
     // The first post of a round may find the core busy (the engine
     // stepping at that moment) and go through the rings, uncorked: a few
     // rounds until one corked.
-    while corked(&p.a) == before && rounds < 64 {
+    while corked(&p.a) == before && rounds < 56 {
         let off = rounds * 256;
         // Claim the lane first (an empty poll), as a polling thread does.
         assert!(p.a.poll_cq(p.cqa).is_none());
@@ -202,6 +202,31 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
         rounds += 1;
     }
     assert!(corked(&p.a) > before, "no round corked its second post");
+    // That cork waited for the thread's claim to lapse (milliseconds, where
+    // an RNIC sends at once): the lane corks no more. The same rounds again
+    // send both WRITEs as they are posted.
+    assert_eq!(p.a.counters().unwrap().cork_lapses, 1);
+    let after = corked(&p.a);
+    for _ in 0..8 {
+        let off = rounds * 256;
+        assert!(p.a.poll_cq(p.cqa).is_none());
+        p.a.post_send(p.qa, &write(2 * rounds, &ks, &kd, off, 128))
+            .unwrap();
+        p.a.post_send(p.qa, &write(2 * rounds + 1, &ks, &kd, off + 128, 128))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !landed(off as usize + 255) {
+            assert!(
+                Instant::now() < deadline,
+                "round {rounds}: a WRITE never left"
+            );
+            std::hint::spin_loop();
+        }
+        poll_n(&p.a, p.cqa, 2);
+        rounds += 1;
+    }
+    assert_eq!(corked(&p.a), after, "a post was corked after the lapse");
+    assert_eq!(p.a.counters().unwrap().cork_lapses, 1);
     drop(p);
     assert!(dst[..rounds as usize * 256].iter().all(|&x| x == 7));
 }

@@ -152,6 +152,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// Packets of sends corked since the last transmit round
     /// ([`Device::cork_post`]).
     corked: usize,
+    /// Posts are never corked on this lane any more: a cork outlived the
+    /// claim of the thread that made it ([`Device::stop_corking`]).
+    cork_off: bool,
     /// QPs whose timers expired this round (kept between rounds: no
     /// allocation per round).
     due: Vec<usize>,
@@ -243,6 +246,7 @@ impl<P: Port> Device<P> {
             copier: burst_mem::Copier::default(),
             tx_held: 0,
             corked: 0,
+            cork_off: false,
             due: Vec::new(),
             clock: clock::Clock::wall(),
             last_rx: 0,
@@ -680,7 +684,7 @@ impl<P: Port> Device<P> {
         let Some(s) = self.qp_index(qpn).ok().and_then(|i| self.qps[i].as_ref()) else {
             return false;
         };
-        if !more && (op.is_local() || s.qp.packets_in_flight() == 0) {
+        if !more && (self.cork_off || op.is_local() || s.qp.packets_in_flight() == 0) {
             return false;
         }
         // A READ or an atomic is one request packet, whatever it asks for.
@@ -702,6 +706,21 @@ impl<P: Port> Device<P> {
     /// ([`Device::cork_post`]).
     pub fn corked(&self) -> bool {
         self.corked > 0
+    }
+
+    /// Posts on this lane are no longer corked (an `ibv_post_send` list
+    /// still leaves at its last WR). The engine calls it when a thread's
+    /// claim lapsed with sends still corked: the thread posted behind
+    /// packets in flight and went to spin on memory (a client that
+    /// pipelines requests and waits for the peer's WRITE of each answer),
+    /// so its sends waited for the lapse, milliseconds where an RNIC takes
+    /// microseconds. Such a thread pays that once; a bandwidth loop, which
+    /// polls, never lets a cork lapse.
+    pub fn stop_corking(&mut self) {
+        if !self.cork_off {
+            self.cork_off = true;
+            self.counters.cork_lapses += 1;
+        }
     }
 
     /// Takes a completion of `qpn` gathered by earlier progress.

@@ -80,6 +80,13 @@ pub(super) fn run(shared: &Shared, lane: usize) {
                 // wait, woken when it lets go).
                 let lapsed = d.lapsed(now);
                 let mut core = shared.cores[lane].lock().unwrap_or_else(|e| e.into_inner());
+                if lapsed {
+                    // Sends corked by the thread whose claim lapsed waited
+                    // for the lapse: that thread posts and goes away.
+                    if let Some(dev) = core.dev.as_mut().filter(|d| d.corked()) {
+                        dev.stop_corking();
+                    }
+                }
                 if core.step_contained(shared, lane, Round::Full, now) {
                     // A claim that lapsed with work waiting: its thread
                     // will not come back for it (see `Drivers::unclaim`).
