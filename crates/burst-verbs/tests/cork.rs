@@ -4,78 +4,29 @@
 //! runs; nothing is left behind when the thread stops calling in, and a
 //! send to a QP with nothing in flight (a ping-pong) still leaves at once.
 
-use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burst_mem::{Access, MrKeys, Pd};
+use burst_mem::{Access, MrKeys};
 use burst_transport::*;
-use burst_verbs::engine::{CompChannel, Context, CqId, Engine};
-use burst_wire::{Mtu, Qpn};
+use burst_verbs::engine::Context;
 
 mod common;
-use common::{connect_rc, poll_n, readable};
+use common::{poll_n, readable, RcPair, Side};
 
 /// Two engines on `127.0.148.{x}`/`{x+1}`, an RC pair; A writes into a
 /// buffer of B's. A's CQ has a completion channel.
-struct Pair {
-    a: Context,
-    b: Context,
-    qa: Qpn,
-    qb: Qpn,
-    pa: Pd,
-    pb: Pd,
-    cqa: CqId,
-    cqb: CqId,
-    ch: Arc<CompChannel>,
-    _e: (Engine, Engine),
+fn pair(x: u8) -> RcPair {
+    RcPair::start(148, x, 256, 128, Side::A)
 }
 
-fn pair(x: u8) -> Pair {
-    let ea = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 148, x)), Mtu::Mtu1024).unwrap();
-    let eb = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 148, x + 1)), Mtu::Mtu1024).unwrap();
-    let (a, b) = (ea.context(), eb.context());
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let ch = a.create_comp_channel().unwrap();
-    let cqa = a.create_cq_with(256, Some(Arc::clone(&ch)));
-    let cqb = b.create_cq(256);
-    let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 128).unwrap();
-    let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 128).unwrap();
-    connect_rc(&a, qa, b.gid(), qb, (5, 9), Mtu::Mtu1024);
-    connect_rc(&b, qb, a.gid(), qa, (9, 5), Mtu::Mtu1024);
-    Pair {
-        a,
-        b,
-        qa,
-        qb,
-        pa,
-        pb,
-        cqa,
-        cqb,
-        ch,
-        _e: (ea, eb),
-    }
-}
-
-impl Pair {
-    /// Registers `on_a` on A and `on_b` on B, both for local and remote
-    /// writes.
-    ///
-    /// # Safety
-    /// Both buffers must outlive the engines.
-    unsafe fn register(&self, on_a: &mut [u8], on_b: &mut [u8]) -> (MrKeys, MrKeys) {
-        // SAFETY: the caller keeps both buffers alive past the engines.
-        unsafe {
-            (
-                self.a
-                    .reg_mr(self.pa, on_a.as_mut_ptr(), on_a.len(), RW)
-                    .unwrap(),
-                self.b
-                    .reg_mr(self.pb, on_b.as_mut_ptr(), on_b.len(), RW)
-                    .unwrap(),
-            )
-        }
-    }
+/// Registers `on_a` on A and `on_b` on B, both for local and remote
+/// writes.
+///
+/// # Safety
+/// Both buffers must outlive the engines.
+unsafe fn register(p: &RcPair, on_a: &mut [u8], on_b: &mut [u8]) -> (MrKeys, MrKeys) {
+    // SAFETY: passed on from the caller.
+    unsafe { p.register((on_a, RW), (on_b, RW)) }
 }
 
 const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
@@ -126,7 +77,7 @@ fn sends_posted_behind_packets_in_flight_leave_together_and_in_order() {
     let mut src: Vec<u8> = (0..N * 64).map(|i| (i / 64) as u8 ^ (i as u8)).collect();
     let mut dst = vec![0u8; N * 64];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
+    let (ks, kd) = unsafe { register(&p, &mut src, &mut dst) };
     // A post that finds the engine thread stepping the lane goes through
     // the rings, uncorked: on a loaded machine a whole burst can, so a
     // few bursts until one corked.
@@ -170,7 +121,7 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
     let mut src = vec![7u8; 64 * 256];
     let mut dst = vec![0u8; 64 * 256];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
+    let (ks, kd) = unsafe { register(&p, &mut src, &mut dst) };
     let landed = |off: usize| {
         // SAFETY: B's engine places into `dst` while this reads it; a
         // volatile read of one byte per check, the buffer outlives `p`.
@@ -240,7 +191,7 @@ fn a_send_to_a_qp_with_nothing_in_flight_is_never_corked() {
     let mut abuf = vec![1u8; 256];
     let mut bbuf = vec![2u8; 256];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ka, kb) = unsafe { p.register(&mut abuf, &mut bbuf) };
+    let (ka, kb) = unsafe { register(&p, &mut abuf, &mut bbuf) };
     p.b.post_recv(p.qb, &recv(0, &kb)).unwrap();
     let (b, qb, cqb) = (p.b.clone(), p.qb, p.cqb);
     const ROUNDS: u64 = 200;
@@ -291,7 +242,7 @@ fn arming_a_cq_sends_the_cork_before_the_thread_waits() {
     let mut src = vec![9u8; 32 * 256];
     let mut dst = vec![0u8; 32 * 256];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
+    let (ks, kd) = unsafe { register(&p, &mut src, &mut dst) };
     let sent = |c: &Context| c.counters().unwrap().sent_pkts;
     let mut checked = 0;
     // Rounds until a few corked (a post that finds the engine stepping
@@ -350,7 +301,7 @@ fn a_list_of_work_requests_leaves_together_at_its_last() {
     let mut src = vec![5u8; 32 * 512];
     let mut dst = vec![0u8; 32 * 512];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kd) = unsafe { p.register(&mut src, &mut dst) };
+    let (ks, kd) = unsafe { register(&p, &mut src, &mut dst) };
     let qp = p.a.qp(p.qa).unwrap();
     let sent = |c: &Context| c.counters().unwrap().sent_pkts;
     let mut whole = 0;

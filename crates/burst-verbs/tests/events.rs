@@ -4,82 +4,33 @@
 //! returns and its thread stops calling in, the engine thread takes the
 //! port back (a passive target's WRITEs still land).
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burst_mem::{Access, Pd};
+use burst_mem::Access;
 use burst_transport::*;
-use burst_verbs::engine::{CompChannel, Context, CqId, Engine};
-use burst_wire::{Mtu, Qpn};
 
 mod common;
-use common::{connect_rc, poll_n, readable, write_and_spin};
+use common::{poll_n, readable, write_and_spin, RcPair, Side};
 
 /// Two engines on `127.0.146.{x}`/`{x+1}`, an RC pair, a channel on B's CQ.
-struct Pair {
-    a: Context,
-    b: Context,
-    qa: Qpn,
-    qb: Qpn,
-    pa: Pd,
-    pb: Pd,
-    cqa: CqId,
-    cqb: CqId,
-    ch: Arc<CompChannel>,
-    _e: (Engine, Engine),
+fn pair(x: u8) -> RcPair {
+    RcPair::start(146, x, 64, 64, Side::B)
 }
 
-fn pair(x: u8) -> Pair {
-    let ea = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 146, x)), Mtu::Mtu1024).unwrap();
-    let eb = Engine::start(IpAddr::V4(Ipv4Addr::new(127, 0, 146, x + 1)), Mtu::Mtu1024).unwrap();
-    let (a, b) = (ea.context(), eb.context());
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let ch = b.create_comp_channel().unwrap();
-    let cqa = a.create_cq(64);
-    let cqb = b.create_cq_with(64, Some(Arc::clone(&ch)));
-    let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, 64).unwrap();
-    let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, 64).unwrap();
-    connect_rc(&a, qa, b.gid(), qb, (5, 9), Mtu::Mtu1024);
-    connect_rc(&b, qb, a.gid(), qa, (9, 5), Mtu::Mtu1024);
-    Pair {
-        a,
-        b,
-        qa,
-        qb,
-        pa,
-        pb,
-        cqa,
-        cqb,
-        ch,
-        _e: (ea, eb),
-    }
-}
-
-impl Pair {
-    /// Registers `on_a` on A (local access) and `on_b` on B with `b_access`.
-    ///
-    /// # Safety
-    /// Both buffers must outlive the engines.
-    unsafe fn register(
-        &self,
-        on_a: &mut [u8],
-        on_b: &mut [u8],
-        b_access: Access,
-    ) -> (burst_mem::MrKeys, burst_mem::MrKeys) {
-        // SAFETY: the caller keeps both buffers alive past the engines.
-        unsafe {
-            (
-                self.a
-                    .reg_mr(self.pa, on_a.as_mut_ptr(), on_a.len(), Access(1))
-                    .unwrap(),
-                self.b
-                    .reg_mr(self.pb, on_b.as_mut_ptr(), on_b.len(), b_access)
-                    .unwrap(),
-            )
-        }
-    }
+/// Registers `on_a` on A (local access) and `on_b` on B with `b_access`.
+///
+/// # Safety
+/// Both buffers must outlive the engines.
+unsafe fn register(
+    p: &RcPair,
+    on_a: &mut [u8],
+    on_b: &mut [u8],
+    b_access: Access,
+) -> (burst_mem::MrKeys, burst_mem::MrKeys) {
+    // SAFETY: passed on from the caller.
+    unsafe { p.register((on_a, Access(1)), (on_b, b_access)) }
 }
 
 /// A receive WR of one SGE.
@@ -100,7 +51,7 @@ fn sge(k: &burst_mem::MrKeys, off: u64) -> Sge {
 }
 
 /// B's next completion the Verbs way: poll, arm, poll again, block.
-fn next_event_driven(p: &Pair, deadline: Instant) -> WorkCompletion {
+fn next_event_driven(p: &RcPair, deadline: Instant) -> WorkCompletion {
     loop {
         if let Some(w) = p.b.poll_cq(p.cqb) {
             return w;
@@ -123,7 +74,7 @@ fn a_blocked_thread_makes_the_completions_it_waits_for() {
     let mut sbuf: Vec<u8> = (0..64u8).collect();
     let mut rbuf = vec![0u8; 64 * 64];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
+    let (ks, kr) = unsafe { register(&p, &mut sbuf, &mut rbuf, Access(1)) };
     let recv = |i: u64| RecvWr {
         wr_id: i,
         sg_list: [Sge {
@@ -185,7 +136,7 @@ fn an_event_made_while_no_thread_waits_makes_the_channel_readable() {
     let mut sbuf = vec![7u8; 64];
     let mut rbuf = vec![0u8; 64];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
+    let (ks, kr) = unsafe { register(&p, &mut sbuf, &mut rbuf, Access(1)) };
     p.b.post_recv(p.qb, &recv_wr(1, sge(&kr, 0))).unwrap();
     p.b.req_notify_cq(p.cqb).unwrap();
     p.a.post_send(p.qa, &SendWr::new(1, SendOp::Send, [sge(&ks, 0)]))
@@ -251,7 +202,7 @@ fn after_the_waiter_returns_the_engine_takes_the_port_back() {
     let mut target = vec![0u8; 4096];
     let mut src = vec![0x5au8; 4096];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kt) = unsafe { p.register(&mut src, &mut target, Access(1 | 2)) };
+    let (ks, kt) = unsafe { register(&p, &mut src, &mut target, Access(1 | 2)) };
     // B blocks for an event that comes from a SEND, then never calls in
     // again, as a passive target does.
     p.b.post_recv(
@@ -313,7 +264,7 @@ fn a_thread_that_arms_its_cq_and_waits_in_its_own_poll_hands_the_port_over() {
     let mut abuf = vec![1u8; 256];
     let mut bbuf = vec![2u8; 256];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ka, kb) = unsafe { p.register(&mut abuf, &mut bbuf, Access(1)) };
+    let (ka, kb) = unsafe { register(&p, &mut abuf, &mut bbuf, Access(1)) };
     let recv = move |k: &burst_mem::MrKeys, i: u64| recv_wr(i, sge(k, 0));
     for i in 0..8u64 {
         p.a.post_recv(p.qa, &recv(&ka, i)).unwrap();
@@ -385,7 +336,7 @@ fn arming_a_cq_that_got_completions_without_an_event_raises_one_at_once() {
     let mut sbuf = vec![3u8; 64];
     let mut rbuf = vec![0u8; 64 * 4];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
+    let (ks, kr) = unsafe { register(&p, &mut sbuf, &mut rbuf, Access(1)) };
     for i in 0..4u64 {
         p.b.post_recv(p.qb, &recv_wr(i, sge(&kr, i * 64))).unwrap();
     }
@@ -517,7 +468,7 @@ fn the_ack_of_a_message_completes_its_send_before_the_reply_lands() {
     let mut sbuf = vec![3u8; 128];
     let mut rbuf = vec![0u8; 128];
     // SAFETY: both buffers outlive the engines (dropped with `p` first).
-    let (ks, kr) = unsafe { p.register(&mut sbuf, &mut rbuf, Access(1)) };
+    let (ks, kr) = unsafe { register(&p, &mut sbuf, &mut rbuf, Access(1)) };
     let recv_a = recv_wr(2, sge(&ks, 64));
     let recv_b = recv_wr(2, sge(&kr, 64));
     let send = |k: &burst_mem::MrKeys| SendWr::new(1, SendOp::Send, [sge(k, 0)]);

@@ -2,12 +2,96 @@
 //! completions and for descriptors.
 #![allow(dead_code)] // each test crate uses its part
 
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burst_transport::{QpAccess, WorkCompletion};
-use burst_verbs::engine::{Context, CqId};
+use burst_mem::{Access, MrKeys, Pd};
+use burst_transport::{QpAccess, QpType, WorkCompletion};
+use burst_verbs::engine::{CompChannel, Context, CqId, Engine};
 use burst_verbs::{RcParams, RcPeer};
 use burst_wire::{Mtu, Psn, Qpn};
+
+/// Which engine of an [`RcPair`] has the completion channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    A,
+    B,
+}
+
+/// Two engines on `127.0.{net}.{x}` and `.{x+1}`, one RC QP on each
+/// connected to the other ([`connect_rc`], MTU 1024), each with a CQ of
+/// its own for sends and receives; the CQ of `channel_on` has a
+/// completion channel.
+pub struct RcPair {
+    pub a: Context,
+    pub b: Context,
+    pub qa: Qpn,
+    pub qb: Qpn,
+    pub pa: Pd,
+    pub pb: Pd,
+    pub cqa: CqId,
+    pub cqb: CqId,
+    pub ch: Arc<CompChannel>,
+    _e: (Engine, Engine),
+}
+
+impl RcPair {
+    /// Starts the pair: CQs of `cq_entries`, QPs `wr_depth` deep.
+    pub fn start(net: u8, x: u8, cq_entries: usize, wr_depth: usize, channel_on: Side) -> RcPair {
+        let addr = |h: u8| IpAddr::V4(Ipv4Addr::new(127, 0, net, h));
+        let ea = Engine::start(addr(x), Mtu::Mtu1024).unwrap();
+        let eb = Engine::start(addr(x + 1), Mtu::Mtu1024).unwrap();
+        let (a, b) = (ea.context(), eb.context());
+        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+        let on = if channel_on == Side::A { &a } else { &b };
+        let ch = on.create_comp_channel().unwrap();
+        let cq = |c: &Context, side: Side| {
+            let channel = (side == channel_on).then(|| Arc::clone(&ch));
+            c.create_cq_with(cq_entries, channel)
+        };
+        let (cqa, cqb) = (cq(&a, Side::A), cq(&b, Side::B));
+        let qa = a.create_qp(QpType::Rc, pa, cqa, cqa, wr_depth).unwrap();
+        let qb = b.create_qp(QpType::Rc, pb, cqb, cqb, wr_depth).unwrap();
+        connect_rc(&a, qa, b.gid(), qb, (5, 9), Mtu::Mtu1024);
+        connect_rc(&b, qb, a.gid(), qa, (9, 5), Mtu::Mtu1024);
+        RcPair {
+            a,
+            b,
+            qa,
+            qb,
+            pa,
+            pb,
+            cqa,
+            cqb,
+            ch,
+            _e: (ea, eb),
+        }
+    }
+
+    /// Registers `on_a` on A with `a_access` and `on_b` on B with
+    /// `b_access`.
+    ///
+    /// # Safety
+    /// Both buffers must outlive the engines.
+    pub unsafe fn register(
+        &self,
+        (on_a, a_access): (&mut [u8], Access),
+        (on_b, b_access): (&mut [u8], Access),
+    ) -> (MrKeys, MrKeys) {
+        // SAFETY: the caller keeps both buffers alive past the engines.
+        unsafe {
+            (
+                self.a
+                    .reg_mr(self.pa, on_a.as_mut_ptr(), on_a.len(), a_access)
+                    .unwrap(),
+                self.b
+                    .reg_mr(self.pb, on_b.as_mut_ptr(), on_b.len(), b_access)
+                    .unwrap(),
+            )
+        }
+    }
+}
 
 /// Connects RC QP `qpn` of `c` to `peer_qpn` at `peer_gid` with every
 /// remote right, RNR timer 1, ACK timeout 12 (16 ms), 8 reads or atomics
