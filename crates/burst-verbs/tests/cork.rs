@@ -351,3 +351,64 @@ fn a_list_of_work_requests_leaves_together_at_its_last() {
     assert!(dst[..rounds * 512].iter().all(|&x| x == 5));
     assert!(dst[31 * 512..31 * 512 + 96].iter().all(|&x| x == 5));
 }
+
+#[test]
+fn posts_to_qps_parked_behind_their_peers_full_window_wait_in_the_cork() {
+    // Many QPs to one peer, each posting a few WRITEs in turn (perftest's
+    // order with many QPs): once the peer's window (16 packets at first)
+    // is full, the next QPs are parked until an ACK opens it. A post to a
+    // parked QP cannot leave before then either: it is corked like one
+    // behind its own packets in flight, instead of running a transmit
+    // round that finds the window full again.
+    const QPS: usize = 32;
+    const PER_QP: u64 = 4;
+    let mut whole = false;
+    for attempt in 0..4u8 {
+        let p = pair(11 + 2 * attempt);
+        let mut src = vec![3u8; QPS * PER_QP as usize * 64];
+        let mut dst = vec![0u8; QPS * PER_QP as usize * 64];
+        // SAFETY: both buffers outlive the engines (dropped with `p` first).
+        let (ks, kd) = unsafe { register(&p, &mut src, &mut dst) };
+        let qps: Vec<_> = (0..QPS)
+            .map(|_| {
+                let qa = p.a.create_qp(QpType::Rc, p.pa, p.cqa, p.cqa, 16).unwrap();
+                let qb = p.b.create_qp(QpType::Rc, p.pb, p.cqb, p.cqb, 16).unwrap();
+                common::connect_rc(&p.a, qa, p.b.gid(), qb, (5, 9), burst_wire::Mtu::Mtu1024);
+                common::connect_rc(&p.b, qb, p.a.gid(), qa, (9, 5), burst_wire::Mtu::Mtu1024);
+                qa
+            })
+            .collect();
+        assert!(p.a.poll_cq(p.cqa).is_none());
+        let before = (corked(&p.a), p.a.counters().unwrap().cc.parks);
+        for (q, &qa) in qps.iter().enumerate() {
+            for k in 0..PER_QP {
+                let off = (q as u64 * PER_QP + k) * 64;
+                p.a.post_send(qa, &write(off, &ks, &kd, off, 64)).unwrap();
+            }
+        }
+        let after = (corked(&p.a), p.a.counters().unwrap().cc.parks);
+        let wcs = poll_n(&p.a, p.cqa, QPS * PER_QP as usize);
+        // Each QP's WRITEs complete in its posting order.
+        let mut last = vec![None; QPS];
+        for w in &wcs {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            let q = (w.wr_id / 64 / PER_QP) as usize;
+            assert!(last[q] < Some(w.wr_id), "QP {q} completed out of order");
+            last[q] = Some(w.wr_id);
+        }
+        drop(p);
+        assert_eq!(src, dst);
+        eprintln!(
+            "attempt {attempt}: {} posts corked, {} parks",
+            after.0 - before.0,
+            after.1 - before.1
+        );
+        // Every post but each QP's first waited: the first QPs' behind
+        // their packets in flight, the rest behind the full window.
+        if after.1 > before.1 && after.0 - before.0 == (QPS as u64) * (PER_QP - 1) {
+            whole = true;
+            break;
+        }
+    }
+    assert!(whole, "posts to parked QPs were not corked");
+}

@@ -667,7 +667,10 @@ impl<P: Port> Device<P> {
     /// Nagle's rule for posts (TCP's autocork is the same idea): an RC QP
     /// with request packets in flight will hear an ACK, a NAK or its
     /// retransmission timer, and whoever steps the lane then sends what is
-    /// corked, together. A post to a QP with nothing in flight (a
+    /// corked, together. So will one parked behind its peer's full window
+    /// (other QPs' packets to that peer are in flight): with a thousand QPs
+    /// posting in turn, each post to a parked QP ran a transmit round that
+    /// found the window full again. A post to a QP with nothing in flight (a
     /// ping-pong, the first post of a burst) never waits, and neither do
     /// UC and UD sends (nothing comes back). The cork holds one GSO run
     /// at most ([`burst_io::MAX_GSO_SEGMENTS`] packets): a bandwidth loop that posts
@@ -684,7 +687,12 @@ impl<P: Port> Device<P> {
         let Some(s) = self.qp_index(qpn).ok().and_then(|i| self.qps[i].as_ref()) else {
             return false;
         };
-        if !more && (self.cork_off || op.is_local() || s.qp.packets_in_flight() == 0) {
+        // A QP parked behind its peer's full window sends nothing before
+        // an ACK (of another QP's packets to that peer) opens it: a post
+        // to it waits as one behind its own packets does.
+        let rc = s.qp.config().qp_type == burst_transport::QpType::Rc;
+        let waits = s.qp.packets_in_flight() > 0 || (rc && s.flow.parked);
+        if !more && (self.cork_off || op.is_local() || !waits) {
             return false;
         }
         // A READ or an atomic is one request packet, whatever it asks for.
