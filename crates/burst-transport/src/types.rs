@@ -8,6 +8,26 @@ use crate::VerbsError;
 /// Simulated or real monotonic time in nanoseconds, supplied by the caller.
 pub type Nanos = u64;
 
+/// Folds a round-trip sample into a smoothed estimate and its mean
+/// deviation (RFC 6298: gains of 1/8 and 1/4; the first sample sets the
+/// estimate, and half of it the deviation). `(0, _)` is no estimate yet.
+///
+/// ```
+/// use burst_transport::smooth_rtt;
+/// assert_eq!(smooth_rtt((0, 0), 800), (800, 400));
+/// assert_eq!(smooth_rtt((800, 400), 1600), (900, 500));
+/// ```
+pub fn smooth_rtt((srtt, rttvar): (Nanos, Nanos), sample: Nanos) -> (Nanos, Nanos) {
+    let r = sample.max(1);
+    match srtt {
+        0 => (r, r / 2),
+        s => (
+            (s * 7 + r).div_ceil(8),
+            (rttvar * 3 + s.abs_diff(r)).div_ceil(4),
+        ),
+    }
+}
+
 /// A scatter/gather element: a range of a local memory region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {

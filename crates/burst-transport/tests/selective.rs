@@ -145,6 +145,22 @@ fn no_probe_before_the_first_round_trip_sample() {
     assert_eq!((rq.sr_probes, rq.completer_retry_err), (0, 1), "{rq:?}");
 }
 
+/// A QP with no sample of its own whose round trip was seeded from its
+/// peer's (the data plane's estimate from other QPs to that peer) probes a
+/// lost tail of its first flight instead of spending a retry on the timer.
+#[test]
+fn a_seeded_round_trip_lets_a_first_flight_probe_its_lost_tail() {
+    let mut p = pair(true, true);
+    let a = p.a;
+    p.w.qps[a].1.seed_rtt(20_000, 10_000);
+    p.w.drop_next(Opcode::RC_RDMA_WRITE_LAST, 1);
+    let keys = p.write(1, 4 * 256);
+    p.complete(1);
+    assert!(p.same(keys));
+    let rq = p.requester();
+    assert_eq!((rq.sr_probes, rq.completer_retry_err), (1, 0), "{rq:?}");
+}
+
 /// A lost last packet draws no NAK (nothing comes after it): the
 /// requester's probe resends it after a few round trips, long before the
 /// ACK timer (4.096 us * 2^9 = 2.1 ms here) would.

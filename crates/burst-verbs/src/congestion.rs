@@ -57,6 +57,18 @@ struct Peer {
     /// QPs (the data plane's indices) parked while the window was full:
     /// they get no turn until it has room again, in this order.
     waiting: std::collections::VecDeque<usize>,
+    /// The round trip to this peer, smoothed over every QP's samples, and
+    /// its mean deviation (ns, RFC 6298; 0: no sample yet): the estimate
+    /// a QP without one of its own starts from ([`Qp::seed_rtt`]).
+    srtt: u64,
+    rttvar: u64,
+}
+
+impl Peer {
+    /// Folds a QP's round-trip sample into the peer's estimate.
+    fn sample_rtt(&mut self, rtt: u64) {
+        (self.srtt, self.rttvar) = burst_transport::smooth_rtt((self.srtt, self.rttvar), rtt);
+    }
 }
 
 /// One QP's congestion state.
@@ -100,6 +112,9 @@ pub(crate) struct Congestion {
     pace_wakeup: Option<u64>,
     /// Peers with parked QPs.
     parked_at: Vec<IpAddr>,
+    /// Peers whose first round-trip sample came since the data plane last
+    /// looked ([`Congestion::take_newly_timed`]).
+    newly_timed: Vec<IpAddr>,
 }
 
 impl Congestion {
@@ -111,6 +126,7 @@ impl Congestion {
             cnps: Vec::new(),
             pace_wakeup: None,
             parked_at: Vec::new(),
+            newly_timed: Vec::new(),
         }
     }
 
@@ -146,6 +162,8 @@ impl Congestion {
                 window: LossWindow::new(Default::default()),
                 in_flight: 0,
                 waiting: Default::default(),
+                srtt: 0,
+                rttvar: 0,
             });
         }
     }
@@ -175,8 +193,15 @@ impl Congestion {
                 let before = p.window.state().cuts;
                 ev.feed(now, &mut p.window);
                 self.counters.window_cuts += p.window.state().cuts - before;
+                if let Some(rtt) = ev.rtt {
+                    if p.srtt == 0 {
+                        self.newly_timed.push(peer.ip());
+                    }
+                    p.sample_rtt(rtt);
+                }
             }
         }
+        self.seed_rtt(f, qp);
         if in_flight != f.in_flight {
             if let Some(p) = self.peers.get_mut(&peer.ip()) {
                 p.in_flight =
@@ -185,6 +210,25 @@ impl Congestion {
             f.in_flight = in_flight;
         }
         ev.sent_bytes
+    }
+
+    /// A QP that has not timed a round trip yet starts from its peer's
+    /// estimate ([`Qp::seed_rtt`]), if the peer has one.
+    pub fn seed_rtt(&self, f: &QpFlow, qp: &mut Qp) {
+        if qp.rtt().is_none() {
+            if let Some(p) = f.peer.and_then(|a| self.peers.get(&a.ip())) {
+                qp.seed_rtt(p.srtt, p.rttvar);
+            }
+        }
+    }
+
+    /// Peers whose first round-trip sample came since the last call, into
+    /// `out`: their QPs that sent before it (a first flight whose tail was
+    /// lost takes no more turns and hears nothing) are seeded by the data
+    /// plane ([`Congestion::seed_rtt`]).
+    pub fn take_newly_timed(&mut self, out: &mut Vec<IpAddr>) {
+        out.clear();
+        out.append(&mut self.newly_timed);
     }
 
     /// Before the QP transmits: how many request packets it may send now.

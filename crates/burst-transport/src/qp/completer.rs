@@ -122,14 +122,8 @@ impl Qp {
                     // RFC 6298: gains of 1/8 and 1/4; the deviation keeps
                     // a queue that builds (thousands of QPs sharing one
                     // peer's window) from making probes spurious.
-                    let r = rtt.max(1);
-                    (self.req.srtt, self.req.rttvar) = match self.req.srtt {
-                        0 => (r, r / 2),
-                        s => (
-                            (s * 7 + r).div_ceil(8),
-                            (self.req.rttvar * 3 + s.abs_diff(r)).div_ceil(4),
-                        ),
-                    };
+                    (self.req.srtt, self.req.rttvar) =
+                        crate::smooth_rtt((self.req.srtt, self.req.rttvar), rtt);
                 }
             }
         }

@@ -118,6 +118,36 @@ impl Qp {
         self.attrs.selective_repeat
     }
 
+    /// Requester: the smoothed round-trip time and its mean deviation
+    /// (ns, RFC 6298), `None` before the first sample or seed.
+    pub fn rtt(&self) -> Option<(Nanos, Nanos)> {
+        (self.req.srtt != 0).then_some((self.req.srtt, self.req.rttvar))
+    }
+
+    /// Requester: starts the round-trip estimate of a QP that has none
+    /// from other QPs' to the same peer, as TCP starts a connection from
+    /// the metrics it keeps per destination. A selective QP then probes a
+    /// lost tail of its first flight after a few round trips instead of
+    /// waiting for the ACK timer (thousands of QPs starting together, one
+    /// receive-buffer overflow: each QP that lost its tail timed out).
+    /// No effect on a QP that has an estimate, or with `srtt` 0; the QP's
+    /// own samples refine the seed.
+    ///
+    /// ```
+    /// use burst_transport::{Qp, QpConfig, QpType};
+    /// use burst_wire::Qpn;
+    /// let mut qp = Qp::new(QpConfig::new(Qpn::new(0x11).unwrap(), QpType::Rc, 1));
+    /// assert_eq!(qp.rtt(), None);
+    /// qp.seed_rtt(40_000, 10_000);
+    /// qp.seed_rtt(1_000, 500);
+    /// assert_eq!(qp.rtt(), Some((40_000, 10_000)));
+    /// ```
+    pub fn seed_rtt(&mut self, srtt: Nanos, rttvar: Nanos) {
+        if self.req.srtt == 0 && srtt > 0 {
+            (self.req.srtt, self.req.rttvar) = (srtt, rttvar);
+        }
+    }
+
     /// Responder: a WRITE packet `d` PSNs past the expected one, placed
     /// and remembered when its destination is known. The caller NAKs the
     /// gap (once) whatever happens here.

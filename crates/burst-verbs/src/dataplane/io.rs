@@ -204,6 +204,7 @@ impl<P: Port> Device<P> {
     /// completions and events, arms their timers, and queues those with
     /// packets to send for the next transmit round.
     pub(super) fn settle(&mut self) {
+        self.seed_newly_timed();
         let mut touched = std::mem::take(&mut self.slots);
         self.ready.take_touched(&mut touched);
         for &i in &touched {
@@ -234,6 +235,26 @@ impl<P: Port> Device<P> {
             }
         }
         self.slots = touched;
+    }
+
+    /// A peer's first round-trip sample came: its QPs without an estimate
+    /// start from it (once per peer; a walk over the lane's QPs), and
+    /// their timers are armed again, so that a selective QP whose first
+    /// flight lost its tail probes it instead of waiting for the ACK timer.
+    fn seed_newly_timed(&mut self) {
+        let mut peers = std::mem::take(&mut self.timed);
+        self.cc.take_newly_timed(&mut peers);
+        if !peers.is_empty() {
+            for (i, s) in self.qps.iter_mut().enumerate() {
+                let Some(s) = s.as_mut() else { continue };
+                let to = Congestion::connected_to(&s.flow).map(|(a, _)| a.ip());
+                if s.qp.rtt().is_none() && to.is_some_and(|ip| peers.contains(&ip)) {
+                    self.cc.seed_rtt(&s.flow, &mut s.qp);
+                    self.ready.touch(i);
+                }
+            }
+        }
+        self.timed = peers;
     }
 
     /// Gives back the queue memory of QPs idle since their queues emptied

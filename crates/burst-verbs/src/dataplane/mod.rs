@@ -155,6 +155,9 @@ pub(crate) struct Device<P: Port = AnyPort> {
     /// Posts are never corked on this lane any more: a cork outlived the
     /// claim of the thread that made it ([`Device::stop_corking`]).
     cork_off: bool,
+    /// Peers newly timed this round (kept between rounds: no allocation
+    /// per round).
+    timed: Vec<std::net::IpAddr>,
     /// QPs whose timers expired this round (kept between rounds: no
     /// allocation per round).
     due: Vec<usize>,
@@ -247,6 +250,7 @@ impl<P: Port> Device<P> {
             tx_held: 0,
             corked: 0,
             cork_off: false,
+            timed: Vec::new(),
             due: Vec::new(),
             clock: clock::Clock::wall(),
             last_rx: 0,
