@@ -55,11 +55,11 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Resident bytes of this process, and of them its shared memory's
 /// (`/proc/self/status`: `VmRSS`, `RssShmem`).
-fn statm() -> (i64, i64) {
-    // Resident bytes, and of them the shared memory's (the QP segments'
-    // memfds: `RssShmem`). Not statm's "shared", which also counts file
-    // pages: library code run for the first time while the QPs were made
-    // (a CI run read 16 such pages, 64 bytes per QP, over its bound).
+fn resident() -> (i64, i64) {
+    // The QP segments are memfds (shared memory). Not statm's "shared",
+    // which also counts file pages: library code run for the first time
+    // while the QPs were made (16 such pages, 64 bytes per QP, over the
+    // bound in one full `cargo test` run).
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     let kb = |key: &str| -> i64 {
         let line = s.lines().find(|l| l.starts_with(key)).unwrap();
@@ -105,7 +105,7 @@ fn per_qp(n: usize, caps: QpCaps) -> (i64, i64, i64) {
     let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
     // Let the engines' threads reach their working size first.
     std::thread::sleep(std::time::Duration::from_millis(50));
-    let (heap0, (rss0, shared0)) = (LIVE.load(Ordering::Relaxed), statm());
+    let (heap0, (rss0, shared0)) = (LIVE.load(Ordering::Relaxed), resident());
     let mut qps: Vec<(QueuePair, QueuePair)> = Vec::with_capacity(n);
     let p = RcParams::new(Psn::new(1), Mtu::Mtu4096);
     for _ in 0..n {
@@ -114,7 +114,7 @@ fn per_qp(n: usize, caps: QpCaps) -> (i64, i64, i64) {
     // The engines settle the QPs' modifications on their own threads.
     std::thread::sleep(std::time::Duration::from_millis(200));
     let heap = LIVE.load(Ordering::Relaxed) - heap0;
-    let (rss, shared) = statm();
+    let (rss, shared) = resident();
     let q = 2 * n as i64;
     let out = (heap / q, (rss - rss0) / q, (shared - shared0) / q);
     drop(qps);
