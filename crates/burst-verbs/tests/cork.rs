@@ -127,29 +127,33 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
         // volatile read of one byte per check, the buffer outlives `p`.
         unsafe { std::ptr::read_volatile(dst.as_ptr().add(off)) == 7 }
     };
+    // One round: two WRITEs posted back to back into slot `round`, then
+    // no call into burst until the second is in B's memory.
+    let round = |round: u64| {
+        let off = round * 256;
+        // Claim the lane first (an empty poll), as a polling thread does.
+        assert!(p.a.poll_cq(p.cqa).is_none());
+        p.a.post_send(p.qa, &write(2 * round, &ks, &kd, off, 128))
+            .unwrap();
+        p.a.post_send(p.qa, &write(2 * round + 1, &ks, &kd, off + 128, 128))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !landed(off as usize + 255) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: a WRITE never left"
+            );
+            std::hint::spin_loop();
+        }
+        poll_n(&p.a, p.cqa, 2);
+    };
     let before = corked(&p.a);
     let mut rounds = 0u64;
     // The first post of a round may find the core busy (the engine
     // stepping at that moment) and go through the rings, uncorked: a few
     // rounds until one corked.
     while corked(&p.a) == before && rounds < 56 {
-        let off = rounds * 256;
-        // Claim the lane first (an empty poll), as a polling thread does.
-        assert!(p.a.poll_cq(p.cqa).is_none());
-        p.a.post_send(p.qa, &write(2 * rounds, &ks, &kd, off, 128))
-            .unwrap();
-        p.a.post_send(p.qa, &write(2 * rounds + 1, &ks, &kd, off + 128, 128))
-            .unwrap();
-        // No call into burst until the second WRITE is in B's memory.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !landed(off as usize + 255) {
-            assert!(
-                Instant::now() < deadline,
-                "round {rounds}: a corked WRITE never left"
-            );
-            std::hint::spin_loop();
-        }
-        poll_n(&p.a, p.cqa, 2);
+        round(rounds);
         rounds += 1;
     }
     assert!(corked(&p.a) > before, "no round corked its second post");
@@ -159,21 +163,7 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
     assert_eq!(p.a.counters().unwrap().cork_lapses, 1);
     let after = corked(&p.a);
     for _ in 0..8 {
-        let off = rounds * 256;
-        assert!(p.a.poll_cq(p.cqa).is_none());
-        p.a.post_send(p.qa, &write(2 * rounds, &ks, &kd, off, 128))
-            .unwrap();
-        p.a.post_send(p.qa, &write(2 * rounds + 1, &ks, &kd, off + 128, 128))
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !landed(off as usize + 255) {
-            assert!(
-                Instant::now() < deadline,
-                "round {rounds}: a WRITE never left"
-            );
-            std::hint::spin_loop();
-        }
-        poll_n(&p.a, p.cqa, 2);
+        round(rounds);
         rounds += 1;
     }
     assert_eq!(corked(&p.a), after, "a post was corked after the lapse");
