@@ -806,6 +806,8 @@ mod tests {
             retransmits_started: 0,
             ack_timeouts: 0,
             sr_probes: 0,
+            sr_go_backs: 0,
+            window_cuts: 0,
             cpu_secs: 2.0,
             client_cpu_secs: 1.2,
             ns_per_pkt: [0.0; 2],

@@ -269,6 +269,8 @@ pub fn stream(
             retransmits_started: 0,
             ack_timeouts: 0,
             sr_probes: 0,
+            sr_go_backs: 0,
+            window_cuts: 0,
             cpu_secs: 0.0,
             client_cpu_secs: 0.0,
             ns_per_pkt: [0.0; 2],

@@ -473,7 +473,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
     let end = p.duration.map(|d| start + d);
     let deadline = start + p.duration.unwrap_or(Duration::from_secs(0)) + Duration::from_secs(120);
     let pb = crate::report::progress(if end.is_some() { 0 } else { target * nq as u64 }, name);
-    let before = s.ctx.counters().map_err(err("counters"))?.qps;
+    let before = s.ctx.counters().map_err(err("counters"))?;
     // In duration mode, stop posting at the end and count what the
     // signalled completions cover (unsignalled tail WRs are not waited for).
     let signalled = |posted: u64| -> u64 {
@@ -560,7 +560,10 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     let msgs: u64 = done.iter().sum();
-    let after = s.ctx.counters().map_err(err("counters"))?.qps;
+    let all = s.ctx.counters().map_err(err("counters"))?;
+    let after = &all.qps;
+    let cuts = all.cc.window_cuts - before.cc.window_cuts;
+    let before = &before.qps;
     Ok(Bw {
         test: test.name().into(),
         transport: "burst".into(),
@@ -573,6 +576,8 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         retransmits_started: after.retransmits_started - before.retransmits_started,
         ack_timeouts: after.completer_retry_err - before.completer_retry_err,
         sr_probes: after.sr_probes - before.sr_probes,
+        sr_go_backs: after.sr_go_backs - before.sr_go_backs,
+        window_cuts: cuts,
         cpu_secs: 0.0,
         client_cpu_secs: 0.0,
         ns_per_pkt: [0.0; 2],

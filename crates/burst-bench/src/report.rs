@@ -31,6 +31,11 @@ pub struct Bw {
     pub ack_timeouts: u64,
     /// See `ack_timeouts`.
     pub sr_probes: u64,
+    /// burst only: times a selective-repeat recovery fell back to go-back-N.
+    pub sr_go_backs: u64,
+    /// burst only: cuts of the sender's congestion window toward its peer
+    /// (NAKs, timeouts, CNPs each cut at most once per round trip).
+    pub window_cuts: u64,
     /// CPU time both sides used over the run (user + system, getrusage),
     /// seconds: a busy-polling stack shows here what its speed costs.
     pub cpu_secs: f64,

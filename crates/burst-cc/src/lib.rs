@@ -20,6 +20,11 @@ pub enum Signal {
     SequenceError,
     /// The local ACK timer expired with packets unacknowledged.
     Timeout,
+    /// The peer NAKed one missing packet and kept what came after it
+    /// (selective repeat between burst peers): a single loss, resent alone.
+    /// Random loss and congestion both make holes; [`LossWindow`] tells
+    /// them apart by how many packets of a round trip are missing.
+    Hole,
 }
 
 /// Progress reported to a controller: request packets the peer

@@ -809,8 +809,12 @@ pub struct PathEvents {
     pub acked: u64,
     /// A round trip timed on a packet sent once (Karn's rule), ns.
     pub rtt: Option<Nanos>,
-    /// NAK-sequence errors (and implied NAKs) that started a retry.
+    /// NAK-sequence errors (and implied NAKs) that started a go-back-N
+    /// retry.
     pub seq_errs: u32,
+    /// NAK-sequence errors that a selective QP repaired by resending the
+    /// missing packets alone (the peer kept what came after them).
+    pub holes: u32,
     /// Local ACK timeouts that started a retry.
     pub timeouts: u32,
     /// Request packets sent, and their bytes (headers included).
@@ -822,7 +826,7 @@ pub struct PathEvents {
 impl PathEvents {
     /// Hands the events to a congestion controller at `now`: bytes sent,
     /// progress with its round-trip sample, one signal per NAK-sequence
-    /// error and timeout.
+    /// error, hole and timeout.
     ///
     /// ```
     /// use burst_cc::{Controller, LossWindow, LossWindowConfig};
@@ -846,6 +850,11 @@ impl PathEvents {
         }
         for _ in 0..self.seq_errs.min(4) {
             cc.on_congestion(now, burst_cc::Signal::SequenceError);
+        }
+        // Each hole counts toward the share of packets lost (a
+        // proportional cut), so all are told, up to a bound per call.
+        for _ in 0..self.holes.min(256) {
+            cc.on_congestion(now, burst_cc::Signal::Hole);
         }
         for _ in 0..self.timeouts.min(4) {
             cc.on_congestion(now, burst_cc::Signal::Timeout);

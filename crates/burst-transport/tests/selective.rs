@@ -2,6 +2,7 @@
 //! behaviour each, over the simulator's world; and that either end alone
 //! stays correct.
 
+use burst_cc::Controller;
 use burst_transport::sim::{connect_attrs, run_workload, Faults, Repeat, WorkloadOptions, World};
 use burst_transport::*;
 use burst_wire::{Mtu, Opcode, Psn};
@@ -79,8 +80,10 @@ impl Pair {
 }
 
 /// A lost middle packet: the responder holds those behind it, NAKs the
-/// gap once, and the requester resends that packet alone; go-back-N
-/// resends from the gap on.
+/// gap once, and the requester resends that packet alone, telling
+/// congestion control of one hole (a cut in proportion to the share lost);
+/// go-back-N resends from the gap on and tells of a sequence error (a
+/// halving).
 #[test]
 fn a_lost_middle_packet_is_resent_alone() {
     let mut p = pair(true, true);
@@ -99,6 +102,8 @@ fn a_lost_middle_packet_is_resent_alone() {
         "{rq:?}"
     );
     assert!(rs.sr_held_pkts >= 1, "{rs:?}");
+    let cc = p.w.loss_window(p.a);
+    assert_eq!((cc.holes(), cc.state().cuts), (1, 1));
 
     let mut p = pair(false, false);
     p.w.drop_next(Opcode::RC_RDMA_WRITE_MIDDLE, 1);
@@ -107,6 +112,8 @@ fn a_lost_middle_packet_is_resent_alone() {
     assert!(p.same(keys));
     assert!(p.requester().retransmitted_pkts > 1);
     assert_eq!(p.responder().sr_held_pkts, 0);
+    let cc = p.w.loss_window(p.a);
+    assert_eq!((cc.holes(), cc.state().cuts), (0, 1));
 }
 
 /// A lost first packet leaves the rest of its message nowhere to go: the

@@ -93,7 +93,7 @@ impl Qp {
     /// `psn` again: a retry, unless one from `psn` is under way. Returns
     /// false when the retry count was exhausted (the QP failed).
     pub(super) fn retry_from(&mut self, psn: Psn) -> bool {
-        if !self.spend_retry(psn) {
+        if !self.spend_retry(psn, false) {
             return false;
         }
         self.rewind(psn);
@@ -102,8 +102,9 @@ impl Qp {
 
     /// Spends a round of the retry count on a retry from `psn`, unless one
     /// from `psn` is under way. `false` when the count was spent already
-    /// (the QP failed).
-    pub(super) fn spend_retry(&mut self, psn: Psn) -> bool {
+    /// (the QP failed). `hole`: a selective resend of the missing packets
+    /// alone (told to congestion control as a hole, not a go-back).
+    pub(super) fn spend_retry(&mut self, psn: Psn, hole: bool) -> bool {
         if self.req.last_rewind != Some(psn) {
             self.count_retry_round();
             if self.req.retry_left == 0 {
@@ -112,7 +113,11 @@ impl Qp {
                 return false;
             }
             self.req.retry_left -= 1;
-            self.req.events.seq_errs += 1;
+            if hole {
+                self.req.events.holes += 1;
+            } else {
+                self.req.events.seq_errs += 1;
+            }
         }
         true
     }

@@ -369,7 +369,7 @@ impl Qp {
             _ => return self.retry_from(psn),
         };
         let fresh = self.req.last_rewind != Some(psn);
-        if !self.spend_retry(psn) {
+        if !self.spend_retry(psn, true) {
             return false;
         }
         if fresh {

@@ -430,6 +430,12 @@ impl World {
         }
     }
 
+    /// QP `qp`'s congestion window (index as in `qps`): what its path
+    /// events told congestion control.
+    pub fn loss_window(&self, qp: usize) -> &burst_cc::LossWindow {
+        &self.cc[qp]
+    }
+
     /// Drops the next `count` packets with `opcode` (targeted fault injection).
     pub fn drop_next(&mut self, opcode: burst_wire::Opcode, count: u32) {
         self.drops.push((opcode, count));
