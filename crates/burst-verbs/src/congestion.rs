@@ -71,6 +71,11 @@ impl Peer {
     }
 }
 
+/// The least packets of a peer's window that a QP released from its waiting
+/// list may send in its turn: a GSO run of small messages, and one ACK for
+/// them, before the next waiting QP's turn.
+pub const GRANT: u64 = 16;
+
 /// One QP's congestion state.
 #[derive(Debug)]
 pub(crate) struct QpFlow {
@@ -84,10 +89,23 @@ pub(crate) struct QpFlow {
     /// Paced: no request packet before this time (device-clock ns).
     next_send: u64,
     np: CnpGenerator,
-    /// The last credit was 0 because the peer's window was full.
+    /// The last credit was 0 because the peer's window was full (or other
+    /// QPs wait for its room first).
     window_full: bool,
     /// In its peer's waiting list ([`Congestion::park`]).
     pub parked: bool,
+    /// Packets of its peer's window this QP may send ahead of the QPs that
+    /// still wait (its share when it was released; 0: none).
+    grant: u64,
+}
+
+impl QpFlow {
+    /// Taken out of its peer's waiting list with `grant` packets of room
+    /// ([`Congestion::release`]).
+    pub fn unpark(&mut self, grant: u64) {
+        self.parked = false;
+        self.grant = grant;
+    }
 }
 
 impl Peer {
@@ -146,6 +164,7 @@ impl Congestion {
             np: CnpGenerator::new(dcqcn.unwrap_or_default().cnp_interval),
             window_full: false,
             parked: false,
+            grant: 0,
         }
     }
 
@@ -156,6 +175,7 @@ impl Congestion {
         f.dest_qpn = dest;
         // A place in another peer's list is that list's to release.
         f.parked = false;
+        f.grant = 0;
         f.rate = self.algo.dcqcn().map(Dcqcn::new);
         if self.algo.loss_window() {
             self.peers.entry(peer.ip()).or_insert_with(|| Peer {
@@ -178,12 +198,13 @@ impl Congestion {
 
     /// After the QP handled packets or timers: its events reach the
     /// controllers, its in-flight count the peer's. Returns the request
-    /// bytes it sent since the last call.
-    pub fn account(&mut self, f: &mut QpFlow, qp: &mut Qp, now: u64) -> u64 {
+    /// packets and bytes it sent since the last call.
+    pub fn account(&mut self, f: &mut QpFlow, qp: &mut Qp, now: u64) -> (u64, u64) {
         let ev = qp.take_path_events();
         let in_flight = qp.packets_in_flight();
+        let sent = (ev.sent_pkts, ev.sent_bytes);
         let Some(peer) = f.peer else {
-            return ev.sent_bytes;
+            return sent;
         };
         if !ev.is_empty() {
             if let Some(r) = f.rate.as_mut() {
@@ -209,7 +230,7 @@ impl Congestion {
             }
             f.in_flight = in_flight;
         }
-        ev.sent_bytes
+        sent
     }
 
     /// A QP that has not timed a round trip yet starts from its peer's
@@ -232,13 +253,27 @@ impl Congestion {
     }
 
     /// Before the QP transmits: how many request packets it may send now.
+    /// While QPs wait in its peer's list, room goes to them first, oldest
+    /// first ([`Congestion::release`]): a QP that was not released gets
+    /// none and joins the back of the list, so the QPs that hold the
+    /// window cannot take every packet of room their own ACKs free (at
+    /// 0.1% loss, 1,000 flows behind a window cut to less than they need
+    /// had Jain's index 0.04-0.16).
     pub fn credit(&mut self, f: &mut QpFlow, qp: &mut Qp, now: u64) -> Option<u32> {
         let _ = self.account(f, qp, now);
         f.window_full = false;
         let peer = f.peer?;
         let mut credit: Option<u32> = None;
         if let Some(p) = self.peers.get(&peer.ip()) {
-            let room = p.room();
+            // A go-back's resends are a recovery: they take room without
+            // waiting their turn (waiting, a QP at 1% loss spent its ACK
+            // timer behind a thousand others, and its peer's window halved).
+            // With nobody waiting a grant no longer limits.
+            let room = if p.waiting.is_empty() || qp.go_back_pending() {
+                p.room()
+            } else {
+                p.room().min(f.grant)
+            };
             f.window_full = room == 0;
             credit = Some(room.min(u64::from(u32::MAX)) as u32);
         }
@@ -279,17 +314,34 @@ impl Congestion {
         true
     }
 
-    /// QPs whose peer's window has room again, oldest first, as many as
-    /// it has packets of room (each then gets a turn; the rest wait). The
-    /// caller clears their `parked` flags.
-    pub fn release(&mut self, out: &mut Vec<usize>) {
+    /// QPs whose peer's window has room again, oldest first, each with a
+    /// grant of an eighth of the window (or the room left), while the room
+    /// holds at least [`GRANT`] packets (a quarter of the window when that
+    /// is less); each then gets a turn, the rest wait. Less room waits for
+    /// more ACKs: a QP let out one packet at a time draws an ACK per packet
+    /// (1,024 QPs of 64 B WRITEs over veth: 0.16 M msg/s against 1.45 M),
+    /// and grants of 16 packets one per 16 (0.93 M). The caller unparks
+    /// them ([`QpFlow::unpark`]).
+    pub fn release(&mut self, out: &mut Vec<(usize, u64)>) {
         let peers = &mut self.peers;
         self.parked_at.retain(|ip| {
             let Some(p) = peers.get_mut(ip) else {
                 return false;
             };
-            let room = p.room().min(p.waiting.len() as u64) as usize;
-            out.extend(p.waiting.drain(..room));
+            let mut room = p.room();
+            let window = p.window.window().unwrap_or(u64::MAX);
+            // Room for less than `least` waits for more ACKs; a grant is
+            // an eighth of the window, or what room is left.
+            let least = GRANT.min(window / 4).max(1);
+            let grant = least.max(window / 8);
+            while room >= least {
+                let Some(i) = p.waiting.pop_front() else {
+                    break;
+                };
+                let g = grant.min(room);
+                out.push((i, g));
+                room -= g;
+            }
             !p.waiting.is_empty()
         });
     }
@@ -297,7 +349,14 @@ impl Congestion {
     /// After the QP transmitted (`held`: requests its credit did not cover
     /// are left).
     pub fn sent(&mut self, f: &mut QpFlow, qp: &mut Qp, held: bool, now: u64) {
-        let bytes = self.account(f, qp, now);
+        let (pkts, bytes) = self.account(f, qp, now);
+        // A grant lasts until spent: a turn that the full burst cut short
+        // keeps the rest for the next round (its last packet asked for no
+        // ACK; parked, it would wait a whole cycle of the list for one).
+        f.grant = f.grant.saturating_sub(pkts);
+        if held || !qp.has_requests_pending() {
+            f.grant = 0;
+        }
         if bytes > 0 {
             if let Some(rate) = f.rate.as_ref().and_then(|r| r.rate()) {
                 // The bucket holds at most PACE_BURST packets' worth of

@@ -66,3 +66,34 @@ fn selective_repeat_keeps_the_link_where_go_back_n_waits_for_timeouts() {
         gbn.gbps()
     );
 }
+
+/// 300 flows to one peer whose window is below what they need: the room
+/// each ACK frees goes to the QPs waiting for it first, so the flows that
+/// hold the window cannot keep it (before: Jain 0.94 without loss, 0.2-0.3
+/// at 0.1-1% loss), and no flow waits out its ACK timer. (That a turn the
+/// full burst cut short asks for an ACK on its last packet shows only at
+/// 1,000 flows over 64 MiB, too long for a debug test: 9 ACK timeouts
+/// without it, 0 with it, `core_sim --stream --flows 1000 --bytes
+/// 67108864`, docs/performance.md.)
+#[test]
+fn flows_behind_a_cut_window_take_turns() {
+    for loss in [0.0, 0.01] {
+        let o = StreamOptions {
+            faults: Faults {
+                loss,
+                ..Faults::default()
+            },
+            repeat: Repeat::Selective,
+            bytes: 24 << 20,
+            size: 16 << 10,
+            depth: 2,
+            flows: 300,
+            ..StreamOptions::default()
+        };
+        let s = burst_verbs::sim::run_stream(1, &o).unwrap_or_else(|e| panic!("{e}"));
+        assert!(s.jain > 0.95, "loss {loss}: Jain's index {:.4}", s.jain);
+        if loss == 0.0 {
+            assert_eq!(s.counters.completer_retry_err, 0, "{:?}", s.counters);
+        }
+    }
+}

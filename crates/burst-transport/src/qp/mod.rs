@@ -811,6 +811,14 @@ impl Qp {
             && !self.attrs.wait_for_peer
     }
 
+    /// Whether the requester's next request packet is a resend after a
+    /// go-back (a NAK or timeout rewound it below what it had sent): a
+    /// recovery, which a data plane lets out before new requests of other
+    /// QPs.
+    pub fn go_back_pending(&self) -> bool {
+        self.cfg.qp_type == QpType::Rc && self.send_position().distance_to(self.req.sent_high) > 0
+    }
+
     /// Whether the QP waits to hear from its peer before it sends
     /// ([`QpAttr::wait_for_peer`]).
     pub fn waits_for_peer(&self) -> bool {

@@ -474,9 +474,9 @@ impl<P: Port> Device<P> {
         // take their turns.
         let mut released = std::mem::take(&mut self.released);
         self.cc.release(&mut released);
-        for i in released.drain(..) {
+        for (i, grant) in released.drain(..) {
             if let Some(s) = self.qps[i].as_mut() {
-                s.flow.parked = false;
+                s.flow.unpark(grant);
                 self.ready.queue_transmit(i);
             }
         }
@@ -503,7 +503,11 @@ impl<P: Port> Device<P> {
             if credit == Some(0) && !s.qp.has_unheld_pending() && self.cc.park(&mut s.flow, i) {
                 continue;
             }
-            s.qp.set_request_credit(credit);
+            // At most what the burst has room for: the last packet that fits
+            // then asks for an ACK (a turn cut short by the full burst may
+            // wait behind the peer's waiting QPs before its next one).
+            let room = (self.tx.len() - n).min(u32::MAX as usize) as u32;
+            s.qp.set_request_credit(credit.map(|c| c.min(room)));
             let q = &mut s.qp;
             let (tx, ahs, counters) = (&mut self.tx, &self.ahs, &mut self.counters);
             let start = n;

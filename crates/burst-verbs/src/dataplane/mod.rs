@@ -186,7 +186,7 @@ pub(crate) struct Device<P: Port = AnyPort> {
     slots: Vec<usize>,
     /// QPs a round's [`Congestion::release`] gave back (kept for its
     /// capacity).
-    released: Vec<usize>,
+    released: Vec<(usize, u64)>,
     /// The QPN space this device (one engine thread of a device) owns:
     /// QPNs `FIRST_QPN + slot * count + index` ([`Device::set_lane`]).
     lane: QpnLane,
