@@ -307,10 +307,7 @@ mod tests {
 
     #[test]
     fn a_timeout_halves_the_shared_window() {
-        let mut w = LossWindow::new(LossWindowConfig {
-            initial: 64,
-            ..Default::default()
-        });
+        let mut w = starting_at(64);
         w.on_congestion(0, Signal::Timeout);
         assert_eq!(w.window(), Some(32));
         // Past ssthresh: additive increase (1 per 32 acknowledged).
@@ -321,10 +318,7 @@ mod tests {
 
     #[test]
     fn one_cut_per_round_trip() {
-        let mut w = LossWindow::new(LossWindowConfig {
-            initial: 64,
-            ..Default::default()
-        });
+        let mut w = starting_at(64);
         w.on_ack(0, ack(0, 500_000));
         w.on_congestion(1_000_000, Signal::SequenceError);
         w.on_congestion(1_400_000, Signal::SequenceError);
@@ -335,10 +329,7 @@ mod tests {
 
     #[test]
     fn growth_holds_while_a_queue_builds() {
-        let mut w = LossWindow::new(LossWindowConfig {
-            initial: 64,
-            ..Default::default()
-        });
+        let mut w = starting_at(64);
         w.on_ack(0, ack(0, 100_000));
         w.on_ack(0, ack(64, 3_000_000));
         assert_eq!(w.window(), Some(64), "rtt 3 ms over a 0.1 ms floor");
@@ -365,13 +356,18 @@ mod tests {
         assert_eq!(w.window(), Some(2));
     }
 
+    /// A window that starts at `initial` packets, the rest default.
+    fn starting_at(initial: u64) -> LossWindow {
+        LossWindow::new(LossWindowConfig {
+            initial,
+            ..Default::default()
+        })
+    }
+
     /// A window past slow start at `w` packets, `alpha` brought down by
     /// `rounds` round trips of 100 us (`rtt`) without holes.
     fn settled(w: u64, rounds: u64) -> (LossWindow, Nanos) {
-        let mut lw = LossWindow::new(LossWindowConfig {
-            initial: w,
-            ..Default::default()
-        });
+        let mut lw = starting_at(w);
         lw.ssthresh = w;
         let mut now = 0;
         for _ in 0..rounds {
@@ -383,10 +379,7 @@ mod tests {
 
     #[test]
     fn a_first_hole_halves_as_a_nak_does() {
-        let mut w = LossWindow::new(LossWindowConfig {
-            initial: 64,
-            ..Default::default()
-        });
+        let mut w = starting_at(64);
         w.on_congestion(0, Signal::Hole);
         assert_eq!(w.window(), Some(32));
         assert_eq!((w.holes(), w.state().cuts), (1, 1));
