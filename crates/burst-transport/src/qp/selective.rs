@@ -397,7 +397,11 @@ impl Qp {
     /// smoothed round trips or the smoothed time and four mean deviations
     /// (RFC 6298's RTO), whichever is longer, at least [`PROBE_FLOOR_NS`]
     /// (none before the first sample), doubling per probe without
-    /// progress, never past the ACK timer.
+    /// progress, never past the ACK timer. When that lies past the timer
+    /// (a queue milliseconds deep makes four round trips longer than the
+    /// application's timeout), one probe a quarter timeout before the
+    /// timer instead: cheaper than the timeout, which also spends a retry
+    /// and halves the peer's window.
     pub(super) fn probe_deadline(&self) -> Option<Nanos> {
         let r = &self.req;
         if !self.attrs.selective_repeat || r.resend.is_some() {
@@ -414,7 +418,11 @@ impl Qp {
         let timer = r.timer?;
         let base = (4 * r.srtt).max(r.srtt + 4 * r.rttvar).max(PROBE_FLOOR_NS);
         let at = r.probe_from + (base << r.probes.min(8));
-        (at < timer).then_some(at)
+        if at < timer {
+            return Some(at);
+        }
+        let early = timer.saturating_sub(self.ack_timeout_ns()? / 4);
+        (early >= r.probe_from + PROBE_FLOOR_NS).then_some(early)
     }
 
     /// Requester: a probe resends the oldest unacknowledged packet when it
