@@ -157,15 +157,21 @@ fn no_probe_before_the_first_round_trip_sample() {
 /// lost tail of its first flight instead of spending a retry on the timer.
 #[test]
 fn a_seeded_round_trip_lets_a_first_flight_probe_its_lost_tail() {
+    let rq = seeded_first_flight_losing_its_tail(20_000, 10_000);
+    assert_eq!((rq.sr_probes, rq.completer_retry_err), (1, 0), "{rq:?}");
+}
+
+/// The requester's counters after a first WRITE of 4 packets, the last
+/// lost, from a QP whose round trip was seeded with (`srtt`, `rttvar`) ns.
+fn seeded_first_flight_losing_its_tail(srtt: u64, rttvar: u64) -> Counters {
     let mut p = pair(true, true);
     let a = p.a;
-    p.w.qps[a].1.seed_rtt(20_000, 10_000);
+    p.w.qps[a].1.seed_rtt(srtt, rttvar);
     p.w.drop_next(Opcode::RC_RDMA_WRITE_LAST, 1);
     let keys = p.write(1, 4 * 256);
     p.complete(1);
     assert!(p.same(keys));
-    let rq = p.requester();
-    assert_eq!((rq.sr_probes, rq.completer_retry_err), (1, 0), "{rq:?}");
+    p.requester()
 }
 
 /// Four round trips longer than the ACK timeout (a queue milliseconds
@@ -174,14 +180,7 @@ fn a_seeded_round_trip_lets_a_first_flight_probe_its_lost_tail() {
 /// retry (10,240 QPs over veth waited out 67 ms timeouts instead).
 #[test]
 fn a_round_trip_longer_than_a_quarter_timeout_still_probes_before_the_timer() {
-    let mut p = pair(true, true);
-    let a = p.a;
-    p.w.qps[a].1.seed_rtt(1_000_000, 0);
-    p.w.drop_next(Opcode::RC_RDMA_WRITE_LAST, 1);
-    let keys = p.write(1, 4 * 256);
-    p.complete(1);
-    assert!(p.same(keys));
-    let rq = p.requester();
+    let rq = seeded_first_flight_losing_its_tail(1_000_000, 0);
     assert_eq!((rq.sr_probes, rq.completer_retry_err), (1, 0), "{rq:?}");
 }
 
