@@ -257,8 +257,8 @@ impl Qp {
             return false;
         }
         let _ = self.ack_upto(now, psn - 1);
+        let res = mem.write_local(self.cfg.pd, self.req.sq.sges(i), 0, &orig.to_ne_bytes());
         let w = &mut self.req.sq[i];
-        let res = mem.write_local(self.cfg.pd, &w.wr.sg_list, 0, &orig.to_ne_bytes());
         w.done = true;
         w.status = if res.is_ok() {
             WcStatus::Success
@@ -340,16 +340,14 @@ impl Qp {
         if k == 0 || matches!(pos, Some(Position::First | Position::Only)) {
             let _ = self.ack_upto(now, first - 1);
         }
+        let placed = mem.write_local(
+            self.cfg.pd,
+            self.req.sq.sges(i),
+            u64::from(k) * mtu,
+            pkt.payload(),
+        );
         let w = &mut self.req.sq[i];
-        if mem
-            .write_local(
-                self.cfg.pd,
-                &w.wr.sg_list,
-                u64::from(k) * mtu,
-                pkt.payload(),
-            )
-            .is_err()
-        {
+        if placed.is_err() {
             w.done = true;
             w.status = WcStatus::LocProtErr;
         } else {

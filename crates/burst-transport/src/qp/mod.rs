@@ -7,6 +7,7 @@ mod placement;
 mod requester;
 mod responder;
 mod selective;
+mod sendq;
 mod unreliable;
 
 use std::collections::VecDeque;
@@ -20,6 +21,7 @@ use crate::counters::Counters;
 use crate::memory::{AtomicOp, MemError, Memory, QpScope, RemoteAccess};
 use crate::types::*;
 use crate::{Srq, VerbsError};
+use sendq::{SendQueue, WrHead};
 
 /// Payload of a packet to transmit: a reference to where the bytes are, never
 /// a copy. Its length is the packet's `ib.payload_len`.
@@ -108,7 +110,7 @@ pub const MAX_RD_ATOMIC: u8 = 16;
 
 #[derive(Debug)]
 struct SendWqe {
-    wr: SendWr,
+    wr: WrHead,
     len: u64,
     first_psn: Option<Psn>,
     /// PSNs the operation uses (READ: its response packets).
@@ -147,7 +149,7 @@ impl SendWqe {
 
 #[derive(Debug, Default)]
 struct Requester {
-    sq: VecDeque<SendWqe>,
+    sq: SendQueue,
     next_psn: Psn,
     una_psn: Psn,
     send_idx: usize,
@@ -429,7 +431,7 @@ impl Qp {
     /// Whether [`Qp::trim`] would give memory back: a queue is empty and
     /// still holds the room its busiest moment grew it to.
     pub fn trimmable(&self) -> bool {
-        (self.req.sq.is_empty() && self.req.sq.capacity() > 0)
+        self.req.sq.has_spare_room()
             || self.resp.rq.has_spare_room()
             || (self.resp.out.is_empty() && self.resp.out.capacity() > 0)
             || (self.completions.is_empty() && self.completions.capacity() > 0)
@@ -442,7 +444,7 @@ impl Qp {
     /// that was full holds 128 work requests of ~500 bytes until then.
     pub fn trim(&mut self) {
         if self.req.sq.is_empty() {
-            self.req.sq = VecDeque::new();
+            self.req.sq = SendQueue::default();
         }
         if self.resp.rq.is_empty() {
             self.resp.rq = Default::default();
@@ -560,7 +562,7 @@ impl Qp {
         }
         self.state = QpState::Err;
         let qpn = self.cfg.qpn;
-        for w in self.req.sq.drain(..) {
+        for w in self.req.sq.drain() {
             if !w.done || w.status != WcStatus::Success || w.wr.signaled {
                 let status = if w.done {
                     w.status
@@ -664,7 +666,7 @@ impl Qp {
             ceil_div(len, mtu).max(1) as u32
         };
         let wqe = SendWqe {
-            wr,
+            wr: SendQueue::head_of(&wr),
             len,
             first_psn: None,
             npsn,
@@ -675,11 +677,11 @@ impl Qp {
             status,
         };
         if self.state == QpState::Err {
-            self.req.sq.push_back(wqe);
+            self.req.sq.push_back(wqe, &wr);
             self.enter_error();
             return Ok(());
         }
-        self.req.sq.push_back(wqe);
+        self.req.sq.push_back(wqe, &wr);
         if status != WcStatus::Success {
             // A local protection error completes in order and breaks the QP.
             self.complete_in_order();
@@ -709,17 +711,20 @@ impl Qp {
                 _ => WcStatus::LocQpOpErr,
             }
         };
-        self.req.sq.push_back(SendWqe {
-            wr,
-            len: 0,
-            first_psn: None,
-            npsn: 0,
-            next_pkt: 0,
-            read_got: 0,
-            read_rerequested: false,
-            done: true,
-            status,
-        });
+        self.req.sq.push_back(
+            SendWqe {
+                wr: SendQueue::head_of(&wr),
+                len: 0,
+                first_psn: None,
+                npsn: 0,
+                next_pkt: 0,
+                read_got: 0,
+                read_rerequested: false,
+                done: true,
+                status,
+            },
+            &wr,
+        );
         if self.state == QpState::Err {
             self.enter_error();
         } else {

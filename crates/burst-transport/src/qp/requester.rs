@@ -280,7 +280,7 @@ impl Qp {
             }
             _ => None,
         };
-        let w = &mut self.req.sq[idx];
+        let (w, sges, inline) = self.req.sq.entry_mut(idx)?;
         if w.first_psn.is_none() {
             if t == QpType::Rc && w.wr.op.is_read_or_atomic() {
                 self.req.rd_atomic_inflight += 1;
@@ -351,7 +351,18 @@ impl Qp {
                 src_qp: own_qpn,
             });
             let advance = selective.is_none();
-            data_request(w, t, bth, k, mtu, ask_ack, deth, self.cfg.pd, advance)
+            data_request(
+                w,
+                (sges, inline),
+                t,
+                bth,
+                k,
+                mtu,
+                ask_ack,
+                deth,
+                self.cfg.pd,
+                advance,
+            )
         };
         if t == QpType::Rc && self.req.timer.is_none() {
             self.req.timer = deadline;
@@ -433,8 +444,9 @@ fn read_or_atomic_request(w: &mut SendWqe, mut bth: BthRepr, k: u32, mtu: u64) -
 /// first, immediate or IETH on the last, DETH for UD, and where its
 /// payload is.
 #[allow(clippy::too_many_arguments)]
-fn data_request(
+fn data_request<'a>(
     w: &mut SendWqe,
+    (sges, inline): (&'a [Sge], &'a [u8]),
     t: QpType,
     mut bth: BthRepr,
     k: u32,
@@ -443,7 +455,7 @@ fn data_request(
     deth: Option<DethRepr>,
     pd: u32,
     advance: bool,
-) -> (IbRepr, Payload<'_>) {
+) -> (IbRepr, Payload<'a>) {
     let op = w.wr.op;
     let off = u64::from(k) * mtu;
     let plen = (w.len - off.min(w.len)).min(mtu);
@@ -488,12 +500,16 @@ fn data_request(
         // completion follows on `flush_unreliable`.
         w.done = true;
     }
-    let payload = if let (true, Some(d)) = (w.wr.inline, &w.wr.inline_data) {
-        Payload::Inline(&d[off as usize..(off + plen) as usize])
+    let payload = if w.wr.inline {
+        Payload::Inline(
+            inline
+                .get(off as usize..(off + plen) as usize)
+                .unwrap_or_default(),
+        )
     } else {
         Payload::Local {
             pd,
-            sges: &w.wr.sg_list,
+            sges,
             offset: off,
         }
     };
