@@ -157,7 +157,20 @@ impl Context {
         let mut core = if who == Stepper::Waiter {
             core.lock().unwrap_or_else(|e| e.into_inner())
         } else {
-            core.try_lock().ok()?
+            match core.try_lock() {
+                Ok(core) => core,
+                Err(_) => {
+                    // An unclaimed lane's engine thread that always finds
+                    // work (a bandwidth test) holds the core whenever a
+                    // thread spinning on its CQ looks, on a shared core
+                    // always: such polls count toward the reclaim too, or
+                    // the two threads split the core for good.
+                    if let (Stepper::Poller, Some(d)) = (who, d) {
+                        d.poller_stepped();
+                    }
+                    return None;
+                }
+            }
         };
         let r = core.contained(sh, first);
         let busy = core.step_contained(sh, lane, round, now);

@@ -39,9 +39,24 @@ pub struct RcPair {
 impl RcPair {
     /// Starts the pair: CQs of `cq_entries`, QPs `wr_depth` deep.
     pub fn start(net: u8, x: u8, cq_entries: usize, wr_depth: usize, channel_on: Side) -> RcPair {
+        Self::start_with(net, x, cq_entries, wr_depth, channel_on, || ())
+    }
+
+    /// [`RcPair::start`], running `between` after B's engine starts and
+    /// before A's (to give A's engine thread what the caller's thread has
+    /// then, its CPU affinity).
+    pub fn start_with(
+        net: u8,
+        x: u8,
+        cq_entries: usize,
+        wr_depth: usize,
+        channel_on: Side,
+        between: impl FnOnce(),
+    ) -> RcPair {
         let addr = |h: u8| IpAddr::V4(Ipv4Addr::new(127, 0, net, h));
-        let ea = Engine::start(addr(x), Mtu::Mtu1024).unwrap();
         let eb = Engine::start(addr(x + 1), Mtu::Mtu1024).unwrap();
+        between();
+        let ea = Engine::start(addr(x), Mtu::Mtu1024).unwrap();
         let (a, b) = (ea.context(), eb.context());
         let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
         let on = if channel_on == Side::A { &a } else { &b };
