@@ -169,14 +169,14 @@ impl SendQueue {
             _ => (&[], &wr.sg_list),
         };
         wqe.wr.data = if wqe.wr.inline {
-            let start = self.take_inline(inline.len());
+            let start = take_run(&mut self.inline, &mut self.wqes, true, inline.len());
             self.inline.buf[start..start + inline.len()].copy_from_slice(inline);
             Span {
                 start: start as u32,
                 len: inline.len() as u32,
             }
         } else {
-            let start = self.take_sges(sges.len());
+            let start = take_run(&mut self.sges, &mut self.wqes, false, sges.len());
             self.sges.buf[start..start + sges.len()].copy_from_slice(sges);
             Span {
                 start: start as u32,
@@ -199,36 +199,6 @@ impl SendQueue {
             ud: wr.ud,
             data: Span::default(),
         }
-    }
-
-    fn take_sges(&mut self, n: usize) -> usize {
-        if let Some(s) = self.sges.take(n) {
-            return s;
-        }
-        for w in self
-            .wqes
-            .iter_mut()
-            .filter(|w| !w.wr.inline && w.wr.data.len > 0)
-        {
-            w.wr.data.start = self.sges.relocated(w.wr.data.start as usize) as u32;
-        }
-        self.sges.grow(n);
-        self.sges.take(n).unwrap_or(0)
-    }
-
-    fn take_inline(&mut self, n: usize) -> usize {
-        if let Some(s) = self.inline.take(n) {
-            return s;
-        }
-        for w in self
-            .wqes
-            .iter_mut()
-            .filter(|w| w.wr.inline && w.wr.data.len > 0)
-        {
-            w.wr.data.start = self.inline.relocated(w.wr.data.start as usize) as u32;
-        }
-        self.inline.grow(n);
-        self.inline.take(n).unwrap_or(0)
     }
 
     /// Takes the oldest WQE (its SGEs and bytes are given back).
@@ -289,6 +259,28 @@ impl SendQueue {
             (w, &self.sges.buf[r], &[])
         })
     }
+}
+
+/// A run of `n` in `arena` (the inline bytes' with `inline`, else the
+/// SGEs'), grown if full: the runs of the WQEs that live there are
+/// relocated first.
+fn take_run<T: Copy + Default>(
+    arena: &mut Fifo<T>,
+    wqes: &mut VecDeque<SendWqe>,
+    inline: bool,
+    n: usize,
+) -> usize {
+    if let Some(s) = arena.take(n) {
+        return s;
+    }
+    for w in wqes
+        .iter_mut()
+        .filter(|w| w.wr.inline == inline && w.wr.data.len > 0)
+    {
+        w.wr.data.start = arena.relocated(w.wr.data.start as usize) as u32;
+    }
+    arena.grow(n);
+    arena.take(n).unwrap_or(0)
 }
 
 impl std::ops::Index<usize> for SendQueue {
