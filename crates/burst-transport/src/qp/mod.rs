@@ -441,7 +441,7 @@ impl Qp {
     /// Gives back the memory of the queues that are empty (the caller
     /// does this to a QP that has stayed idle: a queue regrows when work
     /// comes back, one allocation per doubling). A depth-128 send queue
-    /// that was full holds 128 work requests of ~500 bytes until then.
+    /// that was full holds 128 heads of 120 bytes and their SGEs until then.
     pub fn trim(&mut self) {
         if self.req.sq.is_empty() {
             self.req.sq = SendQueue::default();
