@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -780,6 +781,59 @@ static void rdmacm_rules(void)
 	rdma_destroy_id(id);
 }
 
+/* ibv_reg_mr faults the range in, as RXE's registration pins it: memory
+ * that is not mapped, or is mapped read-only where the access lets the
+ * device write, is refused with EFAULT; a read-only page registered for
+ * reading, and a fresh anonymous page registered for writing, are taken
+ * (the fresh one is resident afterwards: no page fault on the data path). */
+static void registration(struct ibv_pd *pd)
+{
+	char msg[200];
+	long pg = sysconf(_SC_PAGESIZE);
+	char *ro = mmap(NULL, pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *gone = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *fresh = mmap(NULL, 64 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			   -1, 0);
+
+	if (ro == MAP_FAILED || gone == MAP_FAILED || fresh == MAP_FAILED) {
+		check(0, "mmap for the registration checks");
+		return;
+	}
+	munmap(gone, pg);
+	errno = 0;
+	struct ibv_mr *mr = ibv_reg_mr(pd, gone, pg, IBV_ACCESS_LOCAL_WRITE);
+	snprintf(msg, sizeof(msg), "ibv_reg_mr of unmapped memory fails with EFAULT (%s)",
+		 mr ? "taken" : strerror(errno));
+	check(!mr && errno == EFAULT, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+	errno = 0;
+	mr = ibv_reg_mr(pd, ro, pg, IBV_ACCESS_LOCAL_WRITE);
+	snprintf(msg, sizeof(msg),
+		 "ibv_reg_mr of a read-only page for local write fails with EFAULT (%s)",
+		 mr ? "taken" : strerror(errno));
+	check(!mr && errno == EFAULT, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+	mr = ibv_reg_mr(pd, ro, pg, 0);
+	check(mr != NULL, "ibv_reg_mr of a read-only page for reading");
+	if (mr)
+		ibv_dereg_mr(mr);
+	mr = ibv_reg_mr(pd, fresh, 64 * pg, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	unsigned char vec[64];
+	int resident = 0;
+	if (mr && !mincore(fresh, 64 * pg, vec))
+		for (int i = 0; i < 64; i++)
+			resident += vec[i] & 1;
+	snprintf(msg, sizeof(msg),
+		 "ibv_reg_mr of 64 fresh pages for writing: all resident after (%d)", resident);
+	check(mr && resident == 64, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+	munmap(ro, pg);
+	munmap(fresh, 64 * pg);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -822,6 +876,8 @@ int main(int argc, char **argv)
 		perror("pd/cq");
 		return 100;
 	}
+
+	registration(pd);
 
 	/* ibv_create_qp_ex: CREATE_FLAGS with no flag is fine, a flag is not;
 	 * send ops are checked per QP type. */

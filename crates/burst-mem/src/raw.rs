@@ -12,6 +12,69 @@ use burst_transport::AtomicOp;
 
 use crate::Access;
 
+/// Faults in the pages of `base..base+len` (rounded out to pages) as a
+/// registration that RXE or an RNIC pins would: readable, and writable when
+/// `write`. Afterwards the engine's copies into the region take no page
+/// fault, and a range the caller cannot use is refused here, not met by the
+/// engine's first access. `Err` carries the errno: `ENOMEM` (not mapped) or
+/// `EFAULT` (a page that cannot be faulted in, or, for `write`, a mapping
+/// that is not writable). A kernel without `MADV_POPULATE_*` (before 5.14)
+/// and device mappings (`VM_IO`, `VM_PFNMAP`), which it cannot populate,
+/// are accepted as they are.
+pub(crate) fn populate(base: *const u8, len: usize, write: bool) -> Result<(), i32> {
+    // SAFETY: sysconf has no memory effects.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096);
+    let start = base as usize & !(page - 1);
+    let Some(end) = (base as usize)
+        .checked_add(len)
+        .and_then(|e| e.checked_add(page - 1))
+        .map(|e| e & !(page - 1))
+    else {
+        return Err(libc::EFAULT);
+    };
+    let advise = |advice| {
+        // SAFETY: MADV_POPULATE_* only faults pages in (as touching them
+        // would, without touching them): it never changes the mapping or
+        // its contents, and fails on a range that is not mapped.
+        let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EFAULT))
+        }
+    };
+    let readable = || match advise(libc::MADV_POPULATE_READ) {
+        // Not populatable (device memory, or a kernel before 5.14): left
+        // to the first access, as before.
+        Err(libc::EINVAL) => Ok(()),
+        Err(e @ (libc::ENOMEM | libc::EFAULT)) => Err(e),
+        // EINTR, EHWPOISON: also left to the first access.
+        Err(_) | Ok(()) => Ok(()),
+    };
+    if !write {
+        return readable();
+    }
+    match advise(libc::MADV_POPULATE_WRITE) {
+        Ok(()) => Ok(()),
+        Err(e @ (libc::ENOMEM | libc::EFAULT)) => Err(e),
+        // Incompatible: a mapping that is not writable (what RXE's pinning
+        // for write refuses) if it can be read, else device memory or an
+        // old kernel.
+        Err(libc::EINVAL | libc::EPERM) => match advise(libc::MADV_POPULATE_READ) {
+            Ok(()) => Err(libc::EFAULT),
+            Err(libc::EINVAL) => Ok(()),
+            Err(e @ (libc::ENOMEM | libc::EFAULT)) => Err(e),
+            Err(_) => Ok(()),
+        },
+        Err(_) => Ok(()),
+    }
+}
+
 /// A registered memory region.
 #[derive(Debug)]
 pub struct Region {

@@ -455,6 +455,47 @@ fn a_daemon_client_gets_the_errors_an_embedded_context_gets() {
             burst_verbs::RegError::NoSuchRegion,
             "{home}"
         );
+        // Memory that is not mapped, or is read-only where the access lets
+        // the device write: refused as RXE refuses it (EFAULT), not met by
+        // the engine's first write.
+        // SAFETY: plain anonymous mappings of this test, unmapped below.
+        let (gone, ro) = unsafe {
+            let map = |prot| {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    prot,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+                .cast::<u8>()
+            };
+            // The read-only page first: a mapping made after the munmap
+            // could take the freed address.
+            let ro = map(libc::PROT_READ);
+            let gone = map(libc::PROT_READ | libc::PROT_WRITE);
+            assert_eq!(libc::munmap(gone.cast(), 4096), 0);
+            (gone, ro)
+        };
+        for (what, ptr, access) in [
+            ("unmapped", gone, Access::LOCAL_WRITE),
+            ("unmapped, read only", gone, Access::default()),
+            ("read-only for writing", ro, Access::LOCAL_WRITE),
+        ] {
+            // SAFETY: refused, so never accessed.
+            let r = unsafe { ctx.reg_mr(pd, ptr, 4096, access) };
+            assert_eq!(
+                r.unwrap_err(),
+                burst_verbs::RegError::BadAddress,
+                "{home}: {what}"
+            );
+        }
+        // SAFETY: `ro` stays mapped until after the deregistration.
+        let mr = unsafe { ctx.reg_mr(pd, ro, 4096, Access::default()) }.unwrap();
+        ctx.dereg_mr(mr.lkey).unwrap();
+        // SAFETY: this test's mapping, no longer registered.
+        unsafe { libc::munmap(ro.cast(), 4096) };
         // A PD still in use.
         // SAFETY: as above.
         let mr = unsafe { ctx.reg_mr(pd, buf.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();

@@ -195,6 +195,9 @@ impl Remote {
         if len == 0 {
             return Err(RegError::InvalidLength);
         }
+        // As in embedded mode (and on RXE): a range this process cannot
+        // use is refused here, and the daemon's copies take no page fault.
+        burst_mem::populate(ptr, len, access)?;
         let addr = ptr as usize;
         let remapped = if self.mode == MrMode::Remap {
             match remap(addr, len) {

@@ -181,7 +181,7 @@ impl ControlPlane for InProcess {
         ctx.register(r.pd, None, || unsafe {
             ctx.shared
                 .mrs
-                .register(r.pd, r.ptr, r.len, r.iova, r.access)
+                .register_populated(r.pd, r.ptr, r.len, r.iova, r.access)
         })
     }
 
