@@ -100,7 +100,7 @@ pub enum RegError {
     InUse,
     /// The range is not mapped, or not writable where the access lets the
     /// engine write: what RXE's registration, which pins the pages,
-    /// refuses ([`MrTable::register_populated`]).
+    /// refuses ([`populate`]).
     #[error("the range is not mapped with the access asked for")]
     BadAddress,
 }
@@ -117,21 +117,30 @@ impl RegError {
     }
 }
 
-/// Faults in `len` bytes of this process's memory at `ptr` for a
-/// registration with `access`, as RXE's registration pins them: writable
-/// when the access lets the device write (local write), readable otherwise.
-/// [`RegError::BadAddress`] (RXE's `EFAULT`) when the range is not mapped,
-/// or not writable where writes are asked for. What
-/// [`MrTable::register_populated`] does first; a daemon's client calls it
-/// before it hands its pages over.
+/// Faults in `len` bytes of this process's memory at `ptr` before an
+/// application's registration with `access` (`ibv_reg_mr`), as RXE's and an
+/// RNIC's registration pins them: writable when the access lets the device
+/// write (local write, which remote write and atomics require), readable
+/// otherwise. The engine's copies then take no page fault on the data path
+/// (a fresh page's first write costs a fault and a zeroed page inside a
+/// packet's placement), and a range that is not mapped, or not writable
+/// where writes are asked for, is refused with [`RegError::BadAddress`]
+/// (RXE's `EFAULT`) instead of faulting the process at the engine's first
+/// access. The arguments are checked first, as a registration checks them.
+/// The cost moves to registration, where RDMA applications expect it;
+/// burst does not lock the pages. Memory a daemon maps for a client is
+/// populated by the client, in its own address space.
 ///
 /// ```
 /// use burst_mem::{populate, Access, RegError};
 /// let buf = vec![0u8; 8192];
 /// assert_eq!(populate(buf.as_ptr(), buf.len(), Access::LOCAL_WRITE), Ok(()));
+/// // Not mapped (RXE: EFAULT).
 /// assert_eq!(populate(4096 as *const u8, 4096, Access::default()), Err(RegError::BadAddress));
+/// assert_eq!(populate(buf.as_ptr(), 0, Access::default()), Err(RegError::InvalidLength));
 /// ```
 pub fn populate(ptr: *const u8, len: usize, access: Access) -> Result<(), RegError> {
+    check_args(len, ptr as u64, access)?;
     raw::populate(ptr, len, access.contains(Access::LOCAL_WRITE)).map_err(|errno| {
         tracing::debug!(
             "reg_mr refused: {len} bytes at {ptr:p} ({access:?}) could not be faulted in (errno {errno})"
@@ -236,47 +245,6 @@ impl MrTable {
             // deregistration.
             unsafe { Region::new(pd.0, ptr, len as u64, iova, access, key) }
         })
-    }
-
-    /// [`MrTable::register`] of this process's own memory (an application's
-    /// `ibv_reg_mr`), after faulting its pages in as RXE's and an RNIC's
-    /// registration pins them: writable when the access lets the engine
-    /// write (local write, which remote write and atomics require),
-    /// readable otherwise. The engine's copies then take no page fault on
-    /// the data path (a fresh page's first write costs a fault and a zeroed
-    /// page inside a packet's placement), and a range that is not mapped, or
-    /// not writable where writes are asked for, is refused with
-    /// [`RegError::BadAddress`] (RXE's `EFAULT`) instead of faulting the
-    /// engine at its first access. The cost moves to registration, where
-    /// RDMA applications expect it; burst does not lock the pages.
-    ///
-    /// ```
-    /// use burst_mem::{Access, MrTable, RegError};
-    /// let t = MrTable::default();
-    /// let pd = t.alloc_pd();
-    /// let mut buf = vec![0u8; 1 << 20];
-    /// // SAFETY: `buf` outlives the registration (deregistered below).
-    /// let k = unsafe { t.register_populated(pd, buf.as_mut_ptr(), buf.len(), buf.as_ptr() as u64, Access::LOCAL_WRITE) };
-    /// t.deregister(k.unwrap().lkey).unwrap();
-    /// // A page that is not mapped is refused (RXE: EFAULT).
-    /// let r = unsafe { t.register_populated(pd, 4096 as *mut u8, 4096, 4096, Access::LOCAL_WRITE) };
-    /// assert_eq!(r, Err(RegError::BadAddress));
-    /// ```
-    ///
-    /// # Safety
-    /// As [`MrTable::register`].
-    pub unsafe fn register_populated(
-        &self,
-        pd: Pd,
-        ptr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys, RegError> {
-        check_args(len, iova, access)?;
-        populate(ptr, len, access)?;
-        // SAFETY: forwarded contract.
-        unsafe { self.register(pd, ptr, len, iova, access) }
     }
 
     fn insert(

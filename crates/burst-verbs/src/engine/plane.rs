@@ -177,11 +177,14 @@ impl ControlPlane for InProcess {
     }
 
     unsafe fn reg_mr(&self, ctx: &Context, r: &Registration) -> Result<MrKeys, RegError> {
+        // As RXE's registration pins the pages: no fault on the data path,
+        // and memory that cannot be used is refused (EFAULT) here.
+        burst_mem::populate(r.ptr, r.len, r.access)?;
         // SAFETY: forwarded contract.
         ctx.register(r.pd, None, || unsafe {
             ctx.shared
                 .mrs
-                .register_populated(r.pd, r.ptr, r.len, r.iova, r.access)
+                .register(r.pd, r.ptr, r.len, r.iova, r.access)
         })
     }
 
