@@ -327,6 +327,13 @@ fn server_cpu(count_line: &str) -> f64 {
     field("CPU").and_then(|c| c.parse().ok()).unwrap_or(0.0)
 }
 
+/// The number after `key` in the server's `COUNT` line.
+fn count_field(line: &str, key: &str) -> Option<u64> {
+    let mut f = line.split_whitespace();
+    f.position(|x| x == key)?;
+    f.next()?.parse().ok()
+}
+
 /// The count at the start of a `COUNT n ...` line.
 fn count_of(line: &str) -> &str {
     line.trim_start_matches("COUNT ")
@@ -347,6 +354,8 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
             let peer = parse_infos(&o.recv()?)?;
             o.send(&infos_line(&side.infos()))?;
             side.connect(&peer, run.p.mtu)?;
+            let dropped = || side.ctx.counters().map_or(0, |c| c.port.rx_dropped);
+            let dropped0 = dropped();
             o.send("READY")?;
             // The client's DONE ends the run; our role runs until then.
             let test = run.test;
@@ -385,7 +394,8 @@ fn serve_run(o: &mut Oob, run: &Run, local: IpAddr) -> Result<(), String> {
                     return Err(e);
                 }
             };
-            o.send(&format!("COUNT {result}"))
+            let drops = dropped().saturating_sub(dropped0);
+            o.send(&format!("COUNT {result} DROPS {drops}"))
         }
         Transport::Tcp => {
             let l = TcpListener::bind((local, 0)).map_err(|e| format!("tcp bind: {e}"))?;
@@ -510,6 +520,9 @@ fn client_run_inner(
             }
             let mut line = r?;
             side.verify(run.test, &peer, &p, false)?;
+            if let Line::Bw(b) = &mut line {
+                b.rx_dropped[1] = count_field(&count, "DROPS").unwrap_or(0);
+            }
             if let (Line::Bw(b), true) = (&mut line, run.bidir) {
                 // The server's direction, measured over the same time.
                 let n: u64 = count_of(&count).parse().unwrap_or(0);
@@ -808,6 +821,7 @@ mod tests {
             sr_probes: 0,
             sr_go_backs: 0,
             window_cuts: 0,
+            rx_dropped: [0; 2],
             cpu_secs: 2.0,
             client_cpu_secs: 1.2,
             ns_per_pkt: [0.0; 2],

@@ -271,6 +271,7 @@ pub fn stream(
             sr_probes: 0,
             sr_go_backs: 0,
             window_cuts: 0,
+            rx_dropped: [0; 2],
             cpu_secs: 0.0,
             client_cpu_secs: 0.0,
             ns_per_pkt: [0.0; 2],

@@ -563,6 +563,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
     let all = s.ctx.counters().map_err(err("counters"))?;
     let after = &all.qps;
     let cuts = all.cc.window_cuts - before.cc.window_cuts;
+    let dropped = all.port.rx_dropped.saturating_sub(before.port.rx_dropped);
     let before = &before.qps;
     Ok(Bw {
         test: test.name().into(),
@@ -578,6 +579,7 @@ pub fn bw(test: Test, s: &Side, peer: &[Info], p: &Params, name: &str) -> Result
         sr_probes: after.sr_probes - before.sr_probes,
         sr_go_backs: after.sr_go_backs - before.sr_go_backs,
         window_cuts: cuts,
+        rx_dropped: [dropped, 0],
         cpu_secs: 0.0,
         client_cpu_secs: 0.0,
         ns_per_pkt: [0.0; 2],

@@ -36,6 +36,10 @@ pub struct Bw {
     /// burst only: cuts of the sender's congestion window toward its peer
     /// (NAKs, timeouts, CNPs each cut at most once per round trip).
     pub window_cuts: u64,
+    /// burst only: frames the client's and the server's ports dropped
+    /// below burst during the run (a full socket receive buffer or device
+    /// ring: `PortCounters::rx_dropped`), each side's own count.
+    pub rx_dropped: [u64; 2],
     /// CPU time both sides used over the run (user + system, getrusage),
     /// seconds: a busy-polling stack shows here what its speed costs.
     pub cpu_secs: f64,

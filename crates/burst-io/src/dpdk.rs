@@ -481,6 +481,20 @@ impl FrameLink for DpdkLink {
         &self.name
     }
 
+    fn rx_dropped(&self) -> u64 {
+        // The device's counters are the port's: queue 0's lane reports them.
+        if self.queue != 0 {
+            return 0;
+        }
+        // SAFETY: zeroed stats are valid; the call fills them.
+        let mut st: sys::rte_eth_stats = unsafe { std::mem::zeroed() };
+        // SAFETY: our port and a live out-parameter.
+        if unsafe { sys::rte_eth_stats_get(self.port, &mut st) } != 0 {
+            return 0;
+        }
+        st.imissed + st.ierrors + st.rx_nombuf
+    }
+
     fn mac(&self) -> [u8; 6] {
         self.mac
     }

@@ -314,6 +314,14 @@ burst_wire::counters! {
         /// Packets to the port's own address dropped: too many waited for
         /// the next receive.
         pub looped_dropped: u64,
+        /// Frames dropped below burst before it could read them: a full
+        /// socket receive buffer (the kernel's count for the port's
+        /// sockets, `SO_MEMINFO`), a full device ring or no mbuf to receive
+        /// into (DPDK's `imissed`, `ierrors`, `rx_nombuf`). Read from the
+        /// kernel or device when counters are asked for; cumulative since
+        /// the port opened.
+        #[cfg_attr(feature = "serde", serde(default))]
+        pub rx_dropped: u64,
     }
 }
 
@@ -882,8 +890,15 @@ impl std::os::fd::AsFd for PortWatch {
     }
 }
 
-/// Socket buffer size asked for (see `sys::set_buffers`).
-pub const SOCKET_BUFFER: usize = 16 << 20;
+/// Socket buffer size asked for (see `sys::set_buffers`): a sender's whole
+/// window toward one peer must fit in the receiver's queue, and burst's
+/// largest (`burst_cc::LossWindowConfig::default().max`, 8,192 packets of
+/// up to 4 KiB) is ~34 MB of payload, more in the kernel's accounting.
+/// At 16 MiB a receiver that fell behind dropped whole GRO runs (170-240 a
+/// run at 64 and 10,240 QPs over veth), each a window cut, and tails lost
+/// past the probes waited out ACK timers; at 64 MiB none (docs/performance.md).
+/// Memory is taken only while datagrams wait.
+pub const SOCKET_BUFFER: usize = 64 << 20;
 
 /// A UDP socket port bound to `addr:4791`, and to the multicast groups it
 /// joined (a socket each).
@@ -1150,6 +1165,19 @@ pub fn seal_all(src: SocketAddr, bufs: &mut [PacketBuf]) -> usize {
 impl Port for UdpPort {
     fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    fn counters(&self) -> PortCounters {
+        // The kernel filters for a socket: what it counts is what it
+        // dropped (a full receive buffer), one system call per socket, only
+        // when asked.
+        let sockets = std::iter::once(&self.sock)
+            .chain(self.groups.iter().map(|(_, s)| s))
+            .chain(self.addresses.iter().map(|(_, s)| s));
+        PortCounters {
+            rx_dropped: sockets.map(sys::socket_drops).sum(),
+            ..PortCounters::default()
+        }
     }
 
     fn recv_frames(&mut self, max: usize, visit: &mut RxVisit<'_>) -> io::Result<usize> {

@@ -148,6 +148,12 @@ pub trait FrameLink: Send {
     fn steered_unknown_qpn(&self) -> u64 {
         0
     }
+    /// Frames the link dropped before they could be read (a full ring, no
+    /// buffer to receive into), cumulative; reported by one lane of a
+    /// shared device only, so that a device's sum over lanes is right.
+    fn rx_dropped(&self) -> u64 {
+        0
+    }
     /// A handle that waits for received frames from another thread.
     fn readiness(&self) -> io::Result<Readiness> {
         Err(io::Error::new(
@@ -1085,6 +1091,7 @@ impl<L: FrameLink> Port for RawPort<L> {
     fn counters(&self) -> PortCounters {
         let mut c = self.counters;
         c.steered_unknown_qpn = self.link.steered_unknown_qpn();
+        c.rx_dropped = self.link.rx_dropped();
         c
     }
 

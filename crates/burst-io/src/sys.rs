@@ -262,6 +262,33 @@ pub(crate) fn gso_supported(sock: &UdpSocket) -> bool {
     }
 }
 
+/// Datagrams the kernel dropped for `sock` so far (a full receive buffer,
+/// mostly): `SO_MEMINFO`'s `SK_MEMINFO_DROPS`, 0 where the kernel does not
+/// say (before 4.12).
+pub(crate) fn socket_drops(sock: &UdpSocket) -> u64 {
+    // asm-generic's and x86's value (libc has it only in its uapi tree).
+    const SO_MEMINFO: libc::c_int = 55;
+    let mut v = [0u32; 16];
+    let mut len = std::mem::size_of_val(&v) as libc::socklen_t;
+    // SAFETY: a valid fd, a live buffer and its size; the kernel writes at
+    // most `len` bytes and says how many.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            v.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    let i = libc::SK_MEMINFO_DROPS as usize;
+    if rc == 0 && len as usize >= (i + 1) * std::mem::size_of::<u32>() {
+        u64::from(v[i])
+    } else {
+        0
+    }
+}
+
 fn set_int(sock: &UdpSocket, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> bool {
     // SAFETY: a valid fd, a pointer to a live c_int and its exact size.
     unsafe {

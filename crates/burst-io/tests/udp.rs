@@ -465,3 +465,26 @@ fn a_second_address_is_received_and_sent_from() {
         "the socket is closed"
     );
 }
+
+/// Datagrams the kernel drops for the port's socket (a receive buffer that
+/// nobody drains) show in its counters: what a receiver that falls behind
+/// a sender's window loses below burst, where no retransmission says why.
+#[test]
+fn a_full_receive_buffer_counts_its_drops() {
+    let ip = IpAddr::V4(Ipv4Addr::new(127, 0, 77, 91));
+    let port = UdpPort::bind(ip).unwrap();
+    assert_eq!(port.counters().rx_dropped, 0);
+    let tx = std::net::UdpSocket::bind((Ipv4Addr::new(127, 0, 77, 92), 0)).unwrap();
+    let bytes = packet(4000, 1);
+    // Well past the port's receive buffer (64 MiB where the buffer could be
+    // forced, net.core.rmem_max otherwise): 200 MiB, bounded in time.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut sent = 0usize;
+    while sent < 200 << 20 && Instant::now() < deadline {
+        tx.send_to(&bytes, port.local_addr()).unwrap();
+        sent += bytes.len();
+    }
+    let dropped = port.counters().rx_dropped;
+    assert!(dropped > 0, "no drop counted after {sent} bytes");
+    assert!(dropped as usize <= sent / bytes.len());
+}
