@@ -63,14 +63,11 @@ pub(crate) fn populate(base: *const u8, len: usize, write: bool) -> Result<(), i
         Ok(()) => Ok(()),
         Err(e @ (libc::ENOMEM | libc::EFAULT)) => Err(e),
         // Incompatible: a mapping that is not writable (what RXE's pinning
-        // for write refuses) if it can be read, else device memory or an
-        // old kernel.
-        Err(libc::EINVAL | libc::EPERM) => match advise(libc::MADV_POPULATE_READ) {
-            Ok(()) => Err(libc::EFAULT),
-            Err(libc::EINVAL) => Ok(()),
-            Err(e @ (libc::ENOMEM | libc::EFAULT)) => Err(e),
-            Err(_) => Ok(()),
-        },
+        // for write refuses) if it can be read, else what a read says.
+        Err(libc::EINVAL | libc::EPERM) if advise(libc::MADV_POPULATE_READ).is_ok() => {
+            Err(libc::EFAULT)
+        }
+        Err(libc::EINVAL | libc::EPERM) => readable(),
         Err(_) => Ok(()),
     }
 }
