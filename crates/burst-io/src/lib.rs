@@ -257,7 +257,8 @@ pub struct RxMeta {
 
 burst_wire::counters! {
     /// What a port counted of the frames it moved (whole-frame ports; a UDP
-    /// socket leaves these at 0: the kernel filters for it).
+    /// socket leaves these at 0, the kernel filtering for it, but for
+    /// `rx_dropped`, the kernel's own count).
     #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
     pub struct PortCounters {
