@@ -12,15 +12,11 @@ use burst_transport::AtomicOp;
 
 use crate::Access;
 
-/// Faults in the pages of `base..base+len` (rounded out to pages) as a
-/// registration that RXE or an RNIC pins would: readable, and writable when
-/// `write`. Afterwards the engine's copies into the region take no page
-/// fault, and a range the caller cannot use is refused here, not met by the
-/// engine's first access. `Err` carries the errno: `ENOMEM` (not mapped) or
-/// `EFAULT` (a page that cannot be faulted in, or, for `write`, a mapping
-/// that is not writable). A kernel without `MADV_POPULATE_*` (before 5.14)
-/// and device mappings (`VM_IO`, `VM_PFNMAP`), which it cannot populate,
-/// are accepted as they are.
+/// [`crate::populate`]'s system calls over `base..base+len` rounded out to
+/// pages (writable when `write`). `Err` carries the errno: `ENOMEM` (not
+/// mapped) or `EFAULT` (a page that cannot be faulted in, or, for `write`, a
+/// mapping that is not writable). Device mappings (`VM_IO`, `VM_PFNMAP`)
+/// and kernels before 5.14, which cannot populate, are accepted as they are.
 pub(crate) fn populate(base: *const u8, len: usize, write: bool) -> Result<(), i32> {
     // SAFETY: sysconf has no memory effects.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
