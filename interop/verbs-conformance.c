@@ -782,8 +782,9 @@ static void rdmacm_rules(void)
 }
 
 /* ibv_reg_mr faults the range in, as RXE's registration pins it: memory
- * that is not mapped, or is mapped read-only where the access lets the
- * device write, is refused with EFAULT; a read-only page registered for
+ * that is not mapped, or mapped read-only where the access lets
+ * the device write (window binds included, as the kernel's
+ * ib_access_writable), is refused with EFAULT; a read-only page registered for
  * reading, and a fresh anonymous page registered for writing, are taken
  * (the fresh one is resident afterwards: no page fault on the data path). */
 static void registration(struct ibv_pd *pd)
@@ -791,15 +792,19 @@ static void registration(struct ibv_pd *pd)
 	char msg[200];
 	long pg = sysconf(_SC_PAGESIZE);
 	char *ro = mmap(NULL, pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	char *gone = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *wo = mmap(NULL, pg, PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* A low page no allocator hands out: one this test unmapped itself
+	 * could be taken again by the library's threads. */
+	char *gone = (char *)0x10000;
+	unsigned char in_core;
 	char *fresh = mmap(NULL, 64 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 			   -1, 0);
 
-	if (ro == MAP_FAILED || gone == MAP_FAILED || fresh == MAP_FAILED) {
+	if (ro == MAP_FAILED || wo == MAP_FAILED || fresh == MAP_FAILED ||
+	    mincore(gone, pg, &in_core) == 0 || errno != ENOMEM) {
 		check(0, "mmap for the registration checks");
 		return;
 	}
-	munmap(gone, pg);
 	errno = 0;
 	struct ibv_mr *mr = ibv_reg_mr(pd, gone, pg, IBV_ACCESS_LOCAL_WRITE);
 	snprintf(msg, sizeof(msg), "ibv_reg_mr of unmapped memory fails with EFAULT (%s)",
@@ -813,6 +818,22 @@ static void registration(struct ibv_pd *pd)
 		 "ibv_reg_mr of a read-only page for local write fails with EFAULT (%s)",
 		 mr ? "taken" : strerror(errno));
 	check(!mr && errno == EFAULT, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+	/* The kernel pins for writing when a window may grant writes. */
+	errno = 0;
+	mr = ibv_reg_mr(pd, ro, pg, IBV_ACCESS_MW_BIND);
+	snprintf(msg, sizeof(msg),
+		 "ibv_reg_mr of a read-only page for window binds fails with EFAULT (%s)",
+		 mr ? "taken" : strerror(errno));
+	check(!mr && errno == EFAULT, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+	/* Writable but not readable in the kernel's view: pinned for reading
+	 * with FOLL_FORCE. (PROT_NONE is too, on RXE; burst refuses it, as its
+	 * engine reads through the process's mapping: docs/conformance.md.) */
+	mr = ibv_reg_mr(pd, wo, pg, 0);
+	check(mr != NULL, "ibv_reg_mr of a write-only page for reading");
 	if (mr)
 		ibv_dereg_mr(mr);
 	mr = ibv_reg_mr(pd, ro, pg, 0);
@@ -831,6 +852,7 @@ static void registration(struct ibv_pd *pd)
 	if (mr)
 		ibv_dereg_mr(mr);
 	munmap(ro, pg);
+	munmap(wo, pg);
 	munmap(fresh, 64 * pg);
 }
 

@@ -14,15 +14,13 @@ use crate::Access;
 
 /// [`crate::populate`]'s system calls over `base..base+len` rounded out to
 /// pages (writable when `write`). `Err` carries the errno: `ENOMEM` (not
-/// mapped) or `EFAULT` (a page that cannot be faulted in, or, for `write`, a
-/// mapping that is not writable). Device mappings (`VM_IO`, `VM_PFNMAP`)
-/// and kernels before 5.14, which cannot populate, are accepted as they are.
+/// mapped) or `EFAULT` (a page that cannot be faulted in, or a mapping the
+/// kernel will not fault in for this access: not writable for `write`,
+/// device memory — what RXE's pinning refuses — and `PROT_NONE`, which
+/// RXE pins for reading but this process could not read). Kernels before 5.14, which cannot populate, accept everything
+/// as before.
 pub(crate) fn populate(base: *const u8, len: usize, write: bool) -> Result<(), i32> {
-    // SAFETY: sysconf has no memory effects.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-        .ok()
-        .filter(|p| p.is_power_of_two())
-        .unwrap_or(4096);
+    let page = page_size();
     let start = base as usize & !(page - 1);
     let Some(end) = (base as usize)
         .checked_add(len)
@@ -31,40 +29,101 @@ pub(crate) fn populate(base: *const u8, len: usize, write: bool) -> Result<(), i
     else {
         return Err(libc::EFAULT);
     };
-    let advise = |advice| {
-        // SAFETY: MADV_POPULATE_* only faults pages in (as touching them
-        // would, without touching them): it never changes the mapping or
-        // its contents, and fails on a range that is not mapped.
-        let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EFAULT))
-        }
+    let advice = if write {
+        libc::MADV_POPULATE_WRITE
+    } else {
+        libc::MADV_POPULATE_READ
     };
-    let readable = || match advise(libc::MADV_POPULATE_READ) {
-        // Not populatable (device memory, or a kernel before 5.14): left
-        // to the first access, as before.
-        Err(libc::EINVAL) => Ok(()),
-        Err(e @ (libc::ENOMEM | libc::EFAULT)) => Err(e),
-        // EINTR, EHWPOISON: also left to the first access.
-        Err(_) | Ok(()) => Ok(()),
-    };
-    if !write {
-        return readable();
-    }
-    match advise(libc::MADV_POPULATE_WRITE) {
+    match madvise(start, end - start, advice) {
         Ok(()) => Ok(()),
         Err(e @ (libc::ENOMEM | libc::EFAULT)) => Err(e),
-        // Incompatible: a mapping that is not writable (what RXE's pinning
-        // for write refuses) if it can be read, else what a read says.
-        Err(libc::EINVAL | libc::EPERM) if advise(libc::MADV_POPULATE_READ).is_ok() => {
-            Err(libc::EFAULT)
+        // Writable but not readable (PROT_WRITE alone: readable by the CPU
+        // here): RXE pins it for reading with FOLL_FORCE, and so does this.
+        Err(libc::EINVAL)
+            if !write && madvise(start, end - start, libc::MADV_POPULATE_WRITE).is_ok() =>
+        {
+            Ok(())
         }
-        Err(libc::EINVAL | libc::EPERM) => readable(),
+        // EINVAL is the kernel's answer for a mapping it will not fault in
+        // for this access (device memory and, for writes, a mapping that is
+        // not writable: what RXE's pinning refuses; PROT_NONE, which RXE
+        // pins with FOLL_FORCE but the engine could not read through this
+        // process's mapping), and for an advice it does not know.
+        Err(libc::EINVAL | libc::EPERM) if can_populate() => Err(libc::EFAULT),
+        // Too old a kernel; EINTR, EHWPOISON: left to the first access.
         Err(_) => Ok(()),
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory effects.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096)
+}
+
+fn madvise(start: usize, len: usize, advice: libc::c_int) -> Result<(), i32> {
+    // SAFETY: MADV_POPULATE_* only faults pages in (as touching them would,
+    // without touching them): it never changes the mapping or its contents,
+    // and fails on a range that is not mapped.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, advice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EFAULT))
+    }
+}
+
+/// Whether this kernel knows MADV_POPULATE_READ (5.14): asked once, on a
+/// page of this thread's stack, which is mapped and readable.
+fn can_populate() -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| {
+        let probe = 0u8;
+        let at = std::ptr::addr_of!(probe) as usize & !(page_size() - 1);
+        madvise(at, page_size(), libc::MADV_POPULATE_READ).is_ok()
+    })
+}
+
+#[cfg(test)]
+mod populate_tests {
+    use super::populate;
+
+    fn map(prot: libc::c_int) -> *mut u8 {
+        // SAFETY: a fresh anonymous mapping of this test.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast()
+    }
+
+    /// What RXE's pinning takes and refuses, by protection and access.
+    #[test]
+    fn only_mappings_the_access_can_use_are_populated() {
+        for (prot, read, write) in [
+            (libc::PROT_READ | libc::PROT_WRITE, true, true),
+            (libc::PROT_READ, true, false),
+            // Writable, not readable in the kernel's view (the CPU reads it).
+            (libc::PROT_WRITE, true, true),
+            (libc::PROT_NONE, false, false),
+        ] {
+            let p = map(prot);
+            assert_eq!(populate(p, 4096, false).is_ok(), read, "prot {prot} read");
+            assert_eq!(populate(p, 4096, true).is_ok(), write, "prot {prot} write");
+            // SAFETY: this test's mapping, never accessed.
+            unsafe { libc::munmap(p.cast(), 4096) };
+        }
     }
 }
 
