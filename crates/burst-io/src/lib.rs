@@ -918,7 +918,13 @@ pub struct UdpPort {
     epoll: std::os::fd::OwnedFd,
     /// What [`Port::recv_frames`] receives into and lends from.
     rx: Option<RxBatch>,
+    /// Receives since the other sockets were last asked about.
+    since_others: u32,
 }
+
+/// A port with other sockets asks epoll about them at least every this
+/// many receives, and after half as many when its own socket is empty.
+const OTHERS_EVERY: u32 = 16;
 
 impl UdpPort {
     /// Binds UDP port 4791 on `ip` (which must be an address of this host),
@@ -989,6 +995,7 @@ impl UdpPort {
             addresses: Vec::new(),
             epoll,
             rx: None,
+            since_others: 0,
         })
     }
 
@@ -1205,18 +1212,29 @@ impl Port for UdpPort {
             return Ok(rx.count());
         }
         // Several sockets (an interface's IPv6 link-local address beside
-        // its IPv4 one, groups): one system call says which hold
-        // datagrams, so a step that finds nothing costs one call, not one
-        // per socket (a polled ping-pong makes several empty steps per
-        // message).
+        // its IPv4 one, groups). The port's own carries the traffic: it is
+        // read first with no question asked, so a polled step that finds
+        // its datagram there costs one system call, as a one-socket port
+        // (an epoll_wait before each recvmmsg put a system call on every
+        // ping-pong's path). The others, rare, are asked about with one
+        // call (not one per socket) when the own socket was empty for a
+        // while or, under load, every OTHERS_EVERY receives.
+        sys::recv_batch(&self.sock, rx, asked, None)?;
+        rx.adapt(asked);
+        self.since_others += 1;
+        let due = if rx.msgs.is_empty() {
+            self.since_others >= OTHERS_EVERY / 2
+        } else {
+            self.since_others >= OTHERS_EVERY
+        };
+        if !due {
+            return Ok(rx.count());
+        }
+        self.since_others = 0;
         let mut ready = [0; 16];
         let n = sys::epoll_ready(&self.epoll, &mut ready)?;
         let all = n == ready.len();
         let has = |fd: std::os::fd::RawFd| all || ready[..n].contains(&fd);
-        if has(self.sock.as_raw_fd()) {
-            sys::recv_batch(&self.sock, rx, asked, None)?;
-        }
-        rx.adapt(asked);
         // The other addresses' datagrams after the port's own, batched and
         // coalesced the same way.
         for (ip, sock) in &self.addresses {
