@@ -500,10 +500,10 @@ fn test(args: &[String]) -> ExitCode {
     // AF_XDP lanes (a socket per queue of a two-queue veth).
     results.push((
         "kernel-bypass ports in the data plane: dmadev copies, no allocation per packet \
-         over memif and AF_XDP, AF_XDP lanes (burst-verbs --features dpdk,af-xdp --test copy \
-         --test alloc --test lanes)",
+         over memif and AF_XDP, AF_XDP lanes, AF_XDP drops counted (burst-verbs --features \
+         dpdk,af-xdp --test copy --test alloc --test lanes --test xsk_drops)",
         debs && step(
-            "test burst-verbs with dpdk and af-xdp: dmadev copies, allocations per port, lanes",
+            "test burst-verbs with dpdk and af-xdp: dmadev copies, allocations per port, lanes, drops",
             &mut cargo(
                 &root,
                 &[
@@ -518,6 +518,8 @@ fn test(args: &[String]) -> ExitCode {
                     "alloc",
                     "--test",
                     "lanes",
+                    "--test",
+                    "xsk_drops",
                 ],
             ),
         ),

@@ -318,7 +318,9 @@ burst_wire::counters! {
         /// Frames dropped below burst before it could read them: a full
         /// socket receive buffer (the kernel's count for the port's
         /// sockets, `SO_MEMINFO`), a full device ring or no mbuf to receive
-        /// into (DPDK's `imissed`, `ierrors`, `rx_nombuf`). Read from the
+        /// into (DPDK's `imissed`, `ierrors`, `rx_nombuf`), a full AF_XDP
+        /// receive ring or an empty fill ring (`XDP_STATISTICS`'
+        /// `rx_ring_full` and `rx_dropped`, each lane's socket). Read from the
         /// kernel or device when counters are asked for; cumulative since
         /// the port opened.
         #[cfg_attr(feature = "serde", serde(default))]

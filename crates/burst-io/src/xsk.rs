@@ -621,6 +621,29 @@ impl FrameLink for XskLink {
         &self.name
     }
 
+    fn rx_dropped(&self) -> u64 {
+        // Each lane's socket counts its own: frames with no fill-ring
+        // buffer to land in (`rx_dropped`) and frames for a full receive
+        // ring (`rx_ring_full`, kept apart when the whole struct is asked).
+        // SAFETY: all-zero is valid; getsockopt fills it and its length.
+        let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::xdp_statistics>() as libc::socklen_t;
+        // SAFETY: `st` and `len` are live and describe each other.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_XDP,
+                libc::XDP_STATISTICS,
+                (&mut st as *mut libc::xdp_statistics).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return 0;
+        }
+        st.rx_dropped + st.rx_ring_full
+    }
+
     fn flush_tx(&mut self) -> bool {
         if self.tx.ready() == 0 {
             return false;
