@@ -22,7 +22,7 @@ fn a_full_receive_ring_counts_its_drops() {
 }
 
 fn in_own_namespace() {
-    let (a_ip, b_ip) = ("198.18.0.155", "198.18.0.156");
+    let (a_ip, b_ip) = ("198.18.0.157", "198.18.0.158");
     if !common::veth_pair_in_own_namespace(("bdrop0", "bdrop1"), (a_ip, b_ip), 1) {
         return;
     }
