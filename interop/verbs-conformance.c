@@ -781,6 +781,32 @@ static void rdmacm_rules(void)
 	rdma_destroy_id(id);
 }
 
+/* ibv_reg_mr of `addr` with `access` fails with EFAULT, as RXE's pinning. */
+static void reg_refused(struct ibv_pd *pd, void *addr, size_t len, int access, const char *what)
+{
+	char msg[200];
+
+	errno = 0;
+	struct ibv_mr *mr = ibv_reg_mr(pd, addr, len, access);
+	snprintf(msg, sizeof(msg), "ibv_reg_mr of %s fails with EFAULT (%s)", what,
+		 mr ? "taken" : strerror(errno));
+	check(!mr && errno == EFAULT, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+}
+
+/* ibv_reg_mr of `addr` with `access` is taken. */
+static void reg_taken(struct ibv_pd *pd, void *addr, size_t len, int access, const char *what)
+{
+	char msg[200];
+	struct ibv_mr *mr = ibv_reg_mr(pd, addr, len, access);
+
+	snprintf(msg, sizeof(msg), "ibv_reg_mr of %s", what);
+	check(mr != NULL, msg);
+	if (mr)
+		ibv_dereg_mr(mr);
+}
+
 /* ibv_reg_mr faults the range in, as RXE's registration pins it: memory
  * that is not mapped, or mapped read-only where the access lets
  * the device write (window binds included, as the kernel's
@@ -805,42 +831,17 @@ static void registration(struct ibv_pd *pd)
 		check(0, "mmap for the registration checks");
 		return;
 	}
-	errno = 0;
-	struct ibv_mr *mr = ibv_reg_mr(pd, gone, pg, IBV_ACCESS_LOCAL_WRITE);
-	snprintf(msg, sizeof(msg), "ibv_reg_mr of unmapped memory fails with EFAULT (%s)",
-		 mr ? "taken" : strerror(errno));
-	check(!mr && errno == EFAULT, msg);
-	if (mr)
-		ibv_dereg_mr(mr);
-	errno = 0;
-	mr = ibv_reg_mr(pd, ro, pg, IBV_ACCESS_LOCAL_WRITE);
-	snprintf(msg, sizeof(msg),
-		 "ibv_reg_mr of a read-only page for local write fails with EFAULT (%s)",
-		 mr ? "taken" : strerror(errno));
-	check(!mr && errno == EFAULT, msg);
-	if (mr)
-		ibv_dereg_mr(mr);
+	reg_refused(pd, gone, pg, IBV_ACCESS_LOCAL_WRITE, "unmapped memory");
+	reg_refused(pd, ro, pg, IBV_ACCESS_LOCAL_WRITE, "a read-only page for local write");
 	/* The kernel pins for writing when a window may grant writes. */
-	errno = 0;
-	mr = ibv_reg_mr(pd, ro, pg, IBV_ACCESS_MW_BIND);
-	snprintf(msg, sizeof(msg),
-		 "ibv_reg_mr of a read-only page for window binds fails with EFAULT (%s)",
-		 mr ? "taken" : strerror(errno));
-	check(!mr && errno == EFAULT, msg);
-	if (mr)
-		ibv_dereg_mr(mr);
+	reg_refused(pd, ro, pg, IBV_ACCESS_MW_BIND, "a read-only page for window binds");
 	/* Writable but not readable in the kernel's view: pinned for reading
 	 * with FOLL_FORCE. (PROT_NONE is too, on RXE; burst refuses it, as its
 	 * engine reads through the process's mapping: docs/conformance.md.) */
-	mr = ibv_reg_mr(pd, wo, pg, 0);
-	check(mr != NULL, "ibv_reg_mr of a write-only page for reading");
-	if (mr)
-		ibv_dereg_mr(mr);
-	mr = ibv_reg_mr(pd, ro, pg, 0);
-	check(mr != NULL, "ibv_reg_mr of a read-only page for reading");
-	if (mr)
-		ibv_dereg_mr(mr);
-	mr = ibv_reg_mr(pd, fresh, 64 * pg, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	reg_taken(pd, wo, pg, 0, "a write-only page for reading");
+	reg_taken(pd, ro, pg, 0, "a read-only page for reading");
+	struct ibv_mr *mr =
+		ibv_reg_mr(pd, fresh, 64 * pg, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	unsigned char vec[64];
 	int resident = 0;
 	if (mr && !mincore(fresh, 64 * pg, vec))

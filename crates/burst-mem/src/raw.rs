@@ -17,8 +17,8 @@ use crate::Access;
 /// mapped) or `EFAULT` (a page that cannot be faulted in, or a mapping the
 /// kernel will not fault in for this access: not writable for `write`,
 /// device memory — what RXE's pinning refuses — and `PROT_NONE`, which
-/// RXE pins for reading but this process could not read). Kernels before 5.14, which cannot populate, accept everything
-/// as before.
+/// RXE pins for reading but this process could not read). Kernels before
+/// 5.14, which cannot populate, accept everything as before.
 pub(crate) fn populate(base: *const u8, len: usize, write: bool) -> Result<(), i32> {
     let page = page_size();
     let start = base as usize & !(page - 1);
