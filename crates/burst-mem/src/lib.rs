@@ -121,14 +121,16 @@ impl RegError {
 /// application's registration with `access` (`ibv_reg_mr`), as RXE's and an
 /// RNIC's registration pins them: writable when the access lets the device
 /// write (local write, which remote write and atomics require, or a window
-/// bind: the kernel's `ib_access_writable`), readable otherwise. The engine's copies then take no page fault on the data path
-/// (a fresh page's first write costs a fault and a zeroed page inside a
-/// packet's placement), and a range that is not mapped, or not writable
-/// where writes are asked for, is refused with [`RegError::BadAddress`]
-/// (RXE's `EFAULT`) instead of faulting the process at the engine's first
-/// access. One difference: `PROT_NONE` memory, which RXE pins for reading
-/// (with `FOLL_FORCE`), is refused too, as the engine reads it through the
-/// process's own mapping. The arguments are checked first, as a registration checks them.
+/// bind: the kernel's `ib_access_writable`), readable otherwise. The
+/// engine's copies then take no page fault on the data path (a fresh
+/// page's first write costs a fault and a zeroed page inside a packet's
+/// placement), and a range that is not mapped, or not writable where
+/// writes are asked for, is refused with [`RegError::BadAddress`] (RXE's
+/// `EFAULT`) instead of faulting the process at the engine's first access.
+/// One difference: `PROT_NONE` memory, which RXE pins for reading (with
+/// `FOLL_FORCE`), is refused too, as the engine reads it through the
+/// process's own mapping. The arguments are checked first, as a
+/// registration checks them.
 /// The cost moves to registration, where RDMA applications expect it;
 /// burst does not lock the pages. Memory a daemon maps for a client is
 /// populated by the client, in its own address space.

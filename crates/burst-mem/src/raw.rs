@@ -63,7 +63,13 @@ fn page_size() -> usize {
         .unwrap_or(4096)
 }
 
+/// `madvise` with `MADV_POPULATE_READ` or `MADV_POPULATE_WRITE` (the only
+/// advice passed here); `Err` carries the errno.
 fn madvise(start: usize, len: usize, advice: libc::c_int) -> Result<(), i32> {
+    debug_assert!(matches!(
+        advice,
+        libc::MADV_POPULATE_READ | libc::MADV_POPULATE_WRITE
+    ));
     // SAFETY: MADV_POPULATE_* only faults pages in (as touching them would,
     // without touching them): it never changes the mapping or its contents,
     // and fails on a range that is not mapped.
