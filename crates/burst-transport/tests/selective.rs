@@ -252,6 +252,112 @@ fn a_probe_asks_again_for_a_reads_lost_tail() {
     assert!(took > 2_000_000, "took {took} ns");
 }
 
+/// A lost READ response in the middle of a READ: a selective requester
+/// places the responses behind it where they go and asks again for the
+/// missing one alone (a READ request of one MTU at its offset), so the
+/// responder sends one response more; go-back-N asks for everything from
+/// the gap on again.
+#[test]
+fn a_lost_read_response_is_asked_for_alone() {
+    let run = |selective: bool| {
+        let mut p = pair(selective, selective);
+        p.w.sent_log = Some(Vec::new());
+        p.w.drop_next(Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, 1);
+        let keys = p.read(1, 16 * 256);
+        p.complete(1);
+        assert!(p.same(keys));
+        // READ requests' DMA lengths, in the order sent.
+        let log = p.w.sent_log.take().unwrap();
+        let asked: Vec<u32> = log
+            .iter()
+            .filter_map(|(_, f)| {
+                let ib = burst_wire::RoceFrame::parse_ip(f).ok()?.ib;
+                (ib.bth().opcode() == Opcode::RC_RDMA_READ_REQUEST)
+                    .then(|| ib.reth().map(|r| r.dma_length()))
+                    .flatten()
+            })
+            .collect();
+        (p.requester(), p.responder(), asked)
+    };
+    let (rq, rs, asked) = run(true);
+    assert_eq!(asked, [16 * 256, 256], "{rq:?}");
+    assert_eq!(
+        (rq.retransmitted_pkts, rq.completer_retry_err, rq.sr_probes),
+        (1, 0, 0),
+        "{rq:?}"
+    );
+    assert!(rq.sr_held_pkts >= 1, "{rq:?}");
+    assert_eq!(rs.sent_bytes, 17 * 256, "{rs:?}");
+
+    let (rq, rs, asked) = run(false);
+    assert_eq!(rq.sr_held_pkts, 0, "{rq:?}");
+    assert!(asked.len() == 2 && asked[1] > 256, "{asked:?}");
+    assert!(rs.sent_bytes > 17 * 256, "{rs:?}");
+}
+
+/// A READ that loses a middle response and its last one, and a WRITE
+/// behind it: the middle hole is asked for when the responses behind it
+/// show it, the lost tail when the WRITE's ACK shows the responder went
+/// past it (an implied NAK), each alone; the WRITE that ACK acknowledged is
+/// not sent again (before, it waited for the ACK timer and went back), and
+/// both complete in order with the right bytes.
+#[test]
+fn read_holes_are_asked_for_alone_and_a_later_write_stays_done() {
+    let mut p = pair(true, true);
+    // A first READ times the round trip.
+    let keys = p.read(1, 4 * 256);
+    p.complete(1);
+    assert!(p.same(keys));
+    let start = p.w.now;
+    let before = p.requester();
+    p.w.drop_next(Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, 1);
+    p.w.drop_next(Opcode::RC_RDMA_READ_RESPONSE_LAST, 1);
+    let read = p.read(2, 32 * 256);
+    let write = p.write(3, 4 * 256);
+    p.complete(2);
+    assert!(p.same(read) && p.same(write));
+    let rq = p.requester();
+    let resent = rq.retransmitted_pkts - before.retransmitted_pkts;
+    assert_eq!(
+        (resent, rq.completer_retry_err, rq.sr_probes),
+        (2, 0, 0),
+        "{rq:?}"
+    );
+    let took = p.w.now - start;
+    assert!(took < 500_000, "took {took} ns");
+}
+
+/// A selective responder keeps what it queued when a READ is asked for
+/// again, but not without bound: a peer repeating one READ request 100
+/// times draws a bounded number of streams, not 100 READs' worth of bytes.
+#[test]
+fn repeated_read_requests_draw_bounded_responses() {
+    let mut p = pair(true, true);
+    p.w.sent_log = Some(Vec::new());
+    let keys = p.read(1, 64 * 256);
+    p.complete(1);
+    assert!(p.same(keys));
+    let request =
+        p.w.sent_log
+            .take()
+            .unwrap()
+            .into_iter()
+            .find(|(_, f)| {
+                burst_wire::RoceFrame::parse_ip(f)
+                    .is_ok_and(|r| r.ib.bth().opcode() == Opcode::RC_RDMA_READ_REQUEST)
+            })
+            .unwrap();
+    let before = p.responder().sent_bytes;
+    for _ in 0..100 {
+        p.w.inject(request.0, request.1.clone());
+    }
+    let now = p.w.now;
+    p.w.run(now + 10_000_000, |_| false);
+    let drawn = p.responder().sent_bytes - before;
+    assert!(drawn >= 64 * 256, "{drawn}");
+    assert!(drawn <= 20 * 64 * 256, "{drawn} bytes for 100 repeats");
+}
+
 /// A WRITE WITH IMMEDIATE's last packet is never held (it takes a receive
 /// in order): the message still completes once, with its immediate.
 #[test]

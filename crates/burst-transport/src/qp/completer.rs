@@ -98,7 +98,10 @@ impl Qp {
                 }
                 continue;
             }
-            if lost_response.is_none() {
+            // Between burst peers what the responder acknowledged past a
+            // missing response is done (only the hole is asked for again;
+            // going back N resends it all anyway).
+            if lost_response.is_none() || self.attrs.selective_repeat {
                 w.done = true;
                 progress = true;
             }
@@ -191,9 +194,17 @@ impl Qp {
         match syndrome {
             Some(Syndrome::Ack(_)) => {
                 // An implied NAK: the responder went past a READ or
-                // atomic whose response never came.
+                // atomic whose response never came. Between burst peers a
+                // READ's missing responses are asked for alone.
                 if let Some(p) = self.ack_upto(now, psn) {
-                    if !self.retry_from(p) {
+                    let read = self
+                        .wqe_of(p)
+                        .filter(|&i| matches!(self.req.sq[i].wr.op, SendOp::Read { .. }));
+                    let go_on = match read {
+                        Some(i) if self.attrs.selective_repeat => self.ask_read_hole(i),
+                        _ => self.retry_from(p),
+                    };
+                    if !go_on {
                         return false;
                     }
                 }
@@ -293,6 +304,13 @@ impl Qp {
         }
         if d > 0 {
             self.counters.rcvd_seq_err += 1;
+            // Between burst peers the response is placed and only the hole
+            // before it asked for again.
+            if self.attrs.selective_repeat {
+                if let Some(go_on) = self.hold_read_response(i, psn, pkt, mem) {
+                    return go_on;
+                }
+            }
             // Asked for again once per READ until the ACK timer
             // expires: the replay's responses arrive behind the
             // rest of the original stream, whose every packet past
@@ -329,9 +347,17 @@ impl Qp {
         if !len_ok {
             // A response of the wrong shape: after a re-request the
             // responder restarts with FIRST/ONLY, which is fine when
-            // it lines up with what we still miss.
-            let restart = matches!(pos, Some(Position::First | Position::Only))
-                && pkt.payload_len() as u64 <= w.len - u64::from(k) * mtu;
+            // it lines up with what we still miss. A hole's re-request
+            // (selective repeat) also ends with LAST or ONLY anywhere: the
+            // bytes of its place are what counts.
+            let want = if last {
+                w.len - u64::from(k) * mtu
+            } else {
+                mtu
+            };
+            let restart = (matches!(pos, Some(Position::First | Position::Only))
+                && pkt.payload_len() as u64 <= w.len - u64::from(k) * mtu)
+                || (self.attrs.selective_repeat && pkt.payload_len() as u64 == want);
             if !restart {
                 self.counters.dropped_pkts += 1;
                 return false;
@@ -355,8 +381,25 @@ impl Qp {
             if w.read_got >= w.npsn {
                 w.done = true;
             }
+            // Responses held past this one count as received now.
+            self.sweep_read(i);
+            if self.attrs.selective_repeat {
+                // A READ's progress, even behind an older READ or atomic
+                // still missing its response (the oldest unacknowledged
+                // PSN stays there): each hole asked for spent a round of
+                // the retry count, and one filled gives it back, or holes
+                // repaired one after another behind a lost atomic
+                // response spend the count (sweep seed 1112853).
+                self.req.retry_left = self.attrs.retry_cnt;
+            }
         }
-        let _ = self.ack_upto(now, psn);
+        // Gone when asking for the next hole spent the retry count (the
+        // QP failed and flushed its queue).
+        let Some(w) = self.req.sq.get(i) else {
+            return false;
+        };
+        let got = first + w.read_got.max(k + 1);
+        let _ = self.ack_upto(now, got - 1);
         true
     }
 }

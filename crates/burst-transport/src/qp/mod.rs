@@ -183,6 +183,11 @@ struct Requester {
     /// Selective repeat: the current recovery (the first PSN past what was
     /// sent when it began, and the holes NAKed in it so far).
     recovery: Option<(Psn, u32)>,
+    /// Selective repeat: READ responses placed past a missing one.
+    read_held: Option<Box<selective::PsnBits>>,
+    /// Selective repeat: the first PSN of the last READ hole asked for
+    /// again (each hole once; a lost re-request is the probe's).
+    read_hole: Option<Psn>,
     /// Smoothed round-trip time (0: no sample yet) and its mean deviation
     /// (RFC 6298).
     srtt: Nanos,
@@ -436,6 +441,7 @@ impl Qp {
             || (self.resp.out.is_empty() && self.resp.out.capacity() > 0)
             || (self.completions.is_empty() && self.completions.capacity() > 0)
             || self.resp.held.as_ref().is_some_and(|h| h.is_empty())
+            || self.req.read_held.as_ref().is_some_and(|h| h.is_empty())
     }
 
     /// Gives back the memory of the queues that are empty (the caller
@@ -457,6 +463,9 @@ impl Qp {
         }
         if self.resp.held.as_ref().is_some_and(|h| h.is_empty()) {
             self.resp.held = None;
+        }
+        if self.req.read_held.as_ref().is_some_and(|h| h.is_empty()) {
+            self.req.read_held = None;
         }
     }
 
@@ -539,6 +548,7 @@ impl Qp {
             if !a.selective_repeat {
                 // Held packets are placed again when they come in order.
                 self.resp.held = None;
+                self.req.read_held = None;
                 self.req.resend = None;
             }
         }
@@ -581,6 +591,7 @@ impl Qp {
         self.req.timer = None;
         self.req.rnr_until = None;
         self.req.resend = None;
+        self.req.read_held = None;
         self.resp.held = None;
         let cur = self.resp.cur_recv.take().map(|r| r.wr);
         // WQEs of a shared receive queue stay with the SRQ (which is lent to

@@ -272,11 +272,13 @@ impl Qp {
         let (dest_qpn, own_ah, own_qpn) = (self.attrs.dest_qpn, self.attrs.ah, self.cfg.qpn);
         let (window, una, credit) = (self.window(), self.req.una_psn, self.req.credit);
         // A selective resend (`Qp::retry_selective`) sends one packet of
-        // its range and leaves the WQE's position alone.
+        // its range and leaves the WQE's position alone; a READ's
+        // (`Qp::ask_read_hole`) is one request for the whole range.
         let selective = match self.req.resend {
             Some((p, n)) if self.req.sq[idx].contains(p) => {
-                self.req.resend = (n > 1).then(|| (p + 1, n - 1));
-                Some(p)
+                let read = matches!(self.req.sq[idx].wr.op, SendOp::Read { .. });
+                self.req.resend = (n > 1 && !read).then(|| (p + 1, n - 1));
+                Some((p, n))
             }
             _ => None,
         };
@@ -289,7 +291,7 @@ impl Qp {
             self.req.next_psn += w.npsn;
         }
         let first = w.first_psn.unwrap_or_default();
-        let k = selective.map_or(w.next_pkt, |p| first.distance_to(p) as u32);
+        let k = selective.map_or(w.next_pkt, |(p, _)| first.distance_to(p) as u32);
         let psn = first + k;
         if selective.is_some() {
             self.req.resent = match self.req.resent {
@@ -298,9 +300,10 @@ impl Qp {
             };
         }
         // PSNs this packet puts in flight: a READ request all its
-        // responses from here on.
+        // responses from here on (a hole's request, those of the hole).
         let span = if matches!(w.wr.op, SendOp::Read { .. }) {
-            w.npsn - k.min(w.npsn)
+            let rest = w.npsn - k.min(w.npsn);
+            selective.map_or(rest, |(_, n)| n.min(rest))
         } else {
             1
         };
@@ -324,7 +327,8 @@ impl Qp {
         let mut bth = BthRepr::new(Opcode(0), dest, psn);
         bth.ack_req = t == QpType::Rc;
         let (ib, payload) = if w.wr.op.is_read_or_atomic() {
-            (read_or_atomic_request(w, bth, k, mtu), Payload::None)
+            let hole = selective.map(|_| span);
+            (read_or_atomic_request(w, bth, k, hole, mtu), Payload::None)
         } else {
             // Also ask for an ACK on the last packet the window lets out:
             // the sender stops there, and a responder only ACKs every few
@@ -384,22 +388,33 @@ impl Qp {
     }
 }
 
-/// The request packet of a READ (from response `k` on, after a go-back)
-/// or an atomic.
-fn read_or_atomic_request(w: &mut SendWqe, mut bth: BthRepr, k: u32, mtu: u64) -> IbRepr {
+/// The request packet of a READ (from response `k` on, after a go-back;
+/// `hole`: only that many responses, a selective resend, which leaves the
+/// WQE's position alone) or an atomic.
+fn read_or_atomic_request(
+    w: &mut SendWqe,
+    mut bth: BthRepr,
+    k: u32,
+    hole: Option<u32>,
+    mtu: u64,
+) -> IbRepr {
     let mut ib;
     match w.wr.op {
         SendOp::Read { remote_addr, rkey } => {
             // After a go-back the READ resumes at the first missing response.
             let off = u64::from(k) * mtu;
+            let rest = w.len - off;
+            let len = hole.map_or(rest, |n| (u64::from(n) * mtu).min(rest));
             bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
             ib = IbRepr::new(bth);
             ib.reth = Some(RethRepr {
                 virtual_address: remote_addr + off,
                 rkey,
-                dma_length: (w.len - off) as u32,
+                dma_length: len as u32,
             });
-            w.next_pkt = w.npsn;
+            if hole.is_none() {
+                w.next_pkt = w.npsn;
+            }
         }
         SendOp::CompareSwap {
             remote_addr,

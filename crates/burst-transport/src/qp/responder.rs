@@ -444,6 +444,29 @@ impl Qp {
                     return;
                 }
                 let npkts = ceil_div(len, mtu).max(1) as u32;
+                // Streams queued at most: past that (a peer asking again and
+                // again) a new request supersedes as below, so neither the
+                // queue nor the bytes one request draws grow without bound.
+                let max_jobs = 2 * usize::from(self.attrs.max_dest_rd_atomic.max(1));
+                let jobs = self
+                    .resp
+                    .out
+                    .iter()
+                    .filter(|o| matches!(o, Out::Read(_)))
+                    .count();
+                if self.attrs.selective_repeat && jobs < max_jobs {
+                    // A burst peer asks again for a hole only: what is queued
+                    // past it is still wanted, and the hole goes first.
+                    self.resp.out.push_front(Out::Read(ReadJob {
+                        rkey: r.rkey(),
+                        va: r.virtual_address(),
+                        len,
+                        first_psn: psn,
+                        npkts,
+                        next_pkt: 0,
+                    }));
+                    return;
+                }
                 // The new request supersedes what older streams would still
                 // send from `psn` on: drop those, cut those that reach it.
                 self.resp

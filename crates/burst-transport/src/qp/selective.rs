@@ -20,9 +20,17 @@
 //!   `p` is its first packet (the rest had nowhere to go). For any other
 //!   operation it goes back N from `p`. When nothing progresses for a
 //!   few round trips (a lost tail draws no NAK) it probes: the oldest
-//!   unacknowledged SEND or WRITE packet again, or a READ's missing
-//!   responses asked for again (`Qp::probe_oldest`). A timeout always goes
-//!   back N.
+//!   unacknowledged SEND or WRITE packet again, or a READ's first hole
+//!   asked for again (`Qp::probe_oldest`). A timeout always goes back N.
+//! - READ responses are the requester's to hold: it knows where each one
+//!   goes, so one past a missing response is placed and remembered, and
+//!   the hole before it (to the next held response) is asked for again
+//!   alone, once, by a duplicate READ request of the hole's PSNs and bytes
+//!   (`Qp::ask_read_hole`); so is a hole an ACK past the READ shows (an
+//!   implied NAK), and what that ACK acknowledged behind the READ stays
+//!   done. The responder answers such a request first and keeps what it
+//!   had queued (a go-back-N responder drops the rest of the stream in
+//!   favour of the new request, which the probe then repairs).
 //!
 //! Either end alone is correct: a go-back-N requester resends what a
 //! selective responder already holds (duplicates, dropped); a selective
@@ -48,15 +56,89 @@ const HOLES_BEFORE_GO_BACK: u32 = 4;
 /// round trips of a software stack on one host.
 pub(super) const PROBE_FLOOR_NS: Nanos = 16_000;
 
+/// PSNs received past a hole, a ring indexed by the PSN's low bits: only
+/// PSNs within [`WINDOW`] past the oldest missing one are ever set, so no
+/// two set PSNs share a bit.
+#[derive(Debug, Clone)]
+pub(super) struct PsnBits {
+    bits: [u64; (WINDOW / 64) as usize],
+    /// How many bits are set.
+    count: u32,
+}
+
+impl Default for PsnBits {
+    fn default() -> Self {
+        PsnBits {
+            bits: [0; (WINDOW / 64) as usize],
+            count: 0,
+        }
+    }
+}
+
+impl PsnBits {
+    fn slot(psn: Psn) -> (usize, u64) {
+        let i = psn.value() % WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+    pub(super) fn has(&self, psn: Psn) -> bool {
+        let (w, b) = Self::slot(psn);
+        self.bits[w] & b != 0
+    }
+    pub(super) fn set(&mut self, psn: Psn) {
+        let (w, b) = Self::slot(psn);
+        if self.bits[w] & b == 0 {
+            self.bits[w] |= b;
+            self.count += 1;
+        }
+    }
+    pub(super) fn clear(&mut self, psn: Psn) {
+        let (w, b) = Self::slot(psn);
+        if self.bits[w] & b != 0 {
+            self.bits[w] &= !b;
+            self.count -= 1;
+        }
+    }
+    fn clear_all(&mut self) {
+        *self = PsnBits::default();
+    }
+    pub(super) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+    /// How many PSNs from `from` on (at most `len`, at most [`WINDOW`])
+    /// come before the first one set: the length of the hole at `from`.
+    /// A word at a time, so a long hole costs 16 reads, not 1,024.
+    pub(super) fn hole_at(&self, from: Psn, len: u32) -> u32 {
+        let len = len.min(WINDOW);
+        if self.count == 0 {
+            return len;
+        }
+        let mut k = 0;
+        while k < len {
+            let i = (from + k).value() % WINDOW;
+            let (w, bit) = ((i / 64) as usize, i % 64);
+            // Bits of this word from `bit` on, within the range.
+            let word = self.bits[w] >> bit;
+            let span = (64 - bit).min(len - k);
+            let word = if span < 64 {
+                word & ((1u64 << span) - 1)
+            } else {
+                word
+            };
+            if word != 0 {
+                return k + word.trailing_zeros();
+            }
+            k += span;
+        }
+        len
+    }
+}
+
 /// What a selective-repeat responder holds past its expected PSN.
 /// Allocated on a QP's first out-of-order packet, kept until RESET.
 #[derive(Debug)]
 pub(super) struct Held {
-    /// PSNs placed, a ring indexed by the PSN's low bits: only PSNs within
-    /// [`WINDOW`] past the expected one are ever set.
-    bits: [u64; (WINDOW / 64) as usize],
-    /// How many bits are set.
-    count: u32,
+    /// PSNs placed.
+    bits: PsnBits,
     /// WRITE messages whose first packet was placed out of order.
     messages: Vec<HeldWrite>,
 }
@@ -73,42 +155,27 @@ struct HeldWrite {
 impl Default for Held {
     fn default() -> Self {
         Held {
-            bits: [0; (WINDOW / 64) as usize],
-            count: 0,
+            bits: PsnBits::default(),
             messages: Vec::with_capacity(MESSAGES),
         }
     }
 }
 
 impl Held {
-    fn slot(psn: Psn) -> (usize, u64) {
-        let i = psn.value() % WINDOW;
-        ((i / 64) as usize, 1 << (i % 64))
-    }
     fn has(&self, psn: Psn) -> bool {
-        let (w, b) = Self::slot(psn);
-        self.bits[w] & b != 0
+        self.bits.has(psn)
     }
     fn set(&mut self, psn: Psn) {
-        let (w, b) = Self::slot(psn);
-        if self.bits[w] & b == 0 {
-            self.bits[w] |= b;
-            self.count += 1;
-        }
+        self.bits.set(psn)
     }
     fn clear(&mut self, psn: Psn) {
-        let (w, b) = Self::slot(psn);
-        if self.bits[w] & b != 0 {
-            self.bits[w] &= !b;
-            self.count -= 1;
-        }
+        self.bits.clear(psn)
     }
     fn clear_all(&mut self) {
-        self.bits = [0; (WINDOW / 64) as usize];
-        self.count = 0;
+        self.bits.clear_all()
     }
     pub(super) fn is_empty(&self) -> bool {
-        self.count == 0 && self.messages.is_empty()
+        self.bits.is_empty() && self.messages.is_empty()
     }
 }
 
@@ -318,7 +385,7 @@ impl Qp {
         // requester sent there: forget them.
         let epsn = self.resp.epsn;
         held.messages.retain(|m| epsn.distance_to(m.first) > 0);
-        let hole = held.count > 0;
+        let hole = !held.bits.is_empty();
         self.resp.held = Some(held);
         (swept, hole)
     }
@@ -425,6 +492,136 @@ impl Qp {
         (early >= r.probe_from + PROBE_FLOOR_NS).then_some(early)
     }
 
+    /// Requester, a selective QP: READ response `psn` of WQE `i`, past the
+    /// first one missing. Placed where it goes (the requester knows the
+    /// offset of every response of its READs) and remembered, and the hole
+    /// before it asked for again once (`Qp::ask_read_hole`). `None` when
+    /// it cannot be held (past the window): the caller goes back as
+    /// go-back-N does. `Some(go_on)`: whether completions may be reaped (a
+    /// placement that failed completes the READ in error).
+    pub(super) fn hold_read_response(
+        &mut self,
+        i: usize,
+        psn: Psn,
+        pkt: &IbPacket<&[u8]>,
+        mem: &mut impl Memory,
+    ) -> Option<bool> {
+        let mtu = self.attrs.mtu.bytes() as u64;
+        let w = &self.req.sq[i];
+        let first = w.first_psn?;
+        if self.req.una_psn.distance_to(psn) >= WINDOW as i32 {
+            return None;
+        }
+        let k = first.distance_to(psn) as u32;
+        // Whatever its opcode (a re-request's responses start with FIRST
+        // or ONLY anywhere in the READ), a response must carry exactly the
+        // bytes of its place.
+        let want = if k + 1 == w.npsn {
+            w.len - u64::from(k) * mtu
+        } else {
+            mtu
+        };
+        let mut held = self.req.read_held.take().unwrap_or_default();
+        let go_on = if held.has(psn) {
+            false
+        } else if pkt.payload_len() as u64 != want {
+            self.counters.dropped_pkts += 1;
+            false
+        } else {
+            let placed = mem.write_local(
+                self.cfg.pd,
+                self.req.sq.sges(i),
+                u64::from(k) * mtu,
+                pkt.payload(),
+            );
+            if placed.is_err() {
+                let w = &mut self.req.sq[i];
+                w.done = true;
+                w.status = WcStatus::LocProtErr;
+                true
+            } else {
+                held.set(psn);
+                self.counters.sr_held_pkts += 1;
+                false
+            }
+        };
+        self.req.read_held = Some(held);
+        if !go_on && !self.ask_read_hole(i) {
+            return Some(false);
+        }
+        Some(go_on)
+    }
+
+    /// Requester: READ WQE `i` took a response in order; moves its count
+    /// on over the responses held past it, and asks for the next hole
+    /// when held ones remain beyond it.
+    pub(super) fn sweep_read(&mut self, i: usize) {
+        let Some(mut held) = self.req.read_held.take() else {
+            return;
+        };
+        let w = &mut self.req.sq[i];
+        let first = w.first_psn.unwrap_or_default();
+        while w.read_got < w.npsn && held.has(first + w.read_got) {
+            held.clear(first + w.read_got);
+            w.read_got += 1;
+        }
+        if w.read_got >= w.npsn {
+            w.done = true;
+        }
+        let left = w.npsn - w.read_got;
+        let more = left > 0 && !held.is_empty() && held.hole_at(first + w.read_got, left) < left;
+        self.req.read_held = Some(held);
+        if more {
+            // A QP that spent its retries failed: its completions are out.
+            let _ = self.ask_read_hole(i);
+        }
+    }
+
+    /// Requester: how many responses of READ WQE `i` are missing from its
+    /// first missing one to the next held one (or its end).
+    fn read_hole_len(&self, i: usize) -> u32 {
+        let w = &self.req.sq[i];
+        let left = w.npsn.saturating_sub(w.read_got);
+        let start = w.first_psn.unwrap_or_default() + w.read_got;
+        self.req
+            .read_held
+            .as_ref()
+            .map_or(left, |h| h.hole_at(start, left))
+    }
+
+    /// Requester: asks again for READ WQE `i`'s first hole, the responses
+    /// from its first missing one to the next held one, unless that hole
+    /// was asked for already (a lost re-request is found by the probe or
+    /// the ACK timer) or another resend is pending (the next response
+    /// held past the hole asks again). A round of the retry count, as a
+    /// WRITE's hole is, restored when the hole fills; `false` when the
+    /// count was spent (the QP failed).
+    pub(super) fn ask_read_hole(&mut self, i: usize) -> bool {
+        let w = &self.req.sq[i];
+        if w.done || !matches!(w.wr.op, SendOp::Read { .. }) {
+            return true;
+        }
+        let Some(first) = w.first_psn else {
+            return true;
+        };
+        let start = first + w.read_got;
+        let n = self.read_hole_len(i);
+        if n == 0 || self.req.read_hole == Some(start) || self.req.resend.is_some() {
+            return true;
+        }
+        if !self.spend_retry(start, true) {
+            return false;
+        }
+        if self.req.last_rewind != Some(start) {
+            self.counters.retransmits_started += 1;
+        }
+        self.req.last_rewind = Some(start);
+        self.req.rtt_probe = None;
+        self.req.read_hole = Some(start);
+        self.req.resend = Some((start, n));
+        true
+    }
+
     /// Requester: a probe resends the oldest unacknowledged packet when it
     /// is a SEND's or WRITE's (taken again at any responder: placed, or
     /// answered with an ACK). For a READ whose responses stopped short (the
@@ -444,7 +641,15 @@ impl Qp {
         if w.wr.op.is_atomic() || (read && answered) || k >= w.next_pkt {
             return;
         }
-        self.req.resend = Some((una, 1));
+        // A READ's first hole: its first missing response to the next one
+        // held (or its end).
+        let n = if read {
+            let i = self.req.sq.iter().position(|w| w.contains(una) && !w.done);
+            i.map_or(1, |i| self.read_hole_len(i))
+        } else {
+            1
+        };
+        self.req.resend = Some((una, n.max(1)));
     }
 
     /// Requester: the WQE holding the next PSN of the selective resend
@@ -475,6 +680,30 @@ impl Qp {
 mod tests {
     use super::*;
 
+    /// The hole at a PSN ends at the next one set, across word boundaries
+    /// and the PSN space's wrap, and never reaches past the range asked.
+    #[test]
+    fn a_hole_ends_at_the_next_psn_set() {
+        let mut b = PsnBits::default();
+        let from = Psn::new(0xff_ffc0);
+        assert_eq!(b.hole_at(from, 500), 500);
+        assert_eq!(b.hole_at(from, 5000), WINDOW);
+        for k in [1u32, 63, 64, 65, 130, 700] {
+            let mut b = PsnBits::default();
+            b.set(from + k);
+            assert_eq!(b.hole_at(from, 1000), k, "set at {k}");
+            assert_eq!(b.hole_at(from, k), k, "range ends at {k}");
+            assert_eq!(b.hole_at(from + k, 10), 0);
+            assert_eq!(b.hole_at(from + (k + 1), 10), 10);
+        }
+        b.set(from + 70);
+        b.set(from + 3);
+        assert_eq!(b.hole_at(from, 1000), 3);
+        b.clear(from + 3);
+        assert_eq!(b.hole_at(from, 1000), 70);
+        assert_eq!(b.count, 1);
+    }
+
     /// A step of a whole window or more (a long READ's responses) leaves no
     /// held bit behind: one left would stand for a PSN a window later and
     /// be swept as received.
@@ -491,7 +720,7 @@ mod tests {
         qp.resp.epsn = start + step;
         assert_eq!(qp.sweep_held(step), (0, false));
         let held = qp.resp.held.as_ref().unwrap();
-        assert_eq!(held.count, 0);
+        assert!(held.bits.is_empty());
         // The PSN aliasing `start + 5` a window later is not taken as held.
         assert!(!held.has(start + 5 + WINDOW * 2));
 
@@ -502,6 +731,6 @@ mod tests {
         qp.resp.held = Some(Box::new(held));
         qp.resp.epsn = start + step + 5;
         assert_eq!(qp.sweep_held(5), (0, true));
-        assert_eq!(qp.resp.held.as_ref().unwrap().count, 1);
+        assert_eq!(qp.resp.held.as_ref().unwrap().bits.count, 1);
     }
 }

@@ -1,11 +1,11 @@
-//! A long stream of WRITEs over one RC pair, for goodput under loss:
-//! what selective repeat is measured by against go-back-N. Every WRITE is
-//! checked at its completion (the responder's copy equals what was sent),
-//! so a fast wrong answer cannot pass.
+//! A long stream of WRITEs (or READs) over one RC pair, for goodput under
+//! loss: what selective repeat is measured by against go-back-N. Every
+//! message is checked at its completion (the destination's copy equals the
+//! source's), so a fast wrong answer cannot pass.
 //!
 //! ```text
 //! cargo run --release -p burst-transport --example sim -- --stream \
-//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D] [--flows N]
+//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D] [--flows N] [--read]
 //! ```
 
 use super::*;
@@ -27,6 +27,8 @@ pub struct StreamOptions {
     pub flows: usize,
     /// Simulated time limit.
     pub deadline: Nanos,
+    /// READs (node 0 reads node 1's bytes) instead of WRITEs.
+    pub read: bool,
 }
 
 impl Default for StreamOptions {
@@ -39,6 +41,7 @@ impl Default for StreamOptions {
             depth: 32,
             flows: 1,
             deadline: 60_000_000_000,
+            read: false,
         }
     }
 }
@@ -68,7 +71,9 @@ impl StreamSummary {
 /// Streams `o.bytes` of WRITEs from node 0 to node 1 over `w` (MTU 4096)
 /// on `o.flows` RC pairs, `o.depth` WRITEs outstanding on each, every
 /// WRITE checked when it completes; the run ends when the flows together
-/// completed `o.bytes`, and their shares give Jain's fairness index.
+/// completed `o.bytes`, and their shares give Jain's fairness index. With
+/// `o.read`, node 0 READs node 1's bytes instead (the bytes flow the same
+/// way, as responses).
 pub fn run_stream<F: Fabric>(
     w: &mut F,
     seed: u64,
@@ -102,18 +107,30 @@ pub fn run_stream<F: Fabric>(
     }
     let total = o.bytes.div_ceil(size as u64);
     let mut failure: Option<String> = None;
-    // Posts flow f's next WRITE from its slot posted % depth, fresh bytes.
+    // Posts flow f's next message from its slot posted % depth, fresh
+    // bytes: a WRITE of node 0's slot to node 1's, or a READ of node 1's
+    // slot into node 0's.
+    let read = o.read;
     let post = |w: &mut F, rng: &mut Rng, f: &mut Flow| -> Result<(), String> {
         let slot = (f.posted % depth as u64) as usize * size;
-        fill(rng, &mut w.bytes_mut(0, f.src.0)[slot..slot + size]);
+        let (local, remote) = (f.src, f.dst);
+        let (node, key) = if read { (1, remote.0) } else { (0, local.0) };
+        fill(rng, &mut w.bytes_mut(node, key)[slot..slot + size]);
         let sge = Sge {
-            addr: f.src.1 + slot as u64,
+            addr: local.1 + slot as u64,
             length: size as u32,
-            lkey: f.src.0,
+            lkey: local.0,
         };
-        let op = SendOp::Write {
-            remote_addr: f.dst.1 + slot as u64,
-            rkey: f.dst.0,
+        let op = if read {
+            SendOp::Read {
+                remote_addr: remote.1 + slot as u64,
+                rkey: remote.0,
+            }
+        } else {
+            SendOp::Write {
+                remote_addr: remote.1 + slot as u64,
+                rkey: remote.0,
+            }
         };
         w.post_send(f.a, SendWr::new(f.posted, op, [sge]))
             .map_err(|e| format!("post_send: {e}"))?;
@@ -125,13 +142,14 @@ pub fn run_stream<F: Fabric>(
             post(w, &mut rng, f)?;
         }
     }
+    let what = if read { "READ" } else { "WRITE" };
     let mut done = 0u64;
     let finished = w.run(o.deadline, &mut |w: &mut F| {
         for f in flows.iter_mut() {
             while let Some(c) = w.completions(f.a).pop_front() {
                 if c.status != WcStatus::Success || c.wr_id != f.done {
                     failure = Some(format!(
-                        "flow {}: WRITE {} completed as {:?} (wr_id {})",
+                        "flow {}: {what} {} completed as {:?} (wr_id {})",
                         f.a, f.done, c.status, c.wr_id
                     ));
                     return true;
@@ -139,7 +157,7 @@ pub fn run_stream<F: Fabric>(
                 let slot = (f.done % depth as u64) as usize * size;
                 if w.bytes(0, f.src.0)[slot..slot + size] != w.bytes(1, f.dst.0)[slot..slot + size]
                 {
-                    failure = Some(format!("flow {}: WRITE {}: the bytes differ", f.a, f.done));
+                    failure = Some(format!("flow {}: {what} {}: the bytes differ", f.a, f.done));
                     return true;
                 }
                 f.done += 1;
@@ -162,7 +180,7 @@ pub fn run_stream<F: Fabric>(
     }
     if !finished {
         return Err(format!(
-            "seed {seed}: {done} of {total} WRITEs done by {} ns",
+            "seed {seed}: {done} of {total} {what}s done by {} ns",
             o.deadline
         ));
     }

@@ -10,10 +10,11 @@
 //!     [--repeat by-seed|go-back-n|selective|requester-only|responder-only]
 //! --sweep [--rx-limits] --seeds N [--first-seed S] [--secs S] [--jobs J] [-v]
 //! --stream --loss P [--repeat R] [--seeds N] [--bytes N] [--size BYTES] [--depth D] [--flows N]
+//!     [--read]
 //! ```
 //!
 //! `--stream` measures goodput instead ([`super::stream`]): one RC pair
-//! WRITEs `--bytes` (256 MiB) in `--size` (64 KiB) messages, checked; with
+//! WRITEs (`--read`: READs) `--bytes` (256 MiB) in `--size` (64 KiB) messages, checked; with
 //! `--repeat by-seed` (the default) each seed runs go-back-N and selective
 //! repeat alternately and the closing line gives both means.
 //!
@@ -133,9 +134,10 @@ pub fn main_with(
             "--flows" => so.flows = (num(i) as usize).max(1),
             "--secs" => secs = Some(num(i)),
             "--jobs" => jobs = (num(i) as usize).max(1),
-            "--sweep" | "--stream" | "--rx-limits" | "-v" | "--verbose" => {
+            "--sweep" | "--stream" | "--read" | "--rx-limits" | "-v" | "--verbose" => {
                 match args[i].as_str() {
                     "--sweep" => sweep = true,
+                    "--read" => so.read = true,
                     "--stream" => streaming = true,
                     "--rx-limits" => rx_limits = true,
                     _ => verbose = true,
@@ -261,7 +263,7 @@ fn stream_main(
                 Ok(s) => {
                     let c = s.counters;
                     println!(
-                        "seed {seed} {}: {:.2} Gb/s goodput ({} bytes in {:.3} ms simulated), {} frames ({} lost), {} retransmitted, {} timeouts, {} held out of order, Jain {:.4} over {} flow(s)",
+                        "seed {seed} {}: {:.2} Gb/s goodput ({} bytes in {:.3} ms simulated), {} frames ({} lost), {} retransmitted, {} timeouts, {} held out of order, {} probes, Jain {:.4} over {} flow(s)",
                         repeat.name(),
                         s.gbps(),
                         s.bytes,
@@ -271,6 +273,7 @@ fn stream_main(
                         c.retransmitted_pkts,
                         c.completer_retry_err,
                         c.sr_held_pkts,
+                        c.sr_probes,
                         s.jain,
                         so.flows
                     );
