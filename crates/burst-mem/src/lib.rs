@@ -14,7 +14,7 @@ use burst_transport::memory::{check_invalidate, check_remote_access, RemoteRegio
 use burst_transport::{walk_sges, AtomicOp, MemError, Memory, MwBind, QpScope, RemoteAccess, Sge};
 
 pub use copier::{Copier, CopierCounters, CpuMode};
-pub use raw::Region;
+pub use raw::{page_size, Region};
 pub use window::{MwKeys, MwType, MAX_WINDOWS};
 
 /// Access rights of a memory region, with the bit values of `enum ibv_access_flags`.

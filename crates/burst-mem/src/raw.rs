@@ -55,7 +55,13 @@ pub(crate) fn populate(base: *const u8, len: usize, write: bool) -> Result<(), i
     }
 }
 
-fn page_size() -> usize {
+/// The system's page size (4096 when `sysconf` does not say, or says
+/// something that is not a power of two).
+///
+/// ```
+/// assert!(burst_mem::page_size().is_power_of_two());
+/// ```
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory effects.
     usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
         .ok()

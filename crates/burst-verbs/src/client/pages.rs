@@ -1,6 +1,7 @@
 //! A registration's pages moved onto memfds that burstd maps too (zero
 //! copy), and what keeps that true across fork, unmap and remap.
 
+use burst_mem::page_size;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
@@ -73,16 +74,6 @@ impl Area {
 /// Forgets areas whose pages the application unmapped (or replaced).
 fn prune(areas: &mut Vec<Area>, maps: &[Mapping]) {
     areas.retain(|a| a.is_live(maps));
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
 }
 
 /// Areas of this process moved onto memfds, for every context (a second
