@@ -234,9 +234,10 @@ impl Congestion {
     }
 
     /// A QP that has not timed a round trip yet starts from its peer's
-    /// estimate ([`Qp::seed_rtt`]), if the peer has one.
+    /// estimate ([`Qp::seed_rtt`]), if the peer has one, and follows it
+    /// until it has a sample of its own.
     pub fn seed_rtt(&self, f: &QpFlow, qp: &mut Qp) {
-        if qp.rtt().is_none() {
+        if qp.rtt().is_none() || qp.rtt_seeded() {
             if let Some(p) = f.peer.and_then(|a| self.peers.get(&a.ip())) {
                 qp.seed_rtt(p.srtt, p.rttvar);
             }

@@ -127,6 +127,7 @@ impl Qp {
                     // peer's window) from making probes spurious.
                     (self.req.srtt, self.req.rttvar) =
                         crate::smooth_rtt((self.req.srtt, self.req.rttvar), rtt);
+                    self.req.rtt_seeded = false;
                 }
             }
         }

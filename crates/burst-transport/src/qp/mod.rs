@@ -192,6 +192,9 @@ struct Requester {
     /// (RFC 6298).
     srtt: Nanos,
     rttvar: Nanos,
+    /// The estimate is the peer's ([`Qp::seed_rtt`]), no sample of the
+    /// QP's own yet.
+    rtt_seeded: bool,
     /// Selective repeat: when the last progress (or probe) was, and the
     /// probes sent since (see `Qp::probe_deadline`).
     probe_from: Nanos,

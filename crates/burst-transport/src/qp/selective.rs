@@ -197,8 +197,13 @@ impl Qp {
     /// lost tail of its first flight after a few round trips instead of
     /// waiting for the ACK timer (thousands of QPs starting together, one
     /// receive-buffer overflow: each QP that lost its tail timed out).
-    /// No effect on a QP that has an estimate, or with `srtt` 0; the QP's
-    /// own samples refine the seed.
+    /// Until the QP times a round trip of its own, later seeds replace
+    /// earlier ones: the data plane seeds again from the peer's current
+    /// estimate before it looks at the QP's timers, so a first flight
+    /// queued behind thousands of others follows the queue's growth
+    /// instead of probing on the estimate of an empty queue (1,000 flows
+    /// starting together: 1,181 spurious probes). No effect with `srtt` 0
+    /// or once the QP has a sample of its own.
     ///
     /// ```
     /// use burst_transport::{Qp, QpConfig, QpType};
@@ -206,13 +211,23 @@ impl Qp {
     /// let mut qp = Qp::new(QpConfig::new(Qpn::new(0x11).unwrap(), QpType::Rc, 1));
     /// assert_eq!(qp.rtt(), None);
     /// qp.seed_rtt(40_000, 10_000);
-    /// qp.seed_rtt(1_000, 500);
-    /// assert_eq!(qp.rtt(), Some((40_000, 10_000)));
+    /// assert!(qp.rtt_seeded());
+    /// qp.seed_rtt(90_000, 30_000);
+    /// assert_eq!(qp.rtt(), Some((90_000, 30_000)));
+    /// qp.seed_rtt(0, 0);
+    /// assert_eq!(qp.rtt(), Some((90_000, 30_000)));
     /// ```
     pub fn seed_rtt(&mut self, srtt: Nanos, rttvar: Nanos) {
-        if self.req.srtt == 0 && srtt > 0 {
+        if (self.req.srtt == 0 || self.req.rtt_seeded) && srtt > 0 {
             (self.req.srtt, self.req.rttvar) = (srtt, rttvar);
+            self.req.rtt_seeded = true;
         }
+    }
+
+    /// Requester: whether the round-trip estimate is a seed
+    /// ([`Qp::seed_rtt`]), not yet refined by a sample of the QP's own.
+    pub fn rtt_seeded(&self) -> bool {
+        self.req.rtt_seeded
     }
 
     /// Responder: a WRITE packet `d` PSNs past the expected one, placed

@@ -66,8 +66,11 @@ impl<P: Port> Device<P> {
                 continue;
             };
             // The heap's deadline is a hint: the QP's own timer decides
-            // (settling arms it again when it moved later).
+            // (settling arms it again when it moved later). A QP without a
+            // round trip of its own first follows its peer's estimate,
+            // which grew if a queue built ahead of its first flight.
             self.ready.touch(i);
+            self.cc.seed_rtt(&s.flow, &mut s.qp);
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 due.push(i);
             }
@@ -80,9 +83,21 @@ impl<P: Port> Device<P> {
             };
             if s.qp.poll_timeout().is_some_and(|t| t <= now) {
                 fired += 1;
+                let timeouts = s.qp.counters().completer_retry_err;
                 if let Err(msg) = contain(|| s.qp.handle_timeout(now)) {
                     self.qp_fatal(i, &msg);
                 } else if let Some(s) = self.qps[i].as_mut() {
+                    if s.qp.counters().completer_retry_err != timeouts {
+                        // Rare and telling (a lost tail no probe caught, a
+                        // peer gone): what the QP knew when it went back.
+                        tracing::debug!(
+                            qpn = s.qp.qpn().value(),
+                            in_flight = s.qp.packets_in_flight(),
+                            rtt = ?s.qp.rtt(),
+                            seeded = s.qp.rtt_seeded(),
+                            "ACK timeout: going back N"
+                        );
+                    }
                     let _ = self.cc.account(&mut s.flow, &mut s.qp, now);
                 }
             }
