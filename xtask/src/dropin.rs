@@ -683,6 +683,20 @@ impl Run {
         self.wait()
     }
 
+    /// Whether the process is still running, looking for up to `within`.
+    pub(crate) fn running_after(&mut self, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        loop {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return false;
+            }
+            if Instant::now() >= end {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub(crate) fn wait(mut self) -> (bool, String) {
         let ok = self.child.wait().is_ok_and(|s| s.success());
         (ok, self.out.join().unwrap_or_default())
