@@ -62,6 +62,18 @@ impl RecvQueue {
         Some(RecvWr { wr_id, sg_list })
     }
 
+    /// The SGEs of the `k`-th oldest WR (0: the next one taken), if that
+    /// many wait.
+    pub(crate) fn sges_of(&self, k: usize) -> Option<SgList> {
+        let n = usize::from(self.wrs.get(k)?.1);
+        let skip: usize = self.wrs.iter().take(k).map(|w| usize::from(w.1)).sum();
+        let mut l = SgList::new();
+        for s in self.sges.iter().skip(skip).take(n) {
+            let _ = l.push(*s);
+        }
+        Some(l)
+    }
+
     /// Takes every WR, oldest first.
     pub(crate) fn take_all(&mut self) -> Vec<RecvWr> {
         std::iter::from_fn(|| self.pop_front()).collect()

@@ -144,6 +144,19 @@ impl SendOp {
         }
     }
 
+    /// Whether the message takes a receive WQE at the responder (SEND,
+    /// WRITE WITH IMMEDIATE).
+    #[must_use]
+    pub fn takes_receive(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Send
+                | SendOp::SendWithImm(_)
+                | SendOp::SendWithInv(_)
+                | SendOp::WriteWithImm { .. }
+        )
+    }
+
     /// RDMA READ or atomic: limited by `max_rd_atomic`, waited on by fences.
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(

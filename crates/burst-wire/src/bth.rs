@@ -46,8 +46,9 @@ const TVER_MASK: u8 = 0x0f;
 /// Bits of [`field::CONGESTION`].
 const FECN: u8 = 0x80;
 const BECN: u8 = 0x40;
-/// Bit of [`field::ACK_REQ`].
+/// Bits of [`field::ACK_REQ`].
 const ACK_REQ: u8 = 0x80;
+const RESV7_MASK: u8 = 0x7f;
 
 /// Default partition key (full member of the default partition).
 pub const DEFAULT_PKEY: u16 = 0xffff;
@@ -120,6 +121,11 @@ impl<T: AsRef<[u8]>> Bth<T> {
     pub fn ack_req(&self) -> bool {
         self.b()[field::ACK_REQ] & ACK_REQ != 0
     }
+    /// The seven reserved bits after AckReq (IBA: sent as 0, not checked
+    /// by a receiver; covered by the ICRC).
+    pub fn resv7(&self) -> u8 {
+        self.b()[field::ACK_REQ] & RESV7_MASK
+    }
     /// Packet sequence number.
     pub fn psn(&self) -> Psn {
         Psn::new(u24_at(self.b(), field::PSN))
@@ -176,6 +182,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     pub fn set_ack_req(&mut self, v: bool) {
         self.set_bit(field::ACK_REQ, ACK_REQ, v)
     }
+    /// Sets the seven reserved bits after AckReq (low seven bits of `v`).
+    pub fn set_resv7(&mut self, v: u8) {
+        let b = &mut self.bm()[field::ACK_REQ];
+        *b = (*b & !RESV7_MASK) | (v & RESV7_MASK);
+    }
     /// Sets the PSN.
     pub fn set_psn(&mut self, v: Psn) {
         set_u24(self.bm(), field::PSN, v.value())
@@ -203,6 +214,11 @@ pub struct BthRepr {
     pub dest_qp: Qpn,
     /// Acknowledge request.
     pub ack_req: bool,
+    /// The seven reserved bits after AckReq: 0 toward every peer (IBA),
+    /// and 0 from RXE and RNICs. Two burst peers that agreed on selective
+    /// repeat tag SEND packets there (burst-transport's selective repeat),
+    /// so a responder can tell where a packet past a gap goes.
+    pub resv7: u8,
     /// Packet sequence number.
     pub psn: Psn,
 }
@@ -222,6 +238,7 @@ impl BthRepr {
             becn: false,
             dest_qp,
             ack_req: false,
+            resv7: 0,
             psn,
         }
     }
@@ -241,11 +258,13 @@ impl BthRepr {
             becn: bth.becn(),
             dest_qp: bth.dest_qp(),
             ack_req: bth.ack_req(),
+            resv7: bth.resv7(),
             psn: bth.psn(),
         })
     }
 
-    /// Writes the BTH; reserved bits are written as zero.
+    /// Writes the BTH; reserved bits are written as zero but for
+    /// [`BthRepr::resv7`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, bth: &mut Bth<T>) {
         bth.bm()[..BTH_LEN].fill(0);
         bth.set_opcode(self.opcode);
@@ -258,6 +277,7 @@ impl BthRepr {
         bth.set_becn(self.becn);
         bth.set_dest_qp(self.dest_qp);
         bth.set_ack_req(self.ack_req);
+        bth.set_resv7(self.resv7);
         bth.set_psn(self.psn);
     }
 }
@@ -269,6 +289,8 @@ impl BthRepr {
 /// let mut b = BthRepr::new(Opcode::RC_SEND_ONLY, Qpn::new(0x11).unwrap(), Psn::new(5));
 /// b.ack_req = true;
 /// assert_eq!(b.to_string(), "RC_SEND_ONLY qp=0x000011 psn=0x000005 A");
+/// b.resv7 = 3;
+/// assert_eq!(b.to_string(), "RC_SEND_ONLY qp=0x000011 psn=0x000005 A resv7=3");
 /// ```
 impl core::fmt::Display for BthRepr {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -289,6 +311,9 @@ impl core::fmt::Display for BthRepr {
         }
         if self.pkey != DEFAULT_PKEY {
             write!(f, " pkey={:#06x}", self.pkey)?;
+        }
+        if self.resv7 != 0 {
+            write!(f, " resv7={}", self.resv7)?;
         }
         Ok(())
     }

@@ -44,6 +44,7 @@ fn arb_ib() -> impl Strategy<Value = IbRepr> {
                 bth.fecn = fecn;
                 bth.becn = becn;
                 bth.ack_req = ack;
+                bth.resv7 = (msn >> 17) as u8 & 0x7f;
                 let info = op.info().unwrap();
                 let h = info.headers;
                 let mut ib = IbRepr::new(bth);

@@ -57,6 +57,9 @@ impl Qp {
             {
                 self.req.rd_atomic_inflight = self.req.rd_atomic_inflight.saturating_sub(1);
             }
+            if w.first_psn.is_some() && w.wr.op.takes_receive() {
+                self.req.acked_rsn = self.req.acked_rsn.wrapping_add(1);
+            }
             // IBA 10.7.3.1: an error always generates a completion, even
             // for an unsignaled work request.
             if w.status != WcStatus::Success || w.wr.signaled {

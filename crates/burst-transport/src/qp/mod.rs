@@ -122,6 +122,10 @@ struct SendWqe {
     /// A READ whose responses showed a gap was asked for again from the
     /// gap; until the ACK timer expires, later gaps ask for nothing more.
     read_rerequested: bool,
+    /// A message that takes a receive WQE (SEND, WRITE WITH IMMEDIATE):
+    /// which, counted from 0 since the QP left RESET, as the responder
+    /// counts them (`Responder::rsn`). Set when its first packet goes.
+    rsn: u32,
     done: bool,
     status: WcStatus,
 }
@@ -188,6 +192,10 @@ struct Requester {
     /// Selective repeat: the first PSN of the last READ hole asked for
     /// again (each hole once; a lost re-request is the probe's).
     read_hole: Option<Psn>,
+    /// Messages that take a receive WQE, sent so far (see `SendWqe::rsn`),
+    /// and completed so far (the responder took their WQEs).
+    next_rsn: u32,
+    acked_rsn: u32,
     /// Smoothed round-trip time (0: no sample yet) and its mean deviation
     /// (RFC 6298).
     srtt: Nanos,
@@ -276,6 +284,10 @@ struct Responder {
     unacked_pkts: u32,
     /// Selective repeat: WRITE packets placed past the expected PSN.
     held: Option<Box<selective::Held>>,
+    /// Receive WQEs messages took since the QP left RESET (IRN's receive
+    /// WQE sequence number): a selective requester names a SEND's by its
+    /// low bits, so one past a gap finds its receive WQE.
+    rsn: u32,
 }
 
 /// A queue pair's transport state.
@@ -687,6 +699,7 @@ impl Qp {
             next_pkt: 0,
             read_got: 0,
             read_rerequested: false,
+            rsn: 0,
             done: status != WcStatus::Success,
             status,
         };
@@ -734,6 +747,7 @@ impl Qp {
                 next_pkt: 0,
                 read_got: 0,
                 read_rerequested: false,
+                rsn: 0,
                 done: true,
                 status,
             },

@@ -52,6 +52,7 @@ impl Qp {
     ) -> Result<Option<WorkCompletion>, Refusal> {
         if starts {
             let wr = self.resp.rq.pop_front().ok_or(Refusal::NoReceive)?;
+            self.resp.rsn = self.resp.rsn.wrapping_add(1);
             self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
         }
         let Some(cur) = self.resp.cur_recv.as_mut() else {
@@ -151,6 +152,7 @@ impl Qp {
         self.resp.cur_write = (!ends).then_some(w);
         if let (true, Some(imm)) = (ends, pkt.imm_dt()) {
             if let Some(wr) = self.resp.rq.pop_front() {
+                self.resp.rsn = self.resp.rsn.wrapping_add(1);
                 let mut wc = recv_wc(
                     self.cfg.qpn,
                     wr.wr_id,

@@ -247,6 +247,16 @@ impl Qp {
                 if inflight > 0 && inflight + w.npsn.min(window) > window {
                     return None;
                 }
+                // A selective SEND's tag names its receive WQE modulo
+                // SEND_TAG_SPAN: fewer than that unacknowledged keep the
+                // name exact at the responder (`Qp::hold_send_ahead`).
+                if self.attrs.selective_repeat
+                    && w.wr.op.takes_receive()
+                    && self.req.next_rsn.wrapping_sub(self.req.acked_rsn)
+                        >= super::selective::SEND_TAG_SPAN - 1
+                {
+                    return None;
+                }
             }
         } else if t == QpType::Rc && !w.wr.op.is_read_or_atomic() {
             // Every packet of an admitted WQE (first sends and go-back
@@ -289,6 +299,10 @@ impl Qp {
             }
             w.first_psn = Some(self.req.next_psn);
             self.req.next_psn += w.npsn;
+            if t == QpType::Rc && w.wr.op.takes_receive() {
+                w.rsn = self.req.next_rsn;
+                self.req.next_rsn = self.req.next_rsn.wrapping_add(1);
+            }
         }
         let first = w.first_psn.unwrap_or_default();
         let k = selective.map_or(w.next_pkt, |(p, _)| first.distance_to(p) as u32);
@@ -355,7 +369,16 @@ impl Qp {
                 src_qp: own_qpn,
             });
             let advance = selective.is_none();
-            data_request(
+            // A selective SEND packet names its receive WQE or its index
+            // in its message (`Qp::hold_send_ahead` reads it past a gap).
+            let tag = (t == QpType::Rc
+                && self.attrs.selective_repeat
+                && matches!(
+                    w.wr.op,
+                    SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_)
+                ))
+            .then(|| super::selective::send_tag(k, w.rsn));
+            let (mut ib, payload) = data_request(
                 w,
                 (sges, inline),
                 t,
@@ -366,7 +389,9 @@ impl Qp {
                 deth,
                 self.cfg.pd,
                 advance,
-            )
+            );
+            ib.bth.resv7 = tag.unwrap_or(0);
+            (ib, payload)
         };
         if t == QpType::Rc && self.req.timer.is_none() {
             self.req.timer = deadline;

@@ -12,16 +12,30 @@
 //!   (a PSN sequence error, as IBA), and when the gap fills, sweeps the
 //!   expected PSN over what it holds, finishing messages in order (MSN,
 //!   ACK). A hole it already knows of (PSNs held past it) is NAKed at once.
-//!   Anything else out of order (SEND, READ, atomic, WRITE WITH IMMEDIATE's
-//!   last packet, a WRITE whose first packet is missing) is dropped as
-//!   before.
-//! - The requester, on a sequence NAK for PSN `p` of a WRITE, resends only
-//!   what the responder cannot hold: `p` itself, or the whole message when
-//!   `p` is its first packet (the rest had nowhere to go). For any other
-//!   operation it goes back N from `p`. When nothing progresses for a
-//!   few round trips (a lost tail draws no NAK) it probes: the oldest
-//!   unacknowledged SEND or WRITE packet again, or a READ's first hole
-//!   asked for again (`Qp::probe_oldest`). A timeout always goes back N.
+//!   SEND packets past a gap are placed too, when their receive WQE and
+//!   offset are known: the requester puts in the BTH's seven reserved bits
+//!   ([`send_tag`]) a SEND's receive WQE number (its first packet: which
+//!   of the messages that take a receive it is, IRN's receive WQE
+//!   sequence number) or the packet's index in its message (the others),
+//!   both modulo 127 and plus one (0, what every other peer sends, says
+//!   nothing), and keeps fewer than 127 such messages unacknowledged, so
+//!   the number is exact. The responder holds a first packet in the
+//!   receive WQE that number names (its own receive queue, not an SRQ,
+//!   whose WQEs other QPs take), and a later packet of the message in
+//!   progress or of a message whose first packet it holds, when the index
+//!   can belong to no later message (`Qp::hold_send_ahead`). Anything else
+//!   out of order
+//!   (READ, atomic, a last packet that invalidates or WRITE WITH
+//!   IMMEDIATE's, a WRITE or SEND whose first packet is missing) is
+//!   dropped as before.
+//! - The requester, on a sequence NAK for PSN `p` of a WRITE or SEND,
+//!   resends only what the responder cannot hold: `p` itself, or the whole
+//!   message when `p` is its first packet (the rest had nowhere to go).
+//!   For any other operation it goes back N from `p`. When nothing
+//!   progresses for a few round trips (a lost tail draws no NAK) it
+//!   probes: the oldest unacknowledged SEND or WRITE packet again, or a
+//!   READ's first hole asked for again (`Qp::probe_oldest`). A timeout
+//!   always goes back N.
 //! - READ responses are the requester's to hold: it knows where each one
 //!   goes, so one past a missing response is placed and remembered, and
 //!   the hole before it (to the next held response) is asked for again
@@ -51,6 +65,25 @@ const MESSAGES: usize = 16;
 /// Holes one recovery repairs one by one before it goes back N (see
 /// `Qp::retry_selective`).
 const HOLES_BEFORE_GO_BACK: u32 = 4;
+
+/// A SEND packet's receive WQE number or index in its message travels
+/// modulo this (in the BTH's seven reserved bits, 0 meaning none), so the
+/// responder holds SEND packets less than this far past its expected PSN.
+pub(super) const SEND_TAG_SPAN: u32 = 127;
+
+/// The tag a selective requester puts in the BTH's reserved bits of
+/// packet `k` of a SEND whose receive WQE number is `rsn`: that number on
+/// its first packet, the index on the others, modulo [`SEND_TAG_SPAN`],
+/// plus one, so that 0 (what RXE, RNICs and burst before tags send) says
+/// nothing.
+pub(super) fn send_tag(k: u32, rsn: u32) -> u8 {
+    (if k == 0 { rsn } else { k } % SEND_TAG_SPAN + 1) as u8
+}
+
+/// What a SEND packet's tag says (see [`send_tag`]), if anything.
+fn read_send_tag(resv7: u8) -> Option<u64> {
+    u64::from(resv7).checked_sub(1)
+}
 
 /// The shortest wait before a probe (see `Qp::probe_deadline`): a few
 /// round trips of a software stack on one host.
@@ -141,6 +174,31 @@ pub(super) struct Held {
     bits: PsnBits,
     /// WRITE messages whose first packet was placed out of order.
     messages: Vec<HeldWrite>,
+    /// The last packet of the SEND in progress, placed out of order.
+    send_last: Option<HeldSendLast>,
+    /// SEND messages whose first packet was placed out of order (fewer
+    /// than [`SEND_TAG_SPAN`]: no more can be unacknowledged).
+    sends: Vec<HeldSend>,
+}
+
+/// A SEND message whose first packet arrived ahead of the expected PSN,
+/// placed in the receive WQE its tag named.
+#[derive(Debug, Clone, Copy)]
+struct HeldSend {
+    first: Psn,
+    /// The receive WQE's number (`Responder::rsn` when it is taken).
+    rsn: u32,
+    /// Its last packet, once held (an only packet is its own).
+    last: Option<HeldSendLast>,
+}
+
+/// The last packet of the SEND message in progress, held: what its
+/// completion needs when the sweep reaches it.
+#[derive(Debug, Clone, Copy)]
+struct HeldSendLast {
+    psn: Psn,
+    len: u32,
+    imm: Option<u32>,
 }
 
 /// A WRITE message whose RETH arrived ahead of the expected PSN.
@@ -157,6 +215,8 @@ impl Default for Held {
         Held {
             bits: PsnBits::default(),
             messages: Vec::with_capacity(MESSAGES),
+            send_last: None,
+            sends: Vec::new(),
         }
     }
 }
@@ -172,10 +232,14 @@ impl Held {
         self.bits.clear(psn)
     }
     fn clear_all(&mut self) {
-        self.bits.clear_all()
+        self.bits.clear_all();
+        self.send_last = None;
     }
     pub(super) fn is_empty(&self) -> bool {
-        self.bits.is_empty() && self.messages.is_empty()
+        self.bits.is_empty()
+            && self.messages.is_empty()
+            && self.send_last.is_none()
+            && self.sends.is_empty()
     }
 }
 
@@ -238,18 +302,145 @@ impl Qp {
             return;
         }
         let info = pkt.info();
-        if info.operation != Operation::RdmaWrite || pkt.imm_dt().is_some() {
+        let send = info.operation == Operation::Send;
+        if !send && (info.operation != Operation::RdmaWrite || pkt.imm_dt().is_some()) {
             return;
         }
         let psn = pkt.bth().psn();
         let mut held = self.resp.held.take().unwrap_or_default();
         if held.has(psn) {
             self.counters.duplicate_request += 1;
+        } else if send {
+            if self.hold_send_ahead(&mut held, pkt, d, mem) {
+                held.set(psn);
+                self.counters.sr_held_pkts += 1;
+            }
         } else if self.place_ahead(&mut held, pkt, d, mem).is_ok() {
             held.set(psn);
             self.counters.sr_held_pkts += 1;
         }
         self.resp.held = Some(held);
+    }
+
+    /// Responder: places a SEND packet `d` PSNs past the expected one when
+    /// its receive WQE and offset are known; `true` when held.
+    ///
+    /// Its tag ([`send_tag`]) says where. A first (or only) packet names
+    /// its receive WQE modulo [`SEND_TAG_SPAN`], exact because a selective
+    /// requester keeps fewer messages that take a receive unacknowledged;
+    /// the WQE is that many behind the next one in the queue. A later
+    /// packet gives its index in its message: a packet of a message that
+    /// started after a known first PSN `f` has an index below `psn - f`,
+    /// so an index matching `psn - f` below the span is that message's
+    /// (for the message in progress, whose start lies before the expected
+    /// PSN, any later message's index is below `d`, while its own is at
+    /// least `d`). Packets past the span of a longer message are not held:
+    /// its requester goes back N for them. Anything else, and a last
+    /// packet that invalidates (its completion has more to do), is left
+    /// to be resent.
+    fn hold_send_ahead(
+        &mut self,
+        held: &mut Held,
+        pkt: &IbPacket<&[u8]>,
+        d: u32,
+        mem: &mut impl Memory,
+    ) -> bool {
+        let span = u64::from(SEND_TAG_SPAN);
+        let psn = pkt.bth().psn();
+        let Some(tag) = read_send_tag(pkt.bth().resv7()) else {
+            return false;
+        };
+        let pos = pkt.info().position.unwrap_or(Position::Only);
+        let ends = matches!(pos, Position::Last | Position::Only);
+        if (ends && pkt.ieth().is_some())
+            || self
+                .attrs
+                .mtu
+                .check_payload(pkt.opcode(), pkt.payload_len())
+                .is_err()
+        {
+            return false;
+        }
+        let mtu = self.attrs.mtu.bytes() as u64;
+        let data = pkt.payload();
+        let last = ends.then(|| HeldSendLast {
+            psn,
+            len: data.len() as u32,
+            imm: pkt.imm_dt().map(|i| i.imm()),
+        });
+        if matches!(pos, Position::First | Position::Only) {
+            // Its receive WQE, `k` behind the next one taken: exact, as a
+            // selective requester keeps fewer than the span of them
+            // unacknowledged (`Qp::next_request`); and at most one for each
+            // message started since the expected PSN, and one for a WRITE
+            // WITH IMMEDIATE in progress (it takes its WQE last).
+            let k = (tag + span - u64::from(self.resp.rsn) % span) % span;
+            if self.cfg.srq || held.sends.len() >= SEND_TAG_SPAN as usize || k > u64::from(d) + 1 {
+                return false;
+            }
+            let rsn = self.resp.rsn.wrapping_add(k as u32);
+            if held.sends.iter().any(|h| h.rsn == rsn) {
+                return false;
+            }
+            let Some(sges) = self.resp.rq.sges_of(k as usize) else {
+                return false;
+            };
+            if data.len() as u64 > sg_len(&sges)
+                || mem.write_local(self.cfg.pd, &sges, 0, data).is_err()
+            {
+                // Refused when it comes in order (LOC_LEN_ERR, LOC_PROT_ERR).
+                return false;
+            }
+            held.sends.push(HeldSend {
+                first: psn,
+                rsn,
+                last,
+            });
+            return true;
+        }
+        // A later packet: of the message in progress (its packets before
+        // the expected PSN each carried the MTU, C9-92), or of one held.
+        let before = |l: Option<HeldSendLast>| l.is_none_or(|l| psn.distance_to(l.psn) > 0);
+        let in_progress = self.resp.cur_recv.as_ref().and_then(|cur| {
+            let index = cur.offset / mtu + u64::from(d);
+            (index < span && index == tag && before(held.send_last)).then_some((
+                index,
+                cur.wr.sg_list,
+                None,
+            ))
+        });
+        let found = in_progress.or_else(|| {
+            let (i, h) = held.sends.iter().enumerate().find(|(_, h)| {
+                let index = h.first.distance_to(psn);
+                index > 0 && (index as u64) < span && index as u64 == tag && before(h.last)
+            })?;
+            let sges = self
+                .resp
+                .rq
+                .sges_of(h.rsn.wrapping_sub(self.resp.rsn) as usize)?;
+            Some((h.first.distance_to(psn) as u64, sges, Some(i)))
+        });
+        let Some((index, sges, which)) = found else {
+            return false;
+        };
+        let ending = match which {
+            Some(i) => &mut held.sends[i].last,
+            None => &mut held.send_last,
+        };
+        if last.is_some() && ending.is_some() {
+            // Another last packet for a message that has one.
+            return false;
+        }
+        let at = index * mtu;
+        if at + data.len() as u64 > sg_len(&sges)
+            || mem.write_local(self.cfg.pd, &sges, at, data).is_err()
+        {
+            return false;
+        }
+        if last.is_some() {
+            *ending = last;
+        }
+        true
     }
 
     /// Places one packet ahead of the expected PSN: the checks of in-order
@@ -354,6 +545,18 @@ impl Qp {
         while held.has(self.resp.epsn) {
             let psn = self.resp.epsn;
             held.clear(psn);
+            let send = held.sends.iter().position(|h| h.first == psn);
+            if self.resp.cur_recv.is_some() || send.is_some() {
+                // A SEND packet placed ahead (`Qp::hold_send_ahead`).
+                if !self.sweep_send(&mut held, send, psn, mtu) {
+                    self.resp.held = Some(held);
+                    self.nak(NakCode::InvalidRequest);
+                    return (swept, false);
+                }
+                self.resp.epsn += 1;
+                swept += 1;
+                continue;
+            }
             let first = held.messages.iter().position(|m| m.first == psn);
             let w = match first {
                 Some(i) => {
@@ -400,9 +603,59 @@ impl Qp {
         // requester sent there: forget them.
         let epsn = self.resp.epsn;
         held.messages.retain(|m| epsn.distance_to(m.first) > 0);
+        held.sends.retain(|m| epsn.distance_to(m.first) > 0);
         let hole = !held.bits.is_empty();
         self.resp.held = Some(held);
         (swept, hole)
+    }
+
+    /// Responder, sweeping: held SEND packet `psn`, the first of held
+    /// message `start` or a later one of the message in progress, moves
+    /// the receive on; a last one completes it. `false` for a packet the
+    /// message cannot take (a new message inside another, or a receive
+    /// WQE taken out of turn: what in order would have NAKed).
+    fn sweep_send(&mut self, held: &mut Held, start: Option<usize>, psn: Psn, mtu: u64) -> bool {
+        if let Some(i) = start {
+            let h = held.sends.swap_remove(i);
+            if self.resp.cur_recv.is_some()
+                || self.resp.cur_write.is_some()
+                || h.rsn != self.resp.rsn
+                || held.send_last.is_some()
+            {
+                return false;
+            }
+            let Some(wr) = self.resp.rq.pop_front() else {
+                return false;
+            };
+            self.resp.rsn = self.resp.rsn.wrapping_add(1);
+            self.resp.cur_recv = Some(RecvInProgress { wr, offset: 0 });
+            held.send_last = h.last;
+        }
+        let last = held.send_last.filter(|l| l.psn == psn);
+        let Some(cur) = self.resp.cur_recv.as_mut() else {
+            return false;
+        };
+        let Some(last) = last else {
+            cur.offset += mtu;
+            return true;
+        };
+        held.send_last = None;
+        cur.offset += u64::from(last.len);
+        let Some(cur) = self.resp.cur_recv.take() else {
+            return false;
+        };
+        let mut wc = recv_wc(
+            self.cfg.qpn,
+            cur.wr.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            cur.offset as u32,
+        );
+        wc.imm_data = last.imm;
+        self.completions.push_back(wc);
+        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+        self.counters.rdma_recvs += 1;
+        true
     }
 
     /// Requester, a selective QP: a PSN sequence NAK for `psn` (everything
@@ -443,6 +696,22 @@ impl Qp {
             SendOp::Write { .. } | SendOp::WriteWithImm { .. } if k < w.next_pkt => {
                 if k == 0 {
                     w.next_pkt.min(w.npsn)
+                } else {
+                    1
+                }
+            }
+            // A SEND of at most SEND_TAG_SPAN packets: those past `psn`
+            // were held (their tags tell the responder where they go), but
+            // for the last packet of a SEND with invalidate; a longer one
+            // goes back N, as the responder holds none of its packets past
+            // the span.
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_)
+                if k < w.next_pkt && w.npsn <= SEND_TAG_SPAN =>
+            {
+                let sent = w.next_pkt.min(w.npsn);
+                let inv = matches!(w.wr.op, SendOp::SendWithInv(_));
+                if k == 0 || inv {
+                    sent - k
                 } else {
                     1
                 }

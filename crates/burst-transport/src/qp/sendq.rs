@@ -369,6 +369,7 @@ mod tests {
             next_pkt: 0,
             read_got: 0,
             read_rerequested: false,
+            rsn: 0,
             done: false,
             status: crate::WcStatus::Success,
         };

@@ -1,11 +1,11 @@
-//! A long stream of WRITEs (or READs) over one RC pair, for goodput under
+//! A long stream of WRITEs (or READs, or SENDs) over RC pairs, for goodput under
 //! loss: what selective repeat is measured by against go-back-N. Every
 //! message is checked at its completion (the destination's copy equals the
 //! source's), so a fast wrong answer cannot pass.
 //!
 //! ```text
 //! cargo run --release -p burst-transport --example sim -- --stream \
-//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D] [--flows N] [--read]
+//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D] [--flows N] [--read | --send]
 //! ```
 
 use super::*;
@@ -29,6 +29,8 @@ pub struct StreamOptions {
     pub deadline: Nanos,
     /// READs (node 0 reads node 1's bytes) instead of WRITEs.
     pub read: bool,
+    /// SENDs into receives node 1 posts instead of WRITEs.
+    pub send: bool,
 }
 
 impl Default for StreamOptions {
@@ -42,6 +44,7 @@ impl Default for StreamOptions {
             flows: 1,
             deadline: 60_000_000_000,
             read: false,
+            send: false,
         }
     }
 }
@@ -73,7 +76,8 @@ impl StreamSummary {
 /// WRITE checked when it completes; the run ends when the flows together
 /// completed `o.bytes`, and their shares give Jain's fairness index. With
 /// `o.read`, node 0 READs node 1's bytes instead (the bytes flow the same
-/// way, as responses).
+/// way, as responses); with `o.send`, it SENDs them into receives node 1
+/// posts, one per message, into the slot the message's WRITE would fill.
 pub fn run_stream<F: Fabric>(
     w: &mut F,
     seed: u64,
@@ -99,10 +103,12 @@ pub fn run_stream<F: Fabric>(
         let (dst, dst_va) = w.register(1, size * depth);
         flows.push(Flow {
             a,
+            b,
             src: (src, src_va),
             dst: (dst, dst_va),
             posted: 0,
             done: 0,
+            received: 0,
         });
     }
     let total = o.bytes.div_ceil(size as u64);
@@ -110,10 +116,23 @@ pub fn run_stream<F: Fabric>(
     // Posts flow f's next message from its slot posted % depth, fresh
     // bytes: a WRITE of node 0's slot to node 1's, or a READ of node 1's
     // slot into node 0's.
-    let read = o.read;
+    let (read, send) = (o.read, o.send && !o.read);
     let post = |w: &mut F, rng: &mut Rng, f: &mut Flow| -> Result<(), String> {
         let slot = (f.posted % depth as u64) as usize * size;
         let (local, remote) = (f.src, f.dst);
+        if send {
+            let sge = Sge {
+                addr: remote.1 + slot as u64,
+                length: size as u32,
+                lkey: remote.0,
+            };
+            let rwr = RecvWr {
+                wr_id: f.posted,
+                sg_list: SgList::from([sge]),
+            };
+            w.post_recv(f.b, rwr)
+                .map_err(|e| format!("post_recv: {e}"))?;
+        }
         let (node, key) = if read { (1, remote.0) } else { (0, local.0) };
         fill(rng, &mut w.bytes_mut(node, key)[slot..slot + size]);
         let sge = Sge {
@@ -121,7 +140,9 @@ pub fn run_stream<F: Fabric>(
             length: size as u32,
             lkey: local.0,
         };
-        let op = if read {
+        let op = if send {
+            SendOp::Send
+        } else if read {
             SendOp::Read {
                 remote_addr: remote.1 + slot as u64,
                 rkey: remote.0,
@@ -142,10 +163,28 @@ pub fn run_stream<F: Fabric>(
             post(w, &mut rng, f)?;
         }
     }
-    let what = if read { "READ" } else { "WRITE" };
+    let what = match (read, send) {
+        (true, _) => "READ",
+        (_, true) => "SEND",
+        _ => "WRITE",
+    };
     let mut done = 0u64;
     let finished = w.run(o.deadline, &mut |w: &mut F| {
         for f in flows.iter_mut() {
+            // The receives' completions: in order, whole messages.
+            while let Some(c) = w.completions(f.b).pop_front() {
+                if c.status != WcStatus::Success
+                    || c.wr_id != f.received
+                    || c.byte_len as usize != size
+                {
+                    failure = Some(format!(
+                        "flow {}: receive {} completed as {:?} (wr_id {}, {} bytes)",
+                        f.a, f.received, c.status, c.wr_id, c.byte_len
+                    ));
+                    return true;
+                }
+                f.received += 1;
+            }
             while let Some(c) = w.completions(f.a).pop_front() {
                 if c.status != WcStatus::Success || c.wr_id != f.done {
                     failure = Some(format!(
@@ -205,8 +244,10 @@ pub fn run_stream<F: Fabric>(
 /// regions (key, address), WRITEs posted and completed.
 struct Flow {
     a: usize,
+    b: usize,
     src: (u32, u64),
     dst: (u32, u64),
     posted: u64,
     done: u64,
+    received: u64,
 }

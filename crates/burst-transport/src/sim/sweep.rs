@@ -10,11 +10,12 @@
 //!     [--repeat by-seed|go-back-n|selective|requester-only|responder-only]
 //! --sweep [--rx-limits] --seeds N [--first-seed S] [--secs S] [--jobs J] [-v]
 //! --stream --loss P [--repeat R] [--seeds N] [--bytes N] [--size BYTES] [--depth D] [--flows N]
-//!     [--read]
+//!     [--read | --send]
 //! ```
 //!
 //! `--stream` measures goodput instead ([`super::stream`]): one RC pair
-//! WRITEs (`--read`: READs) `--bytes` (256 MiB) in `--size` (64 KiB) messages, checked; with
+//! WRITEs (`--read`: READs, `--send`: SENDs) `--bytes` (256 MiB) in
+//! `--size` (64 KiB) messages, checked; with
 //! `--repeat by-seed` (the default) each seed runs go-back-N and selective
 //! repeat alternately and the closing line gives both means.
 //!
@@ -134,10 +135,11 @@ pub fn main_with(
             "--flows" => so.flows = (num(i) as usize).max(1),
             "--secs" => secs = Some(num(i)),
             "--jobs" => jobs = (num(i) as usize).max(1),
-            "--sweep" | "--stream" | "--read" | "--rx-limits" | "-v" | "--verbose" => {
+            "--sweep" | "--stream" | "--read" | "--send" | "--rx-limits" | "-v" | "--verbose" => {
                 match args[i].as_str() {
                     "--sweep" => sweep = true,
                     "--read" => so.read = true,
+                    "--send" => so.send = true,
                     "--stream" => streaming = true,
                     "--rx-limits" => rx_limits = true,
                     _ => verbose = true,
