@@ -212,6 +212,32 @@ fn a_lost_send_packet_is_resent_alone() {
     assert!(p.requester().retransmitted_pkts > 1);
 }
 
+/// A SEND longer than the tags' span goes back N from a lost packet
+/// while the responder holds the next SEND's packets past it, so it NAKs
+/// at once each hole it knows of: every packet of the go-back that
+/// arrives draws a NAK for the next one, which the go-back is already
+/// sending. Those NAKs start no new go-back (before: one per packet, a
+/// round of the retry count each; sweep seed 1131464 ran out of them).
+#[test]
+fn a_go_back_ignores_naks_for_what_it_resends() {
+    let mut p = pair(true, true);
+    let long = p.send(1, 160 * 256);
+    let short = p.send(2, 200);
+    // Lose a packet past the span, once the window has grown.
+    let a = p.a;
+    assert!(p
+        .w
+        .run(10_000_000_000, |w| w.qps[a].1.counters().sent_pkts >= 130));
+    p.w.drop_next(Opcode::RC_SEND_MIDDLE, 1);
+    p.complete(2);
+    assert!(p.same(long) && p.same(short));
+    assert_eq!(p.received(), [(1, 160 * 256), (2, 200)]);
+    let (rq, rs) = (p.requester(), p.responder());
+    assert!(rs.sr_held_pkts >= 1, "{rs:?}");
+    assert!(rs.send_seq_nak > 3, "{rs:?}");
+    assert!(rq.retransmits_started <= 2, "{rq:?}");
+}
+
 /// SENDs past a lost first packet go to their own receive WQEs (the
 /// first packet's tag names which): only the message that lost its first
 /// packet is sent again, and the receives complete in order, each with
@@ -441,6 +467,38 @@ fn a_lost_read_response_is_asked_for_alone() {
     assert_eq!(rq.sr_held_pkts, 0, "{rq:?}");
     assert!(asked.len() == 2 && asked[1] > 256, "{asked:?}");
     assert!(rs.sent_bytes > 17 * 256, "{rs:?}");
+}
+
+/// A READ that loses its last response, and a READ behind it: the later
+/// READ's first response shows the responder went past the first (an
+/// implied NAK), so a selective requester asks for the lost response
+/// alone at once, without waiting for a probe (before: one probe).
+#[test]
+fn a_later_reads_response_asks_for_a_lost_tail() {
+    let mut p = pair(true, true);
+    p.w.sent_log = Some(Vec::new());
+    p.w.drop_next(Opcode::RC_RDMA_READ_RESPONSE_LAST, 1);
+    let one = p.read(1, 4 * 256);
+    let two = p.read(2, 4 * 256);
+    p.complete(2);
+    assert!(p.same(one) && p.same(two));
+    let log = p.w.sent_log.take().unwrap();
+    let asked: Vec<u32> = log
+        .iter()
+        .filter_map(|(_, f)| {
+            let ib = burst_wire::RoceFrame::parse_ip(f).ok()?.ib;
+            (ib.bth().opcode() == Opcode::RC_RDMA_READ_REQUEST)
+                .then(|| ib.reth().map(|r| r.dma_length()))
+                .flatten()
+        })
+        .collect();
+    let rq = p.requester();
+    assert_eq!(asked, [1024, 1024, 256], "{rq:?}");
+    assert_eq!(
+        (rq.retransmitted_pkts, rq.completer_retry_err, rq.sr_probes),
+        (1, 0, 0),
+        "{rq:?}"
+    );
 }
 
 /// A READ that loses a middle response and its last one, and a WRITE

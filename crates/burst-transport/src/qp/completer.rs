@@ -257,6 +257,13 @@ impl Qp {
         true
     }
 
+    /// Selective repeat: the READ WQE whose response `psn` is missing, as
+    /// an implied NAK names it (`None` for an atomic, or go-back-N).
+    fn lost_read(&self, psn: Psn) -> Option<usize> {
+        let i = self.wqe_of(psn).filter(|_| self.attrs.selective_repeat)?;
+        matches!(self.req.sq[i].wr.op, SendOp::Read { .. }).then_some(i)
+    }
+
     /// The send WQE whose PSNs include `psn`.
     fn wqe_of(&self, psn: Psn) -> Option<usize> {
         self.req.sq.iter().position(|w| w.contains(psn))
@@ -368,7 +375,16 @@ impl Qp {
             }
         }
         if k == 0 || matches!(pos, Some(Position::First | Position::Only)) {
-            let _ = self.ack_upto(now, first - 1);
+            let lost = self.ack_upto(now, first - 1);
+            // An implied NAK: an older READ's last responses never came
+            // (nothing behind them in its own stream showed the gap).
+            // Between burst peers its hole is asked for alone now; RXE
+            // and go-back-N wait for the timer.
+            if let Some(j) = lost.and_then(|p| self.lost_read(p)) {
+                if !self.ask_read_hole(j) {
+                    return false;
+                }
+            }
         }
         let placed = mem.write_local(
             self.cfg.pd,

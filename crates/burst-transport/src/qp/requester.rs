@@ -307,7 +307,14 @@ impl Qp {
         let first = w.first_psn.unwrap_or_default();
         let k = selective.map_or(w.next_pkt, |(p, _)| first.distance_to(p) as u32);
         let psn = first + k;
-        if selective.is_some() {
+        // Between burst peers a go-back's resends count as resent too: a
+        // selective responder NAKs at once each hole it knows of (packets
+        // held past it), so while a go-back walks up to what it holds,
+        // every packet that arrives draws a NAK for the next one, which
+        // the go-back is about to send (sweep seed 1131464: one NAK per
+        // packet, each a new go-back, until the retry count ran out).
+        let again = self.attrs.selective_repeat && psn.distance_to(self.req.sent_high) > 0;
+        if selective.is_some() || again {
             self.req.resent = match self.req.resent {
                 Some((lo, hi, _)) if hi + 1 == psn => Some((lo, psn, now)),
                 _ => Some((psn, psn, now)),

@@ -40,9 +40,10 @@
 //!   goes, so one past a missing response is placed and remembered, and
 //!   the hole before it (to the next held response) is asked for again
 //!   alone, once, by a duplicate READ request of the hole's PSNs and bytes
-//!   (`Qp::ask_read_hole`); so is a hole an ACK past the READ shows (an
-//!   implied NAK), and what that ACK acknowledged behind the READ stays
-//!   done. The responder answers such a request first and keeps what it
+//!   (`Qp::ask_read_hole`); so is a hole an ACK or a later READ's first
+//!   response past the READ shows (an implied NAK: a lost tail has no
+//!   response behind it in its own stream), and what that ACK
+//!   acknowledged behind the READ stays done. The responder answers such a request first and keeps what it
 //!   had queued (a go-back-N responder drops the rest of the stream in
 //!   favour of the new request, which the probe then repairs).
 //!
