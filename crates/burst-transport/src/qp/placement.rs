@@ -83,6 +83,12 @@ impl Qp {
         let Some(cur) = self.resp.cur_recv.take() else {
             return Ok(None);
         };
+        Ok(Some(self.recv_done(&cur, pkt.imm_dt().map(|i| i.imm()))))
+    }
+
+    /// The successful completion of receive `cur`, whose message ended
+    /// (with immediate data `imm`): its bytes are those placed.
+    pub(super) fn recv_done(&self, cur: &RecvInProgress, imm: Option<u32>) -> WorkCompletion {
         let mut wc = recv_wc(
             self.cfg.qpn,
             cur.wr.wr_id,
@@ -90,8 +96,8 @@ impl Qp {
             WcOpcode::Recv,
             cur.offset as u32,
         );
-        wc.imm_data = pkt.imm_dt().map(|i| i.imm());
-        Ok(Some(wc))
+        wc.imm_data = imm;
+        wc
     }
 
     /// Places a WRITE packet in the region its message's RETH names (the

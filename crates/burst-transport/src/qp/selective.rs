@@ -645,14 +645,7 @@ impl Qp {
         let Some(cur) = self.resp.cur_recv.take() else {
             return false;
         };
-        let mut wc = recv_wc(
-            self.cfg.qpn,
-            cur.wr.wr_id,
-            WcStatus::Success,
-            WcOpcode::Recv,
-            cur.offset as u32,
-        );
-        wc.imm_data = last.imm;
+        let wc = self.recv_done(&cur, last.imm);
         self.completions.push_back(wc);
         self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
         self.counters.rdma_recvs += 1;
