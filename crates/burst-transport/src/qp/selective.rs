@@ -24,9 +24,8 @@
 //!   whose WQEs other QPs take), and a later packet of the message in
 //!   progress or of a message whose first packet it holds, when the index
 //!   can belong to no later message (`Qp::hold_send_ahead`). Anything else
-//!   out of order
-//!   (READ, atomic, a last packet that invalidates or WRITE WITH
-//!   IMMEDIATE's, a WRITE or SEND whose first packet is missing) is
+//!   out of order (READ, atomic, a last packet that invalidates or WRITE
+//!   WITH IMMEDIATE's, a WRITE or SEND whose first packet is missing) is
 //!   dropped as before.
 //! - The requester, on a sequence NAK for PSN `p` of a WRITE or SEND,
 //!   resends only what the responder cannot hold: `p` itself, or the whole
@@ -43,9 +42,10 @@
 //!   (`Qp::ask_read_hole`); so is a hole an ACK or a later READ's first
 //!   response past the READ shows (an implied NAK: a lost tail has no
 //!   response behind it in its own stream), and what that ACK
-//!   acknowledged behind the READ stays done. The responder answers such a request first and keeps what it
-//!   had queued (a go-back-N responder drops the rest of the stream in
-//!   favour of the new request, which the probe then repairs).
+//!   acknowledged behind the READ stays done. The responder answers such
+//!   a request first and keeps what it had queued (a go-back-N responder
+//!   drops the rest of the stream in favour of the new request, which the
+//!   probe then repairs).
 //!
 //! Either end alone is correct: a go-back-N requester resends what a
 //! selective responder already holds (duplicates, dropped); a selective

@@ -1,14 +1,41 @@
-//! A long stream of WRITEs (or READs, or SENDs) over RC pairs, for goodput under
-//! loss: what selective repeat is measured by against go-back-N. Every
-//! message is checked at its completion (the destination's copy equals the
-//! source's), so a fast wrong answer cannot pass.
+//! A long stream of WRITEs (or READs, or SENDs) over RC pairs, for
+//! goodput under loss: what selective repeat is measured by against
+//! go-back-N. Every message is checked at its completion (the
+//! destination's copy equals the source's), so a fast wrong answer cannot
+//! pass.
 //!
 //! ```text
 //! cargo run --release -p burst-transport --example sim -- --stream \
-//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D] [--flows N] [--read | --send]
+//!     --loss 0.01 --repeat selective [--bytes N] [--size BYTES] [--depth D] [--flows N] \
+//!     [--read | --send]
 //! ```
 
 use super::*;
+
+/// The operation a stream moves its bytes with, node 0 to node 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamOp {
+    /// Node 0 WRITEs its slots into node 1's.
+    #[default]
+    Write,
+    /// Node 0 READs node 1's slots into its own (the bytes flow the same
+    /// way, as responses).
+    Read,
+    /// Node 0 SENDs its slots into receives node 1 posts, one per
+    /// message, on the slot the message's WRITE would fill.
+    Send,
+}
+
+impl StreamOp {
+    /// The operation's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            StreamOp::Write => "WRITE",
+            StreamOp::Read => "READ",
+            StreamOp::Send => "SEND",
+        }
+    }
+}
 
 /// What to stream.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,10 +54,8 @@ pub struct StreamOptions {
     pub flows: usize,
     /// Simulated time limit.
     pub deadline: Nanos,
-    /// READs (node 0 reads node 1's bytes) instead of WRITEs.
-    pub read: bool,
-    /// SENDs into receives node 1 posts instead of WRITEs.
-    pub send: bool,
+    /// The operation.
+    pub op: StreamOp,
 }
 
 impl Default for StreamOptions {
@@ -43,8 +68,7 @@ impl Default for StreamOptions {
             depth: 32,
             flows: 1,
             deadline: 60_000_000_000,
-            read: false,
-            send: false,
+            op: StreamOp::Write,
         }
     }
 }
@@ -74,10 +98,8 @@ impl StreamSummary {
 /// Streams `o.bytes` of WRITEs from node 0 to node 1 over `w` (MTU 4096)
 /// on `o.flows` RC pairs, `o.depth` WRITEs outstanding on each, every
 /// WRITE checked when it completes; the run ends when the flows together
-/// completed `o.bytes`, and their shares give Jain's fairness index. With
-/// `o.read`, node 0 READs node 1's bytes instead (the bytes flow the same
-/// way, as responses); with `o.send`, it SENDs them into receives node 1
-/// posts, one per message, into the slot the message's WRITE would fill.
+/// completed `o.bytes`, and their shares give Jain's fairness index.
+/// `o.op` READs or SENDs the bytes instead ([`StreamOp`]).
 pub fn run_stream<F: Fabric>(
     w: &mut F,
     seed: u64,
@@ -114,9 +136,9 @@ pub fn run_stream<F: Fabric>(
     let total = o.bytes.div_ceil(size as u64);
     let mut failure: Option<String> = None;
     // Posts flow f's next message from its slot posted % depth, fresh
-    // bytes: a WRITE of node 0's slot to node 1's, or a READ of node 1's
-    // slot into node 0's.
-    let (read, send) = (o.read, o.send && !o.read);
+    // bytes: a WRITE or SEND of node 0's slot to node 1's, or a READ of
+    // node 1's slot into node 0's.
+    let (read, send) = (o.op == StreamOp::Read, o.op == StreamOp::Send);
     let post = |w: &mut F, rng: &mut Rng, f: &mut Flow| -> Result<(), String> {
         let slot = (f.posted % depth as u64) as usize * size;
         let (local, remote) = (f.src, f.dst);
@@ -163,11 +185,7 @@ pub fn run_stream<F: Fabric>(
             post(w, &mut rng, f)?;
         }
     }
-    let what = match (read, send) {
-        (true, _) => "READ",
-        (_, true) => "SEND",
-        _ => "WRITE",
-    };
+    let what = o.op.name();
     let mut done = 0u64;
     let finished = w.run(o.deadline, &mut |w: &mut F| {
         for f in flows.iter_mut() {

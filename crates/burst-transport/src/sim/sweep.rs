@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::stream::{StreamOptions, StreamSummary};
+use super::stream::{StreamOp, StreamOptions, StreamSummary};
 use super::{Faults, Repeat, Rng, Summary, WorkloadOptions};
 
 /// The faults of seed `seed` in a sweep: a function of the seed alone, so a
@@ -138,8 +138,8 @@ pub fn main_with(
             "--sweep" | "--stream" | "--read" | "--send" | "--rx-limits" | "-v" | "--verbose" => {
                 match args[i].as_str() {
                     "--sweep" => sweep = true,
-                    "--read" => so.read = true,
-                    "--send" => so.send = true,
+                    "--read" => so.op = StreamOp::Read,
+                    "--send" => so.op = StreamOp::Send,
                     "--stream" => streaming = true,
                     "--rx-limits" => rx_limits = true,
                     _ => verbose = true,
