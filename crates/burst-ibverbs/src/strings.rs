@@ -168,10 +168,3 @@ unsafe extern "C" fn event_str(event: c_int) -> *const c_char {
     }
 }
 export!("rdma_event_str", "RDMACM_1.0", event_str);
-
-/// `rpoll`: rsockets are not implemented, so every fd is a kernel fd.
-unsafe extern "C" fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
-    // SAFETY: forwarded unchanged; the caller's contract is poll(2)'s.
-    unsafe { libc::poll(fds, nfds, timeout) }
-}
-export!("rpoll", "RDMACM_1.0", rpoll);

@@ -4,7 +4,7 @@
 //! application linked against them loads (they are all BIND_NOW). Each
 //! fails the way its C signature reports errors: EOPNOTSUPP for verbs,
 //! ENOSYS for the parts of librdmacm burst does not implement (the ECE
-//! calls, rsockets, extended SRQs).
+//! calls, rsockets' `riomap`/`riounmap`/`riowrite`, extended SRQs).
 //!
 //! The list was generated from `objdump -T` of Debian 12's libraries; the
 //! step `cargo xtask dropin` checks the built library against them
@@ -130,31 +130,8 @@ stubs! { libc::EOPNOTSUPP;
 }
 
 stubs! { libc::ENOSYS;
-    s_rsend = "rsend" @ "RDMACM_1.0" => Minus1;
-    s_rgetsockname = "rgetsockname" @ "RDMACM_1.0" => Minus1;
     s_riomap = "riomap" @ "RDMACM_1.0" => Minus1;
-    s_rsendto = "rsendto" @ "RDMACM_1.0" => Minus1;
-    s_rsetsockopt = "rsetsockopt" @ "RDMACM_1.0" => Minus1;
-    s_rfcntl = "rfcntl" @ "RDMACM_1.0" => Minus1;
-    s_rrecvmsg = "rrecvmsg" @ "RDMACM_1.0" => Minus1;
-    s_rread = "rread" @ "RDMACM_1.0" => Minus1;
-    s_rclose = "rclose" @ "RDMACM_1.0" => Minus1;
-    s_rselect = "rselect" @ "RDMACM_1.0" => Minus1;
-    s_rrecvfrom = "rrecvfrom" @ "RDMACM_1.0" => Minus1;
-    s_rgetpeername = "rgetpeername" @ "RDMACM_1.0" => Minus1;
-    s_rwritev = "rwritev" @ "RDMACM_1.0" => Minus1;
-    s_rlisten = "rlisten" @ "RDMACM_1.0" => Minus1;
-    s_rconnect = "rconnect" @ "RDMACM_1.0" => Minus1;
-    s_rrecv = "rrecv" @ "RDMACM_1.0" => Minus1;
-    s_raccept = "raccept" @ "RDMACM_1.0" => Minus1;
     s_rdma_create_srq_ex = "rdma_create_srq_ex" @ "RDMACM_1.0" => Minus1;
-    s_rsocket = "rsocket" @ "RDMACM_1.0" => Minus1;
     s_riounmap = "riounmap" @ "RDMACM_1.0" => Minus1;
-    s_rreadv = "rreadv" @ "RDMACM_1.0" => Minus1;
-    s_rbind = "rbind" @ "RDMACM_1.0" => Minus1;
-    s_rshutdown = "rshutdown" @ "RDMACM_1.0" => Minus1;
-    s_rwrite = "rwrite" @ "RDMACM_1.0" => Minus1;
-    s_rsendmsg = "rsendmsg" @ "RDMACM_1.0" => Minus1;
     s_riowrite = "riowrite" @ "RDMACM_1.0" => Minus1;
-    s_rgetsockopt = "rgetsockopt" @ "RDMACM_1.0" => Minus1;
 }

@@ -61,6 +61,7 @@ pub mod gsi;
 pub mod netif;
 pub mod protocol;
 pub mod rdma_cm;
+pub mod rsocket;
 pub mod shm;
 pub mod sim;
 mod thread;

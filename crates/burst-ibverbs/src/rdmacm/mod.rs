@@ -8,7 +8,9 @@
 //! itself (addresses, REQ/REP/RTU, SIDR, the QP's transitions) is
 //! burst-verbs'.
 //!
-//! Not yet: the ECE calls, rsockets.
+//! rsockets (`rsocket.rs`) are burst-verbs' [`RSocket`](burst_verbs::rsocket::RSocket)
+//! behind librdmacm's calls. Not yet: the ECE calls, `riomap`/`riowrite`,
+//! datagram rsockets.
 
 mod abi;
 mod addr;
@@ -16,6 +18,7 @@ mod calls;
 mod ep;
 mod mcast;
 mod qp;
+mod rsocket;
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
