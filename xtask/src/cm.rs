@@ -129,6 +129,20 @@ pub const CASES: &[CmCase] = &[
         "mckey -m 239.1.2.3 -s -b {local}",
         "test complete",
     ),
+    // rsockets (librdmacm's stream sockets over RC): rstream's own data
+    // check on both sides, non-blocking (its default) and blocking.
+    case(
+        "rstream 4k x 1000, verified",
+        "rstream -b {addr} -p {port} -S 4096 -C 1000 -T v",
+        "rstream -s {addr} -p {port} -S 4096 -C 1000 -T v",
+        "custom",
+    ),
+    case(
+        "rstream 64k x 200 blocking, verified",
+        "rstream -b {addr} -p {port} -S 65536 -C 200 -T b -T v",
+        "rstream -s {addr} -p {port} -S 65536 -C 200 -T b -T v",
+        "custom",
+    ),
     CmCase {
         name: "cmtime (100 connections)",
         server: "cmtime -b {addr} -p {port}",
@@ -303,6 +317,15 @@ pub fn quick() -> Vec<&'static CmCase> {
                 || c.name == SELECTIVE
                 || c.name == LOST_DREQ
         })
+        .collect()
+}
+
+/// `cases` narrowed to those whose name contains one of `only` (all when
+/// `only` is empty).
+pub fn narrowed<'a>(cases: Vec<&'a CmCase>, only: &[String]) -> Vec<&'a CmCase> {
+    cases
+        .into_iter()
+        .filter(|c| only.is_empty() || only.iter().any(|o| c.name.contains(o.as_str())))
         .collect()
 }
 

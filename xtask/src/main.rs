@@ -21,7 +21,7 @@ const USAGE: &str = "usage: cargo xtask test [--no-fuzz] [--fuzz-secs N]
        cargo xtask congestion [FLOWS]...
        cargo xtask dataplanes [--quick] [--only WORD]
        cargo xtask daemon [--quick]
-       cargo xtask cm [--quick] [--veth] [--rxe] [--daemon]
+       cargo xtask cm [--quick] [--veth] [--rxe] [--daemon] [--only WORD]...
 
 test    fmt check, clippy (-D warnings), the workspace's tests, rustdoc
         (-D warnings), pcap-check over the shared RXE captures when present,
@@ -1046,7 +1046,7 @@ fn interop(args: &[String]) -> ExitCode {
                 // CM and burst to burst, on the default port and embedded
                 // (through burstd: cargo xtask test, cargo xtask cm --daemon).
                 if default_port && embedded {
-                    runs.extend(cm_runs(&root, &dir, quick, true, true));
+                    runs.extend(cm_runs(&root, &dir, quick, true, true, &[]));
                 }
             }
             if default_port {
@@ -1089,27 +1089,42 @@ fn interop(args: &[String]) -> ExitCode {
 }
 
 /// The rdma_cm set: over the veth pair and against RXE (both roles).
-fn cm_runs(root: &Path, dir: &Path, quick: bool, veth: bool, rxe: bool) -> Vec<dropin::Outcome> {
+fn cm_runs(
+    root: &Path,
+    dir: &Path,
+    quick: bool,
+    veth: bool,
+    rxe: bool,
+    only: &[String],
+) -> Vec<dropin::Outcome> {
     let daemons = std::env::var_os("BURST_XTASK_BURSTD").is_some();
     let cases: Vec<&cm::CmCase> = if quick {
         cm::quick()
     } else {
         cm::CASES.iter().chain(cm::VETH_ONLY).collect()
     };
+    let cases = cm::narrowed(cases, only);
     let rxe_cases = |vm_serves: bool| -> Vec<&cm::CmCase> {
-        if quick {
+        let c = if quick {
             cm::quick_rxe(vm_serves)
         } else {
             cm::CASES.iter().collect()
-        }
+        };
+        cm::narrowed(c, only)
     };
     let mut runs = Vec::new();
     if veth {
         runs.extend(cm::veth(dir, &cases, 23000, daemons));
-        runs.extend(cm::veth_v6(dir, 23060, daemons));
+        if only.is_empty() {
+            runs.extend(cm::veth_v6(dir, 23060, daemons));
+        }
     }
     if rxe {
-        let v6 = cm::rxe_v6_cases(quick);
+        let v6 = if only.is_empty() {
+            cm::rxe_v6_cases(quick)
+        } else {
+            &[]
+        };
         runs.extend(cm::rxe(root, dir, &rxe_cases(true), v6, true, 23100));
         runs.extend(cm::rxe(root, dir, &rxe_cases(false), v6, false, 23200));
     }
@@ -1129,7 +1144,13 @@ fn cm_cmd(args: &[String]) -> ExitCode {
     let Some(dir) = dropin::build(&root) else {
         return ExitCode::FAILURE;
     };
-    let runs = cm_runs(&root, &dir, has("--quick"), veth, rxe);
+    // --only WORD (repeatable): just the cases whose name contains a WORD.
+    let only: Vec<String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--only")
+        .map(|w| w[1].clone())
+        .collect();
+    let runs = cm_runs(&root, &dir, has("--quick"), veth, rxe, &only);
     if dropin::summary("cm", &runs) {
         ExitCode::SUCCESS
     } else {
