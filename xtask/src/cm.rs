@@ -143,6 +143,14 @@ pub const CASES: &[CmCase] = &[
         "rstream -s {addr} -p {port} -S 65536 -C 200 -T b -T v",
         "custom",
     ),
+    // riowrite into the peer's riomapped buffer (rsockets' direct
+    // placement), the receiver watching its last byte.
+    case(
+        "riostream 4k x 1000, verified",
+        "riostream -b {addr} -p {port} -S 4096 -C 1000 -T v",
+        "riostream -s {addr} -p {port} -S 4096 -C 1000 -T v",
+        "custom",
+    ),
     CmCase {
         name: "cmtime (100 connections)",
         server: "cmtime -b {addr} -p {port}",

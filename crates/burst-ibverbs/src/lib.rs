@@ -16,7 +16,7 @@
 //! rdma-core 44's libibverbs and librdmacm is exported with its version;
 //! what burst implements is backed by burst-verbs' engine (and, for
 //! librdmacm, burst-verbs' `rdma_cm`: see `docs/cm.md`), the rest fails cleanly
-//! with EOPNOTSUPP (verbs) or ENOSYS (librdmacm's ECE calls, rsockets' riomap and riowrite). Devices
+//! with EOPNOTSUPP (verbs) or ENOSYS (librdmacm's ECE calls, extended SRQs). Devices
 //! come from `burst_verbs::config` (`BURST_ADDR`, `BURST_IFACE`, a config
 //! file); `BURST_LOG` sets the log level.
 //!

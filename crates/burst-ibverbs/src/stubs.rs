@@ -4,7 +4,7 @@
 //! application linked against them loads (they are all BIND_NOW). Each
 //! fails the way its C signature reports errors: EOPNOTSUPP for verbs,
 //! ENOSYS for the parts of librdmacm burst does not implement (the ECE
-//! calls, rsockets' `riomap`/`riounmap`/`riowrite`, extended SRQs).
+//! calls, extended SRQs).
 //!
 //! The list was generated from `objdump -T` of Debian 12's libraries; the
 //! step `cargo xtask dropin` checks the built library against them
@@ -130,8 +130,5 @@ stubs! { libc::EOPNOTSUPP;
 }
 
 stubs! { libc::ENOSYS;
-    s_riomap = "riomap" @ "RDMACM_1.0" => Minus1;
     s_rdma_create_srq_ex = "rdma_create_srq_ex" @ "RDMACM_1.0" => Minus1;
-    s_riounmap = "riounmap" @ "RDMACM_1.0" => Minus1;
-    s_riowrite = "riowrite" @ "RDMACM_1.0" => Minus1;
 }

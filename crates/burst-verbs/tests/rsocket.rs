@@ -356,3 +356,53 @@ fn many_small_messages_each_way_on_non_blocking_sockets_as_rstream_sends_them() 
     assert!(back == data, "the echo arrived intact");
     server.join().unwrap();
 }
+
+#[test]
+fn riowrite_lands_in_the_peers_mapped_buffer() {
+    use burst_verbs::rsocket::{RDMA_IOMAPSIZE, SOL_RDMA};
+    let a = side("127.0.160.13");
+    let b = side("127.0.160.14");
+    let at = SocketAddr::new(b.ip, 7471);
+    let listener = RSocket::new(&b.cm).unwrap();
+    listener.set_option(SOL_RDMA, RDMA_IOMAPSIZE, 1).unwrap();
+    listener.bind(at).unwrap();
+    listener.listen().unwrap();
+    const LEN: usize = 100_000;
+    let server = std::thread::spawn(move || {
+        let s = listener.accept().unwrap();
+        let mut mapped = vec![0u8; LEN];
+        // SAFETY: `mapped` outlives the mapping (unmapped below).
+        let off = unsafe { s.iomap(mapped.as_mut_ptr(), LEN, true, Some(0)) }.unwrap();
+        assert_eq!(off, 0);
+        // The entry goes with this send.
+        assert_eq!(s.send(b"m", 0).unwrap(), 1);
+        let mut done = [0u8; 1];
+        assert_eq!(s.recv(&mut done, 0).unwrap(), 1);
+        assert!(mapped == pattern(LEN, 7), "the peer's riowrite landed");
+        s.iounmap(mapped.as_mut_ptr(), LEN).unwrap();
+        assert_eq!(
+            errno_of(&s.iounmap(mapped.as_mut_ptr(), LEN).unwrap_err()),
+            libc::EINVAL
+        );
+        drop(s);
+        drop(b);
+    });
+    let c = RSocket::new(&a.cm).unwrap();
+    c.set_option(SOL_RDMA, RDMA_IOMAPSIZE, 1).unwrap();
+    c.connect(at).unwrap();
+    let mut m = [0u8; 1];
+    assert_eq!(c.recv(&mut m, 0).unwrap(), 1);
+    let data = pattern(LEN, 7);
+    assert_eq!(
+        c.iowrite(&data, LEN as u64, 0).unwrap(),
+        0,
+        "nothing is mapped past the buffer"
+    );
+    let mut at_off = 0;
+    while at_off < LEN {
+        at_off += c.iowrite(&data[at_off..], at_off as u64, 0).unwrap();
+    }
+    // Sends complete in order: this one after the writes.
+    assert_eq!(c.send(b"d", 0).unwrap(), 1);
+    server.join().unwrap();
+}

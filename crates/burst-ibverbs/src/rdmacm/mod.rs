@@ -9,8 +9,7 @@
 //! burst-verbs'.
 //!
 //! rsockets (`rsocket.rs`) are burst-verbs' [`RSocket`](burst_verbs::rsocket::RSocket)
-//! behind librdmacm's calls. Not yet: the ECE calls, `riomap`/`riowrite`,
-//! datagram rsockets.
+//! behind librdmacm's calls. Not yet: the ECE calls, datagram rsockets.
 
 mod abi;
 mod addr;

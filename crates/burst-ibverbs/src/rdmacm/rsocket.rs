@@ -3,8 +3,7 @@
 //! descriptor is a real one (its CM channel's), so `rpoll` and `rselect`
 //! take rsockets and kernel descriptors in one set, as rdma-core's do.
 //!
-//! Not here: datagram rsockets (`SOCK_DGRAM`: ENOTSUP), `riomap`,
-//! `riounmap` and `riowrite` (ENOSYS, in `stubs.rs`).
+//! Not here: datagram rsockets (`SOCK_DGRAM`: ENOTSUP).
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_long, c_void};
@@ -799,3 +798,70 @@ unsafe extern "C" fn rfcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     })
 }
 export!("rfcntl", "RDMACM_1.0", rfcntl);
+
+// ------------------------------------------------------------ direct placement
+
+unsafe extern "C" fn riomap(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    prot: c_int,
+    _flags: c_int,
+    offset: libc::off_t,
+) -> libc::off_t {
+    guard("riomap", -1, || {
+        let o = rs_or_ebadf!(fd);
+        if prot & !(libc::PROT_WRITE | libc::PROT_NONE) != 0 || buf.is_null() || len == 0 {
+            return fail(libc::EINVAL) as libc::off_t;
+        }
+        let at = (offset != -1).then_some(offset as u64);
+        // SAFETY: the caller's buffer, which rsocket(7) has it keep until
+        // riounmap or the close.
+        match unsafe {
+            o.rs.iomap(buf.cast(), len, prot & libc::PROT_WRITE != 0, at)
+        } {
+            Ok(off) => off as libc::off_t,
+            Err(e) => fail_io(&e) as libc::off_t,
+        }
+    })
+}
+export!("riomap", "RDMACM_1.0", riomap);
+
+unsafe extern "C" fn riounmap(fd: c_int, buf: *mut c_void, len: usize) -> c_int {
+    guard("riounmap", -1, || {
+        let o = rs_or_ebadf!(fd);
+        o.rs.iounmap(buf.cast(), len)
+            .map_or_else(|e| fail_io(&e), |()| 0)
+    })
+}
+export!("riounmap", "RDMACM_1.0", riounmap);
+
+/// `riowrite` returns `size_t`: -1 (all bits) with errno on failure, as
+/// rdma-core's.
+unsafe extern "C" fn riowrite(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    offset: libc::off_t,
+    flags: c_int,
+) -> usize {
+    guard("riowrite", usize::MAX, || {
+        let Some(o) = lookup(fd) else {
+            set_errno(libc::EBADF);
+            return usize::MAX;
+        };
+        // SAFETY: the caller's buffer of `len` bytes.
+        let Some(b) = (unsafe { slice(buf, len) }) else {
+            set_errno(libc::EFAULT);
+            return usize::MAX;
+        };
+        match o.rs.iowrite(b, offset as u64, flags) {
+            Ok(n) => n,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                usize::MAX
+            }
+        }
+    })
+}
+export!("riowrite", "RDMACM_1.0", riowrite);

@@ -24,10 +24,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Not here: datagram rsockets (`SOCK_DGRAM`, UD), direct placement
-//! (`riomap`/`riowrite`: burst advertises no iomap entries, as rdma-core
-//! does by default), keep-alive messages (the option is kept and reported),
-//! and the iWARP variant of the protocol (messages as SENDs).
+//! Direct placement (`riomap`/`riowrite`): a side that set
+//! `RDMA_IOMAPSIZE` before connecting has an iomap table after its target
+//! list; `riomap` registers a buffer and writes its entry into the peer's
+//! table with the next send ([`wire::Op::IomapSgl`]), and the peer's
+//! `riowrite` is a plain RDMA WRITE into it.
+//!
+//! Not here: datagram rsockets (`SOCK_DGRAM`, UD), keep-alive messages (the
+//! option is kept and reported), and the iWARP variant of the protocol
+//! (messages as SENDs).
 
 mod buf;
 pub mod wire;
@@ -171,6 +176,18 @@ struct Opts {
     iomap_size: u32,
 }
 
+/// A buffer of ours registered by `riomap`.
+struct Mapping {
+    offset: u64,
+    addr: u64,
+    len: u32,
+    keys: MrKeys,
+    /// Its entry in the peer's iomap table (a writable mapping), and
+    /// whether the entry was written there yet.
+    slot: Option<usize>,
+    sent: bool,
+}
+
 struct Stream {
     id: CmId,
     ch: EventChannel,
@@ -197,6 +214,13 @@ struct Stream {
     peer_big: bool,
     /// Which of our target SGEs the next send goes to.
     target_sge: usize,
+    /// Entries in our iomap table (after the target SGEs), fixed when the
+    /// endpoint is made.
+    iomap_size: u32,
+    /// The peer's iomap table (length: entries).
+    remote_iomap: RemoteSge,
+    /// Our `riomap`ped buffers.
+    maps: Vec<Mapping>,
     /// Lengths of the messages received and not yet read.
     rmsg: VecDeque<u32>,
     rbuf_bytes_avail: u32,
@@ -231,6 +255,9 @@ impl Stream {
             remote_sge: 0,
             peer_big: false,
             target_sge: 0,
+            iomap_size: 0,
+            remote_iomap: RemoteSge::default(),
+            maps: Vec::new(),
             rmsg: VecDeque::new(),
             rbuf_bytes_avail: 0,
             rbuf_free_offset: 0,
@@ -258,7 +285,10 @@ impl Stream {
             0
         };
         let sbuf = RawBuf::new((s.sbuf + ctrl_bytes) as usize)?;
-        let target = RawBuf::new(wire::SGL_SIZE * wire::SGE_BYTES)?;
+        self.iomap_size = self.opts.iomap_size;
+        let target = RawBuf::new(
+            wire::SGL_SIZE * wire::SGE_BYTES + self.iomap_size as usize * wire::IOMAP_BYTES,
+        )?;
         let rbuf = RawBuf::new(s.rbuf as usize)?;
         let pd = ctx.alloc_pd();
         let mut keys = Vec::with_capacity(3);
@@ -356,7 +386,7 @@ impl Stream {
                     0
                 },
             credits: self.size.rq as u16,
-            target_iomap_size: 0,
+            target_iomap_size: wire::value_to_scale(self.iomap_size),
             target_sgl: RemoteSge {
                 addr: ep.target.addr(0),
                 key: ep.tmr.rkey,
@@ -379,6 +409,16 @@ impl Stream {
         self.remote_sgl = c.target_sgl;
         self.remote_sge = 1;
         self.peer_big = c.flags & wire::FLAG_NET != 0;
+        if c.flags & wire::FLAG_IOMAP != 0 {
+            self.remote_iomap = RemoteSge {
+                addr: c
+                    .target_sgl
+                    .addr
+                    .wrapping_add(u64::from(c.target_sgl.length) * wire::SGE_BYTES as u64),
+                key: c.target_sgl.key,
+                length: wire::scale_to_value(c.target_iomap_size),
+            };
+        }
         self.set_target(0, c.data_buf);
         self.target_sge = 0;
         self.sseq_comp = c.credits;
@@ -426,12 +466,24 @@ impl Stream {
         remote_addr: u64,
         rkey: u32,
     ) -> io::Result<()> {
-        let ep = self.ep()?;
         let op = SendOp::WriteWithImm {
             remote_addr,
             rkey,
             imm: msg,
         };
+        self.post_write(op, msg, sges, inline)
+    }
+
+    /// Posts `op` (a WRITE, with immediate or not) whose completion carries
+    /// `msg`.
+    fn post_write(
+        &self,
+        op: SendOp,
+        msg: u32,
+        sges: &[Sge],
+        inline: Option<&[u8]>,
+    ) -> io::Result<()> {
+        let ep = self.ep()?;
         let mut list = SgList::default();
         for s in sges {
             list.push(*s).map_err(|_| errno(libc::EINVAL))?;
@@ -590,6 +642,12 @@ impl Stream {
                         if c == Ctrl::Disconnect as u32 {
                             self.state = st::DISCONNECTED;
                         }
+                    }
+                    (Op::IomapSgl, _) => {
+                        self.sqe_avail += 1;
+                        self.sbuf_bytes_avail = self
+                            .sbuf_bytes_avail
+                            .saturating_add(wire::IOMAP_BYTES as u32);
                     }
                     (_, len) => {
                         self.sqe_avail += 1;
@@ -1033,6 +1091,9 @@ impl RSocket {
         if s.state & st::WRITABLE == 0 {
             return Err(errno(libc::ECONNRESET));
         }
+        let (g, r) = self.send_iomaps(s, nonblock);
+        s = g;
+        r?;
         let mut done = 0usize;
         let mut olen = OLAP_START;
         let mut err = None;
@@ -1065,6 +1126,190 @@ impl RSocket {
                 err = Some(e);
                 break;
             }
+            done += xfer;
+        }
+        match err {
+            Some(e) if done == 0 => Err(e),
+            _ => Ok(done),
+        }
+    }
+
+    /// Writes the entries of new writable mappings into the peer's iomap
+    /// table (each a WRITE with immediate, as a data message).
+    fn send_iomaps<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, Stream>,
+        nonblock: bool,
+    ) -> (MutexGuard<'a, Stream>, io::Result<()>) {
+        while let Some(i) = s.maps.iter().position(|m| m.slot.is_some() && !m.sent) {
+            if !s.can_send() {
+                let (g, r) = self.get_comp(s, nonblock, Stream::conn_can_send, None);
+                s = g;
+                if let Err(e) = r {
+                    return (s, Err(e));
+                }
+                if s.state & st::WRITABLE == 0 {
+                    return (s, Err(errno(libc::ECONNRESET)));
+                }
+            }
+            let m = &s.maps[i];
+            let slot = m.slot.unwrap_or_default();
+            let entry = wire::IoMap {
+                offset: m.offset,
+                sge: RemoteSge {
+                    addr: m.addr,
+                    key: m.keys.rkey,
+                    length: m.len,
+                },
+            }
+            .to_bytes(s.peer_big);
+            let msg = wire::msg(Op::IomapSgl, slot as u32);
+            let op = SendOp::WriteWithImm {
+                remote_addr: s
+                    .remote_iomap
+                    .addr
+                    .wrapping_add((slot * wire::IOMAP_BYTES) as u64),
+                rkey: s.remote_iomap.key,
+                imm: msg,
+            };
+            if let Err(e) = s.write_staged(op, msg, &entry) {
+                return (s, Err(e));
+            }
+            s.sseq_no = s.sseq_no.wrapping_add(1);
+            s.sqe_avail -= 1;
+            s.sbuf_bytes_avail -= wire::IOMAP_BYTES as u32;
+            s.maps[i].sent = true;
+        }
+        (s, Ok(()))
+    }
+
+    /// `riomap`: registers `len` bytes at `buf` for the peer to write with
+    /// `riowrite` at offsets `offset..offset + len` (`None`: the buffer's
+    /// address), when `writable`; a mapping that is not writable is only
+    /// registered, as rdma-core's. The entry reaches the peer with the
+    /// next send. `ENOMEM` when the peer's iomap table (its
+    /// `RDMA_IOMAPSIZE`) is full, `EINVAL` before the socket connects.
+    ///
+    /// # Safety
+    /// `buf..buf + len` must stay valid until [`RSocket::iounmap`] of it or
+    /// the socket's close; the peer writes it at any time meanwhile.
+    pub unsafe fn iomap(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        writable: bool,
+        offset: Option<u64>,
+    ) -> io::Result<u64> {
+        let mut s = self.lock();
+        let Some(ep) = &s.ep else {
+            return Err(errno(libc::EINVAL));
+        };
+        let len32 = u32::try_from(len).map_err(|_| errno(libc::EINVAL))?;
+        let slot = if writable {
+            let used: Vec<usize> = s.maps.iter().filter_map(|m| m.slot).collect();
+            let free = (0..s.remote_iomap.length as usize).find(|i| !used.contains(i));
+            Some(free.ok_or_else(|| errno(libc::ENOMEM))?)
+        } else {
+            None
+        };
+        let access = if writable {
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE
+        } else {
+            Access::LOCAL_WRITE
+        };
+        // SAFETY: the caller's contract: the buffer outlives the mapping.
+        let keys =
+            unsafe { ep.ctx.reg_mr(ep.pd, buf, len, access) }.map_err(|e| errno(e.errno()))?;
+        let offset = offset.unwrap_or(buf as u64);
+        s.maps.push(Mapping {
+            offset,
+            addr: buf as u64,
+            len: len32,
+            keys,
+            slot,
+            sent: false,
+        });
+        Ok(offset)
+    }
+
+    /// `riounmap`: ends the mapping of exactly `buf`, `len` (`EINVAL` when
+    /// there is none).
+    pub fn iounmap(&self, buf: *mut u8, len: usize) -> io::Result<()> {
+        let mut s = self.lock();
+        let Some(i) = s
+            .maps
+            .iter()
+            .position(|m| m.addr == buf as u64 && m.len as usize == len)
+        else {
+            return Err(errno(libc::EINVAL));
+        };
+        let m = s.maps.remove(i);
+        if let Some(ep) = &s.ep {
+            let _ = ep.ctx.dereg_mr(m.keys.lkey);
+        }
+        Ok(())
+    }
+
+    /// `riowrite`: writes `buf` into the peer's memory it mapped at
+    /// `offset..` (an RDMA WRITE: the peer's application sees the bytes, no
+    /// receive completes). How many bytes went (0 when no mapping of the
+    /// peer's holds `offset`).
+    pub fn iowrite(&self, buf: &[u8], offset: u64, flags: i32) -> io::Result<usize> {
+        let mut s = self.lock();
+        let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
+        if s.state & st::WRITABLE == 0 {
+            return Err(errno(if s.state & st::CONNECTED == 0 {
+                libc::ENOTCONN
+            } else {
+                libc::ECONNRESET
+            }));
+        }
+        let (g, r) = self.send_iomaps(s, nonblock);
+        s = g;
+        r?;
+        let mut done = 0usize;
+        let mut olen = OLAP_START;
+        let mut err = None;
+        while done < buf.len() {
+            let at = offset.wrapping_add(done as u64);
+            let Some(m) = s.find_iomap(at) else { break };
+            if !s.can_send() {
+                let (g, r) = self.get_comp(s, nonblock, Stream::conn_can_send, None);
+                s = g;
+                if let Err(e) = r {
+                    err = Some(e);
+                    break;
+                }
+                if s.state & st::WRITABLE == 0 {
+                    err = Some(errno(libc::ECONNRESET));
+                    break;
+                }
+            }
+            let left = buf.len() - done;
+            let mut xfer = if olen < left {
+                let x = olen;
+                if olen < MAX_TRANSFER {
+                    olen <<= 1;
+                }
+                x
+            } else {
+                left
+            };
+            let room = m.offset + u64::from(m.sge.length) - at;
+            xfer = xfer
+                .min(s.sbuf_bytes_avail as usize)
+                .min(usize::try_from(room).unwrap_or(usize::MAX));
+            let msg = wire::msg(Op::Write, xfer as u32);
+            let op = SendOp::Write {
+                remote_addr: m.sge.addr.wrapping_add(at - m.offset),
+                rkey: m.sge.key,
+            };
+            if let Err(e) = s.write_staged(op, msg, &buf[done..done + xfer]) {
+                err = Some(e);
+                break;
+            }
+            s.sqe_avail -= 1;
+            s.sbuf_bytes_avail -= xfer as u32;
             done += xfer;
         }
         match err {
@@ -1371,31 +1616,12 @@ impl Stream {
     fn write_data(&mut self, data: &[u8], t: RemoteSge) -> io::Result<()> {
         let len = data.len() as u32;
         let msg = wire::msg(Op::Data, len);
-        if len <= self.size.inline {
-            self.post_write_msg(msg, &[], Some(data), t.addr, t.key)?;
-        } else {
-            let ep = self.ep()?;
-            let at = self.sbuf_at as usize;
-            let first = data.len().min(self.size.sbuf as usize - at);
-            ep.sbuf.write(at, &data[..first]);
-            let mut sges = [Sge {
-                addr: ep.sbuf.addr(at),
-                length: first as u32,
-                lkey: ep.smr.lkey,
-            }; 2];
-            let mut n = 1;
-            if first < data.len() {
-                ep.sbuf.write(0, &data[first..]);
-                sges[1] = Sge {
-                    addr: ep.sbuf.addr(0),
-                    length: (data.len() - first) as u32,
-                    lkey: ep.smr.lkey,
-                };
-                n = 2;
-            }
-            self.post_write_msg(msg, &sges[..n], None, t.addr, t.key)?;
-            self.sbuf_at = ((at + data.len()) % self.size.sbuf as usize) as u32;
-        }
+        let op = SendOp::WriteWithImm {
+            remote_addr: t.addr,
+            rkey: t.key,
+            imm: msg,
+        };
+        self.write_staged(op, msg, data)?;
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
@@ -1407,6 +1633,64 @@ impl Stream {
             self.target_sge = (self.target_sge + 1) % wire::SGL_SIZE;
         }
         Ok(())
+    }
+
+    /// Posts `op` for `data`: inline when short, else copied into the send
+    /// ring (in two pieces where it wraps). The ring's room is the
+    /// caller's to have checked (`sbuf_bytes_avail`).
+    fn write_staged(&mut self, op: SendOp, msg: u32, data: &[u8]) -> io::Result<()> {
+        if data.len() as u32 <= self.size.inline {
+            return self.post_write(op, msg, &[], Some(data));
+        }
+        let ep = self.ep()?;
+        let at = self.sbuf_at as usize;
+        let first = data.len().min(self.size.sbuf as usize - at);
+        ep.sbuf.write(at, &data[..first]);
+        let mut sges = [Sge {
+            addr: ep.sbuf.addr(at),
+            length: first as u32,
+            lkey: ep.smr.lkey,
+        }; 2];
+        let mut n = 1;
+        if first < data.len() {
+            ep.sbuf.write(0, &data[first..]);
+            sges[1] = Sge {
+                addr: ep.sbuf.addr(0),
+                length: (data.len() - first) as u32,
+                lkey: ep.smr.lkey,
+            };
+            n = 2;
+        }
+        self.post_write(op, msg, &sges[..n], None)?;
+        self.sbuf_at = ((at + data.len()) % self.size.sbuf as usize) as u32;
+        Ok(())
+    }
+
+    /// Our iomap entry `i`, as the peer wrote it.
+    fn target_iomap(&self, i: usize) -> wire::IoMap {
+        let Some(ep) = &self.ep else {
+            return wire::IoMap::default();
+        };
+        let at = wire::SGL_SIZE * wire::SGE_BYTES + i * wire::IOMAP_BYTES;
+        wire::IoMap {
+            offset: ep.target.load_u64(at),
+            sge: RemoteSge {
+                addr: ep.target.load_u64(at + 8),
+                key: ep.target.load_u32(at + 16),
+                length: ep.target.load_u32(at + 20),
+            },
+        }
+    }
+
+    /// The peer's mapping that holds `offset`, if any.
+    fn find_iomap(&self, offset: u64) -> Option<wire::IoMap> {
+        (0..self.iomap_size as usize)
+            .map(|i| self.target_iomap(i))
+            .find(|m| {
+                m.sge.length > 0
+                    && offset >= m.offset
+                    && offset - m.offset < u64::from(m.sge.length)
+            })
     }
 
     /// Copies received bytes out of the ring into `out`, consuming them.
@@ -1488,6 +1772,12 @@ impl Drop for RSocket {
             let _ = s.id.disconnect();
         }
         s.id.destroy();
+        if let Some(ep) = &s.ep {
+            for m in &s.maps {
+                let _ = ep.ctx.dereg_mr(m.keys.lkey);
+            }
+        }
+        s.maps.clear();
         drop(s.ep.take());
         // Connect requests a poll took and nobody accepted.
         for ev in s.pending.drain(..) {

@@ -20,6 +20,10 @@ pub const SGL_SIZE: usize = 2;
 /// address, key, length).
 pub const SGE_BYTES: usize = 16;
 
+/// Bytes of one iomap entry (`struct rs_iomap`: the offset the mapping
+/// answers to, then its SGE).
+pub const IOMAP_BYTES: usize = 24;
+
 /// Bytes of [`ConnData`] in the private data (an AF_INET/AF_INET6 id has no
 /// header before it).
 pub const CONN_DATA_BYTES: usize = 40;
@@ -29,6 +33,9 @@ pub const CONN_DATA_BYTES: usize = 40;
 pub enum Op {
     /// Stream bytes landed in the receive ring (low bits: how many).
     Data,
+    /// A `riowrite` (never on the wire: a plain WRITE; only in our own
+    /// completions' wr_id, low bits: how many bytes).
+    Write,
     /// Credits, and maybe a new target SGE (low bits: the sender's new
     /// credit limit).
     Sgl,
@@ -52,6 +59,7 @@ pub enum Ctrl {
 }
 
 const OP_DATA: u32 = 0;
+const OP_WRITE: u32 = 2;
 const OP_SGL: u32 = 4;
 const OP_IOMAP_SGL: u32 = 6;
 const OP_CTRL: u32 = 7;
@@ -68,6 +76,7 @@ const DATA_MASK: u32 = 0x1FFF_FFFF;
 pub fn msg(op: Op, data: u32) -> u32 {
     let op = match op {
         Op::Data => OP_DATA,
+        Op::Write => OP_WRITE,
         Op::Sgl => OP_SGL,
         Op::IomapSgl => OP_IOMAP_SGL,
         Op::Ctrl => OP_CTRL,
@@ -80,6 +89,7 @@ pub fn msg(op: Op, data: u32) -> u32 {
 pub fn parse(imm: u32) -> (Op, u32) {
     let op = match imm >> 29 {
         OP_DATA => Op::Data,
+        OP_WRITE => Op::Write,
         OP_SGL => Op::Sgl,
         OP_IOMAP_SGL => Op::IomapSgl,
         OP_CTRL => Op::Ctrl,
@@ -113,6 +123,31 @@ impl RemoteSge {
             b[8..12].copy_from_slice(&self.key.to_le_bytes());
             b[12..].copy_from_slice(&self.length.to_le_bytes());
         }
+        b
+    }
+}
+
+/// A buffer a peer may write into directly (`riowrite`): the offsets
+/// `offset..offset + sge.length` land at `sge.addr`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoMap {
+    /// The first offset the mapping answers to.
+    pub offset: u64,
+    /// Where it is in the mapper's memory.
+    pub sge: RemoteSge,
+}
+
+impl IoMap {
+    /// The 24 bytes written into a peer's iomap table (byte order as for
+    /// [`RemoteSge::to_bytes`]).
+    pub fn to_bytes(self, big: bool) -> [u8; IOMAP_BYTES] {
+        let mut b = [0u8; IOMAP_BYTES];
+        b[..8].copy_from_slice(&if big {
+            self.offset.to_be_bytes()
+        } else {
+            self.offset.to_le_bytes()
+        });
+        b[8..].copy_from_slice(&self.sge.to_bytes(big));
         b
     }
 }
@@ -239,6 +274,7 @@ mod tests {
         assert_eq!(parse(msg(Op::Ctrl, Ctrl::Shutdown as u32)), (Op::Ctrl, 2));
         assert_eq!(parse(msg(Op::Data, u32::MAX)), (Op::Data, 0x1FFF_FFFF));
         assert_eq!(parse(0x2000_0000).0, Op::Other(1));
+        assert_eq!(parse(msg(Op::Write, 9)), (Op::Write, 9));
     }
 
     #[test]
