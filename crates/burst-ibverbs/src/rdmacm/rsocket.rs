@@ -131,7 +131,12 @@ unsafe extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int
         match kind {
             libc::SOCK_STREAM if protocol == 0 || protocol == libc::IPPROTO_TCP => {}
             libc::SOCK_DGRAM => {
-                tracing::warn!("rsocket: datagram rsockets (SOCK_DGRAM) are not implemented");
+                // librspreload asks for one per UDP socket an application
+                // makes (and falls back to the kernel's): said once.
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    tracing::info!("rsocket: datagram rsockets (SOCK_DGRAM) are not implemented")
+                });
                 return fail(libc::ENOTSUP);
             }
             _ => return fail(libc::ENOTSUP),
