@@ -362,6 +362,18 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     }
     let mut got = 0;
     while got < n {
+        // Only a poll that has found nothing yet may step the lane: once
+        // completions were taken, an empty ring ends the call. That step
+        // would send the deferred ACK of the message just taken alone, a
+        // system call before the reply the application is about to post
+        // and could have carried it (UCX polls 16 at a time: two sends per
+        // message instead of one). A thread-wide rule (no step on the
+        // first empty poll after any completion) also caught UCX's receive
+        // CQ then send CQ, but took from `ib_write_lat`, which spins on
+        // memory and is placed only by the steps of its polls.
+        if got > 0 && q.handle.is_empty() {
+            break;
+        }
         let Some(w) = q.handle.poll() else {
             // burstd is gone: an error, not an empty CQ forever.
             if got == 0 && q.handle.device_failed() {
@@ -379,9 +391,15 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 // ------------------------------------------------------- ibv_cq_ex polling
 
 /// Steps the CQ to its next completion: ENOENT when there is none, EIO
-/// once burstd is gone.
-fn step_cq(q: &Cq, cqx: *mut ibv_cq) -> c_int {
-    let Some(w) = q.handle.poll() else {
+/// once burstd is gone. Only `ibv_start_poll` (`first`) may step the lane
+/// for it; `ibv_next_poll` takes what the ring holds (see `poll_cq`).
+fn step_cq(q: &Cq, cqx: *mut ibv_cq, first: bool) -> c_int {
+    let w = if first || !q.handle.is_empty() {
+        q.handle.poll()
+    } else {
+        None
+    };
+    let Some(w) = w else {
         return if q.handle.device_failed() {
             libc::EIO
         } else {
@@ -409,12 +427,12 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq, attr: *mut u32) -> c_int {
     if unsafe { attr.as_ref() }.is_some_and(|m| *m != 0) {
         return libc::EINVAL;
     }
-    step_cq(q, cq)
+    step_cq(q, cq, true)
 }
 
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq) -> c_int {
     match ours!(Cq, cq) {
-        Some(q) => step_cq(q, cq),
+        Some(q) => step_cq(q, cq, false),
         None => libc::EINVAL,
     }
 }

@@ -586,3 +586,96 @@ fn the_ack_of_a_message_completes_its_send_before_the_reply_lands() {
     let resent = p.b.qp_counters(p.qb).unwrap().retransmits_started;
     assert_eq!(resent, 0, "B resent a reply whose ACK A held back");
 }
+
+#[test]
+fn a_sender_blocked_on_its_event_sends_a_message_longer_than_a_round() {
+    // UC: no ACK comes back to wake the blocked sender, and the engine
+    // thread leaves the lane to it; the 64 KiB message (64 packets at MTU
+    // 1024) must still go out whole (it did not: ibv_uc_pingpong -s 65536
+    // -e hung).
+    use burst_verbs::engine::Engine;
+    use burst_verbs::Mtu;
+    use std::net::{IpAddr, Ipv4Addr};
+    let addr = |h: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 146, h));
+    let (ea, eb) = (
+        Engine::start(addr(21), Mtu::Mtu1024).unwrap(),
+        Engine::start(addr(22), Mtu::Mtu1024).unwrap(),
+    );
+    let (a, b) = (ea.context(), eb.context());
+    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+    let ch = a.create_comp_channel().unwrap();
+    let cqa = a.create_cq_with(16, Some(Arc::clone(&ch)));
+    let cqb = b.create_cq(16);
+    let qa = a.create_qp(QpType::Uc, pa, cqa, cqa, 16).unwrap();
+    let qb = b.create_qp(QpType::Uc, pb, cqb, cqb, 16).unwrap();
+    // UC's transitions: no READ/atomic or retry attributes.
+    let uc = |c: &burst_verbs::engine::Context, q, gid, peer, psns: (u32, u32)| {
+        let ah = c.create_ah(gid).unwrap();
+        let steps = [
+            QpAttr {
+                state: Some(QpState::Init),
+                pkey_index: Some(0),
+                port: Some(1),
+                access: Some(QpAccess::default()),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                ah: Some(ah),
+                path_mtu: Some(Mtu::Mtu1024),
+                dest_qpn: Some(peer),
+                rq_psn: Some(burst_verbs::Psn::new(psns.1)),
+                ..Default::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(burst_verbs::Psn::new(psns.0)),
+                ..Default::default()
+            },
+        ];
+        for attr in steps {
+            c.modify_qp(q, &attr).unwrap().unwrap();
+        }
+    };
+    uc(&a, qa, b.gid(), qb, (5, 9));
+    uc(&b, qb, a.gid(), qa, (9, 5));
+    const LEN: usize = 65536;
+    let mut sbuf: Vec<u8> = (0..LEN).map(|i| (i * 7) as u8).collect();
+    let mut rbuf = vec![0u8; LEN];
+    // SAFETY: both buffers outlive the engines (dropped first below).
+    let (ks, kr) = unsafe {
+        (
+            a.reg_mr(pa, sbuf.as_mut_ptr(), LEN, Access(1)).unwrap(),
+            b.reg_mr(pb, rbuf.as_mut_ptr(), LEN, Access(1)).unwrap(),
+        )
+    };
+    let whole = |k: &burst_mem::MrKeys| Sge {
+        addr: k.addr,
+        length: LEN as u32,
+        lkey: k.lkey,
+    };
+    b.post_recv(qb, &recv_wr(1, whole(&kr))).unwrap();
+    a.req_notify_cq(cqa).unwrap();
+    a.post_send(qa, &SendWr::new(2, SendOp::Send, [whole(&ks)]))
+        .unwrap();
+    // The sender blocks on its channel, as ibv_get_cq_event does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sent = loop {
+        if let Some(w) = a.poll_cq(cqa) {
+            break w;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "the send did not complete within 10 s");
+        if a.wait_cq_event(&ch, left).unwrap().is_some() {
+            a.req_notify_cq(cqa).unwrap();
+        }
+    };
+    assert_eq!((sent.status, sent.wr_id), (WcStatus::Success, 2));
+    let got = poll_n(&b, cqb, 1);
+    assert_eq!(
+        (got[0].status, got[0].byte_len),
+        (WcStatus::Success, LEN as u32)
+    );
+    drop((ea, eb));
+    assert!(rbuf == sbuf, "the message arrived whole");
+}

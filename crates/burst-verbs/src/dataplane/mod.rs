@@ -583,6 +583,12 @@ impl<P: Port> Device<P> {
         self.lane.index as usize
     }
 
+    /// Whether a transmit round has packets to send now: QPs queued to
+    /// transmit, or frames the port did not take yet.
+    pub fn wants_transmit(&self) -> bool {
+        self.ready.transmit_len() > 0 || self.tx_held > 0
+    }
+
     /// Whether `qpn` has packets it may send now (a transition can let
     /// out work posted before it: SQD back to RTS, a QP no longer
     /// waiting for its peer).

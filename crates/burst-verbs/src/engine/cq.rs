@@ -491,6 +491,19 @@ impl Context {
             if busy {
                 continue;
             }
+            // A message longer than a round's packets (a 64 KiB UC SEND)
+            // still has packets to send, and nothing else would send them:
+            // no answer comes to wake this thread (UC, UD), and the engine
+            // thread leaves the lane to it. (It hung `ibv_uc_pingpong -s
+            // 65536 -e`.) Only while rounds send: a QP that waits for its
+            // peer's ACKs to send more is woken by them through the port.
+            if self.with_device(0, |d| d.wants_transmit()) == Some(true)
+                && self
+                    .step_with(0, Round::Transmit, Stepper::Waiter, |_| ())
+                    .is_some_and(|(b, _)| b)
+            {
+                continue;
+            }
             let l = left();
             if l.is_zero() {
                 return Ok(ch.try_get_cq_event());

@@ -754,7 +754,10 @@ impl Stream {
     }
 
     fn conn_all_sends_done(&self) -> bool {
-        self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno).wrapping_add(self.sqe_avail) == self.size.sq
+        self.ctrl_max_seqno
+            .wrapping_sub(self.ctrl_seqno)
+            .wrapping_add(self.sqe_avail)
+            == self.size.sq
             || self.state & st::CONNECTED == 0
     }
 
