@@ -143,6 +143,20 @@ pub const CASES: &[CmCase] = &[
         "rstream -s {addr} -p {port} -S 65536 -C 200 -T b -T v",
         "custom",
     ),
+    // rsockets' vector calls (rwritev/rreadv, rsendmsg/rrecvmsg) with an
+    // empty buffer among three, both ways (built by `dropin::build`).
+    case(
+        "rsocket-iov (rwritev, rreadv, rsendmsg, rrecvmsg)",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/interop/rsocket-iov s {addr} {port}"
+        ),
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/interop/rsocket-iov c {addr} {port}"
+        ),
+        "rsocket-iov: ok",
+    ),
     // riowrite into the peer's riomapped buffer (rsockets' direct
     // placement), the receiver watching its last byte.
     case(

@@ -231,6 +231,7 @@ const PROGRAMS: &[(&str, &[&str])] = &[
     ("mcast-peer", &["-libverbs"]),
     ("cm-consecutive", &["-lrdmacm", "-libverbs"]),
     ("cm-fork", &["-lrdmacm", "-libverbs"]),
+    ("rsocket-iov", &["-lrdmacm"]),
 ];
 
 /// UCX over burst: UCT put/AM over rc_verbs and ud_verbs, UCP tag matching

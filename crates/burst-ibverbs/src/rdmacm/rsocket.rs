@@ -301,12 +301,18 @@ unsafe extern "C" fn rrecvfrom(
 }
 export!("rrecvfrom", "RDMACM_1.0", rrecvfrom);
 
-/// Reads into each buffer in turn: the first as `flags` say, the rest only
-/// with what is there already (a stream read returns what it has).
+/// Runs `one` over each non-empty buffer of an iovec array in turn
+/// (`first`: nothing was moved yet), stopping at the first that does not
+/// go whole; the bytes moved, or the first failure's -1 when none were.
 ///
 /// # Safety
-/// `iov` names `cnt` iovecs of writable buffers.
-unsafe fn recv_iov(fd: c_int, iov: *const libc::iovec, cnt: c_int, flags: c_int) -> isize {
+/// `iov` names `cnt` iovecs of buffers valid for `one`'s use.
+unsafe fn each_iov(
+    fd: c_int,
+    iov: *const libc::iovec,
+    cnt: c_int,
+    mut one: impl FnMut(&Open, *mut c_void, usize, bool) -> isize,
+) -> isize {
     let o = rs_or_ebadf!(fd);
     if cnt < 0 || (cnt > 0 && iov.is_null()) {
         return fail(libc::EINVAL) as isize;
@@ -314,33 +320,43 @@ unsafe fn recv_iov(fd: c_int, iov: *const libc::iovec, cnt: c_int, flags: c_int)
     // SAFETY: the caller's contract.
     let iovs = unsafe { std::slice::from_raw_parts(iov, cnt as usize) };
     let mut total = 0isize;
-    for (i, v) in iovs.iter().enumerate() {
-        // SAFETY: each iovec names its writable buffer.
-        let Some(b) = (unsafe { slice_mut(v.iov_base, v.iov_len) }) else {
+    for v in iovs.iter().filter(|v| v.iov_len > 0) {
+        if v.iov_base.is_null() {
             return if total > 0 {
                 total
             } else {
                 fail(libc::EFAULT) as isize
             };
-        };
-        if b.is_empty() {
-            continue;
         }
-        let f = if i == 0 || total == 0 {
-            flags
-        } else {
-            flags | libc::MSG_DONTWAIT
-        };
-        let n = recv_into(&o, b, f);
+        let n = one(&o, v.iov_base, v.iov_len, total == 0);
         if n < 0 {
             return if total > 0 { total } else { n };
         }
         total += n;
-        if (n as usize) < b.len() {
+        if (n as usize) < v.iov_len {
             break;
         }
     }
     total
+}
+
+/// Reads into each buffer in turn: the first as `flags` say, the rest only
+/// with what is there already (a stream read returns what it has).
+///
+/// # Safety
+/// `iov` names `cnt` iovecs of writable buffers.
+unsafe fn recv_iov(fd: c_int, iov: *const libc::iovec, cnt: c_int, flags: c_int) -> isize {
+    // SAFETY: forwarded contract; each buffer is writable for its length.
+    unsafe {
+        each_iov(fd, iov, cnt, |o, p, len, first| {
+            let f = if first {
+                flags
+            } else {
+                flags | libc::MSG_DONTWAIT
+            };
+            recv_into(o, std::slice::from_raw_parts_mut(p.cast::<u8>(), len), f)
+        })
+    }
 }
 
 unsafe extern "C" fn rreadv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {
@@ -406,35 +422,12 @@ export!("rsendto", "RDMACM_1.0", rsendto);
 /// # Safety
 /// `iov` names `cnt` iovecs of readable buffers.
 unsafe fn send_iov(fd: c_int, iov: *const libc::iovec, cnt: c_int, flags: c_int) -> isize {
-    let o = rs_or_ebadf!(fd);
-    if cnt < 0 || (cnt > 0 && iov.is_null()) {
-        return fail(libc::EINVAL) as isize;
+    // SAFETY: forwarded contract; each buffer is readable for its length.
+    unsafe {
+        each_iov(fd, iov, cnt, |o, p, len, _| {
+            send_from(o, std::slice::from_raw_parts(p.cast::<u8>(), len), flags)
+        })
     }
-    // SAFETY: the caller's contract.
-    let iovs = unsafe { std::slice::from_raw_parts(iov, cnt as usize) };
-    let mut total = 0isize;
-    for v in iovs {
-        // SAFETY: each iovec names its readable buffer.
-        let Some(b) = (unsafe { slice(v.iov_base, v.iov_len) }) else {
-            return if total > 0 {
-                total
-            } else {
-                fail(libc::EFAULT) as isize
-            };
-        };
-        if b.is_empty() {
-            continue;
-        }
-        let n = send_from(&o, b, flags);
-        if n < 0 {
-            return if total > 0 { total } else { n };
-        }
-        total += n;
-        if (n as usize) < b.len() {
-            break;
-        }
-    }
-    total
 }
 
 unsafe extern "C" fn rwritev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> isize {

@@ -1109,28 +1109,13 @@ impl RSocket {
         let mut olen = OLAP_START;
         let mut err = None;
         while done < buf.len() {
-            if !s.can_send() {
-                let (g, r) = self.get_comp(s, nonblock, Stream::conn_can_send, None);
-                s = g;
-                if let Err(e) = r {
-                    err = Some(e);
-                    break;
-                }
-                if s.state & st::WRITABLE == 0 {
-                    err = Some(errno(libc::ECONNRESET));
-                    break;
-                }
+            let (g, r) = self.room(s, nonblock);
+            s = g;
+            if let Err(e) = r {
+                err = Some(e);
+                break;
             }
-            let left = buf.len() - done;
-            let mut xfer = if olen < left {
-                let x = olen;
-                if olen < MAX_TRANSFER {
-                    olen <<= 1;
-                }
-                x
-            } else {
-                left
-            };
+            let mut xfer = next_piece(&mut olen, buf.len() - done);
             let t = s.target(s.target_sge);
             xfer = xfer.min(s.sbuf_bytes_avail as usize).min(t.length as usize);
             if let Err(e) = s.write_data(&buf[done..done + xfer], t) {
@@ -1145,6 +1130,27 @@ impl RSocket {
         }
     }
 
+    /// Waits (unless `nonblock`) until a message may go: a send slot, room
+    /// in the send ring, a credit and a target SGE; `ECONNRESET` once the
+    /// stream cannot send.
+    fn room<'a>(
+        &'a self,
+        s: MutexGuard<'a, Stream>,
+        nonblock: bool,
+    ) -> (MutexGuard<'a, Stream>, io::Result<()>) {
+        if s.can_send() {
+            return (s, Ok(()));
+        }
+        let (s, r) = self.get_comp(s, nonblock, Stream::conn_can_send, None);
+        if let Err(e) = r {
+            return (s, Err(e));
+        }
+        if s.state & st::WRITABLE == 0 {
+            return (s, Err(errno(libc::ECONNRESET)));
+        }
+        (s, Ok(()))
+    }
+
     /// Writes the entries of new writable mappings into the peer's iomap
     /// table (each a WRITE with immediate, as a data message).
     fn send_iomaps<'a>(
@@ -1153,15 +1159,10 @@ impl RSocket {
         nonblock: bool,
     ) -> (MutexGuard<'a, Stream>, io::Result<()>) {
         while let Some(i) = s.maps.iter().position(|m| m.slot.is_some() && !m.sent) {
-            if !s.can_send() {
-                let (g, r) = self.get_comp(s, nonblock, Stream::conn_can_send, None);
-                s = g;
-                if let Err(e) = r {
-                    return (s, Err(e));
-                }
-                if s.state & st::WRITABLE == 0 {
-                    return (s, Err(errno(libc::ECONNRESET)));
-                }
+            let (g, r) = self.room(s, nonblock);
+            s = g;
+            if let Err(e) = r {
+                return (s, Err(e));
             }
             let m = &s.maps[i];
             let slot = m.slot.unwrap_or_default();
@@ -1284,28 +1285,13 @@ impl RSocket {
         while done < buf.len() {
             let at = offset.wrapping_add(done as u64);
             let Some(m) = s.find_iomap(at) else { break };
-            if !s.can_send() {
-                let (g, r) = self.get_comp(s, nonblock, Stream::conn_can_send, None);
-                s = g;
-                if let Err(e) = r {
-                    err = Some(e);
-                    break;
-                }
-                if s.state & st::WRITABLE == 0 {
-                    err = Some(errno(libc::ECONNRESET));
-                    break;
-                }
+            let (g, r) = self.room(s, nonblock);
+            s = g;
+            if let Err(e) = r {
+                err = Some(e);
+                break;
             }
-            let left = buf.len() - done;
-            let mut xfer = if olen < left {
-                let x = olen;
-                if olen < MAX_TRANSFER {
-                    olen <<= 1;
-                }
-                x
-            } else {
-                left
-            };
+            let mut xfer = next_piece(&mut olen, buf.len() - done);
             let room = m.offset + u64::from(m.sge.length) - at;
             xfer = xfer
                 .min(s.sbuf_bytes_avail as usize)
@@ -1611,6 +1597,20 @@ impl RSocket {
         let (fds, n) = s.wait_fds();
         (r, fds, n)
     }
+}
+
+/// The next piece of a transfer with `left` bytes to go: rdma-core's
+/// overlap, 2 KiB first and doubling up to 64 KiB, so the first bytes leave
+/// while the rest are copied.
+fn next_piece(olen: &mut usize, left: usize) -> usize {
+    if *olen >= left {
+        return left;
+    }
+    let piece = *olen;
+    if *olen < MAX_TRANSFER {
+        *olen <<= 1;
+    }
+    piece
 }
 
 fn in_progress_is_again(e: io::Error) -> io::Error {
