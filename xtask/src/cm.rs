@@ -146,7 +146,7 @@ pub const CASES: &[CmCase] = &[
     // rsockets' vector calls (rwritev/rreadv, rsendmsg/rrecvmsg) with an
     // empty buffer among three, both ways (built by `dropin::build`).
     case(
-        "rsocket-iov (rwritev, rreadv, rsendmsg, rrecvmsg)",
+        RSOCKET_IOV,
         concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../target/interop/rsocket-iov s {addr} {port}"
@@ -290,6 +290,7 @@ pub fn rxe_v6_cases(quick: bool) -> &'static [CmCase] {
 /// The rsockets cases in the CI share.
 const RSTREAM: &str = "rstream 4k x 1000, verified";
 const RSPRELOAD: &str = "iperf3 over librspreload (TCP sockets as rsockets)";
+const RSOCKET_IOV: &str = "rsocket-iov (rwritev, rreadv, rsendmsg, rrecvmsg)";
 
 /// The name of the consecutive-connections case (interop/cm-consecutive.c).
 const CONSECUTIVE: &str = "20 consecutive connections, one process each side";
@@ -373,6 +374,7 @@ pub fn quick() -> Vec<&'static CmCase> {
                 || c.name == LOST_DREQ
                 || c.name == RSTREAM
                 || c.name == RSPRELOAD
+                || c.name == RSOCKET_IOV
         })
         .collect()
 }
