@@ -362,19 +362,17 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     }
     let mut got = 0;
     while got < n {
-        // Only a poll that has found nothing yet may step the lane: once
-        // completions were taken, an empty ring ends the call. That step
-        // would send the deferred ACK of the message just taken alone, a
-        // system call before the reply the application is about to post
-        // and could have carried it (UCX polls 16 at a time: two sends per
-        // message instead of one). A thread-wide rule (no step on the
-        // first empty poll after any completion) also caught UCX's receive
-        // CQ then send CQ, but took from `ib_write_lat`, which spins on
-        // memory and is placed only by the steps of its polls.
-        if got > 0 && q.handle.is_empty() {
-            break;
-        }
-        let Some(w) = q.handle.poll() else {
+        // Only a poll that has found nothing yet may step the lane
+        // (`CompletionQueue::poll_held`). A thread-wide rule (no step on
+        // the first empty poll after any completion) was measured and
+        // dropped: `ib_write_lat` spins on memory and is placed only by the
+        // steps of its polls.
+        let next = if got == 0 {
+            q.handle.poll()
+        } else {
+            q.handle.poll_held()
+        };
+        let Some(w) = next else {
             // burstd is gone: an error, not an empty CQ forever.
             if got == 0 && q.handle.device_failed() {
                 return -libc::EIO;
@@ -394,10 +392,10 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 /// once burstd is gone. Only `ibv_start_poll` (`first`) may step the lane
 /// for it; `ibv_next_poll` takes what the ring holds (see `poll_cq`).
 fn step_cq(q: &Cq, cqx: *mut ibv_cq, first: bool) -> c_int {
-    let w = if first || !q.handle.is_empty() {
+    let w = if first {
         q.handle.poll()
     } else {
-        None
+        q.handle.poll_held()
     };
     let Some(w) = w else {
         return if q.handle.device_failed() {

@@ -157,6 +157,18 @@ impl CompletionQueue {
         self.ctx.poll_one(&self.cq)
     }
 
+    /// The next completion the ring already holds, never stepping the data
+    /// plane: the rest of a batch once a [`CompletionQueue::poll`] found
+    /// some. (Polling an emptied ring steps the lane, and that step would
+    /// send the ACK of the message just taken alone, a system call before
+    /// the reply the application is about to post and could carry it.)
+    pub fn poll_held(&self) -> Option<WorkCompletion> {
+        if self.is_empty() {
+            return None;
+        }
+        self.poll()
+    }
+
     /// Completions waiting.
     pub fn len(&self) -> usize {
         self.cq.ring.len()

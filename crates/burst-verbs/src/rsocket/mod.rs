@@ -582,15 +582,12 @@ impl Stream {
         let Some(ep) = &self.ep else { return };
         let cq = ep.cq.clone();
         let mut rcnt = 0u32;
-        // One poll that may step the lane, then only what the ring holds: an
-        // empty poll steps again, and that step would send the ACK of what
-        // just arrived alone instead of with the reply the application is
-        // about to post (two packets per message instead of one).
+        // One poll that may step the lane, then only what the ring holds
+        // (`CompletionQueue::poll_held`: the ACK of what arrived goes with
+        // the reply).
         let mut next = cq.poll();
         while let Some(wc) = next.take() {
-            if !cq.is_empty() {
-                next = cq.poll();
-            }
+            next = cq.poll_held();
             if wc.wr_id & RECV_FLAG != 0 {
                 if wc.status != WcStatus::Success {
                     // Flushed: the QP went to the error state (the
