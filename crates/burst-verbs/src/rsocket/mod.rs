@@ -1081,10 +1081,11 @@ impl RSocket {
         }
     }
 
-    /// `rsend`: as much of `buf` as the peer has room for (all of it when
-    /// blocking); `EAGAIN` when non-blocking (or `MSG_DONTWAIT`) and there
-    /// is no room; `ECONNRESET` once the stream cannot send.
-    pub fn send(&self, buf: &[u8], flags: i32) -> io::Result<usize> {
+    /// The stream locked for a send or receive with `flags`, and whether
+    /// the call must not block: set-up finished first when it is still
+    /// under way (`EAGAIN` while it waits, non-blocking), `ENOTCONN` for a
+    /// socket that never connected.
+    fn stream(&self, flags: i32) -> io::Result<(MutexGuard<'_, Stream>, bool)> {
         let mut s = self.lock();
         let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
         if s.state & st::OPENING != 0 {
@@ -1093,6 +1094,14 @@ impl RSocket {
         if s.state & (st::CONNECTED | st::DISCONNECTED | st::ERROR) == 0 {
             return Err(errno(libc::ENOTCONN));
         }
+        Ok((s, nonblock))
+    }
+
+    /// `rsend`: as much of `buf` as the peer has room for (all of it when
+    /// blocking); `EAGAIN` when non-blocking (or `MSG_DONTWAIT`) and there
+    /// is no room; `ECONNRESET` once the stream cannot send.
+    pub fn send(&self, buf: &[u8], flags: i32) -> io::Result<usize> {
+        let (mut s, nonblock) = self.stream(flags)?;
         // (rdma-core looks only when it has to wait, so a send after
         // SHUT_WR with room left went out; a peer that read the shutdown
         // does not expect it.)
@@ -1316,14 +1325,7 @@ impl RSocket {
     /// `MSG_DONTWAIT`: `EAGAIN`); 0 once the peer shut its side and all
     /// was read. `MSG_PEEK` and `MSG_WAITALL` as for TCP.
     pub fn recv(&self, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-        let mut s = self.lock();
-        let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
-        if s.state & st::OPENING != 0 {
-            s.do_connect(nonblock).map_err(in_progress_is_again)?;
-        }
-        if s.state & (st::CONNECTED | st::DISCONNECTED | st::ERROR) == 0 {
-            return Err(errno(libc::ENOTCONN));
-        }
+        let (mut s, nonblock) = self.stream(flags)?;
         let mut done = 0usize;
         let mut err = None;
         loop {
