@@ -536,6 +536,22 @@ impl Cm {
         }
     }
 
+    /// Releases every connection as [`Cm::release`] does one: what the
+    /// kernel's CM does for a process whose RDMA CM file closes (it
+    /// exited or crashed without `rdma_destroy_id`). Established ones
+    /// send a DREQ, half-made ones a REJ, so no peer is left connected
+    /// to a QP that no longer exists (it would learn only when its
+    /// retries ran out). Follow with [`Cm::disconnects_pending`] to wait
+    /// for the DREPs.
+    pub fn release_all(&mut self, now: u64) {
+        let mut ids: Vec<u32> = self.conns.keys().copied().collect();
+        // A fixed order (the map's is not): deterministic for the simulator.
+        ids.sort_unstable();
+        for id in ids {
+            self.release(now, ConnId(id));
+        }
+    }
+
     /// Connections (and SIDR exchanges) alive, time-wait included.
     pub fn len(&self) -> usize {
         self.conns.len()

@@ -261,6 +261,15 @@ impl CmService {
         }
     }
 
+    /// Releases every connection this CM holds (DREQs for established
+    /// ones, REJs for half-made ones), as the kernel does when a process's
+    /// RDMA CM file closes; [`CmService::finish_disconnects`] then waits
+    /// for the DREPs. What a process that ends, or a service dropped with
+    /// connections still up, does before its CM goes.
+    pub fn release_all(&self) {
+        self.with(|cm, now| cm.release_all(now));
+    }
+
     /// What the CM counted.
     pub fn counters(&self) -> burst_cm::CmCounters {
         self.with(|cm, _| cm.counters())
@@ -274,6 +283,7 @@ pub const DISCONNECT_LINGER: Duration = Duration::from_millis(500);
 
 impl Drop for CmService {
     fn drop(&mut self) {
+        self.release_all();
         self.finish_disconnects(DISCONNECT_LINGER);
         self.inner.stop.store(true, Ordering::Release);
         self.inner.wake.signal();

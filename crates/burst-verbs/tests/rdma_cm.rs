@@ -475,3 +475,63 @@ fn ece_set_by_the_application_crosses_in_the_req_and_can_be_refused() {
     expect(&a.ch, CmEventKind::Established);
     expect(&b.ch, CmEventKind::Established);
 }
+
+/// A process that ends with its connections up (Valkey's RDMA test client
+/// exits without `rdma_disconnect`): as the kernel's CM when the
+/// process's file closes, `close_all` sends a DREQ for each, so the peer
+/// is told at once instead of finding out when its retries run out, and
+/// waits for the DREPs. The server's id was never disconnected or
+/// destroyed either; its side stays usable for the next connection.
+#[test]
+fn connections_left_up_at_exit_are_disconnected() {
+    let a = side("127.0.140.21");
+    let b = side("127.0.140.22");
+    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
+    listener.listen().unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
+        id.resolve_addr(None, SocketAddr::new(b.ip, 7000)).unwrap();
+        expect(&a.ch, CmEventKind::AddrResolved);
+        id.resolve_route().unwrap();
+        expect(&a.ch, CmEventKind::RouteResolved);
+        let mut abuf = vec![0u8; 64];
+        let aqp = qp_on(&id, QpType::Rc, &mut abuf);
+        id.connect(None).unwrap();
+        let child = expect(&b.ch, CmEventKind::ConnectRequest).id;
+        let mut bbuf = vec![0u8; 64];
+        let bqp = qp_on(&child, QpType::Rc, &mut bbuf);
+        child.accept(None).unwrap();
+        expect(&b.ch, CmEventKind::Established);
+        expect(&a.ch, CmEventKind::Established);
+        kept.push((id, aqp, abuf, child, bqp, bbuf));
+    }
+    assert_eq!(
+        a.cm.close_all(Duration::from_secs(5)),
+        0,
+        "every DREQ answered"
+    );
+    let mut gone = Vec::new();
+    for _ in 0..3 {
+        let e = expect(&b.ch, CmEventKind::Disconnected);
+        gone.push(e.id);
+    }
+    for (_, _, _, child, _, _) in &kept {
+        assert!(gone.contains(child), "{child:?} told of its peer's end");
+    }
+    // Nothing more for the process that closed: its ids were not torn down
+    // by it, and a second close finds nothing to do.
+    assert_eq!(a.cm.close_all(Duration::from_secs(1)), 0);
+    let mut p = libc::pollfd {
+        fd: b.ch.as_fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 200) },
+        0,
+        "one DISCONNECTED each"
+    );
+}

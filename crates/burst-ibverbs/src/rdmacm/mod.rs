@@ -109,14 +109,16 @@ fn rdma_cm() -> &'static RdmaCm {
     made
 }
 
-/// At exit: the DREQs still unanswered get their DREPs (the CM ends with
-/// the process; the kernel's would go on), then the counters' lines.
+/// At exit: connections the application left up are released (DREQs, as
+/// the kernel's CM sends when the process's file closes) and the DREQs
+/// still unanswered get their DREPs (the CM ends with the process; the
+/// kernel's would go on), then the counters' lines.
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         let Some(cm) = rdma_cm_if_started() else {
             return;
         };
-        let left = cm.finish_disconnects(burst_verbs::cm::DISCONNECT_LINGER);
+        let left = cm.close_all(burst_verbs::cm::DISCONNECT_LINGER);
         if left > 0 && tracing::enabled!(tracing::Level::WARN) {
             eprintln!("burst: rdma_cm at exit: {left} disconnect request(s) unanswered");
         }

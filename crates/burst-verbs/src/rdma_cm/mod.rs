@@ -158,21 +158,39 @@ impl RdmaCm {
         )
     }
 
-    /// Waits, at most `within`, until every DREQ this process sent was
-    /// answered (sending unanswered ones again meanwhile); what a process
-    /// that embeds its CM does before it ends (see
-    /// [`CmService::finish_disconnects`](crate::cm::CmService::finish_disconnects)).
-    /// Returns how many were still unanswered.
-    pub fn finish_disconnects(&self, within: std::time::Duration) -> usize {
-        let started: Vec<Arc<Device>> = self
-            .shared
+    /// What the kernel's CM does when a process's RDMA CM file closes:
+    /// every connection still up is released (a DREQ for an established
+    /// one, so the peer learns of it at once instead of when its retries
+    /// run out), then waits, at most `within`, for the DREPs as
+    /// [`RdmaCm::finish_disconnects`]. For a process that ends without
+    /// destroying its ids (Valkey's RDMA test client exits with its
+    /// connections up). Returns how many DREQs were still unanswered.
+    pub fn close_all(&self, within: std::time::Duration) -> usize {
+        for d in self.started() {
+            d.svc.release_all();
+        }
+        self.finish_disconnects(within)
+    }
+
+    /// The devices whose CM started.
+    fn started(&self) -> Vec<Arc<Device>> {
+        self.shared
             .devices
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .flatten()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Waits, at most `within`, until every DREQ this process sent was
+    /// answered (sending unanswered ones again meanwhile); what a process
+    /// that embeds its CM does before it ends (see
+    /// [`CmService::finish_disconnects`](crate::cm::CmService::finish_disconnects)).
+    /// Returns how many were still unanswered.
+    pub fn finish_disconnects(&self, within: std::time::Duration) -> usize {
+        let started = self.started();
         let deadline = std::time::Instant::now() + within;
         started
             .iter()
