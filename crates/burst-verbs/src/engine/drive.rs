@@ -237,6 +237,14 @@ impl Context {
         self.shared.drivers.iter().map(|d| d.lapses()).sum()
     }
 
+    /// How many polls or posts came so long after the lane's previous one
+    /// (a thread that looks in now and then and blocks elsewhere between)
+    /// that they left the lane to the engine thread instead of claiming it
+    /// (see docs/architecture.md, "Who steps a lane"). Diagnostics.
+    pub fn slow_polls(&self) -> u64 {
+        self.shared.drivers.iter().map(|d| d.came_back()).sum()
+    }
+
     /// The device clock (ns): the time base of [`Context::next_timeout`].
     pub fn now(&self) -> u64 {
         self.shared.clock.now()
