@@ -17,10 +17,28 @@ use burst_verbs::engine::Context;
 use burst_verbs::eventfd::EventFd;
 use burst_verbs::gsi::{Gsi, GsiMad};
 use burst_verbs::protocol::{self as p, MadRecv};
-use burst_wire::mad::{CmAttr, MAD_HEADER_LEN, MGMT_CLASS_CM};
+use burst_wire::mad::{CmAttr, CmDreq, CmMad, CmMessage, MAD_HEADER_LEN, MAD_LEN, MGMT_CLASS_CM};
+use burst_wire::Qpn;
+use std::net::IpAddr;
 
 /// Communication IDs a client may hold at once (time-wait included).
 const MAX_IDS_PER_CLIENT: usize = 65536;
+
+/// REQs routed to listeners whose requester's QPN is remembered until the
+/// listener's REP (see [`Table::req_qpns`]); past this the memory is
+/// cleared, and connections accepted before that are not disconnected
+/// for a client that dies.
+const MAX_PENDING_REQS: usize = 65536;
+
+/// What the router learned of a client's connection from the MADs it
+/// carried: enough to send the DREQ the client's CM would have sent had
+/// it ended its connections before it went ([`Router::detach`]).
+struct Link {
+    client: u32,
+    peer: IpAddr,
+    /// The peer's communication ID and QPN, once a REP crossed.
+    remote: Option<(u32, Qpn)>,
+}
 
 #[derive(Default)]
 struct Table {
@@ -30,6 +48,12 @@ struct Table {
     ids: HashMap<u32, u32>,
     /// How many IDs each client holds.
     held: HashMap<u32, usize>,
+    /// Connections by the client's communication ID (at most one per ID
+    /// in `ids`, so bounded as they are).
+    links: HashMap<u32, Link>,
+    /// The requester's QPN of each REQ routed to a listener, by (peer,
+    /// the peer's communication ID), until the listener's REP.
+    req_qpns: HashMap<(IpAddr, u32), Qpn>,
     dropped: u64,
 }
 
@@ -141,8 +165,83 @@ impl Router {
         t.listeners.retain(|_, c| *c != client);
         t.ids.retain(|_, c| *c != client);
         t.held.remove(&client);
+        let mut gone = Vec::new();
+        t.links.retain(|&id, l| {
+            if l.client != client {
+                return true;
+            }
+            if let Some(remote) = l.remote {
+                gone.push((id, l.peer, remote));
+            }
+            false
+        });
         drop(t);
+        // Its connections still up are ended, as the kernel's CM sends a
+        // DREQ for each connection of a process whose RDMA CM file closes
+        // (it exited or was killed): else each peer learns only when its
+        // sends run out of retries. Sent once; the peer's DREP finds no
+        // owner and burstd's CM drops it.
+        for (id, peer, (remote_id, remote_qpn)) in gone {
+            let dreq = CmDreq {
+                local_comm_id: id,
+                remote_comm_id: remote_id,
+                remote_qpn,
+                private_data: [0; 220],
+            };
+            let mut mad = [0u8; MAD_LEN];
+            let tid = u64::from(id) << 32 | u64::from(remote_id);
+            if CmMad::new(tid, CmMessage::Dreq(dreq))
+                .emit(&mut mad)
+                .is_ok()
+            {
+                tracing::debug!(client, id, %peer, "a departed client's connection: DREQ sent");
+                self.ctx.gsi_send(GsiMad { peer, mad });
+            }
+        }
         self.wake.signal();
+    }
+
+    /// Follows a client's connections through the MADs it sends
+    /// (`from_client`) and receives: a REQ or REP it sends opens one, a
+    /// REP it receives names the peer's side, a REJ, DREQ or DREP either
+    /// way ends it ([`Link`]). `id` is the client's communication ID the
+    /// MAD names, checked as the client's own by the caller.
+    fn follow(t: &mut Table, client: u32, id: u32, peer: IpAddr, mad: &[u8], from_client: bool) {
+        let Ok(m) = CmMad::parse(mad) else {
+            return;
+        };
+        match (m.message, from_client) {
+            (CmMessage::Req(_), true) => {
+                t.links.insert(
+                    id,
+                    Link {
+                        client,
+                        peer,
+                        remote: None,
+                    },
+                );
+            }
+            (CmMessage::Rep(rep), true) => {
+                let qpn = t.req_qpns.remove(&(peer, rep.remote_comm_id));
+                t.links.insert(
+                    id,
+                    Link {
+                        client,
+                        peer,
+                        remote: qpn.map(|q| (rep.remote_comm_id, q)),
+                    },
+                );
+            }
+            (CmMessage::Rep(rep), false) => {
+                if let Some(l) = t.links.get_mut(&id).filter(|l| l.peer == peer) {
+                    l.remote = Some((rep.local_comm_id, rep.local_qpn));
+                }
+            }
+            (CmMessage::Rej(_) | CmMessage::Dreq(_) | CmMessage::Drep(_), _) => {
+                t.links.remove(&id);
+            }
+            _ => {}
+        }
     }
 
     /// MADs routed nowhere (a full client socket, a client speaking for
@@ -166,6 +265,26 @@ impl Router {
     fn arrive(&self, m: GsiMad) {
         let mut t = self.table();
         if let Some(c) = Self::owner(&t, &m.mad) {
+            match cm_attr(&m.mad) {
+                Some(REQ) => {
+                    if let Ok(CmMad {
+                        message: CmMessage::Req(req),
+                        ..
+                    }) = CmMad::parse(&m.mad)
+                    {
+                        if t.req_qpns.len() >= MAX_PENDING_REQS {
+                            t.req_qpns.clear();
+                        }
+                        t.req_qpns
+                            .insert((m.peer, req.local_comm_id), req.local_qpn);
+                    }
+                }
+                Some(0x11..=0x16) => {
+                    let id = u32_at(&m.mad, 4);
+                    Self::follow(&mut t, c, id, m.peer, &m.mad, false);
+                }
+                _ => {}
+            }
             let sent = t
                 .sockets
                 .get(&c)
@@ -216,6 +335,9 @@ impl Router {
                     *held += 1;
                     t.ids.insert(id, client);
                 }
+            }
+            if attr != SIDR_REQ {
+                Self::follow(&mut t, client, id, m.peer, &m.mad, true);
             }
         }
         self.ctx.gsi_send(m);
@@ -380,6 +502,75 @@ mod tests {
             }
             e => panic!("the departed client's REJ never left: {e:?}"),
         }
+    }
+
+    /// A client killed with a connection up (no DREQ from its CM): burstd
+    /// sends the DREQ, as the kernel's CM does when a process's RDMA CM
+    /// file closes, so the peer is disconnected at once instead of when
+    /// its sends run out of retries. Here the client is the passive side
+    /// (its REP names the REQ's QPN, which the router remembered); the
+    /// active side is the peer's own CM.
+    #[test]
+    fn a_client_gone_with_its_connection_up_leaves_a_dreq() {
+        let (ia, _ea, ib, eb, router) = two_engines(5);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r2, s2) = (Arc::clone(&router), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || r2.run(&s2));
+        let (c1, d1) = p::mad_socketpair().unwrap();
+        router.attach(1, d1);
+        let svc = PortSpace::Tcp.service_id(5003);
+        assert!(router.listen(1, svc, true));
+        // The client's CM, driven by hand over its socket.
+        let mut mine = Cm::new(CmConfig::new(1, 2));
+        mine.listen(svc).unwrap();
+        let pump = |cm: &mut Cm| {
+            while let Some(t) = cm.poll_transmit() {
+                let m = GsiMad {
+                    peer: t.peer,
+                    mad: t.mad,
+                };
+                assert!(p::send_mad(c1.as_fd(), &m));
+            }
+        };
+        let (tb, rb) = mpsc::channel();
+        let b = CmService::start(&eb.context(), Box::new(move |e| drop(tb.send(e)))).unwrap();
+        let req = burst_cm::req_template(svc, Qpn::new(0x11).unwrap(), Psn::new(1));
+        let cb = b.with(|cm, now| cm.connect(now, ia, req)).unwrap();
+        let m = mad_on(&c1);
+        mine.handle_mad(0, m.peer, &m.mad);
+        let Some(CmEvent::Request { conn, .. }) = mine.poll_event() else {
+            panic!("no request")
+        };
+        let rep = burst_cm::rep_template(Qpn::new(0x22).unwrap(), Psn::new(7));
+        mine.accept(0, conn, rep).unwrap();
+        pump(&mut mine);
+        // B readies its QP and sends the RTU: established on both sides.
+        match rb.recv_timeout(Duration::from_secs(5)).unwrap() {
+            CmEvent::Reply { conn, rep } => {
+                assert_eq!((conn, rep.local_qpn), (cb, Qpn::new(0x22).unwrap()));
+            }
+            e => panic!("{e:?}"),
+        }
+        b.with(|cm, now| cm.establish(now, cb)).unwrap();
+        let m = mad_on(&c1);
+        mine.handle_mad(0, m.peer, &m.mad);
+        assert!(mine.poll_event().is_some(), "the client's side is up too");
+        assert_eq!(m.peer, ib);
+        // The client dies: no DREQ from its CM.
+        drop(c1);
+        router.detach(1);
+        loop {
+            match rb.recv_timeout(Duration::from_secs(5)) {
+                Ok(CmEvent::Disconnected { conn }) => {
+                    assert_eq!(conn, cb);
+                    break;
+                }
+                Ok(CmEvent::Established { .. }) => continue,
+                e => panic!("the peer was never told: {e:?}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        thread.join().unwrap();
     }
 
     #[test]
