@@ -631,6 +631,22 @@ unsafe extern "C" fn query_gid_type(
 }
 export!("ibv_query_gid_type", "IBVERBS_PRIVATE_34", query_gid_type);
 
+/// rdma-core's logging hook for providers (`__verbs_log(ctx, level, fmt,
+/// ...)`, void): another vendor's provider library that an application
+/// loads beside burst (libfabric's EFA provider pulls in libefa, which
+/// logs through it while it looks at devices that are not its own)
+/// reaches it. rdma-core prints such messages only at its own debug level;
+/// so does burst, without the message (a C format string and its
+/// variadic arguments). The extra arguments of the C call are ignored
+/// here, as the SysV ABI allows.
+extern "C" fn verbs_log(_ctx: *mut c_void, level: u32, _fmt: *const c_char) {
+    tracing::debug!(
+        level,
+        "a provider library logged through __verbs_log (not shown)"
+    );
+}
+export!("__verbs_log", "IBVERBS_PRIVATE_34", verbs_log);
+
 unsafe extern "C" fn query_pkey(
     context: *mut ibv_context,
     port: u8,

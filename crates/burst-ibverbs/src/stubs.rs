@@ -70,7 +70,6 @@ stubs! { libc::EOPNOTSUPP;
     s_ibv_cmd_create_cq = "ibv_cmd_create_cq" @ "IBVERBS_PRIVATE_34" => Errno;
     s_ibv_cmd_destroy_rwq_ind_table = "ibv_cmd_destroy_rwq_ind_table" @ "IBVERBS_PRIVATE_34" => Errno;
     s_ibv_cmd_create_flow = "ibv_cmd_create_flow" @ "IBVERBS_PRIVATE_34" => Errno;
-    s_verbs_log = "__verbs_log" @ "IBVERBS_PRIVATE_34" => Void;
     c_ibv_query_qp = "ibv_query_qp" @ "IBVERBS_1.0" (compat) => Errno;
     s_ibv_cmd_modify_flow_action_esp = "ibv_cmd_modify_flow_action_esp" @ "IBVERBS_PRIVATE_34" => Errno;
     c_ibv_destroy_qp = "ibv_destroy_qp" @ "IBVERBS_1.0" (compat) => Errno;

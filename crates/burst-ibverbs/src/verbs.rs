@@ -867,7 +867,10 @@ fn create_qp_common(pd: *mut ibv_pd, a: &mut ibv_qp_init_attr, extended: bool) -
     let qp = match c.ctx.create_qp_with(&init, scq.id, rcq.id) {
         Ok(q) => q,
         Err(e) => {
-            tracing::warn!(?cap.max_send_wr, ?cap.max_recv_wr, ?cap.max_send_sge,
+            // Info, not a warning: libraries probe the device's limits this
+            // way (libfabric's verbs provider asks for 512 inline bytes,
+            // then less, until a QP is made).
+            tracing::info!(?cap.max_send_wr, ?cap.max_recv_wr, ?cap.max_send_sge,
                 ?cap.max_recv_sge, ?cap.max_inline_data, "ibv_create_qp refused: {e}");
             return fail_null(e.errno());
         }

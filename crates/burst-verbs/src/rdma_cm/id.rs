@@ -368,7 +368,9 @@ impl CmId {
                 Some(d) => Some(d),
                 None if addr::is_loopback(a.ip()) && !cm.addrs.is_empty() => None,
                 None => {
-                    tracing::warn!(addr = %a.ip(), "rdma_bind_addr: not an address of a burst device");
+                    // Info: libfabric binds each interface address to
+                    // learn which ones have a device.
+                    tracing::info!(addr = %a.ip(), "rdma_bind_addr: not an address of a burst device");
                     return Err(errno(libc::EADDRNOTAVAIL));
                 }
             }
