@@ -212,6 +212,8 @@ impl Router {
         };
         match (m.message, from_client) {
             (CmMessage::Req(_), true) => {
+                // A new connection (an ID is used again after time-wait,
+                // perhaps towards another peer).
                 t.links.insert(
                     id,
                     Link {
@@ -223,14 +225,22 @@ impl Router {
             }
             (CmMessage::Rep(rep), true) => {
                 let qpn = t.req_qpns.remove(&(peer, rep.remote_comm_id));
-                t.links.insert(
-                    id,
-                    Link {
-                        client,
-                        peer,
-                        remote: qpn.map(|q| (rep.remote_comm_id, q)),
-                    },
-                );
+                // A REP sent again (its RTU late or lost) finds the REQ's
+                // QPN taken already: what the first one learned stays,
+                // unless the ID now answers another peer's REQ.
+                let same = t.links.get(&id).is_some_and(|l| {
+                    l.peer == peer && l.remote.is_some_and(|(r, _)| r == rep.remote_comm_id)
+                });
+                if !same || qpn.is_some() {
+                    t.links.insert(
+                        id,
+                        Link {
+                            client,
+                            peer,
+                            remote: qpn.map(|q| (rep.remote_comm_id, q)),
+                        },
+                    );
+                }
             }
             (CmMessage::Rep(rep), false) => {
                 if let Some(l) = t.links.get_mut(&id).filter(|l| l.peer == peer) {
@@ -544,6 +554,12 @@ mod tests {
         let rep = burst_cm::rep_template(Qpn::new(0x22).unwrap(), Psn::new(7));
         mine.accept(0, conn, rep).unwrap();
         pump(&mut mine);
+        // Its REP again (as when the RTU is late): the router keeps what
+        // the first one told it.
+        mine.handle_timeout(mine.poll_timeout().expect("the REP waits for its RTU"));
+        let again = mine.counters().retransmits;
+        pump(&mut mine);
+        assert_eq!(again, 1, "the REP was sent again");
         // B readies its QP and sends the RTU: established on both sides.
         match rb.recv_timeout(Duration::from_secs(5)).unwrap() {
             CmEvent::Reply { conn, rep } => {
