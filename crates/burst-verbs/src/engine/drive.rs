@@ -150,8 +150,10 @@ impl Context {
         // a bandwidth test posts for a while between polls and finds
         // completions waiting when it polls; an engine thread stepping
         // meanwhile on the same core halved its rate.)
-        if let (Stepper::Poller | Stepper::Poster, Some(d)) = (who, d) {
-            d.claim(now);
+        match (who, d) {
+            (Stepper::Poller, Some(d)) => d.claim_by_poll(now),
+            (Stepper::Poster, Some(d)) => d.claim(now),
+            _ => {}
         }
         let core = sh.cores.get(lane)?;
         let mut core = if who == Stepper::Waiter {

@@ -75,7 +75,7 @@ pub(super) const ENGINE_WORK_WEIGHT: u32 = 4;
 /// counts as passive ([`Drivers::passive`]).
 pub(super) const PASSIVE_NS: u64 = 10_000_000;
 
-/// A poll or post that comes more than this after the lane's previous one
+/// A poll that comes more than this after the lane's previous poll or post
 /// (device-clock ns) is from a thread that does not spin on its CQ: it
 /// looks in now and then and blocks elsewhere between (UCX's
 /// `ucx_perftest` server polls its worker, then waits 1 ms on its control
@@ -218,16 +218,33 @@ impl Drivers {
 
     /// An application thread polled an empty CQ or posted, and stepped the
     /// lane: it drives until [`CLAIM_NS`] after now (unless the lane is
-    /// unclaimed: [`Drivers::unclaim`]). One that comes more than
+    /// unclaimed: [`Drivers::unclaim`]). A poll that comes more than
     /// [`SLOW_POLL_NS`] after the lane's previous poll or post, on a lane
-    /// whose port can be watched, unclaims the lane instead: the thread
-    /// looks in now and then, and the engine serves the port between.
+    /// whose port can be watched, unclaims the lane instead
+    /// ([`Drivers::claim_by_poll`]): the thread looks in now and then, and
+    /// the engine serves the port between.
     pub(super) fn claim(&self, now: u64) {
+        self.claim_after(now, false);
+    }
+
+    /// [`Drivers::claim`] by a poll: one that comes [`SLOW_POLL_NS`] after
+    /// the lane's previous poll or post leaves the lane to the engine.
+    /// (Not a post: a thread that posts after a pause, or was preempted
+    /// between its poll and its post, polls for the completion next.)
+    pub(super) fn claim_by_poll(&self, now: u64) {
+        self.claim_after(now, true);
+    }
+
+    /// [`Drivers::claim`]; `gap`: whether a long gap since the lane's last
+    /// poll or post means the thread was away (not for a post, nor for a
+    /// thread back from waiting for the lane's own event: the gap is the
+    /// wait).
+    fn claim_after(&self, now: u64, gap: bool) {
         let before = self.last_claim.swap(now.max(1), Ordering::Relaxed);
         if self.unclaimed.load(Ordering::Relaxed) {
             return;
         }
-        if before != 0 && now.saturating_sub(before) > SLOW_POLL_NS && self.watch.is_some() {
+        if gap && before != 0 && now.saturating_sub(before) > SLOW_POLL_NS && self.watch.is_some() {
             self.came_back.fetch_add(1, Ordering::Relaxed);
             self.reclaim.store(0, Ordering::Relaxed);
             self.unclaimed.store(true, Ordering::Release);
