@@ -90,6 +90,27 @@ fn qp_on(id: &CmId, qp_type: QpType, buf: &mut [u8]) -> (QueuePair, CompletionQu
     (qp, cq, mr.lkey)
 }
 
+/// A listener on `b`'s port 7000.
+fn listen_on(b: &Side) -> CmId {
+    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
+    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
+    listener.listen().unwrap();
+    listener
+}
+
+/// An RC id of `a` resolved towards `b`'s listener, with a QP
+/// ([`qp_on`] into `buf`), its REQ sent.
+fn connecting(a: &Side, b: &Side, buf: &mut [u8]) -> (CmId, (QueuePair, CompletionQueue, u32)) {
+    let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
+    id.resolve_addr(None, SocketAddr::new(b.ip, 7000)).unwrap();
+    expect(&a.ch, CmEventKind::AddrResolved);
+    id.resolve_route().unwrap();
+    expect(&a.ch, CmEventKind::RouteResolved);
+    let qp = qp_on(&id, QpType::Rc, buf);
+    id.connect(None).unwrap();
+    (id, qp)
+}
+
 fn poll(cq: &CompletionQueue) -> burst_verbs::WorkCompletion {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -105,9 +126,7 @@ fn poll(cq: &CompletionQueue) -> burst_verbs::WorkCompletion {
 fn rc_connection_set_up_used_and_torn_down_through_rdma_cm() {
     let a = side("127.0.140.1");
     let b = side("127.0.140.2");
-    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
-    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
-    listener.listen().unwrap();
+    let listener = listen_on(&b);
     assert_eq!(
         listener.listen().unwrap_err().raw_os_error(),
         Some(libc::EINVAL),
@@ -194,9 +213,7 @@ fn rc_connection_set_up_used_and_torn_down_through_rdma_cm() {
 fn rejections_reach_the_active_side_with_reason_and_private_data() {
     let a = side("127.0.140.3");
     let b = side("127.0.140.4");
-    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
-    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
-    listener.listen().unwrap();
+    let _listener = listen_on(&b);
     let mut abuf = vec![0u8; 64];
     let connect = |port: u16, buf: &mut [u8]| {
         let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
@@ -345,18 +362,10 @@ fn multicast_joins_report_the_group_as_the_kernel_does() {
 fn the_passive_side_is_established_at_its_rep_and_sends_at_once() {
     let a = side("127.0.140.7");
     let b = side("127.0.140.8");
-    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
-    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
-    listener.listen().unwrap();
+    let _listener = listen_on(&b);
     for round in 0..5 {
-        let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
-        id.resolve_addr(None, SocketAddr::new(b.ip, 7000)).unwrap();
-        expect(&a.ch, CmEventKind::AddrResolved);
-        id.resolve_route().unwrap();
-        expect(&a.ch, CmEventKind::RouteResolved);
         let mut abuf = vec![0u8; 64];
-        let (_aqp, acq, _) = qp_on(&id, QpType::Rc, &mut abuf);
-        id.connect(None).unwrap();
+        let (id, (_aqp, acq, _)) = connecting(&a, &b, &mut abuf);
         let child = expect(&b.ch, CmEventKind::ConnectRequest).id;
         let mut bbuf = vec![0u8; 64];
         let (bqp, bcq, blkey) = qp_on(&child, QpType::Rc, &mut bbuf);
@@ -406,9 +415,7 @@ fn the_passive_side_is_established_at_its_rep_and_sends_at_once() {
 fn ece_set_by_the_application_crosses_in_the_req_and_can_be_refused() {
     let a = side("127.0.140.11");
     let b = side("127.0.140.12");
-    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
-    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
-    listener.listen().unwrap();
+    let _listener = listen_on(&b);
     let connect = |ece: Ece, buf: &mut [u8]| {
         let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
         assert_eq!(
@@ -486,19 +493,11 @@ fn ece_set_by_the_application_crosses_in_the_req_and_can_be_refused() {
 fn connections_left_up_at_exit_are_disconnected() {
     let a = side("127.0.140.21");
     let b = side("127.0.140.22");
-    let listener = b.cm.create_id(&b.ch, PortSpace::Tcp);
-    listener.bind_addr(SocketAddr::new(b.ip, 7000)).unwrap();
-    listener.listen().unwrap();
+    let _listener = listen_on(&b);
     let mut kept = Vec::new();
     for _ in 0..3 {
-        let id = a.cm.create_id(&a.ch, PortSpace::Tcp);
-        id.resolve_addr(None, SocketAddr::new(b.ip, 7000)).unwrap();
-        expect(&a.ch, CmEventKind::AddrResolved);
-        id.resolve_route().unwrap();
-        expect(&a.ch, CmEventKind::RouteResolved);
         let mut abuf = vec![0u8; 64];
-        let aqp = qp_on(&id, QpType::Rc, &mut abuf);
-        id.connect(None).unwrap();
+        let (id, aqp) = connecting(&a, &b, &mut abuf);
         let child = expect(&b.ch, CmEventKind::ConnectRequest).id;
         let mut bbuf = vec![0u8; 64];
         let bqp = qp_on(&child, QpType::Rc, &mut bbuf);
