@@ -147,15 +147,6 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
         }
         poll_n(&p.a, p.cqa, 2);
     };
-    // A thread that polls: its first poll after the set-up's pause may
-    // leave the lane to the engine (a thread that looks in now and then),
-    // and polls that keep coming claim it back.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !p.a.claimed_by_application() {
-        assert!(p.a.poll_cq(p.cqa).is_none());
-        assert!(Instant::now() < deadline, "polls never claimed the lane");
-    }
-    let slow = p.a.slow_polls();
     let before = corked(&p.a);
     let mut rounds = 0u64;
     // The first post of a round may find the core busy (the engine
@@ -166,18 +157,6 @@ fn a_corked_send_leaves_when_its_thread_stops_calling_in() {
         rounds += 1;
     }
     assert!(corked(&p.a) > before, "no round corked its second post");
-    if p.a.counters().unwrap().cork_lapses == 0 {
-        // The thread was preempted long enough between two polls (a busy
-        // machine) that the later one left the lane to the engine, which
-        // sent the corked WRITE with the first one's ACK: no lapse to show.
-        assert!(
-            p.a.slow_polls() > slow,
-            "a corked WRITE left with neither a lapse nor the engine"
-        );
-        drop(p);
-        assert!(dst[..rounds as usize * 256].iter().all(|&x| x == 7));
-        return;
-    }
     // That cork waited for the thread's claim to lapse (milliseconds, where
     // an RNIC sends at once): the lane corks no more. The same rounds again
     // send both WRITEs as they are posted.

@@ -247,7 +247,11 @@ impl Router {
                     l.remote = Some((rep.local_comm_id, rep.local_qpn));
                 }
             }
-            (CmMessage::Rej(_) | CmMessage::Dreq(_) | CmMessage::Drep(_), _) => {
+            // From the network, only the connection's own peer ends it (a
+            // forged REJ naming a client's ID would else spare it the DREQ).
+            (CmMessage::Rej(_) | CmMessage::Dreq(_) | CmMessage::Drep(_), _)
+                if from_client || t.links.get(&id).is_some_and(|l| l.peer == peer) =>
+            {
                 t.links.remove(&id);
             }
             _ => {}

@@ -150,10 +150,8 @@ impl Context {
         // a bandwidth test posts for a while between polls and finds
         // completions waiting when it polls; an engine thread stepping
         // meanwhile on the same core halved its rate.)
-        match (who, d) {
-            (Stepper::Poller, Some(d)) => d.claim_by_poll(now),
-            (Stepper::Poster, Some(d)) => d.claim(now),
-            _ => {}
+        if let (Stepper::Poller | Stepper::Poster, Some(d)) = (who, d) {
+            d.claim(now);
         }
         let core = sh.cores.get(lane)?;
         let mut core = if who == Stepper::Waiter {
@@ -237,14 +235,6 @@ impl Context {
     /// "Who steps a lane"). Diagnostics.
     pub fn claim_lapses(&self) -> u64 {
         self.shared.drivers.iter().map(|d| d.lapses()).sum()
-    }
-
-    /// How many polls or posts came so long after the lane's previous one
-    /// (a thread that looks in now and then and blocks elsewhere between)
-    /// that they left the lane to the engine thread instead of claiming it
-    /// (see docs/architecture.md, "Who steps a lane"). Diagnostics.
-    pub fn slow_polls(&self) -> u64 {
-        self.shared.drivers.iter().map(|d| d.came_back()).sum()
     }
 
     /// The device clock (ns): the time base of [`Context::next_timeout`].

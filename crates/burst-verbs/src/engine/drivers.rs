@@ -75,22 +75,6 @@ pub(super) const ENGINE_WORK_WEIGHT: u32 = 4;
 /// counts as passive ([`Drivers::passive`]).
 pub(super) const PASSIVE_NS: u64 = 10_000_000;
 
-/// A poll that comes more than this after the lane's previous poll or post
-/// (device-clock ns) is from a thread that does not spin on its CQ: it
-/// looks in now and then and blocks elsewhere between (UCX's
-/// `ucx_perftest` server polls its worker, then waits 1 ms on its control
-/// socket, while its peer's READs wait for the responder). A claim would
-/// leave the port to it until [`CLAIM_NS`] after its last poll, which such
-/// a thread never lets lapse, so its peers' requests waited for its next
-/// look (1.1 ms per READ). Such a poll *unclaims* the lane instead
-/// ([`Drivers::claim`]): the engine serves the port while the thread is
-/// away, and a thread that spins after all claims it back as after a
-/// lapse ([`Drivers::poller_stepped`]). Longer than a spinning thread's
-/// gaps, even with a context switch between polls, and than the engine's
-/// own wake-up (20-40 us here), which is what serving the lane from the
-/// engine costs.
-pub(super) const SLOW_POLL_NS: u64 = 200_000;
-
 /// The drivers of one lane.
 #[derive(Debug)]
 pub(super) struct Drivers {
@@ -133,9 +117,6 @@ pub(super) struct Drivers {
     reclaim: AtomicU32,
     /// Claims that lapsed with work waiting (diagnostics).
     lapses: AtomicU64,
-    /// Polls or posts that came [`SLOW_POLL_NS`] after the one before
-    /// and unclaimed the lane (diagnostics).
-    came_back: AtomicU64,
     /// Busy polling ([`super::Drive::Spin`]): the engine thread owns the
     /// lane; application threads never step it or claim it.
     pub(super) busy: bool,
@@ -181,7 +162,6 @@ impl Drivers {
             unclaimed: AtomicBool::new(false),
             reclaim: AtomicU32::new(0),
             lapses: AtomicU64::new(0),
-            came_back: AtomicU64::new(0),
             busy: false,
         })
     }
@@ -218,40 +198,10 @@ impl Drivers {
 
     /// An application thread polled an empty CQ or posted, and stepped the
     /// lane: it drives until [`CLAIM_NS`] after now (unless the lane is
-    /// unclaimed: [`Drivers::unclaim`]). A poll that comes more than
-    /// [`SLOW_POLL_NS`] after the lane's previous poll or post, on a lane
-    /// whose port can be watched, unclaims the lane instead
-    /// ([`Drivers::claim_by_poll`]): the thread looks in now and then, and
-    /// the engine serves the port between.
+    /// unclaimed: [`Drivers::unclaim`]).
     pub(super) fn claim(&self, now: u64) {
-        self.claim_after(now, false);
-    }
-
-    /// [`Drivers::claim`] by a poll: one that comes [`SLOW_POLL_NS`] after
-    /// the lane's previous poll or post leaves the lane to the engine.
-    /// (Not a post: a thread that posts after a pause, or was preempted
-    /// between its poll and its post, polls for the completion next.)
-    pub(super) fn claim_by_poll(&self, now: u64) {
-        self.claim_after(now, true);
-    }
-
-    /// [`Drivers::claim`]; `gap`: whether a long gap since the lane's last
-    /// poll or post means the thread was away (not for a post, nor for a
-    /// thread back from waiting for the lane's own event: the gap is the
-    /// wait).
-    fn claim_after(&self, now: u64, gap: bool) {
-        let before = self.last_claim.swap(now.max(1), Ordering::Relaxed);
+        self.last_claim.store(now.max(1), Ordering::Relaxed);
         if self.unclaimed.load(Ordering::Relaxed) {
-            return;
-        }
-        if gap && before != 0 && now.saturating_sub(before) > SLOW_POLL_NS && self.watch.is_some() {
-            self.came_back.fetch_add(1, Ordering::Relaxed);
-            self.reclaim.store(0, Ordering::Relaxed);
-            self.unclaimed.store(true, Ordering::Release);
-            // The engine, parked for a claim, waits on the watch: it wakes
-            // when traffic comes and drives (no claim, so no lapse either).
-            self.claim.store(0, Ordering::Release);
-            self.set_watch(true);
             return;
         }
         self.claim.store(now.max(1), Ordering::Release);
@@ -355,12 +305,6 @@ impl Drivers {
     /// Claims that lapsed with work waiting, so far (diagnostics).
     pub(super) fn lapses(&self) -> u64 {
         self.lapses.load(Ordering::Relaxed)
-    }
-
-    /// Polls or posts that came back after [`SLOW_POLL_NS`] and unclaimed
-    /// the lane, so far (diagnostics).
-    pub(super) fn came_back(&self) -> u64 {
-        self.came_back.load(Ordering::Relaxed)
     }
 
     /// While the lane is unclaimed, a thread polled an empty CQ and stepped

@@ -205,13 +205,8 @@ impl RdmaCm {
     /// when it closes): for a process-wide instance that is never
     /// dropped, printed at exit by its owner.
     pub fn counters_lines(&self, when: &str) -> Vec<String> {
-        let all = self
-            .shared
-            .devices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
         let mut lines = Vec::new();
-        for d in all.iter().flatten() {
+        for d in self.started() {
             let Some(line) = d.svc.counters_line(when) else {
                 continue;
             };
