@@ -1631,17 +1631,21 @@ impl Stream {
             rkey: t.key,
             imm: msg,
         };
+        // The target entry is used up before the WRITE goes (as rdma-core
+        // does): once it is posted, the peer may read the data and write a
+        // fresh entry into this slot, which a later store would overwrite
+        // (a credit lost, both sides waiting).
+        let mut rest = t;
+        rest.addr = rest.addr.wrapping_add(u64::from(len));
+        rest.length -= len;
+        self.set_target(self.target_sge, rest);
+        if rest.length == 0 {
+            self.target_sge = (self.target_sge + 1) % wire::SGL_SIZE;
+        }
         self.write_staged(op, msg, data)?;
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
-        let mut t = t;
-        t.addr = t.addr.wrapping_add(u64::from(len));
-        t.length -= len;
-        self.set_target(self.target_sge, t);
-        if t.length == 0 {
-            self.target_sge = (self.target_sge + 1) % wire::SGL_SIZE;
-        }
         Ok(())
     }
 
