@@ -904,6 +904,18 @@ pub struct Outcome {
     pub why: String,
 }
 
+/// Every failed case [`summary`] saw, with its reason: `cargo xtask test`
+/// repeats them at the end, since CI keeps only the tail of a run's output.
+static FAILED_CASES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The failed cases so far ([`FAILED_CASES`]).
+pub fn failed_cases() -> Vec<String> {
+    FAILED_CASES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
 pub(crate) fn report(o: &Outcome) {
     println!(
         "xtask: {} {}{}{}",
@@ -1551,6 +1563,11 @@ fn rxe_run(
 pub fn summary(what: &str, all: &[Outcome]) -> bool {
     let passed = all.iter().filter(|o| o.ok).count();
     let failed = all.len() - passed;
+    let mut kept = FAILED_CASES.lock().unwrap_or_else(|e| e.into_inner());
+    for o in all.iter().filter(|o| !o.ok) {
+        let why: String = o.why.chars().take(400).collect();
+        kept.push(format!("{what}: {}: {why}", o.name));
+    }
     println!("{what}: {passed} passed, {failed} failed");
     failed == 0
 }

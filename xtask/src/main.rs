@@ -740,7 +740,7 @@ fn test(args: &[String]) -> ExitCode {
     let failed: Vec<&str> = results.iter().filter(|r| !r.1).map(|r| r.0).collect();
     if !failed.is_empty() {
         // Repeated at the end: CI keeps only the tail of a run's output.
-        for l in &failure_notes {
+        for l in failure_notes.iter().chain(&dropin::failed_cases()) {
             println!("xtask: failure: {l}");
         }
         println!("xtask: failed steps: {}", failed.join(", "));
