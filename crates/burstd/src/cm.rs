@@ -40,6 +40,93 @@ struct Link {
     remote: Option<(u32, Qpn)>,
 }
 
+/// How many times burstd sends the DREQ of a departed client's
+/// connection when no answer comes: the first, then after 100, 200 and
+/// 400 ms (a lost DREQ would else leave the peer to its retries).
+const FAREWELL_SENDS: u32 = 4;
+
+/// The wait after a departed client's first DREQ; doubled after each.
+const FAREWELL_WAIT: Duration = Duration::from_millis(100);
+
+/// DREQs of departed clients waiting for an answer at once; past this a
+/// DREQ is sent once only.
+const MAX_FAREWELLS: usize = 65536;
+
+/// The DREQs burstd sends for the connections departed clients left up
+/// ([`Router::detach`]), sent again until the peer answers (a DREP, or its
+/// own DREQ or REJ) or [`FAREWELL_SENDS`] went, as a CM repeats its own.
+#[derive(Default)]
+struct Farewells {
+    /// By the departed client's communication ID.
+    pending: HashMap<u32, Farewell>,
+}
+
+struct Farewell {
+    peer: IpAddr,
+    mad: [u8; MAD_LEN],
+    sent: u32,
+    due: Instant,
+}
+
+impl Farewells {
+    /// A DREQ for ID `id` to `peer` was sent at `now`: send it again at
+    /// its times unless answered. Whether it is followed (false: the
+    /// table is full).
+    fn add(&mut self, id: u32, peer: IpAddr, mad: [u8; MAD_LEN], now: Instant) -> bool {
+        if self.pending.len() >= MAX_FAREWELLS {
+            return false;
+        }
+        let f = Farewell {
+            peer,
+            mad,
+            sent: 1,
+            due: now + FAREWELL_WAIT,
+        };
+        self.pending.insert(id, f);
+        true
+    }
+
+    /// A REJ, DREQ or DREP from `peer` naming `id` as the receiver's: the
+    /// DREQ was answered (from anyone else, it was not).
+    fn answered(&mut self, id: u32, peer: IpAddr) {
+        if self.pending.get(&id).is_some_and(|f| f.peer == peer) {
+            self.pending.remove(&id);
+        }
+    }
+
+    /// `id` belongs to a client again: its old DREQ stops.
+    fn forget(&mut self, id: u32) {
+        self.pending.remove(&id);
+    }
+
+    /// The DREQs to send again at `now`; those sent [`FAREWELL_SENDS`]
+    /// times are dropped.
+    fn due(&mut self, now: Instant) -> Vec<GsiMad> {
+        let mut out = Vec::new();
+        self.pending.retain(|_, f| {
+            if f.due > now {
+                return true;
+            }
+            if f.sent >= FAREWELL_SENDS {
+                return false;
+            }
+            out.push(GsiMad {
+                peer: f.peer,
+                mad: f.mad,
+            });
+            f.due = now + FAREWELL_WAIT * (1 << f.sent);
+            f.sent += 1;
+            true
+        });
+        out
+    }
+
+    /// When the next DREQ is due, if any.
+    fn next_due(&self) -> Option<Instant> {
+        self.pending.values().map(|f| f.due).min()
+    }
+}
+
 #[derive(Default)]
 struct Table {
     sockets: HashMap<u32, OwnedFd>,
@@ -54,6 +141,8 @@ struct Table {
     /// The requester's QPN of each REQ routed to a listener, by (peer,
     /// the peer's communication ID), until the listener's REP.
     req_qpns: HashMap<(IpAddr, u32), Qpn>,
+    /// DREQs of departed clients, until answered.
+    farewells: Farewells,
     dropped: u64,
 }
 
@@ -179,8 +268,10 @@ impl Router {
         // Its connections still up are ended, as the kernel's CM sends a
         // DREQ for each connection of a process whose RDMA CM file closes
         // (it exited or was killed): else each peer learns only when its
-        // sends run out of retries. Sent once; the peer's DREP finds no
-        // owner and burstd's CM drops it.
+        // sends run out of retries. Sent again until answered
+        // ([`Farewells`]); the peer's DREP finds no owner and burstd's CM
+        // drops it.
+        let now = Instant::now();
         for (id, peer, (remote_id, remote_qpn)) in gone {
             let dreq = CmDreq {
                 local_comm_id: id,
@@ -196,6 +287,7 @@ impl Router {
             {
                 tracing::debug!(client, id, %peer, "a departed client's connection: DREQ sent");
                 self.ctx.gsi_send(GsiMad { peer, mad });
+                self.table().farewells.add(id, peer, mad, now);
             }
         }
         self.wake.signal();
@@ -278,6 +370,10 @@ impl Router {
     /// A MAD from the network.
     fn arrive(&self, m: GsiMad) {
         let mut t = self.table();
+        // REJ, DREQ, DREP: an answer to a departed client's DREQ?
+        if let Some(0x12 | 0x15 | 0x16) = cm_attr(&m.mad) {
+            t.farewells.answered(u32_at(&m.mad, 4), m.peer);
+        }
         if let Some(c) = Self::owner(&t, &m.mad) {
             match cm_attr(&m.mad) {
                 Some(REQ) => {
@@ -348,6 +444,7 @@ impl Router {
                     }
                     *held += 1;
                     t.ids.insert(id, client);
+                    t.farewells.forget(id);
                 }
             }
             if attr != SIDR_REQ {
@@ -420,6 +517,15 @@ impl Router {
                 cm.handle_timeout(self.now());
                 self.flush(&mut cm);
             }
+            let now = Instant::now();
+            let (again, next) = {
+                let mut t = self.table();
+                let again = t.farewells.due(now);
+                (again, t.farewells.next_due())
+            };
+            for m in again {
+                self.ctx.gsi_send(m);
+            }
             let mut all = fds;
             all.push(libc::pollfd {
                 fd: self.gsi.fd().as_raw_fd(),
@@ -431,7 +537,11 @@ impl Router {
                 events: libc::POLLIN,
                 revents: 0,
             });
-            crate::poll_all(&mut all, Duration::from_millis(200));
+            let wait = next.map_or(Duration::from_millis(200), |d| {
+                d.saturating_duration_since(now)
+                    .min(Duration::from_millis(200))
+            });
+            crate::poll_all(&mut all, wait);
             while self.wake.drain() {}
         }
     }
@@ -591,6 +701,35 @@ mod tests {
         }
         stop.store(true, std::sync::atomic::Ordering::Release);
         thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_departed_clients_dreq_is_sent_again_until_its_peer_answers() {
+        let mut f = Farewells::default();
+        let (peer, other): (IpAddr, IpAddr) =
+            ("198.18.0.2".parse().unwrap(), "198.18.0.3".parse().unwrap());
+        let t0 = Instant::now();
+        assert!(f.add(7, peer, [1; MAD_LEN], t0));
+        assert!(f.add(8, peer, [2; MAD_LEN], t0));
+        assert!(f.due(t0).is_empty(), "just sent");
+        assert_eq!(f.next_due(), Some(t0 + FAREWELL_WAIT));
+        // No answer: again at 100, 300 and 700 ms, then given up.
+        let again = f.due(t0 + FAREWELL_WAIT);
+        assert_eq!(again.len(), 2);
+        assert_eq!(again[0].peer, peer);
+        // An answer from another host is no answer; the peer's is.
+        f.answered(7, other);
+        f.answered(8, peer);
+        let again = f.due(t0 + FAREWELL_WAIT * 3);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].mad, [1; MAD_LEN]);
+        assert_eq!(f.due(t0 + FAREWELL_WAIT * 7).len(), 1, "the fourth");
+        assert!(f.due(t0 + FAREWELL_WAIT * 100).is_empty(), "given up");
+        assert_eq!(f.next_due(), None);
+        // An ID a client holds again stops its old DREQ.
+        assert!(f.add(9, peer, [3; MAD_LEN], t0));
+        f.forget(9);
+        assert!(f.due(t0 + FAREWELL_WAIT).is_empty());
     }
 
     #[test]
