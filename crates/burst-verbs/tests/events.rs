@@ -598,8 +598,8 @@ fn a_sender_blocked_on_its_event_sends_a_message_longer_than_a_round() {
     use std::net::{IpAddr, Ipv4Addr};
     let addr = |h: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 146, h));
     let (ea, eb) = (
-        Engine::start(addr(21), Mtu::Mtu1024).unwrap(),
-        Engine::start(addr(22), Mtu::Mtu1024).unwrap(),
+        Engine::start(addr(31), Mtu::Mtu1024).unwrap(),
+        Engine::start(addr(32), Mtu::Mtu1024).unwrap(),
     );
     let (a, b) = (ea.context(), eb.context());
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
@@ -678,4 +678,66 @@ fn a_sender_blocked_on_its_event_sends_a_message_longer_than_a_round() {
     );
     drop((ea, eb));
     assert!(rbuf == sbuf, "the message arrived whole");
+}
+
+#[test]
+fn a_target_that_polls_now_and_then_does_not_hold_its_peers_reads() {
+    // UCX's ucx_perftest server during a get test: its thread polls its
+    // worker (empty CQs: a READ's target completes nothing), then blocks
+    // 1 ms on its control socket, again and again. Each poll claimed the
+    // lane for 4 ms, so the claim never lapsed, the engine left the port
+    // to a thread that was mostly asleep, and each of the peer's READs
+    // waited for the target's next poll (1.1 ms per READ). Now a poll
+    // that comes long after the lane's previous one hands the lane over
+    // once its step is done, and the engine answers READs meanwhile.
+    let p = pair(29);
+    let mut abuf = vec![0u8; 4096];
+    let mut bbuf = vec![7u8; 4096];
+    let access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0);
+    // SAFETY: both buffers outlive the engines (dropped with `p` first).
+    let (ka, kb) = unsafe { register(&p, &mut abuf, &mut bbuf, access) };
+    const POLLS: u64 = 20;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (a, qa, cqa, stop_a) = (p.a.clone(), p.qa, p.cqa, Arc::clone(&stop));
+    let reader = std::thread::spawn(move || {
+        let mut done = 0u64;
+        while !stop_a.load(Ordering::Acquire) {
+            let read = SendOp::Read {
+                remote_addr: kb.addr,
+                rkey: kb.rkey,
+            };
+            a.post_send(qa, &SendWr::new(done, read, [sge(&ka, 0)]))
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(w) = a.poll_cq(cqa) {
+                    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                    break;
+                }
+                assert!(Instant::now() < deadline, "READ {done} never completed");
+            }
+            done += 1;
+        }
+        done
+    });
+    // The target: a poll, then 2 ms blocked elsewhere (less than a claim
+    // lasts, so the claim alone never lapses).
+    for _ in 0..POLLS {
+        assert!(
+            p.b.poll_cq(p.cqb).is_none(),
+            "a READ completes nothing at its target"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    stop.store(true, Ordering::Release);
+    let reads = reader.join().unwrap();
+    eprintln!("{reads} READs during {POLLS} polls of the target");
+    // Held by the claim: about one READ per poll of the target.
+    assert!(
+        reads >= 3 * POLLS,
+        "{reads} READs in {POLLS} polls: the target's lane waited for its polls"
+    );
+    assert_eq!(&abuf[..64], &[7u8; 64][..]);
+    drop(p);
+    drop((abuf, bbuf));
 }

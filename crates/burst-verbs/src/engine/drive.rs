@@ -150,8 +150,13 @@ impl Context {
         // a bandwidth test posts for a while between polls and finds
         // completions waiting when it polls; an engine thread stepping
         // meanwhile on the same core halved its rate.)
+        // (Except the polls of a thread that polls now and then, which
+        // hand the lane over below: `Drivers::poll_claims`.)
+        let hand_over = who == Stepper::Poller && d.is_some_and(|d| !d.poll_claims(now));
         if let (Stepper::Poller | Stepper::Poster, Some(d)) = (who, d) {
-            d.claim(now);
+            if !hand_over {
+                d.claim(now);
+            }
         }
         let core = sh.cores.get(lane)?;
         let mut core = if who == Stepper::Waiter {
@@ -177,6 +182,19 @@ impl Context {
         if who == Stepper::Poller {
             if let Some(d) = d {
                 d.poller_stepped();
+                // A thread that polls now and then leaves the lane to the
+                // engine once its step is done. The engine, parked for a
+                // claim, wakes through the watch when traffic comes; work
+                // the step left (more of a READ response than a round
+                // sends, corked sends) wakes it now, since no packet may
+                // come to do it.
+                if hand_over {
+                    d.shorten(now);
+                    let left = busy || core.dev.as_ref().is_some_and(Device::corked);
+                    if left && d.ready.is_some() {
+                        sh.wake.wake(lane);
+                    }
+                }
             }
         }
         // A post or a waiter's step may arm a transport timer earlier than

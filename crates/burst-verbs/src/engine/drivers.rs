@@ -62,6 +62,16 @@ pub(super) const PUSH_NS: u64 = 3_000_000;
 /// short against a round trip for one that goes to spin on memory.
 pub(super) const SHORT_CLAIM_NS: u64 = 20_000;
 
+/// A pause in an application thread's polls and posts on a lane
+/// (device-clock ns) after which its polls hand the lane over instead of
+/// claiming it, until they have gone on for as long again
+/// ([`Drivers::poll_claims`]): a thread that polls every millisecond
+/// would else keep its claim for good, and a peer's request would wait for
+/// its next poll. A thread that spins on its CQ polls every few
+/// microseconds; preempted, it leaves the lane to the engine for this
+/// long and claims it back (two `epoll_ctl`s).
+pub(super) const SLOW_POLL_NS: u64 = 200_000;
+
 /// How far empty polls must outnumber the engine thread's steps that
 /// found work (each weighing [`ENGINE_WORK_WEIGHT`]) on an unclaimed lane
 /// before polls claim it again ([`Drivers::poller_stepped`]).
@@ -87,6 +97,9 @@ pub(super) struct Drivers {
     /// Threads blocked for a completion event that step the lane when its
     /// port has traffic.
     waiters: AtomicU32,
+    /// Device-clock ns of the first poll after a pause in the lane's
+    /// polls and posts (0: none): [`Drivers::poll_claims`].
+    slow_from: AtomicU64,
     /// The engine thread waits without the port, until [`Drivers::until`].
     excluded: AtomicBool,
     /// When the engine thread's current wait ends (device-clock ns;
@@ -159,6 +172,7 @@ impl Drivers {
             watched: AtomicBool::new(false),
             watch_lock: std::sync::Mutex::new(()),
             shortened: AtomicBool::new(false),
+            slow_from: AtomicU64::new(0),
             unclaimed: AtomicBool::new(false),
             reclaim: AtomicU32::new(0),
             lapses: AtomicU64::new(0),
@@ -210,6 +224,30 @@ impl Drivers {
             self.set_watch(false);
         }
         self.push_timer(now);
+    }
+
+    /// An application thread is about to poll an empty CQ at `now`:
+    /// whether the poll claims the lane ([`Drivers::claim`]). Not for
+    /// [`SLOW_POLL_NS`] after a pause of as long in the lane's polls and
+    /// posts: such a thread polls now and then (UCX's `ucx_perftest`
+    /// server polls its worker's CQs, then blocks a millisecond on its
+    /// control socket), and its polls step the lane and hand it over
+    /// ([`Drivers::shorten`]), so that a peer's READ is answered by the
+    /// engine while the thread is away instead of at its next poll (1.1 ms
+    /// per `ucp_get` before). A thread still polling after that spins, and
+    /// claims the lane again.
+    pub(super) fn poll_claims(&self, now: u64) -> bool {
+        let now = now.max(1);
+        let last = self.last_claim.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) >= SLOW_POLL_NS {
+            self.slow_from.store(now, Ordering::Relaxed);
+        }
+        let from = self.slow_from.load(Ordering::Relaxed);
+        if from != 0 && now.saturating_sub(from) < SLOW_POLL_NS {
+            self.last_claim.store(now, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Turns the port watch on or off (a no-op if it already is).
@@ -470,6 +508,41 @@ mod tests {
         d.shorten(20_000_100);
         assert!(!d.lapsed(20_000_100 + CLAIM_NS));
         assert_eq!(d.lapses(), 1);
+    }
+
+    #[test]
+    fn a_thread_that_polls_now_and_then_leaves_the_lane_to_the_engine() {
+        let d = Drivers::new(None).unwrap();
+        let t0 = 10_000_000;
+        assert!(d.poll_claims(t0), "a first poll claims");
+        d.claim(t0);
+        // A thread that spins polls again within microseconds: it claims.
+        assert!(d.poll_claims(t0 + 5_000));
+        d.claim(t0 + 5_000);
+        // One that comes back a millisecond later, still within its claim,
+        // does not claim; its polls hand the lane over (the engine drives
+        // until it polls again).
+        let later = t0 + 5_000 + 1_000_000;
+        assert_eq!(d.owner(later), Owner::Polling(t0 + 5_000 + CLAIM_NS));
+        assert!(!d.poll_claims(later));
+        // (Without a port watch, as here, what is left of the claim is
+        // short: the claim timer ends it.)
+        d.shorten(later);
+        assert_eq!(d.owner(later + SHORT_CLAIM_NS), Owner::Engine);
+        // The rest of its burst of polls (UCX polls each of its CQs) does
+        // not claim either.
+        assert!(!d.poll_claims(later + 3_000));
+        assert!(!d.poll_claims(later + SLOW_POLL_NS - 1));
+        assert_eq!(d.owner(later + SLOW_POLL_NS), Owner::Engine);
+        // A thread still polling after as long spins: it claims again.
+        assert!(d.poll_claims(later + SLOW_POLL_NS));
+        d.claim(later + SLOW_POLL_NS);
+        assert!(matches!(
+            d.owner(later + SLOW_POLL_NS + 1),
+            Owner::Polling(_)
+        ));
+        assert!(!d.lapsed(later + CLAIM_NS), "handed over: no lapse");
+        assert_eq!(d.lapses(), 0);
     }
 
     #[test]
