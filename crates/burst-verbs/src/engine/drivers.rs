@@ -14,7 +14,10 @@
 //!   outstanding (it computes) may leave packets to wait before the engine
 //!   takes the port back. One that took its last completion, or armed a CQ
 //!   to wait for its event, hands the port over at once, watched
-//!   ([`Drivers::shorten`]).
+//!   ([`Drivers::shorten`]). Polls that come after a pause (a thread that
+//!   looks in now and then and blocks elsewhere between) step the lane
+//!   and hand it over the same way instead of claiming it
+//!   ([`Drivers::poll_claims`]).
 //! - A claim that *lapsed* with work waiting (the thread posted, polled
 //!   once and went to spin on memory for the peer's WRITE, as MPIs and
 //!   qperf's `rc_rdma_write_poll_lat` do) shows the lane's threads do not
