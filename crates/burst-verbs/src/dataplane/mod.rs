@@ -227,7 +227,7 @@ impl<P: Port> std::fmt::Debug for Device<P> {
 impl<P: Port> Device<P> {
     /// A device over `port` (its address is the device's), with active MTU
     /// `port_mtu` and memory regions in `mrs` (an engine builds one:
-    /// [`engine::Engine::with_port`]).
+    /// [`crate::engine::Engine::with_port`]).
     pub fn with_port(port: P, port_mtu: Mtu, mrs: Arc<MrTable>) -> Device<P> {
         let gids = crate::gids::GidTable::for_address(port.local_addr().ip());
         Device {

@@ -272,7 +272,7 @@ impl Core {
     /// [`Core::step`], with a fault contained: the device's own guards
     /// catch faults inside its QPs and its port; one in the engine's code
     /// around them (doorbells, rings, completion delivery) fails every QP
-    /// ([`AsyncEvent::DeviceFatal`]) and is logged, and the next step runs
+    /// ([`crate::AsyncEvent::DeviceFatal`]) and is logged, and the next step runs
     /// as usual. The panic never unwinds through the core's lock, so the
     /// lock is not poisoned and the data plane never silently stops.
     pub(super) fn step_contained(
