@@ -327,6 +327,12 @@ struct Conn {
     /// Set up in one round trip ([`CmConfig::fast_setup`]): on the
     /// passive side, offered by the REQ (then established at the REP).
     fast: bool,
+    /// Active: the transaction ID of a DREQ that came while the REP was
+    /// with the application (the peer may end a connection it thinks up
+    /// before our RTU: a fast setup is established at its REP), answered
+    /// once the application establishes, so that ESTABLISHED comes before
+    /// DISCONNECTED.
+    dreq_held: Option<u64>,
 }
 
 /// A peer's REQ window: REQs in flight, how many may be, and those
@@ -689,6 +695,7 @@ impl Cm {
                 sent_at: 0,
                 queued: false,
                 fast: false,
+                dreq_held: None,
             },
         );
         id
@@ -905,18 +912,20 @@ impl Cm {
     /// connection to established as the spec's "communication
     /// established" event does.
     pub fn establish(&mut self, now: u64, conn: ConnId) -> Result<(), CmError> {
-        let _ = now;
         let c = self.conn(conn)?;
         match c.state {
             State::RepRcvd => {
                 c.state = State::Established;
-                let (remote, tid) = (c.remote_id, c.tid);
+                let (remote, tid, held) = (c.remote_id, c.tid, c.dreq_held.take());
                 let rtu = CmIds {
                     local_comm_id: conn.0,
                     remote_comm_id: remote,
                     private_data: [0; 224],
                 };
                 self.send_once(conn.0, &CmMad::new(tid, CmMessage::Rtu(rtu)));
+                if let Some(dreq_tid) = held {
+                    self.answer_dreq(now, conn.0, dreq_tid, remote);
+                }
                 Ok(())
             }
             State::RepSent => {
@@ -1414,12 +1423,19 @@ impl Cm {
             .map(|c| c.state);
         let id = d.remote_comm_id;
         match known {
-            Some(State::Established | State::RepSent | State::RepRcvd | State::DreqSent) => {
+            Some(State::RepRcvd) => {
+                // The REP is with the application, which has not seen the
+                // connection up yet: answered when it establishes (the
+                // kernel's CM drops it and waits for the peer to send it
+                // again).
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.dreq_held = Some(tid);
+                }
+            }
+            Some(State::Established | State::RepSent | State::DreqSent) => {
                 // Answered at once (the rdma_cm's applications may never
                 // call rdma_disconnect on the passive side).
-                self.send_once(id, &drep(id, d.local_comm_id));
-                self.event(id, CmEvent::Disconnected { conn: ConnId(id) });
-                self.enter_time_wait(now, id);
+                self.answer_dreq(now, id, tid, d.local_comm_id);
             }
             Some(State::TimeWait) => {
                 self.counters.duplicates += 1;
@@ -1431,6 +1447,22 @@ impl Cm {
                 self.send(peer, &drep(0, d.local_comm_id));
             }
         }
+    }
+
+    /// Answers a DREQ for connection `id` from the peer's `remote` ID:
+    /// DREP, DISCONNECTED, time-wait.
+    fn answer_dreq(&mut self, now: u64, id: u32, tid: u64, remote: u32) {
+        let drep = CmMad::new(
+            tid,
+            CmMessage::Drep(CmIds {
+                local_comm_id: id,
+                remote_comm_id: remote,
+                private_data: [0; 224],
+            }),
+        );
+        self.send_once(id, &drep);
+        self.event(id, CmEvent::Disconnected { conn: ConnId(id) });
+        self.enter_time_wait(now, id);
     }
 
     fn on_drep(&mut self, now: u64, d: CmIds) {

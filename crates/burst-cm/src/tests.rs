@@ -910,3 +910,42 @@ fn a_fast_connection_whose_rtu_never_comes_is_disconnected() {
     while net.tick() {}
     assert!(net.b.is_empty());
 }
+
+/// Set up fast, the passive side is established at its REP and may end
+/// the connection at once (an application that exits after accepting):
+/// its DREQ can reach the active side together with the REP, before the
+/// application took the reply. The active side is still told ESTABLISHED
+/// first (its RTU goes out), then DISCONNECTED, and the DREQ is answered.
+#[test]
+fn a_dreq_right_behind_the_rep_disconnects_after_the_establishment() {
+    let mut net = Net::new();
+    let ca = net.a.connect(net.now, ip(B), req()).unwrap();
+    net.settle();
+    let [CmEvent::Request { conn: cb, .. }] = net.events_b[..] else {
+        panic!("{:?}", net.events_b)
+    };
+    net.events_b.clear();
+    assert_eq!(net.b.accept(net.now, cb, rep()), Ok(true));
+    net.b.disconnect(net.now, cb, &[]).unwrap();
+    // The REP and the DREQ reach A before A's application looks.
+    while let Some(t) = net.b.poll_transmit() {
+        net.a.handle_mad(net.now, ip(B), &t.mad);
+    }
+    let Some(CmEvent::Reply { conn, .. }) = net.a.poll_event() else {
+        panic!("no reply")
+    };
+    assert_eq!(conn, ca);
+    assert!(net.a.poll_event().is_none(), "not disconnected before up");
+    net.a.establish(net.now, ca).unwrap();
+    assert_eq!(net.a.poll_event(), Some(CmEvent::Disconnected { conn: ca }));
+    net.settle();
+    assert_eq!(net.sent(true, CmAttr::Rtu), 1);
+    assert_eq!(net.sent(true, CmAttr::Drep), 1, "the DREQ answered");
+    assert!(
+        net.events_b.contains(&CmEvent::Disconnected { conn: cb }),
+        "{:?}",
+        net.events_b
+    );
+    while net.tick() {}
+    assert!(net.a.is_empty() && net.b.is_empty());
+}
