@@ -165,6 +165,16 @@ pub const CASES: &[CmCase] = &[
         "riostream -s {addr} -p {port} -S 4096 -C 1000 -T v",
         "custom",
     ),
+    // Its latency run at 64 bytes, as riostream runs it by default: each
+    // side spins on its buffer's last byte, then writes its own value
+    // there and sends the buffer back (a copy that stored that byte twice
+    // put the peer's old value back: both sides hung).
+    case(
+        RIOSTREAM_LAT,
+        "riostream -b {addr} -p {port} -S 64 -C 1 -I 2000",
+        "riostream -s {addr} -p {port} -S 64 -C 1 -I 2000",
+        "custom",
+    ),
     CmCase {
         name: "cmtime (100 connections)",
         server: "cmtime -b {addr} -p {port}",
@@ -292,6 +302,9 @@ const RSTREAM: &str = "rstream 4k x 1000, verified";
 const RSPRELOAD: &str = "iperf3 over librspreload (TCP sockets as rsockets)";
 const RSOCKET_IOV: &str = "rsocket-iov (rwritev, rreadv, rsendmsg, rrecvmsg)";
 
+/// The name of riostream's 64-byte latency case.
+const RIOSTREAM_LAT: &str = "riostream 64 B latency x 2000";
+
 /// The name of the consecutive-connections case (interop/cm-consecutive.c).
 const CONSECUTIVE: &str = "20 consecutive connections, one process each side";
 
@@ -375,6 +388,7 @@ pub fn quick() -> Vec<&'static CmCase> {
                 || c.name == RSTREAM
                 || c.name == RSPRELOAD
                 || c.name == RSOCKET_IOV
+                || c.name == RIOSTREAM_LAT
         })
         .collect()
 }

@@ -10,6 +10,16 @@
 //! up to 8 MiB (158 us against 239 us), non-temporal stores from 16 MiB
 //! (530 us against 762 us). Packet payloads (an MTU at most) never get near
 //! it.
+//!
+//! Either way the last [`ORDERED_TAIL`] bytes are stored last, once each,
+//! in ascending order ([`copy_ordered_tail`]), as a NIC's DMA writes them:
+//! applications poll on the last byte of an RDMA WRITE's target to learn
+//! that the data arrived (riostream, perftest's `ib_write_lat`, MPIs' eager
+//! protocols) and then reuse the buffer. `memcpy` does not promise that:
+//! glibc copies exactly one vector's worth (64 bytes with AVX-512) by
+//! storing the same vector twice, so an application that saw the first
+//! store and wrote its own next value into the flag had it overwritten by
+//! the second (riostream's 64-byte latency test hung both sides).
 
 use std::collections::VecDeque;
 
@@ -19,6 +29,62 @@ use crate::CopyEngine;
 /// Copies from this size on use non-temporal stores (measured: see the
 /// module documentation).
 pub const NT_THRESHOLD: usize = 16 << 20;
+
+/// How many bytes at the end of a copy [`CpuCopy`] stores last, once
+/// each, in ascending order (a cache line: flags applications poll on
+/// are a byte to a word at the end of the data).
+pub const ORDERED_TAIL: usize = 64;
+
+/// Copies `len` bytes: all but the last [`ORDERED_TAIL`] with `body`, then
+/// those with one store per byte or aligned word, ascending, each byte
+/// written once (see the module documentation).
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of `len` bytes; the ranges do
+/// not overlap; `body` copies as `memcpy` does.
+pub unsafe fn copy_ordered_tail(
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+    body: unsafe fn(*mut u8, *const u8, usize),
+) {
+    let start = len.saturating_sub(ORDERED_TAIL);
+    if start > 0 {
+        // SAFETY: the caller's contract, on the first `start` bytes.
+        unsafe { body(dst, src, start) };
+    }
+    // Volatile stores: the compiler may neither merge them into a `memcpy`
+    // call nor reorder them; x86's stores become visible in program order.
+    let mut off = start;
+    while off < len && !(dst as usize + off).is_multiple_of(8) {
+        // SAFETY: `off < len`: inside both ranges.
+        unsafe { std::ptr::write_volatile(dst.add(off), src.add(off).read()) };
+        off += 1;
+    }
+    while off + 8 <= len {
+        // SAFETY: `off + 8 <= len`: inside both ranges; `dst + off` is
+        // 8-byte aligned (the loop above aligned it), the load unaligned.
+        unsafe {
+            let v = src.add(off).cast::<u64>().read_unaligned();
+            std::ptr::write_volatile(dst.add(off).cast::<u64>(), v);
+        }
+        off += 8;
+    }
+    while off < len {
+        // SAFETY: `off < len`: inside both ranges.
+        unsafe { std::ptr::write_volatile(dst.add(off), src.add(off).read()) };
+        off += 1;
+    }
+}
+
+/// `memcpy` as a function [`copy_ordered_tail`] takes.
+///
+/// # Safety
+/// As `std::ptr::copy_nonoverlapping`.
+unsafe fn memcpy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
 
 /// Copies `len` bytes with non-temporal stores (x86_64; elsewhere a plain
 /// copy).
@@ -44,8 +110,8 @@ mod nt {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
 
     /// Head to 16-byte alignment of `dst` by `memcpy`, 64-byte blocks by
-    /// unaligned loads and streaming stores, tail by `memcpy`, then a fence
-    /// so the streamed lines are ordered before whatever reports the copy.
+    /// unaligned loads and streaming stores, a fence so the streamed lines
+    /// are ordered before what follows, then the tail by `memcpy`.
     ///
     /// # Safety
     /// As [`super::copy_nt`].
@@ -73,10 +139,10 @@ mod nt {
             off += 64;
         }
         // SAFETY: the rest of both ranges; the fence orders the streamed
-        // stores (SSE2, always present on x86_64).
+        // stores before it (SSE2, always present on x86_64).
         unsafe {
-            std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len - off);
             _mm_sfence();
+            std::ptr::copy_nonoverlapping(src.add(off), dst.add(off), len - off);
         }
     }
 }
@@ -88,13 +154,9 @@ pub struct CpuCopy;
 
 impl CopyEngine for CpuCopy {
     unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
-        if len >= NT_THRESHOLD {
-            // SAFETY: the trait's contract.
-            unsafe { copy_nt(dst, src, len) }
-        } else if len > 0 {
-            // SAFETY: the trait's contract: valid, non-overlapping ranges.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
-        }
+        let body = if len >= NT_THRESHOLD { copy_nt } else { memcpy };
+        // SAFETY: the trait's contract: valid, non-overlapping ranges.
+        unsafe { copy_ordered_tail(dst, src, len, body) }
     }
 }
 
