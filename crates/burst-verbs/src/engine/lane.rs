@@ -69,6 +69,7 @@ pub(super) fn run(shared: &Shared, lane: usize) {
     let mut tokens = Vec::new();
     let mut clients = ClientPolls::default();
     let mut last_work = 0u64;
+    let mut yielding = Yielding::default();
     while !shared.stop.load(Ordering::Acquire) {
         let now = shared.clock.now();
         let owner = d.owner(now);
@@ -101,7 +102,8 @@ pub(super) fn run(shared: &Shared, lane: usize) {
                 // Idle: the walk over the QPs' timers, not on busy steps.
                 let until = idle_until(&core, now);
                 drop(core);
-                // After work the engine keeps looking, yielding the core,
+                // After work the engine keeps looking, yielding the core
+                // (unless a yield handed it to a spinner: `Yielding`),
                 // for a while before it waits in the kernel:
                 // - a poll-mode port's packets (DPDK) cannot wake it:
                 //   POLL_MODE_SPIN_NS;
@@ -122,9 +124,19 @@ pub(super) fn run(shared: &Shared, lane: usize) {
                     0
                 };
                 let hot = now.saturating_sub(last_work) < spin;
-                if owner == Owner::Engine && (hot || clients.polling(wake, lane, now)) {
-                    std::thread::yield_now();
-                    continue;
+                let wanted = owner == Owner::Engine && (hot || clients.polling(wake, lane, now));
+                // (A poll-mode port cannot wake the engine: it yields.)
+                match yielding.how(now, now.saturating_sub(last_work), ready.waitable()) {
+                    Look::Yield if wanted => {
+                        std::thread::yield_now();
+                        yielding.yielded(now, shared.clock.now());
+                        continue;
+                    }
+                    Look::Spin if wanted => {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    _ => {}
                 }
                 until
             }
@@ -235,6 +247,68 @@ const PASSIVE_POLL_NS: u64 = 200_000;
 /// How long after a daemon client's last empty poll the engine still
 /// steps for it without waiting in the kernel.
 const CLIENT_POLL_NS: u64 = 100_000;
+
+/// How the engine thread keeps looking at its lane after work, when it
+/// does ([`Yielding::how`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// Step again, yielding the core first.
+    Yield,
+    /// Step again at once, without yielding.
+    Spin,
+    /// Wait in the kernel.
+    Wait,
+}
+
+/// Whether the engine thread may yield its core while it keeps looking.
+/// A yield that lasted longer than [`LONG_YIELD_NS`] gave the core to a
+/// thread that does not block (riostream's latency test spins on its
+/// buffer; through burstd each hop waited for its time slice: 2.5-3.6 ms
+/// per round trip): every further yield would hand it another slice. For
+/// [`NO_YIELD_NS`] then the engine steps without yielding for
+/// [`SHORT_SPIN_NS`] after work (a ping-pong's next doorbell comes within
+/// microseconds from another core; a spinner on this one waits that long
+/// at most) and otherwise waits in the kernel, where a doorbell or a
+/// packet wakes it and it preempts the spinner.
+#[derive(Debug, Default)]
+struct Yielding {
+    /// Device-clock ns until which the engine does not yield.
+    no_yield_until: u64,
+}
+
+impl Yielding {
+    /// How to keep looking at `now`, `since_work` ns after the last step
+    /// that found work, over a port that can (`waitable`) or cannot wake
+    /// the engine (a poll-mode port: always yield).
+    fn how(&self, now: u64, since_work: u64, waitable: bool) -> Look {
+        if !waitable || now >= self.no_yield_until {
+            Look::Yield
+        } else if since_work < SHORT_SPIN_NS {
+            Look::Spin
+        } else {
+            Look::Wait
+        }
+    }
+
+    /// A yield that began at `start` returned at `end`.
+    fn yielded(&mut self, start: u64, end: u64) {
+        if end.saturating_sub(start) > LONG_YIELD_NS {
+            self.no_yield_until = start.saturating_add(NO_YIELD_NS);
+        }
+    }
+}
+
+/// A yield longer than this handed the core to a thread that does not
+/// block ([`Yielding`]): a time slice, not the wait of a thread that
+/// blocks again soon.
+const LONG_YIELD_NS: u64 = 1_000_000;
+
+/// How long the engine does not yield after a long one ([`Yielding`]).
+const NO_YIELD_NS: u64 = 50_000_000;
+
+/// How long after work an engine that does not yield keeps stepping before
+/// it waits in the kernel ([`Yielding`]).
+const SHORT_SPIN_NS: u64 = 20_000;
 
 impl ClientPolls {
     fn polling(&mut self, wake: &Wake, lane: usize, now: u64) -> bool {
@@ -679,4 +753,28 @@ pub(super) enum Round {
     /// A post's: transmit only, and nothing when the post was corked
     /// (`Device::cork_post`: a round soon sends it with others).
     Post,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine yields while yields are short; one that took a time
+    /// slice stops the yields for [`NO_YIELD_NS`]: it steps without
+    /// yielding for [`SHORT_SPIN_NS`] after work, then waits; a poll-mode
+    /// port, which cannot wake it, keeps yielding.
+    #[test]
+    fn a_yield_that_took_a_time_slice_stops_the_yields_for_a_while() {
+        let mut y = Yielding::default();
+        let t = 1_000_000_000;
+        assert_eq!(y.how(t, 0, true), Look::Yield);
+        y.yielded(t, t + 5_000);
+        assert_eq!(y.how(t + 10_000, 0, true), Look::Yield, "a short yield");
+        y.yielded(t + 10_000, t + 10_000 + 3_000_000);
+        let after = t + 3_020_000;
+        assert_eq!(y.how(after, 1_000, true), Look::Spin);
+        assert_eq!(y.how(after, SHORT_SPIN_NS, true), Look::Wait);
+        assert_eq!(y.how(after, 1_000, false), Look::Yield, "poll-mode port");
+        assert_eq!(y.how(t + 10_000 + NO_YIELD_NS, 0, true), Look::Yield);
+    }
 }
