@@ -1406,16 +1406,6 @@ impl Cm {
     }
 
     fn on_dreq(&mut self, now: u64, peer: IpAddr, tid: u64, d: CmDreq) {
-        let drep = |local: u32, remote: u32| {
-            CmMad::new(
-                tid,
-                CmMessage::Drep(CmIds {
-                    local_comm_id: local,
-                    remote_comm_id: remote,
-                    private_data: [0; 224],
-                }),
-            )
-        };
         let known = self
             .conns
             .get(&d.remote_comm_id)
@@ -1439,12 +1429,12 @@ impl Cm {
             }
             Some(State::TimeWait) => {
                 self.counters.duplicates += 1;
-                self.send(peer, &drep(id, d.local_comm_id));
+                self.send(peer, &drep(tid, id, d.local_comm_id));
             }
             _ => {
                 // IBA 12.9.8.6: a DREQ for no connection still gets a DREP.
                 self.counters.unknown += 1;
-                self.send(peer, &drep(0, d.local_comm_id));
+                self.send(peer, &drep(tid, 0, d.local_comm_id));
             }
         }
     }
@@ -1452,15 +1442,7 @@ impl Cm {
     /// Answers a DREQ for connection `id` from the peer's `remote` ID:
     /// DREP, DISCONNECTED, time-wait.
     fn answer_dreq(&mut self, now: u64, id: u32, tid: u64, remote: u32) {
-        let drep = CmMad::new(
-            tid,
-            CmMessage::Drep(CmIds {
-                local_comm_id: id,
-                remote_comm_id: remote,
-                private_data: [0; 224],
-            }),
-        );
-        self.send_once(id, &drep);
+        self.send_once(id, &drep(tid, id, remote));
         self.event(id, CmEvent::Disconnected { conn: ConnId(id) });
         self.enter_time_wait(now, id);
     }
@@ -1525,6 +1507,19 @@ impl Cm {
             _ => self.counters.unknown += 1,
         }
     }
+}
+
+/// A DREP answering transaction `tid`, from our ID `local` to the peer's
+/// `remote`.
+fn drep(tid: u64, local: u32, remote: u32) -> CmMad {
+    CmMad::new(
+        tid,
+        CmMessage::Drep(CmIds {
+            local_comm_id: local,
+            remote_comm_id: remote,
+            private_data: [0; 224],
+        }),
+    )
 }
 
 /// What the passive side learns when its RTU arrives (or the connection
