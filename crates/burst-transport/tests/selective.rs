@@ -174,6 +174,76 @@ fn a_lost_first_packet_resends_its_message_only() {
     assert_eq!(rs.sr_held_pkts, 4, "{rs:?}");
 }
 
+/// Packets past a hole reach the application's memory in PSN order where
+/// it can tell: a WRITE's last packet, and a later one-packet WRITE (a
+/// flag announcing the data), arrive ahead of a lost middle packet but
+/// are placed only once it is resent, as go-back-N would have placed
+/// them. An application that polls the last byte of a message or a flag
+/// written after the data sees neither before the data.
+#[test]
+fn a_last_packet_past_a_hole_waits_for_it() {
+    let mut p = pair(true, true);
+    p.w.drop_next(Opcode::RC_RDMA_WRITE_MIDDLE, 1);
+    let data = p.write(1, 4 * 256);
+    let flag = p.write(2, 8);
+    let (b, rs) = (p.b, data.1);
+    for k in [rs, flag.1] {
+        p.w.mems[1].bytes_mut(k).fill(0);
+    }
+    // The second middle, the last and the flag's only packet arrived out
+    // of order; the resend has not (it needs the NAK's round trip).
+    assert!(p
+        .w
+        .run(10_000_000_000, |w| w.qps[b].1.counters().out_of_seq_request
+            >= 3));
+    assert_eq!(p.responder().sr_held_pkts, 3);
+    let mem = &p.w.mems[1];
+    assert!(mem.bytes(rs)[2 * 256..3 * 256].iter().any(|&x| x != 0));
+    assert!(
+        mem.bytes(rs)[3 * 256..].iter().all(|&x| x == 0),
+        "last packet placed ahead of the hole"
+    );
+    assert!(
+        mem.bytes(flag.1).iter().all(|&x| x == 0),
+        "flag placed ahead of the data"
+    );
+    p.complete(2);
+    assert!(p.same(data) && p.same(flag));
+    assert_eq!(p.requester().retransmitted_pkts, 1);
+}
+
+/// Two one-packet WRITEs to the same bytes, the first lost: the second,
+/// held past the hole, lands after the first is resent, so the bytes end
+/// as the second wrote them (a status word written twice).
+#[test]
+fn a_later_write_to_the_same_bytes_stays_last() {
+    let mut p = pair(true, true);
+    let (rk, ra) = p.buf(1, 64, 0);
+    for id in [1u64, 2] {
+        let (k, a) = p.buf(0, 64, id as u8);
+        let sge = Sge {
+            addr: a,
+            length: 64,
+            lkey: k,
+        };
+        let op = SendOp::Write {
+            remote_addr: ra,
+            rkey: rk,
+        };
+        let (n, qp) = &mut p.w.qps[p.a];
+        qp.post_send(SendWr::new(id, op, [sge]), &mut p.w.mems[*n])
+            .unwrap();
+    }
+    p.w.drop_next(Opcode::RC_RDMA_WRITE_ONLY, 1);
+    p.complete(2);
+    let second: Vec<u8> = (0..64u8)
+        .map(|i| i.wrapping_mul(31).wrapping_add(2))
+        .collect();
+    assert_eq!(p.w.mems[1].bytes(rk), &second[..]);
+    assert_eq!(p.requester().retransmitted_pkts, 1);
+    assert_eq!(p.responder().sr_held_pkts, 1);
+}
+
 /// A lost middle SEND packet: the responder places those behind it in
 /// the receive in progress (their tags give their index in the message),
 /// and the requester resends the lost one alone.

@@ -179,7 +179,7 @@ impl Qp {
         self.resp.epsn += epsn_step;
         self.resp.nak_outstanding = false;
         self.resp.unacked_pkts += 1;
-        let (swept, hole) = self.sweep_held(epsn_step);
+        let (swept, hole) = self.sweep_held(epsn_step, mem);
         if self.state == QpState::Err {
             return;
         }

@@ -8,7 +8,11 @@
 //! - The responder places a WRITE packet ahead of the expected PSN when it
 //!   knows where it goes: its message is the one in progress, or the
 //!   message's first packet (with the RETH, checked as in order) arrived
-//!   out of order too. It remembers the PSN, still NAKs the gap once
+//!   out of order too, but for a message's last (or only) packet, whose
+//!   bytes it keeps and places when the sweep reaches it ([`HeldTail`]:
+//!   the last byte of a message, or a flag a later WRITE sets, becomes
+//!   visible only after the data before it, as with go-back-N). It
+//!   remembers the PSN, still NAKs the gap once
 //!   (a PSN sequence error, as IBA), and when the gap fills, sweeps the
 //!   expected PSN over what it holds, finishing messages in order (MSN,
 //!   ACK). A hole it already knows of (PSNs held past it) is NAKed at once.
@@ -180,7 +184,33 @@ pub(super) struct Held {
     /// SEND messages whose first packet was placed out of order (fewer
     /// than [`SEND_TAG_SPAN`]: no more can be unacknowledged).
     sends: Vec<HeldSend>,
+    /// The last (or only) packets of WRITE messages that arrived ahead,
+    /// kept unplaced until the sweep reaches them (see [`HeldTail`]).
+    tails: Vec<HeldTail>,
+    /// Their payloads, packed ([`HeldTail::at`]); at most [`TAIL_BYTES`].
+    tail_bytes: Vec<u8>,
 }
+
+/// The last (or only) packet of a WRITE that arrived ahead of the
+/// expected PSN. Its bytes reach the application's memory only when
+/// every packet before it has: an application that polls the last byte
+/// of a message, or a flag a later WRITE sets, must not see it before
+/// the data it announces (what go-back-N RNICs and RXE give it), and a
+/// later WRITE to the same bytes must land after an earlier one resent.
+#[derive(Debug, Clone, Copy)]
+struct HeldTail {
+    psn: Psn,
+    rkey: u32,
+    va: u64,
+    /// Where its payload starts in `Held::tail_bytes`.
+    at: usize,
+    len: usize,
+}
+
+/// Most payload bytes of held WRITE tails per QP: one MTU-sized last
+/// packet for each of [`MESSAGES`] held messages. Past it a tail is left
+/// to be resent; the buffer is freed when no tail is held.
+const TAIL_BYTES: usize = MESSAGES * 4096;
 
 /// A SEND message whose first packet arrived ahead of the expected PSN,
 /// placed in the receive WQE its tag named.
@@ -218,6 +248,8 @@ impl Default for Held {
             messages: Vec::with_capacity(MESSAGES),
             send_last: None,
             sends: Vec::new(),
+            tails: Vec::new(),
+            tail_bytes: Vec::new(),
         }
     }
 }
@@ -235,12 +267,52 @@ impl Held {
     fn clear_all(&mut self) {
         self.bits.clear_all();
         self.send_last = None;
+        self.tails.clear();
     }
     pub(super) fn is_empty(&self) -> bool {
         self.bits.is_empty()
             && self.messages.is_empty()
             && self.send_last.is_none()
             && self.sends.is_empty()
+            && self.tails.is_empty()
+    }
+
+    /// Keeps a WRITE's last packet for the sweep; `false` when the held
+    /// tails already fill [`TAIL_BYTES`].
+    fn hold_tail(&mut self, psn: Psn, rkey: u32, va: u64, data: &[u8]) -> bool {
+        let live: usize = self.tails.iter().map(|t| t.len).sum();
+        if live + data.len() > TAIL_BYTES {
+            return false;
+        }
+        if self.tail_bytes.len() + data.len() > TAIL_BYTES {
+            // Close the gaps swept tails left.
+            self.tails.sort_unstable_by_key(|t| t.at);
+            let mut end = 0;
+            for t in &mut self.tails {
+                self.tail_bytes.copy_within(t.at..t.at + t.len, end);
+                t.at = end;
+                end += t.len;
+            }
+            self.tail_bytes.truncate(end);
+        }
+        self.tails.push(HeldTail {
+            psn,
+            rkey,
+            va,
+            at: self.tail_bytes.len(),
+            len: data.len(),
+        });
+        self.tail_bytes.extend_from_slice(data);
+        true
+    }
+
+    /// Forgets the tails behind `epsn` (not what the requester sent
+    /// there); frees the buffer when none is left.
+    fn retain_tails(&mut self, epsn: Psn) {
+        self.tails.retain(|t| epsn.distance_to(t.psn) > 0);
+        if self.tails.is_empty() {
+            self.tail_bytes = Vec::new();
+        }
     }
 }
 
@@ -509,7 +581,12 @@ impl Qp {
                 (rkey, va, None)
             }
         };
-        if !data.is_empty() && mem.write_remote(rkey, va, data).is_err() {
+        if matches!(pos, Position::Last | Position::Only) {
+            // Placed when the sweep reaches it (see `HeldTail`).
+            if !held.hold_tail(psn, rkey, va, data) {
+                return Err(Refusal::Length);
+            }
+        } else if !data.is_empty() && mem.write_remote(rkey, va, data).is_err() {
             return Err(Refusal::RemoteAccess);
         }
         if let Some(m) = new {
@@ -520,9 +597,10 @@ impl Qp {
 
     /// Responder, after the expected PSN moved `step` PSNs in order: moves
     /// it on over the packets held past it, finishing their messages in
-    /// order. Returns how many it swept and whether a hole is known (held
-    /// packets remain past the new expected PSN).
-    pub(super) fn sweep_held(&mut self, step: u32) -> (u32, bool) {
+    /// order and placing their held last packets. Returns how many it
+    /// swept and whether a hole is known (held packets remain past the new
+    /// expected PSN).
+    pub(super) fn sweep_held(&mut self, step: u32, mem: &mut impl Memory) -> (u32, bool) {
         let Some(mut held) = self.resp.held.take() else {
             return (0, false);
         };
@@ -585,6 +663,17 @@ impl Qp {
                     }
                 },
             };
+            if let Some(i) = held.tails.iter().position(|t| t.psn == psn) {
+                let t = held.tails.swap_remove(i);
+                let data = &held.tail_bytes[t.at..t.at + t.len];
+                if !data.is_empty() && mem.write_remote(t.rkey, t.va, data).is_err() {
+                    // What the packet would have drawn in order.
+                    self.resp.cur_write = None;
+                    self.resp.held = Some(held);
+                    self.nak(NakCode::RemoteAccessError);
+                    return (swept, false);
+                }
+            }
             let n = w.remaining.min(mtu);
             let w = WriteInProgress {
                 va: w.va + n,
@@ -605,6 +694,7 @@ impl Qp {
         let epsn = self.resp.epsn;
         held.messages.retain(|m| epsn.distance_to(m.first) > 0);
         held.sends.retain(|m| epsn.distance_to(m.first) > 0);
+        held.retain_tails(epsn);
         let hole = !held.bits.is_empty();
         self.resp.held = Some(held);
         (swept, hole)
@@ -996,7 +1086,8 @@ mod tests {
         qp.resp.held = Some(Box::new(held));
         let step = WINDOW + 76;
         qp.resp.epsn = start + step;
-        assert_eq!(qp.sweep_held(step), (0, false));
+        let mut mem = crate::sim::SimMemory::default();
+        assert_eq!(qp.sweep_held(step, &mut mem), (0, false));
         let held = qp.resp.held.as_ref().unwrap();
         assert!(held.bits.is_empty());
         // The PSN aliasing `start + 5` a window later is not taken as held.
@@ -1008,7 +1099,33 @@ mod tests {
         held.set(start + step + 10);
         qp.resp.held = Some(Box::new(held));
         qp.resp.epsn = start + step + 5;
-        assert_eq!(qp.sweep_held(5), (0, true));
+        assert_eq!(qp.sweep_held(5, &mut mem), (0, true));
         assert_eq!(qp.resp.held.as_ref().unwrap().bits.count, 1);
+    }
+
+    /// Held tails stay within [`TAIL_BYTES`]: a swept tail's room is
+    /// reused (the live ones packed, their bytes intact), a tail past the
+    /// bound is refused, and the buffer is freed when none is left.
+    #[test]
+    fn held_tails_are_bounded_and_packed() {
+        let mut held = Held::default();
+        let start = Psn::new(7);
+        let page = |k: u32| vec![k as u8; 4096];
+        for k in 0..MESSAGES as u32 {
+            assert!(held.hold_tail(start + k, 1, u64::from(k), &page(k)));
+        }
+        assert!(!held.hold_tail(start + 99, 1, 0, &[1]));
+        // The first half swept: room for as many again.
+        held.retain_tails(start + MESSAGES as u32 / 2);
+        for k in 0..MESSAGES as u32 / 2 {
+            assert!(held.hold_tail(start + 100 + k, 1, 0, &page(100 + k)));
+        }
+        assert!(held.tail_bytes.len() <= TAIL_BYTES);
+        for t in &held.tails {
+            let k = start.distance_to(t.psn) as u8;
+            assert!(held.tail_bytes[t.at..t.at + t.len].iter().all(|&b| b == k));
+        }
+        held.retain_tails(start + 200);
+        assert!(held.tails.is_empty() && held.tail_bytes.capacity() == 0);
     }
 }
