@@ -182,6 +182,46 @@ fn non_blocking_calls_say_again_and_readiness_wakes_the_poller() {
     );
 }
 
+/// A peer that sends and hangs up at once: its data is read before the
+/// hang-up is reported to a reader (`POLLIN` alone, then `POLLIN |
+/// POLLHUP` at EOF), as a TCP socket does; a writer hears of it at once.
+/// (rstream's async mode takes `POLLHUP` for an error: it failed whenever
+/// the last data and the disconnect came in one batch.)
+#[test]
+fn a_peers_last_data_is_read_before_its_hang_up_is_reported() {
+    let a = side("127.0.160.9");
+    let b = side("127.0.160.10");
+    let at = SocketAddr::new(b.ip, 7471);
+    let listener = RSocket::new(&b.cm).unwrap();
+    listener.set_nonblocking(true);
+    listener.bind(at).unwrap();
+    listener.listen().unwrap();
+    let c = RSocket::new(&a.cm).unwrap();
+    c.set_nonblocking(true);
+    assert_eq!(errno_of(&c.connect(at).unwrap_err()), libc::EINPROGRESS);
+    assert_eq!(wait_for(&listener, libc::POLLIN), libc::POLLIN);
+    let s = listener.accept().unwrap();
+    assert_eq!(wait_for(&c, libc::POLLOUT), libc::POLLOUT);
+    assert_eq!(s.send(b"last", 0).unwrap(), 4);
+    s.shutdown(Shutdown::Both).unwrap();
+    // The writer's view: the hang-up, once the disconnect came.
+    let end = Instant::now() + Duration::from_secs(10);
+    while wait_for(&c, libc::POLLOUT) & libc::POLLHUP == 0 {
+        assert!(Instant::now() < end, "no hang-up within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The reader's: the data first, then EOF with the hang-up.
+    assert_eq!(c.poll_ready(libc::POLLIN, false), libc::POLLIN);
+    let mut buf = [0u8; 8];
+    assert_eq!(c.recv(&mut buf, 0).unwrap(), 4);
+    assert_eq!(&buf[..4], b"last");
+    assert_eq!(
+        c.poll_ready(libc::POLLIN, false),
+        libc::POLLIN | libc::POLLHUP
+    );
+    assert_eq!(c.recv(&mut buf, 0).unwrap(), 0);
+}
+
 #[test]
 fn a_connection_to_a_port_nobody_listens_on_is_refused() {
     let a = side("127.0.160.5");

@@ -1576,12 +1576,18 @@ impl RSocket {
         if events & libc::POLLOUT != 0 && s.can_send() {
             r |= libc::POLLOUT;
         }
-        if s.state & st::CONNECTED == 0 {
-            r |= if s.state == st::DISCONNECTED {
-                libc::POLLHUP
-            } else {
-                libc::POLLERR
-            };
+        if s.state == st::DISCONNECTED {
+            // The hang-up is reported once the data the peer sent before
+            // it has been read, as a TCP socket reads a closed peer's data
+            // first. rdma-core reports both at once: rstream's async mode
+            // (`-T a`), which takes POLLHUP for an error, then failed
+            // whenever the peer's last data and its disconnect came in one
+            // batch. Pollers of POLLOUT alone hear of it at once.
+            if r & libc::POLLIN == 0 || !s.have_rdata() {
+                r |= libc::POLLHUP;
+            }
+        } else if s.state & st::CONNECTED == 0 {
+            r |= libc::POLLERR;
         }
         r
     }
