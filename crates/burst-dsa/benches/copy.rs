@@ -15,7 +15,7 @@
 use std::hint::black_box;
 
 use burst_dsa::cpu::copy_nt;
-use burst_dsa::crc::{combine, copy_into_crc};
+use burst_dsa::crc::{combine, copy_from_crc, copy_into_crc};
 use burst_dsa::dsa::model::DsaModel;
 use burst_dsa::dsa::DsaEngine;
 use burst_dsa::{AsyncCopy, CopyEngine, CopyJob, CpuCopy, CpuEngine, Segment};
@@ -72,6 +72,20 @@ fn icrc(c: &mut Criterion) {
     g.bench_function(format!("fused_{len}"), |b| {
         // SAFETY: `src` is live for `len` bytes and distinct from `dst`.
         b.iter(|| unsafe { copy_into_crc(black_box(&mut dst), black_box(src.as_ptr()), 0) })
+    });
+    // The receive side: a frame's ICRC checked, then its payload placed
+    // (the CPU placement, ordered tail), against one pass that does both.
+    g.bench_function(format!("crc_then_place_{len}"), |b| {
+        b.iter(|| {
+            let c = crc32fast::hash(black_box(&src));
+            // SAFETY: `dst` is live for `len` bytes and distinct from `src`.
+            unsafe { CpuCopy.copy(black_box(dst.as_mut_ptr()), src.as_ptr(), len) };
+            c
+        })
+    });
+    g.bench_function(format!("fused_place_{len}"), |b| {
+        // SAFETY: `dst` is live for `len` bytes and distinct from `src`.
+        b.iter(|| unsafe { copy_from_crc(black_box(dst.as_mut_ptr()), black_box(&src), 0) })
     });
     g.bench_function(format!("combine_{len}"), |b| {
         b.iter(|| {

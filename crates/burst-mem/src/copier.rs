@@ -49,6 +49,10 @@ burst_wire::counters! {
         pub cpu_bytes: u64,
         /// Bytes gathered with their CRC computed in the same pass.
         pub fused_bytes: u64,
+        /// Received payload bytes placed with their ICRC's CRC computed in
+        /// the same pass ([`crate::TableMemory::place_received_crc`]).
+        #[cfg_attr(feature = "serde", serde(default))]
+        pub placed_fused_bytes: u64,
         /// Jobs the backend failed that the CPU copied again.
         pub redone: u64,
         /// Drains that had copies to wait for.
@@ -390,6 +394,28 @@ impl Copier {
                 self.counters.cpu_bytes += out.len() as u64;
             }
         }
+    }
+
+    /// Places `data` at `off` of `region` on the CPU and returns its
+    /// CRC-32 continued from `crc`, in one pass (a received payload checked
+    /// while placed); `None`, placing nothing, where that cannot be done
+    /// (an offloading copier, plain copies, a region not in this process).
+    pub(crate) fn place_crc(
+        &mut self,
+        region: &Arc<Region>,
+        off: u64,
+        data: &[u8],
+        crc: u32,
+    ) -> Option<u32> {
+        if !self.fuses() {
+            return None;
+        }
+        let dst = region.local_ptr(off, data.len())?;
+        // SAFETY: `dst` is in bounds of a region the caller holds (local_ptr
+        // checked it); `data` is a received frame, never application memory.
+        let c = unsafe { burst_dsa::crc::copy_from_crc(dst, data, crc) };
+        self.counters.placed_fused_bytes += data.len() as u64;
+        Some(c)
     }
 
     /// Whether gathers compute the payload's CRC.

@@ -11,7 +11,9 @@ use std::sync::{Arc, RwLock};
 
 use burst_dsa::CpuCopy;
 use burst_transport::memory::{check_invalidate, check_remote_access, RemoteRegion};
-use burst_transport::{walk_sges, AtomicOp, MemError, Memory, MwBind, QpScope, RemoteAccess, Sge};
+use burst_transport::{
+    walk_sges, AtomicOp, MemError, Memory, MwBind, Placement, QpScope, RemoteAccess, Sge,
+};
 
 pub use copier::{Copier, CopierCounters, CpuMode};
 pub use raw::{page_size, Region};
@@ -387,6 +389,7 @@ impl MrTable {
             copy: CpuCopy,
             copier: None,
             hot: None,
+            placed: None,
         }
     }
 
@@ -404,6 +407,7 @@ impl MrTable {
             copy: CpuCopy,
             copier: Some(RefCell::new(copier)),
             hot: Some(RefCell::new(None)),
+            placed: None,
         }
     }
 
@@ -516,12 +520,121 @@ pub struct TableMemory<'a> {
     copier: Option<RefCell<&'a mut Copier>>,
     /// The last region found (a round's views only: [`MrTable::memory_through`]).
     hot: Option<HotRegion>,
+    /// A received payload already placed ([`TableMemory::place_received_crc`]).
+    placed: Option<Placed>,
 }
 
 /// The region a view found last.
 type HotRegion = RefCell<Option<Arc<Region>>>;
 
+/// Which payload was placed where: its address and length in the frame
+/// (the very bytes the transport will ask to write), and the destination
+/// as the transport names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Placed {
+    data: (usize, usize),
+    at: PlacedAt,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PlacedAt {
+    Remote {
+        rkey: u32,
+        va: u64,
+    },
+    Local {
+        pd: u32,
+        sges: (usize, usize),
+        offset: u64,
+    },
+}
+
+impl PlacedAt {
+    fn of(at: &Placement<'_>) -> PlacedAt {
+        match *at {
+            Placement::Remote { rkey, va } => PlacedAt::Remote { rkey, va },
+            Placement::Local { pd, sges, offset } => PlacedAt::Local {
+                pd,
+                sges: (sges.as_ptr() as usize, sges.len()),
+                offset,
+            },
+        }
+    }
+}
+
 impl TableMemory<'_> {
+    /// Places a received packet's payload `data` where the transport will
+    /// (`at`, from [`burst_transport::Qp::in_order_placement`]), computing
+    /// its CRC-32 continued from `crc` in the same pass: the receiver checks
+    /// the packet's ICRC while it places the payload instead of reading it
+    /// twice. The access is checked as the transport's write checks it.
+    /// The transport's own write of these bytes to that place is then
+    /// skipped, once ([`TableMemory::forget_placed`] drops the note when
+    /// the packet went elsewhere). `None`, with nothing noted, where the
+    /// copier cannot fuse (an offloading or plain copier, memory of another
+    /// process), or the access is refused; some bytes may have been placed
+    /// then, and the transport's write places them again.
+    ///
+    /// Only for destinations that no one reads before the packet is known
+    /// good: a WRITE's middle packet, a SEND's packet in a receive buffer.
+    pub fn place_received_crc(&mut self, at: &Placement<'_>, data: &[u8], crc: u32) -> Option<u32> {
+        self.placed = None;
+        let copier = self.copier.as_mut()?.get_mut();
+        let hot = self.hot.as_ref();
+        let crc = match *at {
+            Placement::Remote { rkey, va } => self
+                .table
+                .reach(
+                    hot,
+                    None,
+                    rkey,
+                    va,
+                    data.len() as u64,
+                    RemoteAccess::Write,
+                    |r, off| copier.place_crc(r, off, data, crc),
+                )
+                .ok()??,
+            Placement::Local { pd, sges, offset } => {
+                let len = data.len() as u64;
+                walk_sges(sges, offset, len, |s, va, _, l| {
+                    self.table
+                        .local(hot, pd, s.lkey, va, l as u64, true, |_, _| ())
+                })
+                .ok()?;
+                let mut crc = Some(crc);
+                walk_sges(sges, offset, len, |s, va, at, l| {
+                    self.table
+                        .local(hot, pd, s.lkey, va, l as u64, true, |r, off| {
+                            crc = crc.and_then(|c| copier.place_crc(r, off, &data[at..at + l], c));
+                        })
+                })
+                .ok()?;
+                crc?
+            }
+        };
+        self.placed = Some(Placed {
+            data: (data.as_ptr() as usize, data.len()),
+            at: PlacedAt::of(at),
+        });
+        Some(crc)
+    }
+
+    /// Drops the note of a placed payload (see
+    /// [`TableMemory::place_received_crc`]).
+    pub fn forget_placed(&mut self) {
+        self.placed = None;
+    }
+
+    /// Whether `data` to `at` is the payload placed already (the note is
+    /// used up).
+    fn already_placed(&mut self, data: &[u8], at: PlacedAt) -> bool {
+        let this = Placed {
+            data: (data.as_ptr() as usize, data.len()),
+            at,
+        };
+        self.placed.take_if(|p| *p == this).is_some()
+    }
+
     /// Gathers through the copier; the CRC-32 of the bytes when it fused.
     fn gather_local(
         &self,
@@ -639,6 +752,14 @@ impl Memory for TableMemory<'_> {
         offset: u64,
         data: &[u8],
     ) -> Result<(), MemError> {
+        let at = PlacedAt::Local {
+            pd,
+            sges: (sges.as_ptr() as usize, sges.len()),
+            offset,
+        };
+        if self.already_placed(data, at) {
+            return Ok(());
+        }
         // All or nothing: check every piece before placing any byte.
         walk_sges(sges, offset, data.len() as u64, |s, va, _, len| {
             let hot = self.hot.as_ref();
@@ -702,6 +823,9 @@ impl Memory for TableMemory<'_> {
     }
 
     fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError> {
+        if self.already_placed(data, PlacedAt::Remote { rkey, va }) {
+            return Ok(());
+        }
         let len = data.len() as u64;
         let (hot, copier, copy) = (self.hot.as_ref(), &mut self.copier, &self.copy);
         self.table.reach(

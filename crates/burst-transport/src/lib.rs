@@ -12,7 +12,7 @@ mod types;
 
 pub use counters::Counters;
 pub use error::VerbsError;
-pub use memory::{walk_sges, AtomicOp, MemError, Memory, QpScope, RemoteAccess};
+pub use memory::{walk_sges, AtomicOp, MemError, Memory, Placement, QpScope, RemoteAccess};
 pub use qp::{Payload, Qp, QpEvent, Transmit, MAX_RD_ATOMIC};
 pub use srq::Srq;
 pub use types::*;

@@ -17,6 +17,29 @@ pub struct QpScope {
     pub qpn: Qpn,
 }
 
+/// Where the transport will write a received packet's payload
+/// ([`crate::Qp::in_order_placement`]), named as its [`Memory`] write
+/// will name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement<'a> {
+    /// [`Memory::write_remote`] at `rkey`, `va`.
+    Remote {
+        /// The message's remote key.
+        rkey: u32,
+        /// Where this packet's bytes start.
+        va: u64,
+    },
+    /// [`Memory::write_local`] into a receive's scatter list.
+    Local {
+        /// The QP's protection domain.
+        pd: u32,
+        /// The receive WQE's scatter list.
+        sges: &'a [Sge],
+        /// This packet's offset in it.
+        offset: u64,
+    },
+}
+
 /// Remote access kinds checked against a memory region's rights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RemoteAccess {

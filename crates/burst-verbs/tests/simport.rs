@@ -40,8 +40,22 @@ struct Pair {
 
 fn pair(faults: SimFaults, a: &str, b: &str) -> Pair {
     let net = SimNet::new(11, faults);
-    let (ea, a) = sim_engine(net.port(a.parse::<SocketAddr>().unwrap()));
-    let (eb, b) = sim_engine(net.port(b.parse::<SocketAddr>().unwrap()));
+    let (pa, pb) = (
+        net.port(a.parse::<SocketAddr>().unwrap()),
+        net.port(b.parse::<SocketAddr>().unwrap()),
+    );
+    pair_over(net, pa, pb)
+}
+
+/// Two engines over `a` and `b` (ports of `net`), one RC QP each,
+/// connected.
+fn pair_over(
+    net: SimNet,
+    a: impl burst_io::Port + Send + 'static,
+    b: impl burst_io::Port + Send + 'static,
+) -> Pair {
+    let (ea, a) = sim_engine(a);
+    let (eb, b) = sim_engine(b);
     let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
     let (cqa, cqb) = (a.create_cq(64), b.create_cq(64));
     let qa = a
@@ -226,6 +240,84 @@ fn ipv6_icrc_is_verified_and_a_mismatch_is_dropped() {
     let s = p.net.stats();
     let refused = ca.icrc_errors + cb.icrc_errors + ca.malformed + cb.malformed;
     assert!(refused <= s.corrupted);
+}
+
+/// A port that corrupts one payload byte of the `nth` received packet of
+/// each opcode in `hit` (the ICRC left as sent).
+struct CorruptingPort {
+    inner: burst_io::SimPort,
+    hit: Vec<(burst_wire::Opcode, usize)>,
+    seen: Vec<usize>,
+    frame: Vec<u8>,
+}
+
+impl burst_io::Port for CorruptingPort {
+    fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr()
+    }
+    fn recv_frames(
+        &mut self,
+        max: usize,
+        visit: &mut burst_io::RxVisit<'_>,
+    ) -> std::io::Result<usize> {
+        let (hit, seen, frame) = (&self.hit, &mut self.seen, &mut self.frame);
+        self.inner.recv_frames(max, &mut |meta, bytes| {
+            let op = burst_wire::IbPacket::new_checked(bytes).map(|p| p.opcode());
+            let k = hit.iter().position(|&(o, _)| Ok(o) == op);
+            let Some(k) = k else {
+                return visit(meta, bytes);
+            };
+            seen[k] += 1;
+            if seen[k] != hit[k].1 {
+                return visit(meta, bytes);
+            }
+            frame.clear();
+            frame.extend_from_slice(bytes);
+            // The payload's middle byte: past every header, before the ICRC.
+            let at = frame.len() - 4 - 300;
+            frame[at] ^= 0x5a;
+            visit(meta, frame)
+        })
+    }
+    fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
+        self.inner.assign_ip_ids(bufs)
+    }
+    fn send_burst(&mut self, bufs: &[burst_io::PacketBuf]) -> std::io::Result<usize> {
+        self.inner.send_burst(bufs)
+    }
+}
+
+/// Payload that follows from the QP's state (a WRITE's middle packets, a
+/// SEND's later ones) is placed while its ICRC is computed, one pass over
+/// it: a packet whose payload turns out corrupt was placed already, and is
+/// dropped all the same; its resend lands over it and every byte arrives.
+#[test]
+fn a_payload_placed_while_checked_is_dropped_when_corrupt_and_resent() {
+    use burst_wire::Opcode;
+    let net = SimNet::new(11, SimFaults::default());
+    let a = net.port("198.18.0.1:4791".parse().unwrap());
+    let b = CorruptingPort {
+        inner: net.port("198.18.0.2:4791".parse().unwrap()),
+        hit: vec![
+            (Opcode::RC_SEND_MIDDLE, 20),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, 50),
+        ],
+        seen: vec![0, 0],
+        frame: Vec::new(),
+    };
+    let mut p = pair_over(net, a, b);
+    transfer(&mut p);
+    let (ca, cb) = (p.a.counters().unwrap(), p.b.counters().unwrap());
+    assert_eq!(cb.icrc_errors, 2, "{cb:?}");
+    assert!(ca.qps.retransmitted_pkts >= 2, "{ca:?}");
+    // The SEND's and the WRITE's payloads but their first and last
+    // packets (300,000 bytes, 1 KiB MTU), and the two resent.
+    assert!(cb.copy.placed_fused_bytes > 290_000, "{:?}", cb.copy);
+    // ... and not copied again by the transport's write: only the first
+    // and last packets were (two first packets, the WRITE's 320-byte last).
+    assert_eq!(cb.copy.cpu_bytes, 2 * 1024 + 320, "{:?}", cb.copy);
+    // The READ's responses are the requester's: placed as copies.
+    assert_eq!(ca.copy.placed_fused_bytes, 0, "{:?}", ca.copy);
 }
 
 /// A port that panics on receive once armed: a fault outside any QP.

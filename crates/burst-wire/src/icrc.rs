@@ -285,14 +285,53 @@ impl Checker {
         ib: &[u8],
         ip_id: Option<u16>,
     ) -> Check {
+        let at = ib.len().saturating_sub(ICRC_LEN);
+        self.check_with(src, dst, ib, ip_id, at, |crc| crc)
+    }
+
+    /// [`Checker::check`] with the CRC over `ib[at..]` (up to the ICRC)
+    /// taken by the caller: `rest` gets the CRC of everything before `at`
+    /// and returns it continued over those bytes (as crc32fast's
+    /// `Hasher::new_with_initial` continues). A receiver that places the
+    /// payload while it checksums it reads the payload once.
+    ///
+    /// ```
+    /// use burst_wire::icrc::{for_udp_payload, Check, Checker};
+    /// let src = "198.18.0.1:49152".parse().unwrap();
+    /// let dst = "198.18.0.2:4791".parse().unwrap();
+    /// let mut ib = vec![0x04u8, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 1];
+    /// ib.extend_from_slice(b"payload!");
+    /// ib.extend_from_slice(&[0; 4]);
+    /// let crc = for_udp_payload(src, dst, &ib, 7).unwrap();
+    /// ib[20..].copy_from_slice(&crc.to_le_bytes());
+    /// let mut seen = Vec::new();
+    /// let rest = |head: u32| {
+    ///     seen.extend_from_slice(b"payload!");
+    ///     let mut h = crc32fast::Hasher::new_with_initial(head);
+    ///     h.update(b"payload!");
+    ///     h.finalize()
+    /// };
+    /// assert_eq!(Checker::new().check_with(src, dst, &ib, Some(7), 12, rest), Check::Ok);
+    /// assert_eq!(seen, b"payload!");
+    /// ```
+    pub fn check_with(
+        &mut self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        ib: &[u8],
+        ip_id: Option<u16>,
+        at: usize,
+        rest: impl FnOnce(u32) -> u32,
+    ) -> Check {
         let n = ib.len();
         if n < BTH_LEN + ICRC_LEN {
             return Check::Unverifiable;
         }
         let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
-        let Ok(c0) = for_udp_payload(src, dst, ib, ip_id.unwrap_or(0)) else {
+        let Ok(head) = for_udp_payload_head(src, dst, ib, ip_id.unwrap_or(0), at) else {
             return Check::Unverifiable;
         };
+        let c0 = rest(head);
         if c0 == stored {
             self.note(src, 0);
             return Check::Ok;

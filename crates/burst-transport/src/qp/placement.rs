@@ -5,6 +5,7 @@
 //! drops the message.
 
 use super::*;
+use crate::memory::Placement;
 
 /// Why a packet's payload was not placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,57 @@ pub(super) enum Refusal {
 }
 
 impl Qp {
+    /// Where [`Qp::handle_packet`] would write `pkt`'s payload, for the
+    /// packets whose destination follows from the QP's state alone (not
+    /// from the packet's own headers, which its ICRC has not vouched for
+    /// yet): the next middle packet of the RC WRITE in progress, and the
+    /// next middle or last packet of the SEND in progress (its receive
+    /// buffer is the QP's until it completes). A receiver may place such a
+    /// payload while it checks the ICRC, in one pass: if the packet turns
+    /// out bad, its bytes lie where the good packet's will be written, in
+    /// a message not complete yet. A WRITE's last packet is left out (an
+    /// application may poll its last byte), and so is anything out of
+    /// order, on another service, or that the transport would refuse.
+    pub fn in_order_placement<'a>(&'a self, pkt: &IbPacket<&[u8]>) -> Option<Placement<'a>> {
+        let bth = pkt.bth();
+        if self.cfg.qp_type != QpType::Rc
+            || !matches!(
+                self.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+            || bth.dest_qp() != self.cfg.qpn
+            || bth.psn() != self.resp.epsn
+            || self
+                .attrs
+                .mtu
+                .check_payload(pkt.opcode(), pkt.payload_len())
+                .is_err()
+        {
+            return None;
+        }
+        let info = pkt.info();
+        let len = pkt.payload_len() as u64;
+        match (info.transport, info.operation, info.position?) {
+            (Transport::Rc, Operation::RdmaWrite, Position::Middle) => {
+                let w = self.resp.cur_write.filter(|w| len < w.remaining)?;
+                (self.resp.cur_recv.is_none()).then_some(Placement::Remote {
+                    rkey: w.rkey,
+                    va: w.va,
+                })
+            }
+            (Transport::Rc, Operation::Send, Position::Middle | Position::Last) => {
+                let cur = self.resp.cur_recv.as_ref()?;
+                (self.resp.cur_write.is_none() && cur.offset + len <= sg_len(&cur.wr.sg_list))
+                    .then_some(Placement::Local {
+                        pd: self.cfg.pd,
+                        sges: &cur.wr.sg_list,
+                        offset: cur.offset,
+                    })
+            }
+            _ => None,
+        }
+    }
+
     /// Whether a WRITE of `len` bytes at `va` under `rkey` is allowed: the
     /// QP takes remote writes and the key covers the range for writing
     /// (C9-88: a zero-length WRITE names no memory, so its rkey and address

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use burst_io::{IcrcCheck, PayloadCrc, Port, RxMeta, MAX_GSO_SEGMENTS};
 use burst_transport::{Qp, QpAttr, QpState, Srq};
-use burst_wire::{IbPacket, Qpn};
+use burst_wire::{IbPacket, Qpn, ICRC_LEN};
 
 use crate::{contain, AsyncEvent, QpEvent, SrqId};
 
@@ -320,9 +320,32 @@ impl<P: Port> Device<P> {
             let local = meta
                 .dest
                 .map_or(local, |g| SocketAddr::new(g, local.port()));
+            let qpn = pkt.bth().dest_qp();
+            // The payload of a packet whose destination follows from its
+            // QP's state is placed while its ICRC is computed, one pass
+            // over it (`Qp::in_order_placement`); the transport's write
+            // of it then finds it done.
+            let unicast = !meta.dest.is_some_and(|g| g.is_multicast())
+                && qpn.value() != crate::gsi::GSI_QPN
+                && qpn.value() != MULTICAST_QPN;
+            let placement = (unicast && !meta.icrc_verified)
+                .then(|| qp_index_in(qps, lane, qpn).ok())
+                .flatten()
+                .and_then(|i| qps[i].as_ref())
+                .and_then(|s| s.qp.in_order_placement(&pkt));
             let check = if meta.icrc_verified {
                 // Checked by the port over the headers as received.
                 IcrcCheck::Ok
+            } else if let Some(place) = placement {
+                let payload = pkt.payload();
+                let at = payload.as_ptr() as usize - bytes.as_ptr() as usize;
+                let pad = &bytes[at + payload.len()..bytes.len() - ICRC_LEN];
+                icrc.check_with(peer, local, bytes, meta.ip_id, at, |head| {
+                    let crc = mem
+                        .place_received_crc(&place, payload, head)
+                        .unwrap_or_else(|| crc_continued(head, payload));
+                    crc_continued(crc, pad)
+                })
             } else {
                 icrc.check(peer, local, bytes, meta.ip_id)
             };
@@ -331,11 +354,13 @@ impl<P: Port> Device<P> {
                 IcrcCheck::OkWithId(_) => counters.icrc_id_solved += 1,
                 IcrcCheck::Unverifiable => counters.icrc_unverified += 1,
                 IcrcCheck::Bad => {
+                    // What it placed lies where the good packet's payload
+                    // will, in a message not complete yet.
+                    mem.forget_placed();
                     counters.icrc_errors += 1;
                     return;
                 }
             }
-            let qpn = pkt.bth().dest_qp();
             if qpn.value() == crate::gsi::GSI_QPN {
                 match &gsi {
                     Some(gsi) => gsi.receive(peer.ip(), &pkt),
@@ -393,6 +418,7 @@ impl<P: Port> Device<P> {
                     let _ = cc.account(&mut s.flow, &mut s.qp, now);
                 }
             }
+            mem.forget_placed();
         };
         let n = if self.copier.offloads() {
             let rx = self.rx.get_or_insert_with(|| RxBatch::new(BURST));
@@ -646,4 +672,11 @@ fn sends_first(
             _ => {}
         }
     }
+}
+
+/// `crc` (a finished CRC-32) continued over `bytes`.
+fn crc_continued(crc: u32, bytes: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(bytes);
+    h.finalize()
 }
