@@ -135,10 +135,10 @@ fn wait_for(s: &RSocket, events: i16) -> i16 {
     }
 }
 
-#[test]
-fn non_blocking_calls_say_again_and_readiness_wakes_the_poller() {
-    let a = side("127.0.160.3");
-    let b = side("127.0.160.4");
+/// Connects a non-blocking client on `a` to a non-blocking listener on
+/// `b` as an event loop does (`EAGAIN`, `EINPROGRESS`, then readiness);
+/// returns the listener, the client and the accepted socket.
+fn connect_non_blocking(a: &Side, b: &Side) -> (RSocket, RSocket, RSocket) {
     let at = SocketAddr::new(b.ip, 7471);
     let listener = RSocket::new(&b.cm).unwrap();
     listener.set_nonblocking(true);
@@ -157,6 +157,14 @@ fn non_blocking_calls_say_again_and_readiness_wakes_the_poller() {
     assert_eq!(wait_for(&listener, libc::POLLIN), libc::POLLIN);
     let s = listener.accept().unwrap();
     assert_eq!(wait_for(&c, libc::POLLOUT), libc::POLLOUT);
+    (listener, c, s)
+}
+
+#[test]
+fn non_blocking_calls_say_again_and_readiness_wakes_the_poller() {
+    let a = side("127.0.160.3");
+    let b = side("127.0.160.4");
+    let (_listener, c, s) = connect_non_blocking(&a, &b);
     assert_eq!(c.take_error(), 0);
     let mut buf = [0u8; 8];
     assert_eq!(errno_of(&c.recv(&mut buf, 0).unwrap_err()), libc::EAGAIN);
@@ -191,17 +199,7 @@ fn non_blocking_calls_say_again_and_readiness_wakes_the_poller() {
 fn a_peers_last_data_is_read_before_its_hang_up_is_reported() {
     let a = side("127.0.160.9");
     let b = side("127.0.160.10");
-    let at = SocketAddr::new(b.ip, 7471);
-    let listener = RSocket::new(&b.cm).unwrap();
-    listener.set_nonblocking(true);
-    listener.bind(at).unwrap();
-    listener.listen().unwrap();
-    let c = RSocket::new(&a.cm).unwrap();
-    c.set_nonblocking(true);
-    assert_eq!(errno_of(&c.connect(at).unwrap_err()), libc::EINPROGRESS);
-    assert_eq!(wait_for(&listener, libc::POLLIN), libc::POLLIN);
-    let s = listener.accept().unwrap();
-    assert_eq!(wait_for(&c, libc::POLLOUT), libc::POLLOUT);
+    let (_listener, c, s) = connect_non_blocking(&a, &b);
     assert_eq!(s.send(b"last", 0).unwrap(), 4);
     s.shutdown(Shutdown::Both).unwrap();
     // The writer's view: the hang-up, once the disconnect came.
