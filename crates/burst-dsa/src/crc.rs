@@ -21,6 +21,23 @@
 //! Application memory is only ever behind raw pointers; the tail (under 16
 //! bytes) is checksummed from the side that is burst's own.
 
+/// `crc` (a finished CRC-32, 0 to start) continued over `bytes`: the
+/// small pieces around a fused pass (a payload's tail under 16 bytes, a
+/// packet's pad).
+///
+/// ```
+/// let head = crc32fast::hash(b"Ro");
+/// assert_eq!(burst_dsa::crc::continued(head, b"CE"), crc32fast::hash(b"RoCE"));
+/// ```
+pub fn continued(crc: u32, bytes: &[u8]) -> u32 {
+    if bytes.is_empty() {
+        return crc;
+    }
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(bytes);
+    h.finalize()
+}
+
 /// Copies `dst.len()` bytes from `src` into `dst` (burst's buffer: a packet
 /// being built) and returns the CRC-32 of those bytes continued from `crc`.
 ///
@@ -42,9 +59,7 @@ pub unsafe fn copy_into_crc(dst: &mut [u8], src: *const u8, crc: u32) -> u32 {
     let tail = &mut dst[done..];
     // SAFETY: the rest of the caller's source range.
     unsafe { std::ptr::copy_nonoverlapping(src.add(done), tail.as_mut_ptr(), tail.len()) };
-    let mut h = crc32fast::Hasher::new_with_initial(crc);
-    h.update(tail);
-    h.finalize()
+    continued(crc, tail)
 }
 
 /// Copies `src` (burst's buffer: a received payload) to `dst` and returns
@@ -58,9 +73,7 @@ pub unsafe fn copy_from_crc(dst: *mut u8, src: &[u8], crc: u32) -> u32 {
     let tail = &src[done..];
     // SAFETY: the rest of the caller's destination range.
     unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), dst.add(done), tail.len()) };
-    let mut h = crc32fast::Hasher::new_with_initial(crc);
-    h.update(tail);
-    h.finalize()
+    continued(crc, tail)
 }
 
 /// Copies and checksums a prefix of the `len` bytes (all but fewer than 16,

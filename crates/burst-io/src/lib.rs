@@ -1141,14 +1141,7 @@ pub fn seal_with(
             let head = icrc::for_udp_payload_head(src, dst, ib, ip_id, p.at)
                 .map_err(|e| invalid(e.to_string()))?;
             let crc = burst_dsa::crc::combine(head, p.crc, p.len as u64);
-            let pad = &ib[p.at + p.len..n - ICRC_LEN];
-            if pad.is_empty() {
-                crc
-            } else {
-                let mut h = crc32fast::Hasher::new_with_initial(crc);
-                h.update(pad);
-                h.finalize()
-            }
+            burst_dsa::crc::continued(crc, &ib[p.at + p.len..n - ICRC_LEN])
         }
         Some(_) => return Err(invalid("payload CRC range leaves the packet".into())),
         None => icrc::for_udp_payload(src, dst, ib, ip_id).map_err(|e| invalid(e.to_string()))?,

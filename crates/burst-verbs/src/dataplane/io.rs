@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use burst_dsa::crc::continued;
 use burst_io::{IcrcCheck, PayloadCrc, Port, RxMeta, MAX_GSO_SEGMENTS};
 use burst_transport::{Qp, QpAttr, QpState, Srq};
 use burst_wire::{IbPacket, Qpn, ICRC_LEN};
@@ -343,8 +344,8 @@ impl<P: Port> Device<P> {
                 icrc.check_with(peer, local, bytes, meta.ip_id, at, |head| {
                     let crc = mem
                         .place_received_crc(&place, payload, head)
-                        .unwrap_or_else(|| crc_continued(head, payload));
-                    crc_continued(crc, pad)
+                        .unwrap_or_else(|| continued(head, payload));
+                    continued(crc, pad)
                 })
             } else {
                 icrc.check(peer, local, bytes, meta.ip_id)
@@ -672,11 +673,4 @@ fn sends_first(
             _ => {}
         }
     }
-}
-
-/// `crc` (a finished CRC-32) continued over `bytes`.
-fn crc_continued(crc: u32, bytes: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new_with_initial(crc);
-    h.update(bytes);
-    h.finalize()
 }
