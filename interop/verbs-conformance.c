@@ -857,6 +857,90 @@ static void registration(struct ibv_pd *pd)
 	munmap(fresh, 64 * pg);
 }
 
+/* RDMA ATOMIC WRITE (IBA 1.5, RXE since Linux 6.2), where the device
+ * advertises it in device_cap_flags_ex (the lab's 6.1 RXE does not; burst
+ * does, and rdma-core's suite checks it there too): posted through
+ * ibv_wr_atomic_write, its 8 bytes land as one store and complete as
+ * IBV_WC_ATOMIC_WRITE; a region without REMOTE_WRITE (REMOTE_ATOMIC is not
+ * enough) is a remote access error. */
+static void atomic_write(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq,
+			 int gidx)
+{
+	static uint64_t target[2] __attribute__((aligned(8)));
+	char msg[160];
+	struct ibv_device_attr_ex ax;
+	struct ibv_wc wc;
+
+	memset(&ax, 0, sizeof(ax));
+	int r = ibv_query_device_ex(ctx, NULL, &ax);
+	/* IB_UVERBS_DEVICE_ATOMIC_WRITE */
+	if (r || !(ax.device_cap_flags_ex & (1ULL << 40))) {
+		printf("skip  RDMA ATOMIC WRITE: not in device_cap_flags_ex\n");
+		return;
+	}
+	struct ibv_mr *mr = ibv_reg_mr(pd, target, sizeof(target),
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_mr *no = ibv_reg_mr(pd, target, sizeof(target),
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+	struct ibv_qp_init_attr_ex xa = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE,
+	};
+	struct ibv_qp *x = mr && no ? ibv_create_qp_ex(ctx, &xa) : NULL;
+	snprintf(msg, sizeof(msg), "ibv_create_qp_ex with IBV_QP_EX_WITH_ATOMIC_WRITE (%s)",
+		 x ? "created" : strerror(errno));
+	check(x != NULL, msg);
+	struct ibv_qp *xp = x ? rc_qp(pd, cq) : NULL;
+	if (x && xp && !connect_rc(x, xp->qp_num, gidx, 1) &&
+	    !connect_rc(xp, x->qp_num, gidx, 1)) {
+		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(x);
+		uint64_t value = 0x0123456789abcdefULL;
+
+		ibv_wr_start(qx);
+		qx->wr_id = 41;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_atomic_write(qx, mr->rkey, (uintptr_t)&target[1], &value);
+		value = 0; /* captured at the call, as RXE's provider does */
+		r = ibv_wr_complete(qx);
+		wc = next_wc(cq);
+		snprintf(msg, sizeof(msg),
+			 "ibv_wr_atomic_write: %d, status %d opcode %d, stored %#llx", r,
+			 wc.status, wc.opcode, (unsigned long long)target[1]);
+		check(!r && wc.wr_id == 41 && wc.status == IBV_WC_SUCCESS &&
+			      wc.opcode == IBV_WC_ATOMIC_WRITE &&
+			      target[1] == 0x0123456789abcdefULL && target[0] == 0,
+		      msg);
+		value = 5;
+		ibv_wr_start(qx);
+		qx->wr_id = 42;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_atomic_write(qx, no->rkey, (uintptr_t)&target[0], &value);
+		r = ibv_wr_complete(qx);
+		wc = next_wc(cq);
+		snprintf(msg, sizeof(msg),
+			 "ibv_wr_atomic_write without REMOTE_WRITE: status %d (REM_ACCESS_ERR %d)",
+			 wc.status, IBV_WC_REM_ACCESS_ERR);
+		check(!r && wc.wr_id == 42 && wc.status == IBV_WC_REM_ACCESS_ERR &&
+			      target[0] == 0, msg);
+	} else if (x) {
+		check(0, "the atomic-write QP connected");
+	}
+	if (xp)
+		ibv_destroy_qp(xp);
+	if (x)
+		ibv_destroy_qp(x);
+	while (ibv_poll_cq(cq, 1, &wc) == 1)
+		;
+	if (no)
+		ibv_dereg_mr(no);
+	if (mr)
+		ibv_dereg_mr(mr);
+}
+
 int main(int argc, char **argv)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -984,6 +1068,7 @@ int main(int argc, char **argv)
 	ece(pd, cq);
 	cq_ex(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	windows(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
+	atomic_write(ctx, pd, cq, argc > 2 ? atoi(argv[2]) : 0);
 	cq_overrun(ctx, pd, argc > 2 ? atoi(argv[2]) : 0);
 	rdmacm_rules();
 	ibv_destroy_cq(cq);

@@ -224,6 +224,7 @@ pub mod wrop {
     pub const START: usize = 17;
     pub const COMPLETE: usize = 18;
     pub const ABORT: usize = 19;
+    pub const ATOMIC_WRITE: usize = 20;
 }
 
 #[repr(C)]
@@ -581,6 +582,7 @@ const _: () = {
     assert!(offset_of!(ibv_qp_ex, ops) + wrop::SET_SGE * 8 == 304);
     assert!(offset_of!(ibv_qp_ex, ops) + wrop::START * 8 == 320);
     assert!(offset_of!(ibv_qp_ex, ops) + wrop::ABORT * 8 == 336);
+    assert!(offset_of!(ibv_qp_ex, ops) + wrop::ATOMIC_WRITE * 8 == 344);
     assert!(size_of::<ibv_ah>() == 24);
     assert!(size_of::<ibv_ah_attr>() == 32);
     assert!(offset_of!(ibv_ah_attr, is_global) == 29);

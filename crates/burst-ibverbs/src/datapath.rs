@@ -130,6 +130,11 @@ fn post_one(q: &Qp, w: &ibv_send_wr, more: bool) -> Result<(), c_int> {
         wr_opcode::LOCAL_INV => SendOp::LocalInv(w.imm_data),
         wr_opcode::BIND_MW => bind_op(w.bind_mw.mw, w.bind_mw.rkey, &w.bind_mw.bind_info)?,
         wr_opcode::SEND_WITH_INV => SendOp::SendWithInv(w.imm_data),
+        // The 8 bytes to store are the SGE's (or inline), at wr.rdma's place.
+        wr_opcode::ATOMIC_WRITE => SendOp::AtomicWrite {
+            remote_addr: addr,
+            rkey,
+        },
         _ => {
             tracing::warn!(opcode = w.opcode, "ibv_post_send: opcode not supported");
             return Err(libc::EINVAL);
@@ -666,6 +671,24 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     );
 }
 
+/// `ibv_wr_atomic_write`: the 8 bytes at `value` are captured now (as
+/// inline data; the WR takes no SGE), as RXE's provider copies them into
+/// its WQE.
+unsafe extern "C" fn wr_atomic_write(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    value: *const c_void,
+) {
+    begin(qpx, SendOp::AtomicWrite { remote_addr, rkey });
+    current(qpx, |q, w| {
+        if value.is_null() {
+            return Err(libc::EINVAL);
+        }
+        set_inline(q, w, &[(value as u64, 8)])
+    });
+}
+
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     current(qpx, |q, w| {
         w.sg_list = [Sge { addr, length, lkey }].into();
@@ -787,4 +810,5 @@ pub(crate) fn install_wr_ops(q: &mut ibv_qp_ex) {
     o[wrop::START] = wr_start as Fp;
     o[wrop::COMPLETE] = wr_complete as Fp;
     o[wrop::ABORT] = wr_abort as Fp;
+    o[wrop::ATOMIC_WRITE] = wr_atomic_write as Fp;
 }

@@ -364,6 +364,9 @@ pub(crate) unsafe extern "C" fn query_device(
 }
 export!("ibv_query_device", "IBVERBS_1.1", query_device);
 
+/// `IB_UVERBS_DEVICE_ATOMIC_WRITE` of `device_cap_flags_ex`.
+const DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
+
 /// `verbs_context.query_device_ex`: the basic attributes, no extensions.
 pub(crate) unsafe extern "C" fn query_device_ex(
     context: *mut ibv_context,
@@ -398,10 +401,11 @@ pub(crate) unsafe extern "C" fn query_device_ex(
             );
         }
         // The extensions a software device has: the capability flags again
-        // (as RXE reports them) and the port count.
+        // plus RDMA ATOMIC WRITE (as RXE reports them) and the port count.
+        let cap_flags_ex = u64::from(orig.device_cap_flags) | DEVICE_ATOMIC_WRITE;
         let ext: [(usize, &[u8]); 2] = [
-            (280, &u64::from(orig.device_cap_flags).to_ne_bytes()), // device_cap_flags_ex
-            (396, &u32::from(orig.phys_port_cnt).to_ne_bytes()),    // phys_port_cnt_ex
+            (280, &cap_flags_ex.to_ne_bytes()), // device_cap_flags_ex
+            (396, &u32::from(orig.phys_port_cnt).to_ne_bytes()), // phys_port_cnt_ex
         ];
         for (off, bytes) in ext {
             if off + bytes.len() <= n {

@@ -966,11 +966,12 @@ mod send_ops {
     pub const LOCAL_INV: u64 = 1 << 7;
     pub const BIND_MW: u64 = 1 << 8;
     pub const SEND_INV: u64 = 1 << 9;
+    pub const ATOMIC_WRITE: u64 = 1 << 12;
 }
 
 /// The send ops a QP of `qp_type` may ask for: RXE's per-type sets (a
-/// window bind on RC and UC, a local invalidate on RC), less FLUSH and
-/// ATOMIC_WRITE.
+/// window bind on RC and UC, a local invalidate and an atomic write on
+/// RC), less FLUSH.
 fn supported_send_ops(qp_type: u32) -> u64 {
     use send_ops::*;
     match qp_type_of(qp_type) {
@@ -985,6 +986,7 @@ fn supported_send_ops(qp_type: u32) -> u64 {
                 | LOCAL_INV
                 | BIND_MW
                 | SEND_INV
+                | ATOMIC_WRITE
         }
         Some(QpType::Uc) => WRITE | WRITE_IMM | SEND | SEND_IMM | BIND_MW | SEND_INV,
         Some(QpType::Ud) => SEND | SEND_IMM,

@@ -849,15 +849,9 @@ impl Memory for TableMemory<'_> {
         }
         let hot = self.hot.as_ref();
         self.table
-            .reach(
-                hot,
-                Some(qp),
-                rkey,
-                va,
-                8,
-                RemoteAccess::Atomic,
-                |r, off| r.atomic(off, op),
-            )?
+            .reach(hot, Some(qp), rkey, va, 8, op.access(), |r, off| {
+                r.atomic(off, op)
+            })?
             .ok_or(MemError::Misaligned)
     }
 

@@ -354,17 +354,7 @@ impl Region {
                 return None;
             }
             let old = u64::from_ne_bytes(v);
-            let new = match op {
-                AtomicOp::FetchAdd { add } => old.wrapping_add(add),
-                AtomicOp::CompareSwap { compare, swap } => {
-                    if old == compare {
-                        swap
-                    } else {
-                        old
-                    }
-                }
-            };
-            let mut n = new.to_ne_bytes();
+            let mut n = op.apply(old).to_ne_bytes();
             self.foreign_copy(mem, off, n.as_mut_ptr(), 8, true);
             return Some(old);
         }
@@ -383,6 +373,7 @@ impl Region {
                     Ok(v) | Err(v) => v,
                 }
             }
+            AtomicOp::Write { value } => cell.swap(value, Ordering::SeqCst),
         })
     }
 }

@@ -66,6 +66,44 @@ pub enum AtomicOp {
         /// Addend.
         add: u64,
     },
+    /// Store `value` (RDMA ATOMIC WRITE): one 8-byte store, ordered after
+    /// every earlier placement; the remote write right is what it needs.
+    Write {
+        /// The new value.
+        value: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The right a region must grant for it.
+    pub fn access(&self) -> RemoteAccess {
+        match self {
+            AtomicOp::Write { .. } => RemoteAccess::Write,
+            _ => RemoteAccess::Atomic,
+        }
+    }
+
+    /// The value stored over `old`.
+    ///
+    /// ```
+    /// use burst_transport::AtomicOp;
+    /// assert_eq!(AtomicOp::FetchAdd { add: 2 }.apply(40), 42);
+    /// assert_eq!(AtomicOp::CompareSwap { compare: 1, swap: 9 }.apply(40), 40);
+    /// assert_eq!(AtomicOp::Write { value: 7 }.apply(40), 7);
+    /// ```
+    pub fn apply(&self, old: u64) -> u64 {
+        match *self {
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            AtomicOp::Write { value } => value,
+        }
+    }
 }
 
 /// Why a memory access was refused.
@@ -147,7 +185,8 @@ pub trait Memory {
     }
     /// Writes remote-accessible memory (already checked).
     fn write_remote(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), MemError>;
-    /// Checks and executes an atomic; returns the original value.
+    /// Checks (against [`AtomicOp::access`]) and executes an atomic;
+    /// returns the original value.
     fn atomic(&mut self, qp: QpScope, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError>;
     /// Invalidates `rkey` for `qp` (SEND WITH INVALIDATE from the peer, or
     /// a local invalidate work request).

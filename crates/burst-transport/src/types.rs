@@ -96,6 +96,16 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// RDMA ATOMIC WRITE (`IBV_WR_ATOMIC_WRITE`): the 8 bytes of the local
+    /// SGE (or inline data) written at the responder as one store, after
+    /// every earlier request; RC only, needs the responder's remote write
+    /// access and a responder resource, as a READ does.
+    AtomicWrite {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
     /// Binds a memory window (`IBV_WR_BIND_MW`, and `ibv_bind_mw` for a
     /// type 1 window): a local operation, executed in send-queue order.
     BindMw(MwBind),
@@ -141,6 +151,7 @@ impl SendOp {
             SendOp::LocalInv(_) => wr_opcode::LOCAL_INV,
             SendOp::BindMw(_) => wr_opcode::BIND_MW,
             SendOp::SendWithInv(_) => wr_opcode::SEND_WITH_INV,
+            SendOp::AtomicWrite { .. } => wr_opcode::ATOMIC_WRITE,
         }
     }
 
@@ -157,14 +168,27 @@ impl SendOp {
         )
     }
 
-    /// RDMA READ or atomic: limited by `max_rd_atomic`, waited on by fences.
+    /// RDMA READ, atomic or ATOMIC WRITE: limited by `max_rd_atomic`,
+    /// waited on by fences, finished by a response (not an ACK).
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
-            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+            SendOp::Read { .. }
+                | SendOp::CompareSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
         )
     }
-    /// An atomic operation.
+    /// RDMA ATOMIC WRITE.
+    pub fn is_atomic_write(&self) -> bool {
+        matches!(self, SendOp::AtomicWrite { .. })
+    }
+    /// Whether its local buffers are written (READ and atomic results),
+    /// not read.
+    pub fn scatters(&self) -> bool {
+        self.is_read_or_atomic() && !self.is_atomic_write()
+    }
+    /// An atomic operation (compare and swap, fetch and add).
     pub fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
@@ -183,6 +207,7 @@ impl SendOp {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
         }
     }
 }
@@ -476,10 +501,28 @@ pub enum WcOpcode {
     BindMw = 5,
     /// IBV_WC_LOCAL_INV.
     LocalInv = 6,
+    /// IBV_WC_ATOMIC_WRITE.
+    AtomicWrite = 9,
     /// IBV_WC_RECV.
     Recv = 128,
     /// IBV_WC_RECV_RDMA_WITH_IMM.
     RecvRdmaWithImm = 129,
+}
+
+impl WcOpcode {
+    /// Every completion opcode burst produces.
+    pub const ALL: [WcOpcode; 10] = [
+        WcOpcode::Send,
+        WcOpcode::RdmaWrite,
+        WcOpcode::RdmaRead,
+        WcOpcode::CompSwap,
+        WcOpcode::FetchAdd,
+        WcOpcode::BindMw,
+        WcOpcode::LocalInv,
+        WcOpcode::AtomicWrite,
+        WcOpcode::Recv,
+        WcOpcode::RecvRdmaWithImm,
+    ];
 }
 
 /// A work completion (`struct ibv_wc`).
@@ -749,14 +792,17 @@ impl QpConfig {
         if t == QpType::Ud && wr.ud.is_none() {
             return Err(VerbsError::BadWr("UD send without address handle"));
         }
-        if wr.op.is_atomic() {
-            if len != 8 || wr.sg_list.len() != 1 {
-                return Err(VerbsError::BadWr("atomic needs one 8-byte SGE"));
-            }
+        if wr.op.is_atomic_write() && len != 8 {
+            return Err(VerbsError::BadWr("atomic write needs 8 bytes"));
+        }
+        if wr.op.is_atomic() && (len != 8 || wr.sg_list.len() != 1) {
+            return Err(VerbsError::BadWr("atomic needs one 8-byte SGE"));
+        }
+        if wr.op.is_atomic() || wr.op.is_atomic_write() {
             let va = match wr.op {
-                SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => {
-                    remote_addr
-                }
+                SendOp::CompareSwap { remote_addr, .. }
+                | SendOp::FetchAdd { remote_addr, .. }
+                | SendOp::AtomicWrite { remote_addr, .. } => remote_addr,
                 _ => 0,
             };
             if va % 8 != 0 {
@@ -768,7 +814,11 @@ impl QpConfig {
         if len > MAX_MSG_SIZE {
             return Err(VerbsError::BadWr("message longer than max_msg_sz (2^31)"));
         }
-        if wr.inline && (wr.op.is_read_or_atomic() || len > u64::from(self.max_inline)) {
+        // An atomic write's 8 bytes are captured as inline data whatever
+        // the QP's inline size (`ibv_wr_atomic_write` takes a pointer).
+        let inline_ok = wr.op.is_atomic_write()
+            || (!wr.op.is_read_or_atomic() && len <= u64::from(self.max_inline));
+        if wr.inline && !inline_ok {
             return Err(VerbsError::BadWr("inline data too long or not allowed"));
         }
         if let Some(d) = &wr.inline_data {
@@ -903,4 +953,6 @@ pub mod wr_opcode {
     pub const BIND_MW: u8 = 8;
     /// `IBV_WR_SEND_WITH_INV`.
     pub const SEND_WITH_INV: u8 = 9;
+    /// `IBV_WR_ATOMIC_WRITE`.
+    pub const ATOMIC_WRITE: u8 = 15;
 }

@@ -92,7 +92,9 @@ impl Entry for SendWr {
                 rkey,
                 imm,
             } => (remote_addr, rkey, imm, 0, 0),
-            SendOp::Read { remote_addr, rkey } => (remote_addr, rkey, 0, 0, 0),
+            SendOp::Read { remote_addr, rkey } | SendOp::AtomicWrite { remote_addr, rkey } => {
+                (remote_addr, rkey, 0, 0, 0)
+            }
             SendOp::CompareSwap {
                 remote_addr,
                 rkey,
@@ -168,6 +170,10 @@ impl Entry for SendWr {
                 imm,
             },
             wr_opcode::RDMA_READ => SendOp::Read {
+                remote_addr: addr,
+                rkey,
+            },
+            wr_opcode::ATOMIC_WRITE => SendOp::AtomicWrite {
                 remote_addr: addr,
                 rkey,
             },
@@ -280,20 +286,7 @@ fn status(v: u32) -> Option<WcStatus> {
 }
 
 fn opcode(v: u32) -> Option<WcOpcode> {
-    use WcOpcode::*;
-    [
-        Send,
-        RdmaWrite,
-        RdmaRead,
-        CompSwap,
-        FetchAdd,
-        BindMw,
-        LocalInv,
-        Recv,
-        RecvRdmaWithImm,
-    ]
-    .into_iter()
-    .find(|o| *o as u32 == v)
+    WcOpcode::ALL.into_iter().find(|o| *o as u32 == v)
 }
 
 // WorkCompletion: 0 wr_id | 8 status | 12 opcode | 16 byte_len | 20 imm |
@@ -420,7 +413,7 @@ mod tests {
     /// second table of operation numbers here would test itself).
     fn op() -> impl Strategy<Value = SendOp> {
         (
-            0u8..10,
+            prop_oneof![0u8..10, Just(wr_opcode::ATOMIC_WRITE)],
             any::<u64>(),
             any::<u32>(),
             any::<u32>(),

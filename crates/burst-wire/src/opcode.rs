@@ -52,6 +52,9 @@ pub enum Operation {
     CompareSwap,
     /// Atomic fetch and add.
     FetchAdd,
+    /// RDMA ATOMIC WRITE (IBA 1.5, memory placement extensions): 8 bytes
+    /// written as one store; answered by a zero-length READ response.
+    AtomicWrite,
     /// Congestion notification.
     Cnp,
 }
@@ -228,6 +231,7 @@ opcodes! {
     RC_FETCH_ADD = 0x14, Rc, FetchAdd, Some(Only), [ATOMIC_ETH], false;
     RC_SEND_LAST_WITH_INVALIDATE = 0x16, Rc, Send, Some(Last), [IETH], true;
     RC_SEND_ONLY_WITH_INVALIDATE = 0x17, Rc, Send, Some(Only), [IETH], true;
+    RC_ATOMIC_WRITE = 0x1d, Rc, AtomicWrite, Some(Only), [RETH], true;
     UC_SEND_FIRST = 0x20, Uc, Send, Some(First), [], true;
     UC_SEND_MIDDLE = 0x21, Uc, Send, Some(Middle), [], true;
     UC_SEND_LAST = 0x22, Uc, Send, Some(Last), [], true;
@@ -407,7 +411,7 @@ mod tests {
                 assert_eq!(rc.operation, i.operation);
             }
         }
-        assert_eq!(Opcode::ALL.len(), 23 + 12 + 2 + 1);
+        assert_eq!(Opcode::ALL.len(), 24 + 12 + 2 + 1);
     }
 
     #[test]

@@ -64,7 +64,10 @@ impl Qp {
             // for an unsignaled work request.
             if w.status != WcStatus::Success || w.wr.signaled {
                 self.completions.push_back(WorkCompletion {
-                    byte_len: if matches!(w.wr.op, SendOp::Read { .. }) || w.wr.op.is_atomic() {
+                    byte_len: if matches!(w.wr.op, SendOp::Read { .. })
+                        || w.wr.op.is_atomic()
+                        || w.wr.op.is_atomic_write()
+                    {
                         w.len as u32
                     } else {
                         0
@@ -291,6 +294,28 @@ impl Qp {
         true
     }
 
+    /// An ATOMIC WRITE's response, a zero-length READ RESPONSE ONLY at its
+    /// PSN (IBA 1.5; RXE's `send_read_response_ack`): the write is done.
+    fn on_atomic_write_response(
+        &mut self,
+        now: Nanos,
+        i: usize,
+        psn: Psn,
+        pkt: &IbPacket<&[u8]>,
+    ) -> bool {
+        let only = pkt.info().position == Some(Position::Only);
+        if !only || pkt.payload_len() != 0 || self.req.sq[i].first_psn != Some(psn) {
+            self.counters.dropped_pkts += 1;
+            return false;
+        }
+        let _ = self.ack_upto(now, psn - 1);
+        let w = &mut self.req.sq[i];
+        w.done = true;
+        w.status = WcStatus::Success;
+        let _ = self.ack_upto(now, psn);
+        true
+    }
+
     /// A READ response packet: in order, the right shape, placed.
     fn on_read_response(
         &mut self,
@@ -304,6 +329,9 @@ impl Qp {
         };
         let mtu = self.attrs.mtu.bytes() as u64;
         let w = &self.req.sq[i];
+        if w.wr.op.is_atomic_write() && !w.done {
+            return self.on_atomic_write_response(now, i, psn, pkt);
+        }
         if !matches!(w.wr.op, SendOp::Read { .. }) || w.done {
             return false;
         }

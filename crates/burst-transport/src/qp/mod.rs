@@ -221,6 +221,8 @@ enum Out {
         psn: Psn,
         orig: u64,
     },
+    /// An ATOMIC WRITE's response: a READ RESPONSE ONLY with no payload.
+    AtomicWriteAck(Psn),
     Read(ReadJob),
 }
 
@@ -230,6 +232,7 @@ enum Out {
 enum RdResource {
     Read { first_psn: Psn, npkts: u32 },
     Atomic { psn: Psn, orig: u64 },
+    AtomicWrite { psn: Psn },
 }
 
 impl RdResource {
@@ -239,7 +242,7 @@ impl RdResource {
                 let d = first_psn.distance_to(psn);
                 d >= 0 && (d as u32) < npkts
             }
-            RdResource::Atomic { psn: p, .. } => p == psn,
+            RdResource::Atomic { psn: p, .. } | RdResource::AtomicWrite { psn: p } => p == psn,
         }
     }
 }
@@ -680,13 +683,13 @@ impl Qp {
                 wr.inline_data = Some(d);
             }
         } else if mem
-            .check_local(self.cfg.pd, &wr.sg_list, wr.op.is_read_or_atomic())
+            .check_local(self.cfg.pd, &wr.sg_list, wr.op.scatters())
             .is_err()
         {
             status = WcStatus::LocProtErr;
         }
         let mtu = self.attrs.mtu.bytes() as u64;
-        let npsn = if wr.op.is_atomic() {
+        let npsn = if wr.op.is_atomic() || wr.op.is_atomic_write() {
             1
         } else {
             ceil_div(len, mtu).max(1) as u32
@@ -1040,6 +1043,7 @@ fn request_opcode(t: QpType, op: &SendOp, pos: Position) -> Opcode {
         QpType::Ud => 0x60,
     };
     let code = match (op, pos) {
+        (SendOp::AtomicWrite { .. }, _) => 0x1d,
         (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, Position::First) => 0x06,
         (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, Position::Middle) => 0x07,
         (SendOp::WriteWithImm { .. }, Position::Last) => 0x09,

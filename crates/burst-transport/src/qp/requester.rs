@@ -347,7 +347,7 @@ impl Qp {
         let ah = w.wr.ud.map_or(own_ah, |d| d.ah);
         let mut bth = BthRepr::new(Opcode(0), dest, psn);
         bth.ack_req = t == QpType::Rc;
-        let (ib, payload) = if w.wr.op.is_read_or_atomic() {
+        let (ib, payload) = if w.wr.op.scatters() {
             let hole = selective.map(|_| span);
             (read_or_atomic_request(w, bth, k, hole, mtu), Payload::None)
         } else {
@@ -487,9 +487,9 @@ fn read_or_atomic_request(
     ib
 }
 
-/// Packet `k` of a SEND or WRITE: its opcode by position, RETH on the
-/// first, immediate or IETH on the last, DETH for UD, and where its
-/// payload is.
+/// Packet `k` of a SEND or WRITE (or the one of an ATOMIC WRITE): its
+/// opcode by position, RETH on the first, immediate or IETH on the last,
+/// DETH for UD, and where its payload is.
 #[allow(clippy::too_many_arguments)]
 fn data_request<'a>(
     w: &mut SendWqe,
@@ -521,7 +521,10 @@ fn data_request<'a>(
         SendOp::Write { remote_addr, rkey }
         | SendOp::WriteWithImm {
             remote_addr, rkey, ..
-        } if matches!(pos, Position::First | Position::Only) => {
+        }
+        | SendOp::AtomicWrite { remote_addr, rkey }
+            if matches!(pos, Position::First | Position::Only) =>
+        {
             ib.reth = Some(RethRepr {
                 virtual_address: remote_addr,
                 rkey,

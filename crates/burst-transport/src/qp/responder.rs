@@ -43,6 +43,12 @@ impl Qp {
                 ib.atomic_ack = Some(*orig);
                 (ib, Payload::None, true)
             }
+            Out::AtomicWriteAck(psn) => {
+                let op = Opcode::RC_RDMA_READ_RESPONSE_ONLY;
+                let mut ib = IbRepr::new(BthRepr::new(op, dest, *psn));
+                ib.aeth = aeth(Syndrome::Ack(credits));
+                (ib, Payload::None, true)
+            }
             Out::Read(job) => {
                 let k = job.next_pkt;
                 let op = match (job.npkts, k) {
@@ -170,6 +176,7 @@ impl Qp {
             Operation::RdmaWrite => self.rc_write(pkt, starts, pos, mem),
             Operation::RdmaReadRequest => self.rc_read_request(pkt, mem),
             Operation::CompareSwap | Operation::FetchAdd => self.rc_atomic(pkt, mem),
+            Operation::AtomicWrite => self.rc_atomic_write(pkt, mem),
             _ => {
                 self.nak(NakCode::InvalidRequest);
                 None
@@ -196,7 +203,10 @@ impl Qp {
         }
         let acked_by_response = matches!(
             info.operation,
-            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+            Operation::RdmaReadRequest
+                | Operation::CompareSwap
+                | Operation::FetchAdd
+                | Operation::AtomicWrite
         );
         if acked_by_response {
             // READ responses and atomic ACKs acknowledge this PSN themselves.
@@ -375,6 +385,49 @@ impl Qp {
         }
     }
 
+    /// An RDMA ATOMIC WRITE in sequence (IBA 1.5; RXE's
+    /// `atomic_write_reply`): a responder resource, the QP's remote write
+    /// right, exactly 8 bytes to an 8-byte aligned address the rkey lets
+    /// it write; stored as one 8-byte store after every earlier request,
+    /// answered by a zero-length READ response, kept for a duplicate.
+    fn rc_atomic_write(&mut self, pkt: &IbPacket<&[u8]>, mem: &mut impl Memory) -> Option<u32> {
+        let psn = pkt.bth().psn();
+        self.rd_atomic_allowed()?;
+        let r = pkt.reth()?;
+        // RXE answers a QP without the right as an unsupported opcode.
+        if !self.attrs.access.remote_write {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        let Ok(value) = <[u8; 8]>::try_from(pkt.payload()) else {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        };
+        if r.dma_length() != 8 || r.virtual_address() % 8 != 0 {
+            self.nak(NakCode::InvalidRequest);
+            return None;
+        }
+        let op = AtomicOp::Write {
+            value: u64::from_ne_bytes(value),
+        };
+        match mem.atomic(self.scope(), r.rkey(), r.virtual_address(), op) {
+            Ok(_) => {
+                self.keep_resource(RdResource::AtomicWrite { psn });
+                self.resp.out.push_back(Out::AtomicWriteAck(psn));
+                self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+                Some(1)
+            }
+            Err(MemError::Misaligned) => {
+                self.nak(NakCode::InvalidRequest);
+                None
+            }
+            Err(_) => {
+                self.nak(NakCode::RemoteAccessError);
+                None
+            }
+        }
+    }
+
     /// A PSN sequence error NAK at the expected PSN (class B): the
     /// responder stays quiet for new requests until that PSN arrives.
     fn nak_sequence(&mut self) {
@@ -418,7 +471,10 @@ impl Qp {
             .copied();
         if matches!(
             op,
-            Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd
+            Operation::RdmaReadRequest
+                | Operation::CompareSwap
+                | Operation::FetchAdd
+                | Operation::AtomicWrite
         ) && resource.is_none()
         {
             // Older than the last max_dest_rd_atomic READ/atomic requests
@@ -489,6 +545,11 @@ impl Qp {
                 // Never execute twice: answer from the kept result.
                 if let Some(RdResource::Atomic { psn, orig }) = resource {
                     self.resp.out.push_back(Out::AtomicAck { psn, orig });
+                }
+            }
+            Operation::AtomicWrite => {
+                if let Some(RdResource::AtomicWrite { psn }) = resource {
+                    self.resp.out.push_back(Out::AtomicWriteAck(psn));
                 }
             }
             _ => {

@@ -996,7 +996,8 @@ impl Qp {
     /// tail lost: nothing behind it shows the gap), it asks again for the
     /// rest, from the first missing response, as a timeout would, but
     /// without spending a retry; the responder answers a duplicate READ
-    /// from the PSN it names. An atomic waits for the ACK timer.
+    /// from the PSN it names. An atomic (or atomic write) waits for the
+    /// ACK timer.
     /// `answered`: called for progress after a probe, where a READ, asked
     /// for again already, is left alone (its responses are coming).
     pub(super) fn probe_oldest(&mut self, answered: bool) {
@@ -1006,7 +1007,8 @@ impl Qp {
         };
         let k = w.first_psn.map_or(0, |f| f.distance_to(una) as u32);
         let read = matches!(w.wr.op, SendOp::Read { .. });
-        if w.wr.op.is_atomic() || (read && answered) || k >= w.next_pkt {
+        let atomic = w.wr.op.is_atomic() || w.wr.op.is_atomic_write();
+        if atomic || (read && answered) || k >= w.next_pkt {
             return;
         }
         // A READ's first hole: its first missing response to the next one

@@ -268,21 +268,11 @@ impl Memory for SimMemory {
         Ok(())
     }
     fn atomic(&mut self, qp: QpScope, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, MemError> {
-        self.check_remote(qp, rkey, va, 8, RemoteAccess::Atomic)?;
+        self.check_remote(qp, rkey, va, 8, op.access())?;
         let (_, off) = self.range(rkey, va, 8)?;
         let cell = &mut self.bytes_mut(rkey)[off..off + 8];
         let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| MemError::OutOfBounds)?);
-        let new = match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                if orig == compare {
-                    swap
-                } else {
-                    orig
-                }
-            }
-            AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
-        };
-        cell.copy_from_slice(&new.to_ne_bytes());
+        cell.copy_from_slice(&op.apply(orig).to_ne_bytes());
         Ok(orig)
     }
     fn invalidate(&mut self, qp: QpScope, rkey: u32) -> Result<(), MemError> {
@@ -1384,8 +1374,9 @@ fn post_recv_for<F: Fabric>(
     Ok(rk)
 }
 
-/// Operation `kind` of a workload (0-1 SEND, 2-3 WRITE, 4-5 READ, 6-7
-/// FETCH_ADD, 8 COMPARE_SWAP) over the requester's buffer `local`, what it
+/// Operation `kind` of a workload (0-1 SEND, 2-3 WRITE, 4-5 READ, 6
+/// FETCH_ADD, 7 ATOMIC WRITE, 8 COMPARE_SWAP) over the requester's buffer
+/// `local`, what it
 /// must produce, and the single SGE an atomic uses instead of the split
 /// ones. `model` is the responder's counter as the atomics leave it.
 #[allow(clippy::too_many_arguments)]
@@ -1454,7 +1445,29 @@ fn choose_op<F: Fabric>(
                 },
             )
         }
-        6 | 7 => {
+        7 => {
+            // The buffer's first 8 bytes (zeros past a shorter payload),
+            // stored in a region of their own.
+            sges = Some(vec![Sge {
+                addr: laddr,
+                length: 8,
+                lkey,
+            }]);
+            let (rk, rva) = w.register(b_node, 8);
+            (
+                SendOp::AtomicWrite {
+                    remote_addr: rva,
+                    rkey: rk,
+                },
+                Expect::Write {
+                    region: rk,
+                    hash: hash(&w.bytes(0, lkey)[..8]),
+                    imm: None,
+                    len: 8,
+                },
+            )
+        }
+        6 => {
             sges = Some(vec![Sge {
                 addr: laddr,
                 length: 8,
