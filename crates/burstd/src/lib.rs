@@ -905,6 +905,10 @@ impl Daemon {
                 Ok(cn) => Reply::Counters(Box::new(cn)),
                 Err(e) => Reply::failed(e, "counters"),
             },
+            Request::Settle => {
+                self.ctx.settle_lanes();
+                Reply::Done
+            }
             Request::Clients => Reply::Clients(self.clients_for(c.uid)),
             Request::QpCounters { qpn } => self.qp_counters(c, qpn),
             Request::CmAttach => {

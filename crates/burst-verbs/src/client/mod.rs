@@ -551,6 +551,12 @@ impl ControlPlane for Remote {
         false
     }
 
+    fn settle(&self, _ctx: &Context) {
+        // The daemon steps its lanes before it answers: what this client
+        // posted before is taken (a failed call leaves the CQ as it is).
+        let _ = self.call(&Request::Settle, &[]);
+    }
+
     fn gone(&self) -> bool {
         self.is_dead()
     }

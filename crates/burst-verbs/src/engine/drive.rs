@@ -98,6 +98,15 @@ impl Context {
         }
     }
 
+    /// Steps every lane of this process's engine once, waiting for a core
+    /// another thread holds (no claim: the lanes' owners stay as they are).
+    /// burstd runs it for a client's `Settle` request.
+    pub fn settle_lanes(&self) {
+        for lane in 0..self.shared.cores.len() {
+            let _ = self.step_with(lane, Round::Full, Stepper::Waiter, |_| ());
+        }
+    }
+
     /// [`Context::progress`] without the receive: what posting a send does.
     /// The reply to a request cannot have arrived yet, and a bandwidth test
     /// that posts many WRs between polls would otherwise pay an empty

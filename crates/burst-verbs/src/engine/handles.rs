@@ -177,7 +177,7 @@ impl CompletionQueue {
     /// Completions waiting once the data plane has run (what a resize must
     /// leave room for: `ibv_resize_cq` below it fails, as on RXE).
     pub fn settled_len(&self) -> usize {
-        self.ctx.progress();
+        self.ctx.plane.settle(&self.ctx);
         self.cq.ring.len()
     }
 

@@ -126,6 +126,12 @@ pub(crate) trait ControlPlane: Send + Sync + std::fmt::Debug {
     /// Steps the data plane on the calling thread if it can; whether there
     /// was work.
     fn progress(&self, ctx: &Context) -> bool;
+    /// Has the data plane take everything posted before this call (steps
+    /// every lane, waiting for a core another thread holds; burstd does it
+    /// for a client): what a control call that counts completions needs
+    /// (`ibv_resize_cq`: a UD send posted before it has completed, as on
+    /// RXE, whose provider posts and completes it in the kernel call).
+    fn settle(&self, ctx: &Context);
     /// Whether the engine behind this plane is gone for good (every verb
     /// fails).
     fn gone(&self) -> bool;
@@ -412,6 +418,10 @@ impl ControlPlane for InProcess {
 
     fn progress(&self, ctx: &Context) -> bool {
         ctx.step(Round::Full)
+    }
+
+    fn settle(&self, ctx: &Context) {
+        ctx.settle_lanes();
     }
 
     fn gone(&self) -> bool {

@@ -205,6 +205,10 @@ pub enum Request {
     Gids,
     /// Device counters.
     Counters,
+    /// Steps the device's lanes before the reply ([`Reply::Done`]): what
+    /// the client posted before is taken (`ibv_resize_cq` then counts the
+    /// completions of the UD sends posted before it, as on RXE).
+    Settle,
     /// One QP's counters (the client's own QP; any QP for root).
     QpCounters {
         /// The QP.
