@@ -247,8 +247,14 @@ pub struct RxMeta {
     /// congestion mark DCQCN reacts to.
     pub ecn: u8,
     /// The port verified the packet's ICRC over its IP and UDP headers as
-    /// received (whole-frame ports); the caller need not check it again.
+    /// received; the caller need not check it again.
     pub icrc_verified: bool,
+    /// The ICRC's CRC over the IP and UDP headers as received
+    /// ([`burst_wire::icrc::pseudo_header_crc`]), where the port sees them
+    /// (whole-frame ports) and leaves the check to the caller, who can
+    /// make it in the pass that places the payload
+    /// ([`burst_wire::icrc::Checker::check_after`]).
+    pub pseudo_crc: Option<u32>,
     /// The destination address when it is not the port's own: a multicast
     /// group the port joined ([`Port::join_multicast`]) or another address
     /// it serves ([`Port::add_address`]).
@@ -272,8 +278,6 @@ burst_wire::counters! {
         /// RoCEv2 frames that were truncated or malformed (bad lengths, IP
         /// checksum, BTH), dropped.
         pub rx_malformed: u64,
-        /// RoCEv2 frames whose ICRC did not verify, dropped.
-        pub rx_bad_icrc: u64,
         /// Frames sent.
         pub tx_frames: u64,
         /// Packets that could not be framed (no room, mixed families), dropped.
@@ -596,6 +600,7 @@ struct RxMsg {
     ip_id: Option<u16>,
     ecn: u8,
     icrc_verified: bool,
+    pseudo_crc: Option<u32>,
     dest: Option<IpAddr>,
 }
 
@@ -657,6 +662,7 @@ impl RxBatch {
                 ip_id: m.ip_id,
                 ecn: m.ecn,
                 icrc_verified: m.icrc_verified,
+                pseudo_crc: m.pseudo_crc,
                 dest: m.dest,
             };
             segments(&b[..m.len], m.seg).map(move |p| (meta, p))
@@ -687,6 +693,7 @@ impl RxBatch {
             ip_id: meta.ip_id,
             ecn: meta.ecn,
             icrc_verified: meta.icrc_verified,
+            pseudo_crc: meta.pseudo_crc,
             dest: meta.dest,
         });
         true
@@ -1012,6 +1019,7 @@ impl UdpPort {
                     ip_id: None,
                     ecn: 0,
                     icrc_verified: false,
+                    pseudo_crc: None,
                     dest: Some(*dest),
                 };
                 if !rx.push(meta, &buf[..n]) {

@@ -6,10 +6,11 @@
 //! table), the IP header with an IP ID sequence of its own (like a kernel
 //! sender; the ICRC covers the ID, so [`Port::assign_ip_ids`] hands it out
 //! before sealing), UDP from port 4791 and ECT(0); on receive it parses the
-//! frame with burst-wire and verifies the ICRC over the headers as they came
-//! (full strength: nothing is solved for or assumed), so the data plane sees
-//! [`RxMeta::icrc_verified`] and skips its own check. Frames it cannot use
-//! are counted in [`PortCounters`] and dropped.
+//! frame with burst-wire and hands on the ICRC's CRC over the headers as
+//! they came ([`RxMeta::pseudo_crc`]: full strength, nothing solved for or
+//! assumed), with which the data plane checks the ICRC in the pass that
+//! places the payload. Frames it cannot use are counted in
+//! [`PortCounters`] and dropped.
 //!
 //! **Neighbours.** A peer's MAC comes from one of two places
 //! ([`Resolution`]): the kernel's neighbour table through netlink, with
@@ -42,7 +43,10 @@
 //! a.recv_batch(&mut rx).unwrap(); // learns the MAC, sends the held packet
 //! assert_eq!(b.recv_batch(&mut rx).unwrap(), 1);
 //! let (meta, bytes) = rx.frames().next().unwrap();
-//! assert!(meta.icrc_verified);
+//! let mut check = burst_wire::icrc::Checker::new();
+//! let at = bytes.len() - 4;
+//! let pseudo = meta.pseudo_crc.unwrap();
+//! assert_eq!(check.check_after(pseudo, bytes, at, |c| c), burst_wire::icrc::Check::Ok);
 //! assert_eq!((meta.peer, bytes), (a.local_addr(), p.bytes()));
 //! ```
 
@@ -238,7 +242,7 @@ pub struct RawPort<L> {
     macs: Vec<[u8; 6]>,
     /// Scratch: which packets of a send burst go out now.
     ready: Vec<usize>,
-    /// Raw mode ([`Port::set_raw`]): no ICRC verification.
+    /// Raw mode ([`Port::set_raw`]): no headers' CRC for the receiver.
     raw: bool,
     /// Scratch: senders seen in a receive burst.
     learned: Vec<(IpAddr, [u8; 6])>,
@@ -743,17 +747,17 @@ fn classify(
         c.rx_not_ours += 1;
         return Rx::Dropped;
     }
-    if !raw && f.verify_icrc().is_err() {
-        c.rx_bad_icrc += 1;
-        return Rx::Dropped;
-    }
     let ib = f.ib.as_bytes();
     let start = ib.as_ptr() as usize - frame.as_ptr() as usize;
+    // The ICRC is the receiver's to check, with the CRC of the headers as
+    // they came (full strength: nothing solved for or assumed), in the
+    // pass that places the payload; raw mode hands every frame on.
     let meta = RxMeta {
         peer: SocketAddr::new(src, f.udp.src_port),
         ip_id,
         ecn,
-        icrc_verified: !raw,
+        icrc_verified: false,
+        pseudo_crc: (!raw).then(|| f.pseudo_header_crc()),
         dest: None,
     };
     let smac = f.eth.map_or([0; 6], |e| e.src);

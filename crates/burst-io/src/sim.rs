@@ -481,6 +481,7 @@ impl Port for SimPort {
                 ip_id: (!hide).then_some(f.ip_id),
                 ecn: f.ecn,
                 icrc_verified: false,
+                pseudo_crc: None,
                 dest: None,
             };
             visit(meta, &f.bytes[..f.len]);

@@ -578,6 +578,7 @@ pub(crate) fn recv_batch(
             ip_id: None,
             ecn: tos & 0b11,
             icrc_verified: false,
+            pseudo_crc: None,
             dest,
         });
     }

@@ -94,8 +94,19 @@ fn sent_frames_carry_an_id_sequence_ect0_and_a_valid_icrc() {
     assert_eq!(a.counters().tx_frames, 3);
 }
 
+/// Whether the ICRC of `bytes` (BTH to ICRC) checks with the headers' CRC
+/// the port handed on.
+fn icrc_ok(meta: &burst_io::RxMeta, bytes: &[u8]) -> bool {
+    let pseudo = meta
+        .pseudo_crc
+        .expect("a whole-frame port hands on the headers' CRC");
+    let at = bytes.len() - 4;
+    burst_wire::icrc::Checker::new().check_after(pseudo, bytes, at, |c| c)
+        == burst_wire::icrc::Check::Ok
+}
+
 #[test]
-fn received_roce_gives_its_id_ecn_and_a_verified_icrc() {
+fn received_roce_gives_its_id_ecn_and_the_crc_of_its_headers() {
     let (mut a, b) = port_a();
     b.inject(&frame_to_a(64));
     let mut rx = RxBatch::default();
@@ -104,7 +115,11 @@ fn received_roce_gives_its_id_ecn_and_a_verified_icrc() {
     assert_eq!(meta.peer, SocketAddr::new(B.into(), 0xc001));
     assert_eq!(
         (meta.ip_id, meta.ecn, meta.icrc_verified),
-        (Some(0x1234), 3, true)
+        (Some(0x1234), 3, false)
+    );
+    assert!(
+        icrc_ok(&meta, bytes),
+        "the ICRC checks with the headers as received"
     );
     assert_eq!(bytes.len(), 12 + 64 + 4);
     // It also taught A the sender's MAC.
@@ -112,7 +127,7 @@ fn received_roce_gives_its_id_ecn_and_a_verified_icrc() {
 }
 
 #[test]
-fn frames_burst_cannot_use_are_counted_and_dropped() {
+fn frames_burst_cannot_use_are_counted_and_dropped_and_the_icrc_is_left_to_the_receiver() {
     let (mut a, b) = port_a();
     let good = frame_to_a(64);
     // Bad ICRC: one payload bit flipped.
@@ -143,15 +158,17 @@ fn frames_burst_cannot_use_are_counted_and_dropped() {
     let mut rx = RxBatch::default();
     assert_eq!(
         a.recv_batch(&mut rx).unwrap(),
-        1,
-        "only the good frame is delivered"
+        2,
+        "the bad ICRC and the good frame are delivered"
     );
+    // The ICRC is the receiver's to check, with the headers' CRC.
+    let ok: Vec<bool> = rx.frames().map(|(m, b)| icrc_ok(&m, b)).collect();
+    assert_eq!(ok, [false, true]);
     let c = a.counters();
     assert_eq!(
         c,
         PortCounters {
             rx_frames: 8,
-            rx_bad_icrc: 1,
             // cut BTH, cut Ethernet, changed address (its IP checksum is
             // now wrong)
             rx_malformed: 3,
@@ -277,7 +294,7 @@ fn ipv6_peers_resolve_by_neighbour_discovery_and_bad_solicitations_are_ignored()
     assert_eq!(a.neighbour(b6), Some(MAC_B));
     assert_eq!(b.recv_batch(&mut rx).unwrap(), 1);
     let (meta, bytes) = rx.frames().next().unwrap();
-    assert!(meta.icrc_verified);
+    assert!(icrc_ok(&meta, bytes), "over the IPv6 headers as received");
     assert_eq!((meta.peer, bytes), (a.local_addr(), p.bytes()));
 
     // A solicitation with a corrupted checksum is not answered.
@@ -325,7 +342,8 @@ fn a_lane_hands_frames_for_another_lanes_qp_over_and_shares_arp() {
     assert_eq!(lane0.counters().rx_handed_off, 1);
     assert_eq!(lane1.recv_batch(&mut rx).unwrap(), 1, "the handed frame");
     assert_eq!(rx.frames().next().unwrap().1[7], 0x12);
-    assert!(rx.frames().next().unwrap().0.icrc_verified);
+    let (meta, bytes) = rx.frames().next().unwrap();
+    assert!(icrc_ok(&meta, bytes));
     // An ARP request on lane 0: lane 0 answers, lane 1 only learns.
     let mut req = vec![0xffu8; 6];
     req.extend_from_slice(&MAC_B);
@@ -470,10 +488,10 @@ fn a_packet_to_its_own_address_loops_back() {
     assert_eq!(a.recv_batch(&mut rx).unwrap(), 1);
     let (meta, bytes) = rx.frames().next().unwrap();
     assert_eq!(meta.peer, sa(A));
-    assert!(meta.icrc_verified);
+    assert!(icrc_ok(&meta, bytes));
     assert_eq!(bytes, bufs[0].bytes());
     let c = a.counters();
-    assert_eq!((c.looped_back, c.looped_dropped, c.rx_bad_icrc), (1, 0, 0));
+    assert_eq!((c.looped_back, c.looped_dropped), (1, 0));
     // Our own address never becomes a neighbour to resolve.
     assert_eq!(a.neighbour(A.into()), None);
     assert_eq!(a.recv_batch(&mut rx).unwrap(), 0, "taken once");

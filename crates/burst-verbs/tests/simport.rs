@@ -14,6 +14,9 @@ use burst_verbs::engine::{Context, CqId, Drive, Engine, EngineOptions, QueuePair
 use burst_verbs::{QpInit, RcParams, RcPeer};
 use burst_wire::{Mtu, Psn};
 
+mod common;
+use common::CorruptingPort;
+
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
 /// An engine over `port` that the test steps on a manual clock.
@@ -242,69 +245,18 @@ fn ipv6_icrc_is_verified_and_a_mismatch_is_dropped() {
     assert!(refused <= s.corrupted);
 }
 
-/// A port that corrupts one payload byte of the `nth` received packet of
-/// each opcode in `hit` (the ICRC left as sent).
-struct CorruptingPort {
-    inner: burst_io::SimPort,
-    hit: Vec<(burst_wire::Opcode, usize)>,
-    seen: Vec<usize>,
-    frame: Vec<u8>,
-}
-
-impl burst_io::Port for CorruptingPort {
-    fn local_addr(&self) -> SocketAddr {
-        self.inner.local_addr()
-    }
-    fn recv_frames(
-        &mut self,
-        max: usize,
-        visit: &mut burst_io::RxVisit<'_>,
-    ) -> std::io::Result<usize> {
-        let (hit, seen, frame) = (&self.hit, &mut self.seen, &mut self.frame);
-        self.inner.recv_frames(max, &mut |meta, bytes| {
-            let op = burst_wire::IbPacket::new_checked(bytes).map(|p| p.opcode());
-            let k = hit.iter().position(|&(o, _)| Ok(o) == op);
-            let Some(k) = k else {
-                return visit(meta, bytes);
-            };
-            seen[k] += 1;
-            if seen[k] != hit[k].1 {
-                return visit(meta, bytes);
-            }
-            frame.clear();
-            frame.extend_from_slice(bytes);
-            // The payload's middle byte: past every header, before the ICRC.
-            let at = frame.len() - 4 - 300;
-            frame[at] ^= 0x5a;
-            visit(meta, frame)
-        })
-    }
-    fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
-        self.inner.assign_ip_ids(bufs)
-    }
-    fn send_burst(&mut self, bufs: &[burst_io::PacketBuf]) -> std::io::Result<usize> {
-        self.inner.send_burst(bufs)
-    }
-}
-
-/// Payload that follows from the QP's state (a WRITE's middle packets, a
-/// SEND's later ones) is placed while its ICRC is computed, one pass over
-/// it: a packet whose payload turns out corrupt was placed already, and is
-/// dropped all the same; its resend lands over it and every byte arrives.
 #[test]
 fn a_payload_placed_while_checked_is_dropped_when_corrupt_and_resent() {
     use burst_wire::Opcode;
     let net = SimNet::new(11, SimFaults::default());
     let a = net.port("198.18.0.1:4791".parse().unwrap());
-    let b = CorruptingPort {
-        inner: net.port("198.18.0.2:4791".parse().unwrap()),
-        hit: vec![
+    let b = CorruptingPort::new(
+        net.port("198.18.0.2:4791".parse().unwrap()),
+        vec![
             (Opcode::RC_SEND_MIDDLE, 20),
             (Opcode::RC_RDMA_WRITE_MIDDLE, 50),
         ],
-        seen: vec![0, 0],
-        frame: Vec::new(),
-    };
+    );
     let mut p = pair_over(net, a, b);
     transfer(&mut p);
     let (ca, cb) = (p.a.counters().unwrap(), p.b.counters().unwrap());

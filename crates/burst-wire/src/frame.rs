@@ -374,6 +374,14 @@ impl<'a> RoceFrame<'a> {
         icrc::compute(self.ip_header, self.udp_header, self.ib.icrc_covered()).unwrap_or(0)
     }
 
+    /// The ICRC's CRC over its masked prefix (this frame's IP and UDP
+    /// headers; [`icrc::pseudo_header_crc`]), for a receiver that checks the
+    /// transport packet later ([`icrc::Checker::check_after`]).
+    pub fn pseudo_header_crc(&self) -> u32 {
+        // Lengths were checked while parsing, so this cannot fail.
+        icrc::pseudo_header_crc(self.ip_header, self.udp_header).unwrap_or(0)
+    }
+
     /// Checks the stored ICRC.
     pub fn verify_icrc(&self) -> Result<()> {
         let stored = self.ib.icrc();

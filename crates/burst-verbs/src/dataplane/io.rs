@@ -341,12 +341,20 @@ impl<P: Port> Device<P> {
                 let payload = pkt.payload();
                 let at = payload.as_ptr() as usize - bytes.as_ptr() as usize;
                 let pad = &bytes[at + payload.len()..bytes.len() - ICRC_LEN];
-                icrc.check_with(peer, local, bytes, meta.ip_id, at, |head| {
+                let rest = |head| {
                     let crc = mem
                         .place_received_crc(&place, payload, head)
                         .unwrap_or_else(|| continued(head, payload));
                     continued(crc, pad)
-                })
+                };
+                match meta.pseudo_crc {
+                    // A whole-frame port's headers as they came.
+                    Some(pseudo) => icrc.check_after(pseudo, bytes, at, rest),
+                    None => icrc.check_with(peer, local, bytes, meta.ip_id, at, rest),
+                }
+            } else if let Some(pseudo) = meta.pseudo_crc {
+                let end = bytes.len().saturating_sub(ICRC_LEN);
+                icrc.check_after(pseudo, bytes, end, |crc| crc)
             } else {
                 icrc.check(peer, local, bytes, meta.ip_id)
             };

@@ -272,3 +272,59 @@ pub fn write_and_spin(
     }
     (claimed, completed)
 }
+
+/// A port that corrupts one received packet of each listed opcode (the
+/// `n`th of it: one payload byte 300 bytes before the ICRC, past every
+/// header) and hands on everything else as `inner` does.
+pub struct CorruptingPort<P> {
+    inner: P,
+    hit: Vec<(burst_wire::Opcode, usize)>,
+    seen: Vec<usize>,
+    frame: Vec<u8>,
+}
+
+impl<P> CorruptingPort<P> {
+    /// Corrupts the `n`th received packet of each `(opcode, n)` of `hit`.
+    pub fn new(inner: P, hit: Vec<(burst_wire::Opcode, usize)>) -> CorruptingPort<P> {
+        let seen = vec![0; hit.len()];
+        CorruptingPort {
+            inner,
+            hit,
+            seen,
+            frame: Vec::new(),
+        }
+    }
+}
+
+impl<P: burst_io::Port> burst_io::Port for CorruptingPort<P> {
+    fn recv_frames(
+        &mut self,
+        max: usize,
+        visit: &mut burst_io::RxVisit<'_>,
+    ) -> std::io::Result<usize> {
+        let (hit, seen, frame) = (&self.hit, &mut self.seen, &mut self.frame);
+        self.inner.recv_frames(max, &mut |meta, bytes| {
+            let op = burst_wire::IbPacket::new_checked(bytes).map(|p| p.opcode());
+            let k = hit.iter().position(|&(o, _)| Ok(o) == op);
+            let Some(k) = k else {
+                return visit(meta, bytes);
+            };
+            seen[k] += 1;
+            if seen[k] != hit[k].1 {
+                return visit(meta, bytes);
+            }
+            frame.clear();
+            frame.extend_from_slice(bytes);
+            let at = frame.len() - 4 - 300;
+            frame[at] ^= 0x5a;
+            visit(meta, frame)
+        })
+    }
+    fn assign_ip_ids(&self, bufs: &mut [burst_io::PacketBuf]) {
+        self.inner.assign_ip_ids(bufs)
+    }
+    fn send_burst(&mut self, bufs: &[burst_io::PacketBuf]) -> std::io::Result<usize> {
+        self.inner.send_burst(bufs)
+    }
+    burst_io::forward_port_control!(self => self.inner);
+}
