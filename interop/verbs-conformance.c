@@ -313,6 +313,30 @@ static int renew_pair(struct ibv_pd *pd, struct ibv_cq *cq, int gidx,
 	return rc_pair(pd, cq, gidx, a, b);
 }
 
+/* An RC QP made by ibv_create_qp_ex with `send_ops` (checked, reported as
+ * `what`) and a plain RC QP, connected to each other; 0 when they are. */
+static int ext_pair(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq, int gidx,
+		    uint64_t send_ops, const char *what, struct ibv_qp **x, struct ibv_qp **xp)
+{
+	char msg[160];
+	struct ibv_qp_init_attr_ex xa = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = send_ops,
+	};
+
+	*x = ibv_create_qp_ex(ctx, &xa);
+	snprintf(msg, sizeof(msg), "ibv_create_qp_ex with %s (%s)", what,
+		 *x ? "created" : strerror(errno));
+	check(*x != NULL, msg);
+	*xp = *x ? rc_qp(pd, cq) : NULL;
+	return !*x || !*xp || connect_rc(*x, (*xp)->qp_num, gidx, 1) ||
+	       connect_rc(*xp, (*x)->qp_num, gidx, 1);
+}
+
 /* Memory windows (IBA 10.6.7, as RXE offers them). The target region has
  * no remote right of its own: whatever a peer reaches, it reaches through
  * a window. */
@@ -480,22 +504,10 @@ static void windows(struct ibv_context *ctx, struct ibv_pd *pd, int gidx)
 	/* The extended QP API: a QP created with BIND_MW and LOCAL_INV in its
 	 * send ops binds the (free again) type 2 window and invalidates it
 	 * through ibv_wr_bind_mw / ibv_wr_local_inv. */
-	struct ibv_qp_init_attr_ex xa = {
-		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
-			 .max_recv_sge = 1 },
-		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |
-				  IBV_QP_EX_WITH_RDMA_WRITE,
-	};
-	struct ibv_qp *x = ibv_create_qp_ex(ctx, &xa);
-	snprintf(msg, sizeof(msg), "ibv_create_qp_ex with IBV_QP_EX_WITH_BIND_MW | LOCAL_INV (%s)",
-		 x ? "created" : strerror(errno));
-	check(x != NULL, msg);
-	struct ibv_qp *xp = x ? rc_qp(pd, cq) : NULL;
-	if (x && xp && !connect_rc(x, xp->qp_num, gidx, 1) &&
-	    !connect_rc(xp, x->qp_num, gidx, 1)) {
+	struct ibv_qp *x, *xp;
+	if (!ext_pair(ctx, pd, cq, gidx,
+		      IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_RDMA_WRITE,
+		      "IBV_QP_EX_WITH_BIND_MW | LOCAL_INV", &x, &xp)) {
 		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(x);
 		struct ibv_mw_bind_info bi = {
 			.mr = mr, .addr = base + 4096, .length = 4096,
@@ -882,21 +894,10 @@ static void atomic_write(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_
 				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	struct ibv_mr *no = ibv_reg_mr(pd, target, sizeof(target),
 				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
-	struct ibv_qp_init_attr_ex xa = {
-		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
-			 .max_recv_sge = 1 },
-		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-		.pd = pd,
-		.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE,
-	};
-	struct ibv_qp *x = mr && no ? ibv_create_qp_ex(ctx, &xa) : NULL;
-	snprintf(msg, sizeof(msg), "ibv_create_qp_ex with IBV_QP_EX_WITH_ATOMIC_WRITE (%s)",
-		 x ? "created" : strerror(errno));
-	check(x != NULL, msg);
-	struct ibv_qp *xp = x ? rc_qp(pd, cq) : NULL;
-	if (x && xp && !connect_rc(x, xp->qp_num, gidx, 1) &&
-	    !connect_rc(xp, x->qp_num, gidx, 1)) {
+	struct ibv_qp *x = NULL, *xp = NULL;
+	if (mr && no &&
+	    !ext_pair(ctx, pd, cq, gidx, IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_WRITE,
+		      "IBV_QP_EX_WITH_ATOMIC_WRITE", &x, &xp)) {
 		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(x);
 		uint64_t value = 0x0123456789abcdefULL;
 

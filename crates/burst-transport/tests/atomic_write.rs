@@ -2,9 +2,9 @@
 //! store after every earlier request, answered by a zero-length READ
 //! RESPONSE ONLY, never executed twice, refused as RXE refuses it.
 
-use burst_transport::sim::{connect_attrs, Access, Faults, World};
+use burst_transport::sim::{Access, Faults};
 use burst_transport::*;
-use burst_wire::{Mtu, Opcode, Psn};
+use burst_wire::{Mtu, Opcode};
 
 mod common;
 use common::Pair;
@@ -152,32 +152,18 @@ fn a_bad_atomic_write_is_refused_when_posted() {
 #[test]
 fn the_responder_refuses_what_rxe_refuses() {
     for case in 0..3 {
-        let mut w = World::new(7, 2, Faults::default());
-        let a = w.add_qp(0, QpType::Rc, Mtu::Mtu1024);
-        let b = w.add_qp(1, QpType::Rc, Mtu::Mtu1024);
-        let (qa, qb) = (w.qps[a].1.qpn(), w.qps[b].1.qpn());
-        for (me, ah, peer) in [(a, 1, qb), (b, 0, qa)] {
-            let mut attrs = connect_attrs(
-                QpType::Rc,
-                Mtu::Mtu1024,
-                Psn::new(5),
-                Some((ah, peer, Psn::new(5))),
-            );
-            if me == b && case == 1 {
+        let mut p = Pair::connected_with(|is_b, attrs| {
+            if is_b && case == 1 {
                 attrs[0].access = Some(QpAccess {
                     remote_write: false,
                     remote_read: true,
                     remote_atomic: true,
                 });
             }
-            if me == b && case == 2 {
+            if is_b && case == 2 {
                 attrs[1].max_dest_rd_atomic = Some(0);
             }
-            for attr in attrs {
-                w.qps[me].1.modify(&attr).unwrap();
-            }
-        }
-        let mut p = Pair { w, a, b };
+        });
         let (rk, ra) = if case == 0 {
             p.w.mems[1].register(
                 1,
@@ -211,25 +197,11 @@ fn the_responder_refuses_what_rxe_refuses() {
 /// READ posted behind it waits until its response is in.
 #[test]
 fn it_counts_against_the_initiator_depth() {
-    let mut w = World::new(7, 2, Faults::default());
-    let a = w.add_qp(0, QpType::Rc, Mtu::Mtu1024);
-    let b = w.add_qp(1, QpType::Rc, Mtu::Mtu1024);
-    let (qa, qb) = (w.qps[a].1.qpn(), w.qps[b].1.qpn());
-    for (me, ah, peer) in [(a, 1, qb), (b, 0, qa)] {
-        let mut attrs = connect_attrs(
-            QpType::Rc,
-            Mtu::Mtu1024,
-            Psn::new(5),
-            Some((ah, peer, Psn::new(5))),
-        );
-        if me == a {
+    let mut p = Pair::connected_with(|is_b, attrs| {
+        if !is_b {
             attrs[2].max_rd_atomic = Some(1);
         }
-        for attr in attrs {
-            w.qps[me].1.modify(&attr).unwrap();
-        }
-    }
-    let mut p = Pair { w, a, b };
+    });
     let (rk, ra) = p.buf(1, 64, 0);
     let (vk, va) = p.buf(0, 64, 0);
     p.post(atomic_write(1, vk, va, ra, rk));

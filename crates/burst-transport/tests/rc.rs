@@ -1,6 +1,6 @@
 //! RC scenarios, one behaviour each, over the simulator's world.
 
-use burst_transport::sim::{connect_attrs, Access, Faults, World};
+use burst_transport::sim::{Access, Faults, World};
 use burst_transport::*;
 use burst_wire::{Mtu, Opcode, Psn};
 
@@ -642,25 +642,11 @@ fn duplicate_reads_are_replayed_only_within_the_responder_resources() {
 /// request, as RXE answers it: the requester completes with REM_INV_REQ.
 #[test]
 fn a_read_without_responder_resources_is_an_invalid_request() {
-    let mut w = World::new(7, 2, Faults::default());
-    let a = w.add_qp(0, QpType::Rc, Mtu::Mtu1024);
-    let b = w.add_qp(1, QpType::Rc, Mtu::Mtu1024);
-    let (qa, qb) = (w.qps[a].1.qpn(), w.qps[b].1.qpn());
-    for (me, ah, peer) in [(a, 1, qb), (b, 0, qa)] {
-        let mut attrs = connect_attrs(
-            QpType::Rc,
-            Mtu::Mtu1024,
-            Psn::new(5),
-            Some((ah, peer, Psn::new(5))),
-        );
-        if me == b {
+    let mut p = Pair::connected_with(|is_b, attrs| {
+        if is_b {
             attrs[1].max_dest_rd_atomic = Some(0);
         }
-        for attr in attrs {
-            w.qps[me].1.modify(&attr).unwrap();
-        }
-    }
-    let mut p = Pair { w, a, b };
+    });
     let (rk, ra) = p.buf(1, 64, 3);
     let (lk, la) = p.buf(0, 64, 0);
     p.post_send(SendWr::new(

@@ -134,10 +134,9 @@ pub fn pseudo_header_crc(ip_header: &[u8], udp_header: &[u8]) -> Result<u32> {
     Ok(crc32fast::hash(&pre[..n]))
 }
 
-/// `pseudo` ([`pseudo_header_crc`]) continued over the first `at` bytes of
-/// the transport packet `ib` (the BTH masked as the ICRC masks it): the
-/// CRC-32 to continue over `ib[at..]` up to the ICRC.
-pub fn continue_head(pseudo: u32, ib: &[u8], at: usize) -> Result<u32> {
+/// Whether `at` splits the transport packet `ib` between the BTH's end and
+/// the ICRC's start, where a CRC of its head may stop.
+fn check_head(ib: &[u8], at: usize) -> Result<()> {
     check_len("BTH + ICRC", ib, BTH_LEN + ICRC_LEN)?;
     if at < BTH_LEN || at > ib.len() - ICRC_LEN {
         return Err(Error::Truncated {
@@ -146,6 +145,14 @@ pub fn continue_head(pseudo: u32, ib: &[u8], at: usize) -> Result<u32> {
             have: ib.len(),
         });
     }
+    Ok(())
+}
+
+/// `pseudo` ([`pseudo_header_crc`]) continued over the first `at` bytes of
+/// the transport packet `ib` (the BTH masked as the ICRC masks it): the
+/// CRC-32 to continue over `ib[at..]` up to the ICRC.
+pub fn continue_head(pseudo: u32, ib: &[u8], at: usize) -> Result<u32> {
+    check_head(ib, at)?;
     let mut bth = [0u8; BTH_LEN];
     bth.copy_from_slice(&ib[..BTH_LEN]);
     bth[4] = 0xff; // FECN, BECN, reserved
@@ -153,6 +160,14 @@ pub fn continue_head(pseudo: u32, ib: &[u8], at: usize) -> Result<u32> {
     h.update(&bth);
     h.update(&ib[BTH_LEN..at]);
     Ok(h.finalize())
+}
+
+/// The ICRC a transport packet carries (its last 4 bytes, least
+/// significant first); `None` when it is too short to hold a BTH and one.
+fn stored_icrc(ib: &[u8]) -> Option<u32> {
+    let n = ib.len();
+    (n >= BTH_LEN + ICRC_LEN)
+        .then(|| u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]))
 }
 
 /// The ICRC of a transport packet `ib` (BTH through ICRC; the ICRC bytes
@@ -201,14 +216,7 @@ pub fn for_udp_payload_head(
     ip_id: u16,
     at: usize,
 ) -> Result<u32> {
-    check_len("BTH + ICRC", ib, BTH_LEN + ICRC_LEN)?;
-    if at < BTH_LEN || at > ib.len() - ICRC_LEN {
-        return Err(Error::Truncated {
-            what: "ICRC head",
-            need: at.max(BTH_LEN) + ICRC_LEN,
-            have: ib.len(),
-        });
-    }
+    check_head(ib, at)?;
     let udp_len = UDP_LEN + ib.len();
     match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -374,10 +382,9 @@ impl Checker {
         rest: impl FnOnce(u32) -> u32,
     ) -> Check {
         let n = ib.len();
-        if n < BTH_LEN + ICRC_LEN {
+        let Some(stored) = stored_icrc(ib) else {
             return Check::Unverifiable;
-        }
-        let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
+        };
         let Ok(head) = for_udp_payload_head(src, dst, ib, ip_id.unwrap_or(0), at) else {
             return Check::Unverifiable;
         };
@@ -442,11 +449,9 @@ impl Checker {
         at: usize,
         rest: impl FnOnce(u32) -> u32,
     ) -> Check {
-        let n = ib.len();
-        if n < BTH_LEN + ICRC_LEN {
+        let Some(stored) = stored_icrc(ib) else {
             return Check::Unverifiable;
-        }
-        let stored = u32::from_le_bytes([ib[n - 4], ib[n - 3], ib[n - 2], ib[n - 1]]);
+        };
         let Ok(head) = continue_head(pseudo, ib, at) else {
             return Check::Unverifiable;
         };

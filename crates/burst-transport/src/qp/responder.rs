@@ -367,10 +367,31 @@ impl Qp {
         } else {
             AtomicOp::FetchAdd { add: a.swap_add() }
         };
-        match mem.atomic(self.scope(), a.rkey(), a.virtual_address(), op) {
+        self.execute_atomic(mem, a.rkey(), a.virtual_address(), op, |orig| {
+            (
+                RdResource::Atomic { psn, orig },
+                Out::AtomicAck { psn, orig },
+            )
+        })
+    }
+
+    /// Executes an atomic (or atomic write) `op` at `va` under `rkey`, once,
+    /// and queues its answer: `answer` of the original value gives the
+    /// resource kept for a duplicate and the response. A refusal NAKs
+    /// (misaligned: invalid request; else remote access).
+    fn execute_atomic(
+        &mut self,
+        mem: &mut impl Memory,
+        rkey: u32,
+        va: u64,
+        op: AtomicOp,
+        answer: impl FnOnce(u64) -> (RdResource, Out),
+    ) -> Option<u32> {
+        match mem.atomic(self.scope(), rkey, va, op) {
             Ok(orig) => {
-                self.keep_resource(RdResource::Atomic { psn, orig });
-                self.resp.out.push_back(Out::AtomicAck { psn, orig });
+                let (kept, out) = answer(orig);
+                self.keep_resource(kept);
+                self.resp.out.push_back(out);
                 self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
                 Some(1)
             }
@@ -410,22 +431,9 @@ impl Qp {
         let op = AtomicOp::Write {
             value: u64::from_ne_bytes(value),
         };
-        match mem.atomic(self.scope(), r.rkey(), r.virtual_address(), op) {
-            Ok(_) => {
-                self.keep_resource(RdResource::AtomicWrite { psn });
-                self.resp.out.push_back(Out::AtomicWriteAck(psn));
-                self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
-                Some(1)
-            }
-            Err(MemError::Misaligned) => {
-                self.nak(NakCode::InvalidRequest);
-                None
-            }
-            Err(_) => {
-                self.nak(NakCode::RemoteAccessError);
-                None
-            }
-        }
+        self.execute_atomic(mem, r.rkey(), r.virtual_address(), op, |_| {
+            (RdResource::AtomicWrite { psn }, Out::AtomicWriteAck(psn))
+        })
     }
 
     /// A PSN sequence error NAK at the expected PSN (class B): the
