@@ -417,7 +417,9 @@ impl Checker {
     /// The check of a packet whose IP and UDP headers the port saw: `pseudo`
     /// is their CRC ([`pseudo_header_crc`]), so nothing is solved or
     /// assumed; `rest` continues the CRC over `ib[at..]` as in
-    /// [`Checker::check_with`].
+    /// [`Checker::check_with`]. A packet too short to hold a BTH and an
+    /// ICRC, or an `at` outside them, is `Bad`, never let through
+    /// unverified: there is nothing this check could not know.
     ///
     /// ```
     /// use burst_wire::icrc::{compute, pseudo_header_crc, Check, Checker};
@@ -434,6 +436,7 @@ impl Checker {
     ///     h.finalize()
     /// };
     /// assert_eq!(Checker::new().check_after(pseudo, &ib, 12, plain), Check::Ok);
+    /// assert_eq!(Checker::new().check_after(pseudo, &ib[..14], 12, plain), Check::Bad);
     /// ib[13] ^= 1;
     /// let corrupt = |c: u32| {
     ///     let mut h = crc32fast::Hasher::new_with_initial(c);
@@ -450,10 +453,10 @@ impl Checker {
         rest: impl FnOnce(u32) -> u32,
     ) -> Check {
         let Some(stored) = stored_icrc(ib) else {
-            return Check::Unverifiable;
+            return Check::Bad;
         };
         let Ok(head) = continue_head(pseudo, ib, at) else {
-            return Check::Unverifiable;
+            return Check::Bad;
         };
         if rest(head) == stored {
             Check::Ok
